@@ -1,0 +1,35 @@
+// Feed-forward activations.
+//
+// GELU, tanh form (NUMERICS.md: the config names the form; the reference uses the same):
+//   out = 0.5·x·(1 + tanh(k0·(x + k1·x³))), k0 = sqrt(2/π), k1 = 0.044715
+// SwiGLU on a fused (N, 2F) input holding [gate | up] per row:
+//   out = silu(gate)·up, silu(g) = g / (1 + exp(-g))
+// Elementwise, no reductions; canonical mode uses transcendental.hpp's tanh/exp and evaluates the
+// formulas exactly in the order written, one fp32 rounding per operation.
+// Backward overwrites dinp (these inputs feed only this op).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops/mode.hpp"
+
+namespace lockstep::cpu {
+
+void gelu_forward(Mode mode, int64_t n,
+                  float* out,                                     // (n)
+                  const float* inp);                              // (n)
+void gelu_backward(Mode mode, int64_t n,
+                   float* dinp,                                   // (n) overwritten
+                   const float* inp, const float* dout);          // (n) (n)
+
+void swiglu_forward(Mode mode, int64_t N, int64_t F,
+                    float* out,                                   // (N, F)
+                    const float* inp);                            // (N, 2F) = [gate | up]
+void swiglu_backward(Mode mode, int64_t N, int64_t F,
+                     float* dinp,                                 // (N, 2F) overwritten
+                     const float* inp, const float* dout);        // (N, 2F) (N, F)
+
+// out = a + b (the residual stream). One fp32 add per element in both modes.
+void residual_forward(int64_t n, float* out, const float* a, const float* b);
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,48 @@
+// Linear layer: out = inp · weightᵀ + bias, weight stored (OC, IC) as in PyTorch and llm.c.
+//
+// Accumulation contract (canonical):
+//   out[n,o]     = canonical_dot over i in [0,IC) of inp[n,i]·weight[o,i], then + bias[o] (one
+//                  fp32 add after the rounded dot; no bias when bias == nullptr)
+//   dinp[n,i]   += canonical_dot over o in [0,OC) of dout[n,o]·weight[o,i]   (fp32 +=)
+//   dweight[o,i] += Σ over tokens n of dout[n,o]·inp[n,i]: chunks of 64 tokens counted from the
+//                  start of the step's global batch (`token_offset` is this call's first global
+//                  token); one FMA chain per chunk; each chunk partial added to the GradSink
+//   dbias[o]    += Σ over tokens n of dout[n,o], same chunking (plain-add chain)
+// Fast: cblas_sgemm with beta = 1 for the accumulating outputs.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops/mode.hpp"
+
+namespace lockstep::cpu {
+
+struct LinearShape {
+  int64_t N;   // rows (tokens)
+  int64_t IC;  // input features
+  int64_t OC;  // output features
+};
+
+void linear_forward(Mode mode, LinearShape s,
+                    float* out,                                  // (N, OC)
+                    const float* inp,                            // (N, IC)
+                    const float* weight,                         // (OC, IC)
+                    const float* bias);                          // (OC) or nullptr
+
+void linear_backward(Mode mode, LinearShape s, int64_t token_offset,
+                     float* dinp,                                // (N, IC) +=, or nullptr
+                     GradSink dweight,                           // (OC, IC) +=
+                     GradSink dbias,                             // (OC) +=, or empty
+                     const float* dout,                          // (N, OC)
+                     const float* inp,                           // (N, IC)
+                     const float* weight);                       // (OC, IC)
+
+// General canonical matrix product used by linear and attention:
+//   C[m,n] = canonical_dot over k of A[m*sam + k*sak] · B[k*sbk + n*sbn]      (overwrites C)
+// A SIMD kernel: one FMA chain per output lane, so bits do not depend on the vector width.
+void matmul_canonical(int64_t M, int64_t N, int64_t K,
+                      float* C, int64_t ldc,                     // (M, N) row stride ldc
+                      const float* A, int64_t sam, int64_t sak,  // (M, K) strides
+                      const float* B, int64_t sbk, int64_t sbn); // (K, N) strides
+
+}  // namespace lockstep::cpu

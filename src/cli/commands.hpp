@@ -1,0 +1,13 @@
+// The `lockstep` subcommands. Each returns the process exit code; bad input throws ConfigError or
+// DataError, which main() prints as one line before exiting with status 2.
+#pragma once
+
+#include "src/cli/args.hpp"
+
+namespace lockstep::cli {
+
+int cmd_train(Args& args);  // lockstep train --config FILE [--section.key=value ...]
+int cmd_data(Args& args);   // lockstep data build|synth ...
+int cmd_ckpt(Args& args);   // lockstep ckpt info DIR
+
+}  // namespace lockstep::cli

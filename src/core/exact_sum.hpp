@@ -1,0 +1,204 @@
+// Exact summation of fp32 values, rounded once.
+//
+// Canonical mode (kernels/ops/canonical.hpp) reduces every sum in fixed chunks; the chunk partials
+// are fp32 values whose *exact* sum is rounded once to fp32. This file provides that exact sum:
+//
+//  - add_exact(s, p): the fast path. A double holds any sum of fp32 values exactly as long as the
+//    bits span at most 53 positions; TwoSum tells whether the addition was exact. It almost always
+//    is (partials of one reduction have similar magnitudes).
+//  - SuperAccumulator: the slow path, a Kulisch-style fixed-point accumulator over bit positions
+//    [-160, 224) in 32-bit digits carried in int64, so it is exact for any sum of up to 2^31 fp32
+//    values (or doubles that are themselves exact sums of fp32 values) and any order.
+//  - ExactAccumulator: one exact running sum per element of a buffer (e.g. a parameter gradient
+//    accumulated over chunks of tokens, micro-batches and data-parallel ranks): the double fast
+//    path per element, spilling to a SuperAccumulator for the rare element where a sum was inexact.
+//
+// Because the result is RN(exact sum), it does not depend on the order of the additions, the
+// number of threads or ranks, or how the chunks were split between them.
+// Not here: chunking and the chains inside a chunk (kernels/ops/canonical.hpp); collectives.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "src/core/host_device.hpp"
+
+namespace lockstep {
+
+// s += p if the double sum is exact (or either operand is not finite, which then simply
+// propagates); returns false and leaves s unchanged otherwise. TwoSum (Knuth): err == 0 iff exact.
+LS_HOST_DEVICE inline bool add_exact(double& s, double p) {
+  const double t = s + p;
+  if (!(std::isfinite(s) && std::isfinite(p))) {
+    s = t;
+    return true;
+  }
+  const double bp = t - s;
+  const double ap = t - bp;
+  const double err = (s - ap) + (p - bp);
+  if (err != 0.0) return false;
+  s = t;
+  return true;
+}
+
+class SuperAccumulator {
+ public:
+  static constexpr int kLowBit = -160;  // weight of bit 0 of digit 0 (below fp32's 2^-149)
+  static constexpr int kDigits = 12;    // 12 x 32 bits: positions [-160, 224)
+  static constexpr int kDigitBits = 32;
+
+  LS_HOST_DEVICE SuperAccumulator() { clear(); }
+
+  LS_HOST_DEVICE void clear() {
+    for (auto& d : digit_) d = 0;
+    nan_ = pos_inf_ = neg_inf_ = false;
+    adds_ = 0;
+  }
+
+  // Adds a finite double that is a multiple of 2^-160 and below 2^190 in magnitude (true of fp32
+  // values and of exact sums of up to 2^31 of them); non-finite values are tracked by flag.
+  LS_HOST_DEVICE void add(double x) {
+    if (x == 0.0) return;
+    if (std::isnan(x)) { nan_ = true; return; }
+    if (std::isinf(x)) { (x > 0 ? pos_inf_ : neg_inf_) = true; return; }
+    int exp = 0;
+    const double frac = std::frexp(std::fabs(x), &exp);          // |x| = frac * 2^exp, frac in [0.5,1)
+    auto mant = static_cast<uint64_t>(std::ldexp(frac, 53));     // exact: 53-bit integer
+    const int tz = __builtin_ctzll(mant);                        // drop trailing zeros so that
+    mant >>= tz;                                                 // tiny values stay in range
+    const int shift = exp - 53 + tz - kLowBit;                   // bit position of mant's lsb
+    const int idx = shift / kDigitBits;
+    const int off = shift % kDigitBits;
+    const unsigned __int128 v = static_cast<unsigned __int128>(mant) << off;
+    const int64_t sign = x < 0 ? -1 : 1;
+    for (int k = 0; k < 3 && idx + k < kDigits; ++k) {
+      digit_[idx + k] += sign * static_cast<int64_t>((v >> (kDigitBits * k)) & 0xffffffffu);
+    }
+    // Each add moves a digit by < 2^32; normalise long before an int64 digit could overflow.
+    if (++adds_ == (1u << 30)) normalize();
+  }
+
+  LS_HOST_DEVICE void add(const SuperAccumulator& o) {
+    for (int i = 0; i < kDigits; ++i) digit_[i] += o.digit_[i];
+    nan_ |= o.nan_;
+    pos_inf_ |= o.pos_inf_;
+    neg_inf_ |= o.neg_inf_;
+    normalize();
+  }
+
+  // The exact sum rounded to nearest-even fp32 (overflow gives ±inf, tiny sums round into the
+  // subnormals exactly as an fp32 addition would).
+  LS_HOST_DEVICE float round_to_float() const {
+    if (nan_ || (pos_inf_ && neg_inf_)) return std::numeric_limits<float>::quiet_NaN();
+    if (pos_inf_) return std::numeric_limits<float>::infinity();
+    if (neg_inf_) return -std::numeric_limits<float>::infinity();
+    SuperAccumulator m = *this;
+    m.normalize();
+    bool negative = m.digit_[kDigits - 1] < 0;
+    if (negative) {
+      for (auto& d : m.digit_) d = -d;
+      m.normalize();
+    }
+    int top = -1;  // highest set bit index (relative to kLowBit)
+    for (int i = kDigits - 1; i >= 0 && top < 0; --i) {
+      if (m.digit_[i] != 0) top = i * kDigitBits + 63 - __builtin_clzll(static_cast<uint64_t>(m.digit_[i]));
+    }
+    if (top < 0) return negative ? -0.0f : 0.0f;
+    const int lead = top + kLowBit;               // exponent of the leading bit
+    int q = std::max(lead - 23, -149);            // exponent of the result's ulp
+    uint64_t mant = 0;
+    for (int p = lead; p >= q; --p) mant = (mant << 1) | m.bit(p);
+    const bool round = m.bit(q - 1);
+    bool sticky = false;
+    for (int p = q - 2; p >= kLowBit && !sticky; --p) sticky = m.bit(p);
+    if (round && (sticky || (mant & 1))) {
+      ++mant;
+      if (mant == (uint64_t{1} << 24)) { mant >>= 1; ++q; }
+    }
+    float r;
+    if (q + 23 > 127) {
+      r = std::numeric_limits<float>::infinity();
+    } else {
+      r = static_cast<float>(std::ldexp(static_cast<double>(mant), q));  // exact
+    }
+    return negative ? -r : r;
+  }
+
+  // Digits as stored (carry-save); exposed so that collectives can sum them as integers.
+  LS_HOST_DEVICE const int64_t* digits() const { return digit_; }
+
+ private:
+  LS_HOST_DEVICE void normalize() {
+    for (int i = 0; i < kDigits - 1; ++i) {
+      const int64_t carry = digit_[i] >> kDigitBits;  // floor division: digit becomes [0, 2^32)
+      digit_[i] -= carry * (int64_t{1} << kDigitBits);
+      digit_[i + 1] += carry;
+    }
+    adds_ = 0;
+  }
+  // Bit at absolute position p of a normalised, non-negative accumulator.
+  LS_HOST_DEVICE int bit(int p) const {
+    const int rel = p - kLowBit;
+    if (rel < 0 || rel >= kDigits * kDigitBits) return 0;
+    return static_cast<int>((digit_[rel / kDigitBits] >> (rel % kDigitBits)) & 1);
+  }
+
+  int64_t digit_[kDigits];
+  bool nan_, pos_inf_, neg_inf_;
+  uint32_t adds_;
+};
+
+// One exact running sum per element. add() is safe from several threads for distinct elements.
+class ExactAccumulator {
+ public:
+  ExactAccumulator() = default;
+  explicit ExactAccumulator(size_t n) : sum_(n, 0.0), spilled_(n, 0) {}
+
+  size_t size() const { return sum_.size(); }
+
+  void zero() {
+    std::fill(sum_.begin(), sum_.end(), 0.0);
+    std::fill(spilled_.begin(), spilled_.end(), uint8_t{0});
+    std::lock_guard<std::mutex> lock(mutex_);
+    spill_.clear();
+  }
+
+  void add(size_t i, double partial) {
+    if (!spilled_[i] && add_exact(sum_[i], partial)) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    SuperAccumulator& acc = spill_[i];
+    if (!spilled_[i]) {
+      acc.add(sum_[i]);
+      spilled_[i] = 1;
+    }
+    acc.add(partial);
+  }
+
+  float round(size_t i) const {
+    if (!spilled_[i]) return static_cast<float>(sum_[i]);  // exact double -> one rounding
+    std::lock_guard<std::mutex> lock(mutex_);
+    return spill_.at(i).round_to_float();
+  }
+
+  void round_to(float* out) const {
+    for (size_t i = 0; i < sum_.size(); ++i) out[i] = round(i);
+  }
+
+  size_t spill_count() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return spill_.size();
+  }
+
+ private:
+  std::vector<double> sum_;
+  std::vector<uint8_t> spilled_;
+  mutable std::mutex mutex_;
+  std::unordered_map<size_t, SuperAccumulator> spill_;
+};
+
+}  // namespace lockstep

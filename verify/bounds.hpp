@@ -1,0 +1,50 @@
+// A priori error bounds (NUMERICS.md; Higham 2002, ch. 3 and 4). Every tolerance in the test suite
+// comes from here and names its derivation; none is a bare literal.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace lockstep::bounds {
+
+// Unit roundoff of a format with p significand bits (p includes the implicit bit).
+constexpr double unit_roundoff(int p) { return std::ldexp(1.0, -p); }
+inline constexpr double kUnitF32 = 0x1p-24;
+inline constexpr double kUnitF64 = 0x1p-53;
+inline constexpr double kUnitBF16 = 0x1p-8;
+inline constexpr double kUnitF16 = 0x1p-11;
+
+// γ_n = n·u / (1 − n·u); +inf when n·u >= 1 (the bound is vacuous).
+inline double gamma(int64_t n, double u) {
+  const double nu = static_cast<double>(n) * u;
+  return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
+}
+
+// |fl(Σ a_k b_k) − Σ a_k b_k| <= γ_n Σ|a_k b_k| for a length-n dot product in any order, with or
+// without FMA. abs_sum is Σ|a_k b_k| (or Σ|x_k| for a plain sum, where γ_{n−1} suffices).
+inline double dot_bound(int64_t n, double abs_sum, double u = kUnitF32) {
+  return gamma(n, u) * abs_sum;
+}
+
+// Canonical reduction: chunk chains of at most `chunk` terms, then one exact combination and one
+// rounding: γ_min(n,chunk)·Σ|terms| + u·|result|.
+inline double canonical_dot_bound(int64_t n, int64_t chunk, double abs_sum, double abs_result,
+                                  double u = kUnitF32) {
+  return gamma(n < chunk ? n : chunk, u) * abs_sum + u * abs_result;
+}
+
+// Underflow: each rounding adds at most half the smallest subnormal in absolute terms.
+inline constexpr double kHalfMinSubnormalF32 = 0x1p-150;
+
+// Probabilistic bound (Higham & Mary 2019): γ̃_n(λ) = exp(λ·√n·u + n·u²/(1−u)) − 1, holding with
+// probability at least 1 − 2n·exp(−λ²(1−u)²/2).
+inline double gamma_probabilistic(int64_t n, double u, double lambda) {
+  const double nd = static_cast<double>(n);
+  return std::expm1(lambda * std::sqrt(nd) * u + nd * u * u / (1.0 - u));
+}
+inline double gamma_probabilistic_confidence(int64_t n, double u, double lambda) {
+  return 1.0 - 2.0 * static_cast<double>(n) * std::exp(-lambda * lambda * (1 - u) * (1 - u) / 2);
+}
+
+}  // namespace lockstep::bounds
