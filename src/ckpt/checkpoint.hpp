@@ -1,0 +1,146 @@
+// Checkpoints: save a set of named tensors plus the trainer's state to a directory durably, load
+// and verify them, find the newest valid one, and hash the model they hold.
+//
+// This file is the public API and the on-disk format. It is not the trainer's resume logic (what
+// goes into `state` and how it is restored belongs to src/train), not async writing, and not
+// resharding: this version writes and reads whole tensors from one process (layout dp=tp=pp=1),
+// although the manifest already describes every tensor as a list of shards so that sharded
+// writers can be added without a format change.
+//
+// On-disk format, version 1
+// -------------------------
+// <root>/step_<step, zero-padded to 8 digits>/     one checkpoint
+//   manifest.json                                  what is stored, with checksums (below)
+//   tensors-00000.bin                              packed tensor bytes written by writer 0
+//
+// A data file starts with a 64-byte header: the 8 bytes "LSCKDATA", the format version as a
+// little-endian uint32, then zeros. Each tensor shard follows at an offset aligned to 64 bytes (so
+// a later reader can mmap and use them in place), its elements in row-major order, little-endian
+// (the in-memory layout on the hosts we run on). Padding bytes are zero.
+//
+// manifest.json (example, abridged):
+//   {
+//     "format": "lockstep-checkpoint", "version": 1, "step": 120,
+//     "layout": {"dp": 1, "tp": 1, "pp": 1},
+//     "files": [{"name": "tensors-00000.bin", "bytes": 4224}],
+//     "tensors": [
+//       {"name": "model/wte", "dtype": "f32", "shape": [64, 16], "bytes": 4096,
+//        "shards": [{"offsets": [0, 0], "shape": [64, 16], "file": "tensors-00000.bin",
+//                    "offset": 64, "bytes": 4096, "xxh64": "3f1c0a9e5d2b7c41"}]}],
+//     "model_hash": "9a0b1c2d3e4f5061",
+//     "state": { ...free-form JSON supplied by the trainer... }
+//   }
+// "tensors" is in the writer's order (the trainer passes parameters in the model's canonical order).
+// "bytes" of a tensor is its global size; each shard names its place in the global tensor
+// (offsets and shape per dim), its file, offset, size and the xxh64 of its bytes. "files" lists
+// every data file with its exact size, so truncation is reported per file before any tensor is read.
+//
+// Durability (save): everything is written into <root>/.tmp-step_XXXXXXXX-<pid>, each file fsynced,
+// the directory fsynced, renamed to step_XXXXXXXX, and <root> fsynced. A checkpoint directory under
+// its final name is therefore always complete. Names in <root> that start with '.' belong to
+// unfinished operations and are resolved by the next save:
+//   .tmp-*  a save that did not finish: deleted;
+//   .old-step_N-*  a checkpoint being replaced by a re-save of step N: restored to step_N if the
+//           re-save never landed, else deleted;
+//   .del-*  a checkpoint being removed by retention: deleted.
+// One process saves into a root at a time (the trainer's writer); load functions only read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/core/dtype.hpp"
+
+namespace lockstep::ckpt {
+
+inline constexpr const char* kFormatName = "lockstep-checkpoint";
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr char kDataMagic[8] = {'L', 'S', 'C', 'K', 'D', 'A', 'T', 'A'};
+inline constexpr size_t kDataHeaderBytes = 64;
+inline constexpr size_t kDataAlignment = 64;
+// Tensors whose names start with this prefix are model parameters (see model_hash).
+inline constexpr const char* kModelPrefix = "model/";
+
+// A tensor to save: the caller owns `data`, which holds numel(shape) * dtype_size(dtype) bytes in
+// row-major order and must stay valid for the duration of save().
+struct TensorRef {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+};
+
+// A tensor read back from a checkpoint, verified against its checksum.
+struct StoredTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;  // the global tensor, row-major
+  uint64_t xxh64;                // of `bytes`
+};
+
+// A loaded checkpoint whose every size and checksum has been verified.
+struct Checkpoint {
+  std::string dir;
+  int64_t step;
+  nlohmann::json manifest;  // as read from manifest.json
+  nlohmann::json state;     // manifest["state"]: what the trainer passed to save()
+  std::vector<StoredTensor> tensors;  // in manifest order
+
+  // Throws DataError naming the checkpoint directory and `name` if there is no such tensor.
+  const StoredTensor& tensor(const std::string& name) const;
+  bool has(const std::string& name) const;
+  std::vector<std::string> names() const;  // in manifest order
+  // Copies tensor `name` into dst (numel(shape) * dtype_size(dtype) bytes) after checking that the
+  // stored dtype and shape are exactly those expected; DataError naming both otherwise.
+  void copy_to(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+               void* dst) const;
+};
+
+// Product of the dims (1 for a scalar, shape {}).
+int64_t numel(const std::vector<int64_t>& shape);
+
+// "step_00000120".
+std::string step_dir_name(int64_t step);
+
+// Writes a checkpoint of `tensors` and `state` (must be a JSON object) for `step` under `root`
+// (created if missing), replacing an existing checkpoint of the same step, then removes all but the
+// `keep` newest step_* directories (keep <= 0 keeps all; the one just written is never removed).
+// Returns the final directory. Tensor names must be non-empty and unique; ConfigError otherwise.
+// Any I/O failure throws DataError naming the path and the system error; checkpoints already under
+// their final names are untouched by a failed save.
+std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
+                 const nlohmann::json& state, int keep);
+
+// Loads the checkpoint in `dir` and verifies the manifest, every file size, every tensor's size
+// and xxh64, and the model hash. Any problem throws DataError naming the file, the tensor (if any),
+// and what was expected versus found.
+Checkpoint load(const std::string& dir);
+
+// The step_* directories of `root` (full paths) sorted by step, oldest first. Empty if root does
+// not exist; DataError if it exists but is not a directory. Temporaries ('.'-prefixed) are ignored.
+std::vector<std::string> list_checkpoints(const std::string& root);
+
+// The newest checkpoint under `root` that loads. Each newer one that fails to load is skipped
+// with one line on `warnings` naming its directory and why. nullopt if none loads (or none exist).
+std::optional<Checkpoint> load_latest(const std::string& root, std::ostream& warnings);
+
+// Model hash: one xxh64 (seed 0) over the parameter tensors (names starting with "model/"), in the
+// order given, independent of any other tensor and of the layout the checkpoint was written from.
+// For each parameter tensor the digest takes, in this order, with every integer a little-endian
+// uint64:
+//   len(name), name bytes, len(dtype name), dtype name bytes (e.g. "f32"),
+//   ndim, each dim, byte size, the tensor's bytes (row-major, little-endian elements).
+// Length prefixes make the byte sequence unambiguous (no two different tensor lists give the same
+// sequence).
+uint64_t model_hash(const std::vector<TensorRef>& tensors);
+uint64_t model_hash(const Checkpoint& ckpt);
+
+}  // namespace lockstep::ckpt
