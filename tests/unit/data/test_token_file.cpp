@@ -1,0 +1,208 @@
+// Token files: write/read round trip, atomic writes, and every rejection of a bad file with a
+// message naming the path, the field and the expectation.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "src/core/check.hpp"
+#include "src/data/token_file.hpp"
+
+namespace lockstep::data {
+namespace {
+
+// True if all of `text` matches the ECMAScript regex `pattern`; the failure shows both.
+testing::AssertionResult matches(const std::string& text, const std::string& pattern) {
+  if (std::regex_match(text, std::regex(pattern))) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "message: " << text << "\n  pattern: " << pattern;
+}
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "ls_data_test_XXXXXX").string();
+    LS_CHECK(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The DataError message of opening `path`, or "" if it opened.
+std::string open_error(const std::string& path) {
+  try {
+    TokenFile file(path);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string escaped(const std::string& s) { return std::regex_replace(s, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)"); }
+
+TEST(TokenFile, WriteThenReadRoundTrips) {
+  TempDir dir;
+  const std::vector<uint16_t> tokens = {0, 1, 256, 65535, 42};
+  write_token_file(dir.file("t.bin"), tokens);
+  EXPECT_EQ(fs::file_size(dir.file("t.bin")), static_cast<uintmax_t>(token_file_bytes(5)));
+  TokenFile file(dir.file("t.bin"));
+  EXPECT_EQ(file.size(), 5);
+  EXPECT_EQ(file.path(), dir.file("t.bin"));
+  EXPECT_EQ(std::vector<uint16_t>(file.tokens().begin(), file.tokens().end()), tokens);
+  EXPECT_EQ(file.max_token(), 65535);
+  // llm.c header layout, byte for byte.
+  const std::vector<char> bytes = read_bytes(dir.file("t.bin"));
+  int32_t header[4];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], 5);
+  EXPECT_EQ(header[3], 0);
+  // Nothing but the final file is left in the directory.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+RC_GTEST_PROP(TokenFile, RoundTripsAnyTokens, (const std::vector<uint16_t>& tokens)) {
+  TempDir dir;
+  TokenFileWriter writer(dir.file("p.bin"));
+  // Appended in two pieces: streaming equals one write.
+  const size_t cut = tokens.size() / 3;
+  writer.append(std::span<const uint16_t>(tokens).first(cut));
+  writer.append(std::span<const uint16_t>(tokens).subspan(cut));
+  writer.commit();
+  TokenFile file(dir.file("p.bin"));
+  RC_ASSERT(file.size() == static_cast<int64_t>(tokens.size()));
+  RC_ASSERT(std::vector<uint16_t>(file.tokens().begin(), file.tokens().end()) == tokens);
+}
+
+TEST(TokenFile, UncommittedWriterLeavesNothing) {
+  TempDir dir;
+  {
+    TokenFileWriter writer(dir.file("half.bin"));
+    writer.append(uint16_t{7});
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+TEST(TokenFile, RewriteReplacesAtomically) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{1, 2, 3});
+  TokenFile old_file(dir.file("t.bin"));  // a reader of the old file keeps its mapping
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{9});
+  EXPECT_EQ(old_file.size(), 3);
+  EXPECT_EQ(old_file[2], 3);
+  EXPECT_EQ(TokenFile(dir.file("t.bin")).size(), 1);
+}
+
+TEST(TokenFile, MoveKeepsTheMapping) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{4, 5});
+  TokenFile a(dir.file("t.bin"));
+  TokenFile b(std::move(a));
+  EXPECT_EQ(b.size(), 2);
+  EXPECT_EQ(b[1], 5);
+}
+
+TEST(TokenFile, RejectsMissingFile) {
+  TempDir dir;
+  EXPECT_TRUE(matches(open_error(dir.file("none.bin")), escaped(dir.file("none.bin")) + ": cannot open token file: No such file.*"));
+}
+
+TEST(TokenFile, RejectsFileShorterThanHeader) {
+  TempDir dir;
+  write_bytes(dir.file("short.bin"), std::vector<char>(100, 0));
+  EXPECT_TRUE(matches(open_error(dir.file("short.bin")), escaped(dir.file("short.bin")) +
+                                    ": truncated: file has 100 bytes, shorter than the 1024-byte header"));
+  write_bytes(dir.file("empty.bin"), {});
+  EXPECT_TRUE(matches(open_error(dir.file("empty.bin")), ".*: truncated: file has 0 bytes, .*"));
+}
+
+TEST(TokenFile, RejectsBadMagicWithRegenerateHint) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{1, 2});
+  std::vector<char> bytes = read_bytes(dir.file("t.bin"));
+  const int32_t magic = 20240519;
+  std::memcpy(bytes.data(), &magic, 4);
+  write_bytes(dir.file("t.bin"), bytes);
+  EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) +
+                                    ": bad magic: header\\[0\\] is 20240519, expected 20240520 .*"
+                                    "`lockstep data build --input .*`"));
+}
+
+TEST(TokenFile, RejectsUnsupportedVersion) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{1, 2});
+  std::vector<char> bytes = read_bytes(dir.file("t.bin"));
+  const int32_t version = 2;
+  std::memcpy(bytes.data() + 4, &version, 4);
+  write_bytes(dir.file("t.bin"), bytes);
+  EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) +
+                                    ": unsupported version: header\\[1\\] is 2, expected 1; .*"));
+}
+
+TEST(TokenFile, RejectsTruncatedTokens) {
+  TempDir dir;
+  write_token_file(dir.file("train.bin"), std::vector<uint16_t>(1000, 3));
+  fs::resize_file(dir.file("train.bin"), 1024 + 1500);
+  EXPECT_TRUE(matches(open_error(dir.file("train.bin")), escaped(dir.file("train.bin")) +
+                                    ": truncated: header says 1000 tokens \\(3024 bytes\\) but file has 2524 bytes"));
+}
+
+TEST(TokenFile, RejectsTrailingBytes) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>(10, 3));
+  fs::resize_file(dir.file("t.bin"), 1024 + 21);
+  EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) +
+                                    ": trailing bytes: header says 10 tokens \\(1044 bytes\\) but file has 1045 bytes"));
+}
+
+TEST(TokenFile, RejectsNegativeCount) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{});
+  std::vector<char> bytes = read_bytes(dir.file("t.bin"));
+  const int32_t count = -4;
+  std::memcpy(bytes.data() + 8, &count, 4);
+  write_bytes(dir.file("t.bin"), bytes);
+  EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) + ": bad token count: header\\[2\\] is -4, expected >= 0"));
+}
+
+TEST(TokenFile, ChecksTokensAgainstVocabulary) {
+  TempDir dir;
+  write_token_file(dir.file("t.bin"), std::vector<uint16_t>{1, 256, 300, 2});
+  TokenFile file(dir.file("t.bin"));
+  EXPECT_NO_THROW(file.check_vocab(301));
+  try {
+    file.check_vocab(257);
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(matches(e.what(), escaped(dir.file("t.bin")) +
+                                                ": token out of range: token 2 is 300, expected < vocab_size 257"));
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::data
