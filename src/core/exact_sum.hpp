@@ -18,6 +18,7 @@
 // Not here: chunking and the chains inside a chunk (kernels/ops/canonical.hpp); collectives.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +30,27 @@
 #include "src/core/host_device.hpp"
 
 namespace lockstep {
+
+namespace detail {
+
+// Bit scans of a non-zero word; the GCC builtins do not exist in CUDA device code.
+LS_HOST_DEVICE inline int ctz64(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  return __ffsll(static_cast<long long>(v)) - 1;
+#else
+  return __builtin_ctzll(v);
+#endif
+}
+
+LS_HOST_DEVICE inline int clz64(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  return __clzll(static_cast<long long>(v));
+#else
+  return __builtin_clzll(v);
+#endif
+}
+
+}  // namespace detail
 
 // s += p if the double sum is exact (or either operand is not finite, which then simply
 // propagates); returns false and leaves s unchanged otherwise. TwoSum (Knuth): err == 0 iff exact.
@@ -45,6 +67,8 @@ LS_HOST_DEVICE inline bool add_exact(double& s, double p) {
   s = t;
   return true;
 }
+
+__extension__ typedef unsigned __int128 UInt128;  // GCC/Clang/nvcc; -Wpedantic-clean
 
 class SuperAccumulator {
  public:
@@ -69,21 +93,28 @@ class SuperAccumulator {
     int exp = 0;
     const double frac = std::frexp(std::fabs(x), &exp);          // |x| = frac * 2^exp, frac in [0.5,1)
     auto mant = static_cast<uint64_t>(std::ldexp(frac, 53));     // exact: 53-bit integer
-    const int tz = __builtin_ctzll(mant);                        // drop trailing zeros so that
+    const int tz = detail::ctz64(mant);                          // drop trailing zeros so that
     mant >>= tz;                                                 // tiny values stay in range
     const int shift = exp - 53 + tz - kLowBit;                   // bit position of mant's lsb
     const int idx = shift / kDigitBits;
     const int off = shift % kDigitBits;
-    const unsigned __int128 v = static_cast<unsigned __int128>(mant) << off;
+    // mant << off spans at most 53 + 31 bits: three 32-bit digits, from a 64-bit low part and
+    // the bits shifted out of it (ISO C++ and CUDA device code have no portable 128-bit type).
+    const uint64_t lo = mant << off;
+    const uint64_t hi = off == 0 ? 0 : mant >> (64 - off);
+    const uint64_t pieces[3] = {lo & 0xffffffffu, lo >> 32, hi};
     const int64_t sign = x < 0 ? -1 : 1;
     for (int k = 0; k < 3 && idx + k < kDigits; ++k) {
-      digit_[idx + k] += sign * static_cast<int64_t>((v >> (kDigitBits * k)) & 0xffffffffu);
+      digit_[idx + k] += sign * static_cast<int64_t>(pieces[k]);
     }
     // Each add moves a digit by < 2^32; normalise long before an int64 digit could overflow.
     if (++adds_ == (1u << 30)) normalize();
   }
 
   LS_HOST_DEVICE void add(const SuperAccumulator& o) {
+    // Normalise first: both sides may carry up to 2^30 unnormalised adds (digits near 2^62), and
+    // their sum would overflow int64; a normalised digit is below 2^32.
+    normalize();
     for (int i = 0; i < kDigits; ++i) digit_[i] += o.digit_[i];
     nan_ |= o.nan_;
     pos_inf_ |= o.pos_inf_;
@@ -92,7 +123,8 @@ class SuperAccumulator {
   }
 
   // The exact sum rounded to nearest-even fp32 (overflow gives ±inf, tiny sums round into the
-  // subnormals exactly as an fp32 addition would).
+  // subnormals exactly as an fp32 addition would). An exactly zero sum is +0, whatever the signs
+  // of zero that were added (IEEE's x + (-x) = +0 under round-to-nearest).
   LS_HOST_DEVICE float round_to_float() const {
     if (nan_ || (pos_inf_ && neg_inf_)) return std::numeric_limits<float>::quiet_NaN();
     if (pos_inf_) return std::numeric_limits<float>::infinity();
@@ -106,7 +138,7 @@ class SuperAccumulator {
     }
     int top = -1;  // highest set bit index (relative to kLowBit)
     for (int i = kDigits - 1; i >= 0 && top < 0; --i) {
-      if (m.digit_[i] != 0) top = i * kDigitBits + 63 - __builtin_clzll(static_cast<uint64_t>(m.digit_[i]));
+      if (m.digit_[i] != 0) top = i * kDigitBits + 63 - detail::clz64(static_cast<uint64_t>(m.digit_[i]));
     }
     if (top < 0) return negative ? -0.0f : 0.0f;
     const int lead = top + kLowBit;               // exponent of the leading bit
@@ -160,6 +192,14 @@ class ExactAccumulator {
   explicit ExactAccumulator(size_t n) : sum_(n, 0.0), spilled_(n, 0) {}
 
   size_t size() const { return sum_.size(); }
+
+  // Re-creates the accumulator for n elements, all zero.
+  void reset(size_t n) {
+    sum_.assign(n, 0.0);
+    spilled_.assign(n, 0);
+    std::lock_guard<std::mutex> lock(mutex_);
+    spill_.clear();
+  }
 
   void zero() {
     std::fill(sum_.begin(), sum_.end(), 0.0);
