@@ -1,0 +1,54 @@
+// `lockstep`: the command-line entry point. Dispatches to a subcommand; bad input (ConfigError,
+// DataError) is printed as one line `error: ...` and exits with status 2; an internal error
+// (a bug) exits with status 3.
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "src/cli/commands.hpp"
+#include "src/core/check.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: lockstep <command> [options]
+
+commands:
+  train --config FILE [--section.key=value ...]   train (resumes from the newest checkpoint)
+  data synth --out DIR [...]                        synthetic source with a known entropy rate
+  data build --input PATH --out DIR [...]           text files -> llm.c token files
+  data inspect FILE                                 validate a token file and print its header
+  ckpt info DIR                                     tensors, hashes and the model hash
+
+Run `lockstep <command> --help` for the options of one command.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace lockstep;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  try {
+    cli::Args args(argc, argv, 2);
+    if (command == "train") return cli::cmd_train(args);
+    if (command == "data") return cli::cmd_data(args);
+    if (command == "ckpt") return cli::cmd_ckpt(args);
+    std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
+    return 2;
+  } catch (const ConfigError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const DataError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const InternalError& e) {
+    std::cerr << "internal error: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,52 @@
+#include "src/model/config.hpp"
+
+#include "src/core/check.hpp"
+
+namespace lockstep {
+
+int64_t ModelConfig::ffn_width() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  if (ffn == FfnKind::kGelu) return 4 * d_model;
+  const int64_t f = (8 * d_model) / 3;  // keeps parameters equal to a 4·C GELU MLP
+  return (f + 63) / 64 * 64;
+}
+
+void ModelConfig::validate() const {
+  LS_REQUIRE(vocab_size >= 2 && vocab_size <= 65536, "[model] vocab_size (", vocab_size,
+             ") must be in [2, 65536]: tokens are stored as uint16");
+  LS_REQUIRE(seq_len >= 1, "[model] seq_len (", seq_len, ") must be >= 1");
+  LS_REQUIRE(d_model >= 1 && n_layers >= 1 && n_heads >= 1 && n_kv_heads >= 1,
+             "[model] d_model, n_layers, n_heads and n_kv_heads must be >= 1");
+  LS_REQUIRE(d_model % n_heads == 0, "[model] d_model (", d_model,
+             ") must be divisible by n_heads (", n_heads, ")");
+  LS_REQUIRE(n_heads % n_kv_heads == 0, "[model] n_heads (", n_heads,
+             ") must be divisible by n_kv_heads (", n_kv_heads, ")");
+  LS_REQUIRE(pos != PosKind::kRope || head_size() % 2 == 0, "[model] pos = \"rope\" needs an even head size, got d_model/n_heads = ",
+             head_size());
+  LS_REQUIRE(ffn_hidden >= 0, "[model] ffn_hidden (", ffn_hidden, ") must be >= 0 (0 = default)");
+  LS_REQUIRE(norm_eps > 0, "[model] norm_eps (", norm_eps, ") must be > 0");
+  LS_REQUIRE(init_std > 0, "[model] init_std (", init_std, ") must be > 0");
+  LS_REQUIRE(rope_theta > 1, "[model] rope_theta (", rope_theta, ") must be > 1");
+}
+
+std::string ffn_name(FfnKind k) { return k == FfnKind::kGelu ? "gelu" : "swiglu"; }
+std::string norm_name(NormKind k) { return k == NormKind::kLayerNorm ? "layernorm" : "rmsnorm"; }
+std::string pos_name(PosKind k) { return k == PosKind::kLearned ? "learned" : "rope"; }
+
+FfnKind ffn_from_name(const std::string& s) {
+  if (s == "gelu") return FfnKind::kGelu;
+  if (s == "swiglu") return FfnKind::kSwiglu;
+  throw ConfigError(str_cat("[model] ffn: expected \"gelu\" or \"swiglu\", got \"", s, "\""));
+}
+NormKind norm_from_name(const std::string& s) {
+  if (s == "layernorm") return NormKind::kLayerNorm;
+  if (s == "rmsnorm") return NormKind::kRmsNorm;
+  throw ConfigError(str_cat("[model] norm: expected \"layernorm\" or \"rmsnorm\", got \"", s, "\""));
+}
+PosKind pos_from_name(const std::string& s) {
+  if (s == "learned") return PosKind::kLearned;
+  if (s == "rope") return PosKind::kRope;
+  throw ConfigError(str_cat("[model] pos: expected \"learned\" or \"rope\", got \"", s, "\""));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,336 @@
+#include "src/model/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ops/activation.hpp"
+#include "kernels/ops/attention.hpp"
+#include "kernels/ops/crossentropy.hpp"
+#include "kernels/ops/embedding.hpp"
+#include "kernels/ops/linear.hpp"
+#include "kernels/ops/norm.hpp"
+#include "src/core/check.hpp"
+#include "src/core/det_math.hpp"
+#include "src/core/hash.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// splitmix64 (Steele, Lea, Flood 2014) as a counter-based generator: a bijective mix of
+// key + counter, so element i's draw does not depend on which elements were drawn before.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in (0, 1) from the top 53 bits, never 0 (Box-Muller takes its log).
+double uniform_open(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53; }
+
+// Standard normal for element i of a tensor keyed by `key` (Box-Muller, cosine branch), with the
+// deterministic log/cos of det_math.hpp so every machine draws the same initial model.
+double normal_at(uint64_t key, uint64_t i) {
+  const double u1 = uniform_open(splitmix64(key ^ splitmix64(2 * i)));
+  const double u2 = uniform_open(splitmix64(key ^ splitmix64(2 * i + 1)));
+  return std::sqrt(-2.0 * det::log(u1)) * det::cos(2.0 * det::kPi * u2);
+}
+
+}  // namespace
+
+Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch)
+    : cfg_(cfg), mode_(mode), max_batch_(micro_batch) {
+  cfg_.validate();
+  LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
+  build_layout();
+  params_.assign(layout_.back().offset + layout_.back().numel, 0.0f);
+  grads_.assign(params_.size(), 0.0f);
+  if (mode_ == Mode::kCanonical) exact_grads_.reset(params_.size());
+  allocate_activations();
+}
+
+void Gpt::build_layout() {
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, T = cfg_.seq_len, F = cfg_.ffn_width();
+  const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
+  const bool ln = cfg_.norm == NormKind::kLayerNorm;
+  int64_t offset = 0;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    layout_.push_back({name, std::move(shape), offset, n, decay});
+    offset += n;
+  };
+  // Canonical order: the order of the forward pass. Pointers into layout_ are taken after it is
+  // complete (the vector no longer reallocates).
+  add("wte", {V, C}, true);
+  if (cfg_.pos == PosKind::kLearned) add("wpe", {T, C}, true);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const std::string p = "layer/" + std::to_string(l) + "/";
+    add(p + "ln1/weight", {C}, false);
+    if (ln) add(p + "ln1/bias", {C}, false);
+    add(p + "attn/qkv/weight", {cfg_.qkv_width(), C}, true);
+    if (cfg_.bias) add(p + "attn/qkv/bias", {cfg_.qkv_width()}, false);
+    add(p + "attn/proj/weight", {C, C}, true);
+    if (cfg_.bias) add(p + "attn/proj/bias", {C}, false);
+    add(p + "ln2/weight", {C}, false);
+    if (ln) add(p + "ln2/bias", {C}, false);
+    add(p + "mlp/fc/weight", {fc_out, C}, true);
+    if (cfg_.bias) add(p + "mlp/fc/bias", {fc_out}, false);
+    add(p + "mlp/proj/weight", {C, F}, true);
+    if (cfg_.bias) add(p + "mlp/proj/bias", {C}, false);
+  }
+  add("lnf/weight", {C}, false);
+  if (ln) add("lnf/bias", {C}, false);
+  if (!cfg_.tie_embeddings) add("lm_head/weight", {V, C}, true);
+
+  auto find = [&](const std::string& name) -> const ParamTensor* {
+    for (const auto& t : layout_)
+      if (t.name == name) return &t;
+    return nullptr;
+  };
+  wte_ = find("wte");
+  wpe_ = find("wpe");
+  lnf_w_ = find("lnf/weight");
+  lnf_b_ = find("lnf/bias");
+  head_ = cfg_.tie_embeddings ? wte_ : find("lm_head/weight");
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const std::string p = "layer/" + std::to_string(l) + "/";
+    layers_.push_back({find(p + "ln1/weight"), find(p + "ln1/bias"), find(p + "attn/qkv/weight"),
+                       find(p + "attn/qkv/bias"), find(p + "attn/proj/weight"),
+                       find(p + "attn/proj/bias"), find(p + "ln2/weight"), find(p + "ln2/bias"),
+                       find(p + "mlp/fc/weight"), find(p + "mlp/fc/bias"),
+                       find(p + "mlp/proj/weight"), find(p + "mlp/proj/bias")});
+  }
+}
+
+const ParamTensor& Gpt::param(const std::string& name) const {
+  for (const auto& t : layout_)
+    if (t.name == name) return t;
+  throw InternalError(str_cat("no parameter named ", name));
+}
+
+void Gpt::allocate_activations() {
+  const int64_t BT = max_batch_ * cfg_.seq_len, C = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t T = cfg_.seq_len, F = cfg_.ffn_width();
+  const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
+  const int64_t att = max_batch_ * cfg_.n_heads * T * T;
+  encoded_.resize(BT * C);
+  acts_.resize(cfg_.n_layers);
+  for (auto& a : acts_) {
+    a.ln1.resize(BT * C);
+    a.ln1_mean.resize(BT);
+    a.ln1_rstd.resize(BT);
+    a.qkv.resize(BT * cfg_.qkv_width());
+    a.att.resize(att);
+    a.atty.resize(BT * C);
+    a.res_attn.resize(BT * C);
+    a.ln2.resize(BT * C);
+    a.ln2_mean.resize(BT);
+    a.ln2_rstd.resize(BT);
+    a.fch.resize(BT * fc_out);
+    a.fch_act.resize(BT * F);
+    a.res_mlp.resize(BT * C);
+  }
+  lnf_.resize(BT * C);
+  lnf_mean_.resize(BT);
+  lnf_rstd_.resize(BT);
+  logits_.resize(BT * V);
+  losses_.resize(BT);
+  dres_.resize(BT * C);
+  dbuf_c_.resize(BT * C);
+  dqkv_.resize(BT * cfg_.qkv_width());
+  datty_.resize(BT * C);
+  datt_.resize(att);
+  dfch_.resize(BT * fc_out);
+  dfch_act_.resize(BT * F);
+  if (cfg_.pos == PosKind::kRope) {
+    const int64_t half = cfg_.head_size() / 2;
+    rope_cos_.resize(T * half);
+    rope_sin_.resize(T * half);
+    cpu::rope_tables(T, cfg_.head_size(), cfg_.rope_theta, rope_cos_.data(), rope_sin_.data());
+  }
+}
+
+void Gpt::init_parameters() {
+  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layers));
+  for (const auto& t : layout_) {
+    float* w = params_.data() + t.offset;
+    const bool is_norm = t.name.find("ln") != std::string::npos && t.name.find("/weight") != std::string::npos;
+    const bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, "/bias") == 0;
+    if (is_norm) {
+      std::fill(w, w + t.numel, 1.0f);
+    } else if (is_bias) {
+      std::fill(w, w + t.numel, 0.0f);
+    } else {
+      // GPT-2: projections into the residual stream are scaled down by 1/sqrt(2L).
+      const bool residual_proj = t.name.find("/proj/weight") != std::string::npos;
+      const double stddev = static_cast<double>(cfg_.init_std) * (residual_proj ? residual_scale : 1.0f);
+      const uint64_t key = xxh64(t.name.data(), t.name.size(), cfg_.seed);
+      for (int64_t i = 0; i < t.numel; ++i) w[i] = static_cast<float>(stddev * normal_at(key, i));
+    }
+  }
+}
+
+double Gpt::flops_per_token() const {
+  double matmul_params = 0;
+  for (const auto& t : layout_) {
+    if (t.shape.size() == 2 && t.name != "wpe" && !(t.name == "wte" && !cfg_.tie_embeddings)) {
+      matmul_params += static_cast<double>(t.numel);
+    }
+  }
+  return 6.0 * matmul_params +
+         12.0 * cfg_.n_layers * static_cast<double>(cfg_.d_model) * cfg_.seq_len;
+}
+
+GradSink Gpt::sink(const ParamTensor* t) {
+  if (t == nullptr) return {};
+  if (mode_ == Mode::kCanonical) return {nullptr, &exact_grads_, t->offset};
+  return {grads_.data() + t->offset, nullptr, 0};
+}
+
+void Gpt::zero_grad() {
+  if (mode_ == Mode::kCanonical) {
+    exact_grads_.zero();
+  } else {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+  }
+}
+
+void Gpt::finish_grads() {
+  if (mode_ == Mode::kCanonical) exact_grads_.round_to(grads_.data());
+}
+
+void Gpt::norm_forward(int64_t rows, float* out, float* mean, float* rstd, const float* inp,
+                       const ParamTensor* w, const ParamTensor* b) {
+  const cpu::NormShape s{rows, cfg_.d_model, cfg_.norm_eps};
+  if (cfg_.norm == NormKind::kLayerNorm) {
+    cpu::layernorm_forward(mode_, s, out, mean, rstd, inp, p(w), p(b));
+  } else {
+    cpu::rmsnorm_forward(mode_, s, out, rstd, inp, p(w));
+  }
+}
+
+void Gpt::norm_backward(int64_t rows, int64_t token_offset, float* dinp, const float* dout,
+                        const float* inp, const float* mean, const float* rstd,
+                        const ParamTensor* w, const ParamTensor* b) {
+  const cpu::NormShape s{rows, cfg_.d_model, cfg_.norm_eps};
+  if (cfg_.norm == NormKind::kLayerNorm) {
+    cpu::layernorm_backward(mode_, s, token_offset, dinp, sink(w), sink(b), dout, inp, p(w), mean,
+                            rstd);
+  } else {
+    cpu::rmsnorm_backward(mode_, s, token_offset, dinp, sink(w), dout, inp, p(w), rstd);
+  }
+}
+
+void Gpt::forward(const int32_t* inputs, int64_t B) {
+  LS_CHECK(B >= 1 && B <= max_batch_, "micro batch ", B, " exceeds ", max_batch_);
+  const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = cfg_.ffn_width();
+  const cpu::AttentionShape as{B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_size()};
+  const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
+
+  cpu::embedding_forward(mode_, {B, T, C, cfg_.vocab_size}, encoded_.data(), inputs, p(wte_),
+                         p(wpe_));
+  const float* residual = encoded_.data();
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    LayerActs& a = acts_[l];
+    const LayerParams& w = layers_[l];
+    // x = x + attn(norm1(x))
+    norm_forward(BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, w.ln1_w, w.ln1_b);
+    cpu::linear_forward(mode_, {BT, C, cfg_.qkv_width()}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
+                        p(w.qkv_b));
+    if (cfg_.pos == PosKind::kRope) cpu::rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+    cpu::attention_forward(mode_, as, a.atty.data(), a.att.data(), a.qkv.data());
+    cpu::linear_forward(mode_, {BT, C, C}, a.res_attn.data(), a.atty.data(), p(w.proj_w), p(w.proj_b));
+    cpu::residual_forward(BT * C, a.res_attn.data(), a.res_attn.data(), residual);
+    // x = x + mlp(norm2(x))
+    norm_forward(BT, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), w.ln2_w,
+                 w.ln2_b);
+    cpu::linear_forward(mode_, {BT, C, fc_out}, a.fch.data(), a.ln2.data(), p(w.fc_w), p(w.fc_b));
+    if (cfg_.ffn == FfnKind::kGelu) {
+      cpu::gelu_forward(mode_, BT * F, a.fch_act.data(), a.fch.data());
+    } else {
+      cpu::swiglu_forward(mode_, BT, F, a.fch_act.data(), a.fch.data());
+    }
+    cpu::linear_forward(mode_, {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), p(w.fcproj_w),
+                        p(w.fcproj_b));
+    cpu::residual_forward(BT * C, a.res_mlp.data(), a.res_mlp.data(), a.res_attn.data());
+    residual = a.res_mlp.data();
+  }
+  norm_forward(BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_, lnf_b_);
+  cpu::linear_forward(mode_, {BT, C, cfg_.vocab_size}, logits_.data(), lnf_.data(), p(head_), nullptr);
+}
+
+// Adds a micro-batch's per-token losses to the running loss sum in canonical chunks of tokens.
+static void add_losses(ChunkCombiner& loss_sum, const float* losses, int64_t n) {
+  for (int64_t i = 0; i < n; i += kCanonicalChunk) {
+    loss_sum.add(chunk_sum(losses + i, 1, std::min(kCanonicalChunk, n - i)));
+  }
+}
+
+void Gpt::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum) {
+  forward(inputs, B);
+  const int64_t BT = B * cfg_.seq_len;
+  cpu::crossentropy_forward(mode_, {BT, cfg_.vocab_size}, losses_.data(), logits_.data(), targets);
+  add_losses(loss_sum, losses_.data(), BT);
+}
+
+void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t B,
+                           int64_t token_offset, float dloss, ChunkCombiner& loss_sum) {
+  forward(inputs, B);
+  const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = cfg_.ffn_width();
+  const int64_t V = cfg_.vocab_size;
+  const cpu::AttentionShape as{B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_size()};
+  const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
+
+  // Loss and dlogits (in place over the logits).
+  cpu::crossentropy_forward_backward(mode_, {BT, V}, dloss, losses_.data(), logits_.data(), targets);
+  add_losses(loss_sum, losses_.data(), BT);
+
+  // Head and final norm. dres_ carries d(residual stream); activation-gradient outputs that
+  // accumulate (+=) are zeroed first.
+  std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
+  cpu::linear_backward(mode_, {BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {},
+                       logits_.data(), lnf_.data(), p(head_));
+  std::fill_n(dres_.begin(), BT * C, 0.0f);
+  const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
+  norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
+                lnf_rstd_.data(), lnf_w_, lnf_b_);
+
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    LayerActs& a = acts_[l];
+    const LayerParams& w = layers_[l];
+    const float* residual_in = l == 0 ? encoded_.data() : acts_[l - 1].res_mlp.data();
+    // MLP: x2 = x1 + proj(act(fc(norm2(x1))))
+    std::fill_n(dfch_act_.begin(), BT * F, 0.0f);
+    cpu::linear_backward(mode_, {BT, F, C}, token_offset, dfch_act_.data(), sink(w.fcproj_w),
+                         sink(w.fcproj_b), dres_.data(), a.fch_act.data(), p(w.fcproj_w));
+    if (cfg_.ffn == FfnKind::kGelu) {
+      cpu::gelu_backward(mode_, BT * F, dfch_.data(), a.fch.data(), dfch_act_.data());
+    } else {
+      cpu::swiglu_backward(mode_, BT, F, dfch_.data(), a.fch.data(), dfch_act_.data());
+    }
+    std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
+    cpu::linear_backward(mode_, {BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w),
+                         sink(w.fc_b), dfch_.data(), a.ln2.data(), p(w.fc_w));
+    norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), a.res_attn.data(),
+                  a.ln2_mean.data(), a.ln2_rstd.data(), w.ln2_w, w.ln2_b);
+    // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
+    std::fill_n(datty_.begin(), BT * C, 0.0f);
+    cpu::linear_backward(mode_, {BT, C, C}, token_offset, datty_.data(), sink(w.proj_w),
+                         sink(w.proj_b), dres_.data(), a.atty.data(), p(w.proj_w));
+    cpu::attention_backward(mode_, as, dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(),
+                            a.att.data());
+    if (cfg_.pos == PosKind::kRope) cpu::rope_backward(as, dqkv_.data(), rope_cos_.data(), rope_sin_.data());
+    std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
+    cpu::linear_backward(mode_, {BT, C, cfg_.qkv_width()}, token_offset, dbuf_c_.data(),
+                         sink(w.qkv_w), sink(w.qkv_b), dqkv_.data(), a.ln1.data(), p(w.qkv_w));
+    norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
+                  a.ln1_rstd.data(), w.ln1_w, w.ln1_b);
+  }
+  cpu::embedding_backward(mode_, {B, T, C, V}, token_offset, sink(wte_), sink(wpe_), dres_.data(),
+                          inputs);
+}
+
+}  // namespace lockstep

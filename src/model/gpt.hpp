@@ -1,0 +1,109 @@
+// The GPT model on one device: parameters, activations, forward and backward over the kernels.
+//
+// Layout follows llm.c: every parameter lives in one flat fp32 buffer (in the canonical order of
+// `param_layout()`, which is also the checkpoint and model-hash order), gradients in a second one;
+// activations are owned per micro-batch size and reused. The forward/backward is written out layer
+// by layer, each op a kernels/ops call, so every tensor has a stable hook name
+// (`layer/3/attn/qkv` ...). No ranks here: parallel layouts are applied from outside.
+//
+// Gradients: fast mode accumulates into the fp32 gradient buffer; canonical mode accumulates every
+// chunk partial exactly (ExactAccumulator) across micro-batches and rounds once in finish_grads(),
+// so the gradient does not depend on how the batch was split.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ops/canonical.hpp"
+#include "kernels/ops/mode.hpp"
+#include "src/core/exact_sum.hpp"
+#include "src/model/config.hpp"
+
+namespace lockstep {
+
+struct ParamTensor {
+  std::string name;            // e.g. "layer/0/attn/qkv/weight"
+  std::vector<int64_t> shape;
+  int64_t offset = 0;          // first element in the flat buffer
+  int64_t numel = 0;
+  bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
+};
+
+class Gpt {
+ public:
+  // micro_batch: the largest number of sequences passed to one forward_backward call.
+  Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch);
+
+  const ModelConfig& config() const { return cfg_; }
+  Mode mode() const { return mode_; }
+  const std::vector<ParamTensor>& param_layout() const { return layout_; }
+  const ParamTensor& param(const std::string& name) const;
+  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+
+  // Deterministic initialisation from cfg.seed: each element is a function of (seed, tensor name,
+  // element index) only (GPT-2 scheme: N(0, init_std), residual projections scaled by
+  // 1/sqrt(2·n_layers), biases 0, norm weights 1).
+  void init_parameters();
+
+  // Model FLOPs per trained token: 6·N (N = parameters in matmuls, the tied head counted once as
+  // a matmul) + 12·L·C·T (attention scores and values), the PaLM/Megatron convention.
+  double flops_per_token() const;
+
+  void zero_grad();
+  // One micro-batch of B sequences: forward, loss, backward; parameter gradients accumulate.
+  // token_offset: global index of this micro-batch's first token in the step's global batch;
+  // dloss: gradient scale of each token's loss (1 / tokens in the global batch).
+  // The micro-batch's per-token losses are added, chunk by chunk, to loss_sum.
+  void forward_backward(const int32_t* inputs, const int32_t* targets,  // (B, T) (B, T)
+                        int64_t B, int64_t token_offset, float dloss, ChunkCombiner& loss_sum);
+  // Canonical mode: rounds the exact gradient sums into grads(). Fast mode: nothing to do.
+  void finish_grads();
+  // Forward only; adds the per-token losses to loss_sum.
+  void eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum);
+
+ private:
+  struct LayerActs {
+    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn;
+    std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_act, res_mlp;
+  };
+  struct LayerParams {
+    const ParamTensor *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
+    const ParamTensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  };
+
+  void build_layout();
+  void allocate_activations();
+  void forward(const int32_t* inputs, int64_t B);
+  float* p(const ParamTensor* t) { return t ? params_.data() + t->offset : nullptr; }
+  GradSink sink(const ParamTensor* t);
+  void norm_forward(int64_t rows, float* out, float* mean, float* rstd, const float* inp,
+                    const ParamTensor* w, const ParamTensor* b);
+  void norm_backward(int64_t rows, int64_t token_offset, float* dinp, const float* dout,
+                     const float* inp, const float* mean, const float* rstd,
+                     const ParamTensor* w, const ParamTensor* b);
+
+  ModelConfig cfg_;
+  Mode mode_;
+  int64_t max_batch_;
+  std::vector<ParamTensor> layout_;
+  std::vector<float> params_, grads_;
+  ExactAccumulator exact_grads_;  // canonical mode only
+
+  const ParamTensor *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr,
+                    *head_ = nullptr;
+  std::vector<LayerParams> layers_;
+
+  // Activations (max_batch_ sequences).
+  std::vector<float> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  std::vector<LayerActs> acts_;
+  std::vector<float> rope_cos_, rope_sin_;
+  // Backward scratch.
+  std::vector<float> dres_, dbuf_c_, dqkv_, datty_, datt_, dfch_, dfch_act_;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,56 @@
+#include "src/optim/adamw.hpp"
+
+#include <cmath>
+
+#include "kernels/ops/optim.hpp"
+#include "src/core/det_math.hpp"
+
+namespace lockstep {
+
+double LrSchedule::at(int64_t step) const {
+  if (warmup > 0 && step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const int64_t decay_steps = steps - warmup;
+  if (decay_steps <= 1) return lr;
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1);
+  return min_lr + (lr - min_lr) * 0.5 * (1.0 + det::cos(det::kPi * std::min(progress, 1.0)));
+}
+
+AdamW::AdamW(const Gpt& model, AdamWConfig cfg)
+    : cfg_(cfg), m_(model.num_params(), 0.0f), v_(model.num_params(), 0.0f) {}
+
+// beta^t by repeated multiplication in double (t is at most millions; exact powers are not needed,
+// only the same bits everywhere, which std::pow does not promise across libms).
+static double power(double beta, int64_t t) {
+  double r = 1.0, b = beta;
+  for (int64_t e = t; e > 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return r;
+}
+
+void AdamW::update(Gpt& model, float lr, int64_t t) {
+  const float bc1 = static_cast<float>(1.0 - power(cfg_.beta1, t));
+  const float bc2 = static_cast<float>(1.0 - power(cfg_.beta2, t));
+  for (const auto& p : model.param_layout()) {
+    const cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, p.decay ? cfg_.weight_decay : 0.0f,
+                             bc1, bc2};
+    cpu::adamw_update(p.numel, h, model.params() + p.offset, m_.data() + p.offset,
+                      v_.data() + p.offset, model.grads() + p.offset);
+  }
+}
+
+float clip_grad_norm(Gpt& model, float max_norm) {
+  ChunkCombiner sumsq;
+  for (const auto& p : model.param_layout()) {
+    cpu::grad_sumsq_accumulate(model.mode(), p.numel, sumsq, model.grads() + p.offset);
+  }
+  const float norm = std::sqrt(sumsq.finish());
+  if (max_norm > 0.0f && norm > max_norm) {
+    const float scale = max_norm / (norm + 1e-6f);
+    cpu::scale_inplace(model.num_params(), model.grads(), scale);
+  }
+  return norm;
+}
+
+}  // namespace lockstep

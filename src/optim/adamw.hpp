@@ -1,0 +1,54 @@
+// AdamW over the model's flat parameter buffer, with global-norm gradient clipping and the
+// warm-up + cosine learning-rate schedule. Optimizer state (m, v) is laid out like the parameters.
+// Not here: sharding of the state across ranks (ZeRO lives in src/parallel).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/model/gpt.hpp"
+
+namespace lockstep {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // applied to ParamTensor::decay tensors only
+};
+
+struct LrSchedule {
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup = 0;  // steps of linear warm-up
+  int64_t steps = 1;   // total steps; cosine decay from warmup to steps
+
+  // Learning rate of 0-based step `step`: lr·(step+1)/warmup during warm-up, then
+  // min_lr + (lr − min_lr)·(1 + cos(π·progress))/2, with the deterministic cos of det_math.hpp.
+  double at(int64_t step) const;
+};
+
+class AdamW {
+ public:
+  AdamW(const Gpt& model, AdamWConfig cfg);
+
+  // One update with 1-based step count t (bias corrections 1 − β^t, computed in double by
+  // repeated multiplication so that every machine gets the same bits).
+  void update(Gpt& model, float lr, int64_t t);
+
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  const std::vector<float>& m() const { return m_; }
+  const std::vector<float>& v() const { return v_; }
+
+ private:
+  AdamWConfig cfg_;
+  std::vector<float> m_, v_;
+};
+
+// Global L2 norm of the gradients (canonical: exact chunked sum of squares, one rounding, then
+// fp32 sqrt); if max_norm > 0 and the norm exceeds it, scales every gradient by
+// max_norm / (norm + 1e-6). Returns the norm before clipping.
+float clip_grad_norm(Gpt& model, float max_norm);
+
+}  // namespace lockstep

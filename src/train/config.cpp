@@ -1,0 +1,282 @@
+#include "src/train/config.hpp"
+
+#include <charconv>
+#include <map>
+#include <set>
+
+#include <toml++/toml.h>
+
+#include "kernels/ops/canonical.hpp"
+#include "src/core/check.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// One TOML section being read: each field() call declares a key, reads it from the file or from a
+// command-line override, and checks its type; finish() rejects every key nobody declared.
+class Section {
+ public:
+  Section(const std::string& file, const std::string& name, const toml::table* table,
+          std::map<std::string, std::string>& overrides, nlohmann::json& out)
+      : file_(file), name_(name), table_(table), overrides_(overrides), out_(out[name]) {}
+
+  template <class T>
+  void field(const std::string& key, T& dst) {
+    known_.insert(key);
+    const std::string dotted = name_ + "." + key;
+    if (auto it = overrides_.find(dotted); it != overrides_.end()) {
+      dst = parse_text<T>(it->second, "--" + dotted);
+      overrides_.erase(it);
+    } else if (table_ != nullptr) {
+      if (const toml::node* node = table_->get(key)) dst = from_node<T>(*node, key);
+    }
+    out_[key] = dst;
+  }
+
+  void finish() const {
+    if (table_ == nullptr) return;
+    for (const auto& [k, v] : *table_) {
+      const std::string key(k.str());
+      if (!known_.count(key)) {
+        std::string list;
+        for (const auto& kk : known_) list += (list.empty() ? "" : ", ") + kk;
+        throw ConfigError(str_cat(file_, ": [", name_, "] unknown key '", key, "' (known: ", list, ")"));
+      }
+    }
+  }
+
+ private:
+  std::string where(const std::string& key) const { return str_cat(file_, ": [", name_, "] ", key); }
+
+  template <class T>
+  T from_node(const toml::node& node, const std::string& key) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (auto v = node.value_exact<bool>()) return *v;
+      throw ConfigError(str_cat(where(key), ": expected true or false"));
+    } else if constexpr (std::is_integral_v<T>) {
+      if (auto v = node.value_exact<int64_t>()) {
+        if constexpr (std::is_unsigned_v<T>) {
+          if (*v < 0) throw ConfigError(str_cat(where(key), ": expected a non-negative integer, got ", *v));
+        }
+        return static_cast<T>(*v);
+      }
+      throw ConfigError(str_cat(where(key), ": expected an integer"));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (auto v = node.value<double>()) {
+        if (node.is_number()) return static_cast<T>(*v);
+      }
+      throw ConfigError(str_cat(where(key), ": expected a number"));
+    } else {
+      if (auto v = node.value_exact<std::string>()) return *v;
+      throw ConfigError(str_cat(where(key), ": expected a string"));
+    }
+  }
+
+  template <class T>
+  static T parse_text(const std::string& text, const std::string& what) {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (text == "true") return true;
+      if (text == "false") return false;
+      throw ConfigError(str_cat(what, ": expected true or false, got '", text, "'"));
+    } else if constexpr (std::is_integral_v<T>) {
+      T v{};
+      auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || ptr != text.data() + text.size()) {
+        throw ConfigError(str_cat(what, ": expected an integer, got '", text, "'"));
+      }
+      return v;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size()) {
+        throw ConfigError(str_cat(what, ": expected a number, got '", text, "'"));
+      }
+      return static_cast<T>(v);
+    } else {
+      // Strings may be given bare or TOML-quoted.
+      if (text.size() >= 2 && text.front() == '"' && text.back() == '"') return text.substr(1, text.size() - 2);
+      return text;
+    }
+  }
+
+  std::string file_, name_;
+  const toml::table* table_;
+  std::map<std::string, std::string>& overrides_;
+  nlohmann::json& out_;
+  std::set<std::string> known_;
+};
+
+template <class Enum>
+void enum_field(Section& s, const std::string& key, Enum& dst, std::string (*to)(Enum),
+                Enum (*from)(const std::string&)) {
+  std::string text = to(dst);
+  s.field(key, text);
+  dst = from(text);
+}
+
+std::string mode_to(Mode m) { return std::string(mode_name(m)); }
+Mode mode_from(const std::string& s) {
+  if (s == "canonical") return Mode::kCanonical;
+  if (s == "fast") return Mode::kFast;
+  throw ConfigError(str_cat("[train] mode: expected \"canonical\" or \"fast\", got \"", s, "\""));
+}
+
+void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::string>& ov,
+              nlohmann::json& echo) {
+  auto section = [&](const std::string& name) {
+    const toml::table* t = nullptr;
+    if (root != nullptr) {
+      if (const toml::node* n = root->get(name)) {
+        t = n->as_table();
+        LS_REQUIRE(t != nullptr, c.source, ": [", name, "] must be a table");
+      }
+    }
+    return Section(c.source, name, t, ov, echo);
+  };
+
+  Section m = section("model");
+  m.field("vocab_size", c.model.vocab_size);
+  m.field("seq_len", c.model.seq_len);
+  m.field("d_model", c.model.d_model);
+  m.field("n_layers", c.model.n_layers);
+  m.field("n_heads", c.model.n_heads);
+  c.model.n_kv_heads = c.model.n_heads;  // default: multi-head attention
+  m.field("n_kv_heads", c.model.n_kv_heads);
+  m.field("ffn_hidden", c.model.ffn_hidden);
+  enum_field(m, "ffn", c.model.ffn, ffn_name, ffn_from_name);
+  enum_field(m, "norm", c.model.norm, norm_name, norm_from_name);
+  enum_field(m, "pos", c.model.pos, pos_name, pos_from_name);
+  m.field("tie_embeddings", c.model.tie_embeddings);
+  m.field("bias", c.model.bias);
+  m.field("norm_eps", c.model.norm_eps);
+  m.field("rope_theta", c.model.rope_theta);
+  m.field("init_std", c.model.init_std);
+  m.field("seed", c.model.seed);
+  m.finish();
+
+  Section d = section("data");
+  d.field("train", c.data.train);
+  d.field("val", c.data.val);
+  d.finish();
+
+  Section t = section("train");
+  t.field("steps", c.train.steps);
+  t.field("batch_size", c.train.batch_size);
+  t.field("micro_batch_size", c.train.micro_batch_size);
+  t.field("lr", c.train.lr);
+  t.field("min_lr", c.train.min_lr);
+  t.field("warmup", c.train.warmup);
+  t.field("weight_decay", c.train.weight_decay);
+  t.field("beta1", c.train.beta1);
+  t.field("beta2", c.train.beta2);
+  t.field("eps", c.train.eps);
+  t.field("grad_clip", c.train.grad_clip);
+  t.field("seed", c.train.seed);
+  enum_field(t, "mode", c.train.mode, mode_to, mode_from);
+  t.field("threads", c.train.threads);
+  t.field("peak_gflops", c.train.peak_gflops);
+  t.finish();
+
+  Section k = section("checkpoint");
+  k.field("dir", c.checkpoint.dir);
+  k.field("every", c.checkpoint.every);
+  k.field("keep", c.checkpoint.keep);
+  k.finish();
+
+  Section l = section("log");
+  l.field("metrics", c.log.metrics);
+  l.field("every", c.log.every);
+  l.finish();
+
+  Section e = section("eval");
+  e.field("every", c.eval.every);
+  e.field("batches", c.eval.batches);
+  e.finish();
+}
+
+void validate(const RunConfig& c) {
+  c.model.validate();
+  const TrainConfig& t = c.train;
+  LS_REQUIRE(!c.data.train.empty(), c.source, ": [data] train: a token file is required");
+  LS_REQUIRE(t.steps >= 1, c.source, ": [train] steps (", t.steps, ") must be >= 1");
+  LS_REQUIRE(t.batch_size >= 1, c.source, ": [train] batch_size (", t.batch_size, ") must be >= 1");
+  LS_REQUIRE(t.micro_batch_size >= 0, c.source, ": [train] micro_batch_size (", t.micro_batch_size,
+             ") must be >= 0");
+  LS_REQUIRE(t.batch_size % t.micro_batch() == 0, c.source, ": [train] batch_size (", t.batch_size,
+             ") must be a multiple of micro_batch_size (", t.micro_batch(), ")");
+  // Canonical mode: micro-batches split the token reductions, so each must end on a chunk
+  // boundary (kernels/ops/canonical.hpp) for the gradient not to depend on the split.
+  LS_REQUIRE(t.mode != Mode::kCanonical || t.micro_batch() == t.batch_size ||
+                 (t.micro_batch() * c.model.seq_len) % kCanonicalChunk == 0,
+             c.source, ": [train] micro_batch_size (", t.micro_batch(), ") x seq_len (", c.model.seq_len,
+             ") = ", t.micro_batch() * c.model.seq_len, " tokens must be a multiple of ", kCanonicalChunk,
+             " in canonical mode, so that gradient accumulation falls on chunk boundaries");
+  LS_REQUIRE(t.lr > 0 && t.min_lr >= 0 && t.min_lr <= t.lr, c.source,
+             ": [train] need lr > 0 and 0 <= min_lr <= lr (lr ", t.lr, ", min_lr ", t.min_lr, ")");
+  LS_REQUIRE(t.warmup >= 0, c.source, ": [train] warmup (", t.warmup, ") must be >= 0");
+  LS_REQUIRE(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1, c.source,
+             ": [train] beta1 and beta2 must be in [0, 1)");
+  LS_REQUIRE(t.eps > 0, c.source, ": [train] eps (", t.eps, ") must be > 0");
+  LS_REQUIRE(t.weight_decay >= 0, c.source, ": [train] weight_decay must be >= 0");
+  LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
+  LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
+  LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");
+  LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0, c.source,
+             ": [checkpoint] every and keep must be >= 0");
+  LS_REQUIRE(c.log.every >= 1, c.source, ": [log] every (", c.log.every, ") must be >= 1");
+  LS_REQUIRE(c.eval.every >= 0 && c.eval.batches >= 1, c.source,
+             ": [eval] every must be >= 0 and batches >= 1");
+}
+
+}  // namespace
+
+nlohmann::json RunConfig::to_json() const {
+  RunConfig copy = *this;
+  std::map<std::string, std::string> none;
+  nlohmann::json out;
+  read_all(copy, nullptr, none, out);
+  return out;
+}
+
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::pair<std::string, std::string>>& overrides) {
+  RunConfig c;
+  c.source = path;
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
+  }
+  static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval"};
+  for (const auto& [k, v] : root) {
+    LS_REQUIRE(kSections.count(std::string(k.str())), path, ": unknown section [", k.str(),
+               "] (known: checkpoint, data, eval, log, model, train)");
+  }
+  std::map<std::string, std::string> ov;
+  for (const auto& [key, value] : overrides) {
+    const auto dot = key.find('.');
+    LS_REQUIRE(dot != std::string::npos && kSections.count(key.substr(0, dot)), "--", key,
+               ": unknown section '", key.substr(0, key.find('.')),
+               "' (known: checkpoint, data, eval, log, model, train)");
+    ov[key] = value;
+  }
+  nlohmann::json echo;
+  read_all(c, &root, ov, echo);
+  if (!ov.empty()) {
+    throw ConfigError(str_cat("--", ov.begin()->first, ": unknown key '",
+                              ov.begin()->first.substr(ov.begin()->first.find('.') + 1), "' in section [",
+                              ov.begin()->first.substr(0, ov.begin()->first.find('.')), "]"));
+  }
+  validate(c);
+  return c;
+}
+
+}  // namespace lockstep

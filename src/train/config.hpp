@@ -1,0 +1,76 @@
+// The run configuration: a TOML file with sections [model] [data] [train] [checkpoint] [log]
+// [eval], plus command-line overrides `--section.key=value`. Every key is declared once, with its
+// type; an unknown section or key, a value of the wrong type or out of range is a ConfigError
+// naming the file (or the override), the key and the expectation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops/mode.hpp"
+#include "src/model/config.hpp"
+
+namespace lockstep {
+
+struct DataConfig {
+  std::string train;  // llm.c token file
+  std::string val;    // llm.c token file ("" = no evaluation)
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t batch_size = 8;        // sequences per optimizer step (global batch)
+  int64_t micro_batch_size = 0;  // sequences per forward/backward (0 = batch_size)
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 = off
+  uint64_t seed = 1234;    // data order
+  Mode mode = Mode::kCanonical;
+  int64_t threads = 0;       // 0 = all cores
+  double peak_gflops = 0;    // 0 = measure an fp32 GEMM peak at start-up
+
+  int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
+};
+
+struct CheckpointConfig {
+  std::string dir;    // "" = no checkpoints
+  int64_t every = 0;  // steps between checkpoints (0 = only at the end)
+  int64_t keep = 3;   // newest checkpoints retained (0 = all)
+};
+
+struct LogConfig {
+  std::string metrics;  // JSONL file ("" = none)
+  int64_t every = 1;    // console line every N steps
+};
+
+struct EvalConfig {
+  int64_t every = 0;    // steps between evaluations (0 = only at the end)
+  int64_t batches = 8;  // micro-batches of validation data per evaluation
+};
+
+struct RunConfig {
+  std::string source;  // the config file, for messages
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  EvalConfig eval;
+
+  nlohmann::json to_json() const;
+};
+
+// Parses `path` and applies `overrides` ("section.key" -> value text) in order; validates.
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::pair<std::string, std::string>>& overrides);
+
+}  // namespace lockstep

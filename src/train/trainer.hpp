@@ -1,0 +1,26 @@
+// The single-process training loop: data -> model -> loss -> backward -> clip -> AdamW -> ckpt,
+// with per-step progress, JSONL metrics, periodic evaluation and checkpoints, resume from the
+// newest valid checkpoint, and an emergency checkpoint on SIGINT/SIGTERM.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "src/train/config.hpp"
+
+namespace lockstep {
+
+struct TrainSummary {
+  int64_t first_step = 0;     // step the run started from (> 0 when resumed)
+  int64_t steps_done = 0;     // steps completed in total (the checkpoint's step)
+  float last_loss = 0;
+  float val_loss = -1;        // < 0: no evaluation
+  double tokens_per_s = 0;    // mean over this run's steps
+  std::string model_hash;     // 16 hex digits, as `lockstep ckpt info` prints
+  bool interrupted = false;   // stopped by a signal (after saving a checkpoint)
+};
+
+TrainSummary train(const RunConfig& cfg, std::ostream& out);
+
+}  // namespace lockstep

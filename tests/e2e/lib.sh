@@ -1,0 +1,68 @@
+# Shared helpers of the end-to-end tests. Each test script is called as
+#   script.sh LOCKSTEP_BINARY WORKDIR SOURCE_DIR
+# and sources this file; it runs in a fresh WORKDIR and exits non-zero on the first failure.
+set -euo pipefail
+LOCKSTEP=$1
+WORK=$2
+SRC=$3
+rm -rf "$WORK"
+mkdir -p "$WORK"
+cd "$WORK"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A small Markov data set in ./data (fast to make; enough tokens for a few hundred windows).
+make_data() {
+  "$LOCKSTEP" data synth --out data --order 2 --alphabet 8 --branch 3 --tokens 200000 --seed 7 >/dev/null
+  "$LOCKSTEP" data build --input data/corpus.txt --out data >/dev/null
+}
+
+# A config for a model small enough that a step takes tens of milliseconds.
+write_config() {
+  cat > "${1:-cfg.toml}" <<'TOML'
+[model]
+vocab_size = 257
+seq_len = 64
+d_model = 64
+n_layers = 2
+n_heads = 4
+seed = 11
+
+[data]
+train = "data/train.bin"
+val = "data/val.bin"
+
+[train]
+steps = 40
+batch_size = 8
+micro_batch_size = 4
+lr = 1e-3
+min_lr = 1e-4
+warmup = 4
+seed = 5
+mode = "canonical"
+threads = 2
+peak_gflops = 100
+
+[log]
+every = 10
+
+[eval]
+every = 0
+batches = 2
+TOML
+}
+
+# expect_error "regex" command...: the command must exit with status 2 and print one line
+# `error: ...` matching the regex on stderr.
+expect_error() {
+  local pattern=$1
+  shift
+  local status=0
+  "$@" >out.log 2>err.log || status=$?
+  [ "$status" -eq 2 ] || fail "expected exit 2 from '$*', got $status; stderr: $(cat err.log)"
+  [ "$(wc -l < err.log)" -eq 1 ] || fail "expected one error line from '$*', got: $(cat err.log)"
+  grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
+}
+
+model_hash() { grep '^model hash ' "$1" | awk '{print $3}'; }
