@@ -1,0 +1,59 @@
+// Reference token and position embedding, templated on the scalar type (double, MPFR, Bounded<T>).
+//
+// Mirrors kernels/ops/embedding.hpp in plain single-threaded loops: forward out = wte[token] +
+// wpe[t]; backward accumulates (+=) dout into the rows of dwte and dwpe, each element's sum over
+// its tokens taken through reference::sum, so a Bounded<T> instantiation carries the order-free
+// bound that covers canonical chunking and fast mode alike.
+// Not here: token validation (the kernels' job; tokens here must lie in [0, V)).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "reference/reduce.hpp"
+
+namespace lockstep::reference {
+
+template <class Real>
+void embedding_forward(int64_t B, int64_t T, int64_t C, int64_t V,
+                       Real* out,                                 // (B, T, C)
+                       const int32_t* tokens,                     // (B, T)
+                       const Real* wte,                           // (V, C)
+                       const Real* wpe) {                         // (T, C) or nullptr
+  for (int64_t n = 0; n < B * T; ++n) {
+    const Real* e = wte + static_cast<int64_t>(tokens[n]) * C;
+    for (int64_t c = 0; c < C; ++c) {
+      out[n * C + c] = wpe == nullptr ? e[c] : e[c] + wpe[(n % T) * C + c];
+    }
+  }
+}
+
+// dwte[v,c] += Σ_{n: tokens[n]==v} dout[n,c];  dwpe[t,c] += Σ_{n: n%T==t} dout[n,c].
+template <class Real>
+void embedding_backward(int64_t B, int64_t T, int64_t C, int64_t V,
+                        Real* dwte,                               // (V, C) +=
+                        Real* dwpe,                               // (T, C) += or nullptr
+                        const Real* dout,                         // (B, T, C)
+                        const int32_t* tokens) {                  // (B, T)
+  const int64_t N = B * T;
+  std::vector<std::vector<int64_t>> uses(static_cast<size_t>(V));  // tokens of each row
+  for (int64_t n = 0; n < N; ++n) uses[static_cast<size_t>(tokens[n])].push_back(n);
+  std::vector<Real> terms;
+  for (int64_t v = 0; v < V; ++v) {
+    const auto& ns = uses[static_cast<size_t>(v)];
+    if (ns.empty()) continue;
+    for (int64_t c = 0; c < C; ++c) {
+      terms.clear();
+      for (int64_t n : ns) terms.push_back(dout[n * C + c]);
+      dwte[v * C + c] += sum(terms.data(), 1, static_cast<int64_t>(terms.size()));
+    }
+  }
+  if (dwpe == nullptr) return;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < C; ++c) {
+      dwpe[t * C + c] += sum(dout + t * C + c, T * C, B);  // tokens t, t+T, ...: stride T·C
+    }
+  }
+}
+
+}  // namespace lockstep::reference
