@@ -1,0 +1,55 @@
+// Dispatch of the canonical matrix products (matmul.hpp, kernels/ops/linear.hpp) to the SIMD
+// kernel of the active ISA, and argument checks done once per call.
+#include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/matmul_isa.hpp"
+#include "kernels/ops/canonical.hpp"
+#include "kernels/ops/linear.hpp"
+#include "src/core/check.hpp"
+
+namespace lockstep::cpu {
+
+void matmul_canonical(int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, const float* A,
+                      int64_t sam, int64_t sak, const float* B, int64_t sbk, int64_t sbn,
+                      MatmulEpilogue epilogue) {
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul_canonical: M=", M, " N=", N, " K=", K);
+  LS_CHECK(M <= 1 || ldc >= N, "matmul_canonical: ldc=", ldc, " < N=", N);
+  if (active_isa() == Isa::kAvx512) {
+    avx512::matmul_canonical_packed(M, N, K, C, ldc, A, sam, sak, B, sbk, sbn, epilogue);
+  } else {
+    avx2::matmul_canonical_packed(M, N, K, C, ldc, A, sam, sak, B, sbk, sbn, epilogue);
+  }
+}
+
+void matmul_canonical(int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, const float* A,
+                      int64_t sam, int64_t sak, const float* B, int64_t sbk, int64_t sbn) {
+  matmul_canonical(M, N, K, C, ldc, A, sam, sak, B, sbk, sbn, MatmulEpilogue{});
+}
+
+void matmul_chunk_partials(int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
+                           const float* A, int64_t sam, int64_t sak, const float* B, int64_t sbk,
+                           int64_t sbn) {
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0 && K <= kCanonicalChunk, "matmul_chunk_partials: M=", M,
+           " N=", N, " K=", K, " (K must be at most ", kCanonicalChunk, ")");
+  LS_CHECK(M <= 1 || ldc >= N, "matmul_chunk_partials: ldc=", ldc, " < N=", N);
+  if (active_isa() == Isa::kAvx512) {
+    avx512::matmul_chunk_partials_packed(M, N, K, C, ldc, A, sam, sak, B, sbk, sbn);
+  } else {
+    avx2::matmul_chunk_partials_packed(M, N, K, C, ldc, A, sam, sak, B, sbk, sbn);
+  }
+}
+
+void matmul_chunks_exact(int64_t M, int64_t N, int64_t K, ExactAccumulator& acc, int64_t offset,
+                         const float* A, int64_t sam, int64_t sak, const float* B, int64_t sbk,
+                         int64_t sbn) {
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul_chunks_exact: M=", M, " N=", N, " K=", K);
+  LS_CHECK(offset >= 0 && static_cast<size_t>(offset + M * N) <= acc.size(),
+           "matmul_chunks_exact: elements [", offset, ", ", offset + M * N,
+           ") lie outside the accumulator of ", acc.size());
+  if (active_isa() == Isa::kAvx512) {
+    avx512::matmul_chunks_exact_packed(M, N, K, acc, offset, A, sam, sak, B, sbk, sbn);
+  } else {
+    avx2::matmul_chunks_exact_packed(M, N, K, acc, offset, A, sam, sak, B, sbk, sbn);
+  }
+}
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,50 @@
+// Canonical matrix products for CPU kernels that build on matmul_canonical (linear, attention).
+//
+// matmul_canonical itself is declared in kernels/ops/linear.hpp; this header adds the two variants
+// other kernels need:
+//  - an epilogue (column bias, fp32 accumulate) applied after the single rounding, so that
+//    out = dot + bias and dinp += dot need no temporary;
+//  - the chunk partials of a reduction over "tokens": C = one fp32 FMA chain of K <= 64 terms per
+//    element (no rounding step of its own), and matmul_chunks_exact, which cuts a longer K into
+//    chunks of kCanonicalChunk and adds every chunk partial into an ExactAccumulator — the
+//    canonical weight-gradient reduction.
+// All of them dispatch on active_isa() and give the same bits on AVX2 and AVX-512 and for any
+// thread count. Not here: fast-mode (OpenBLAS) products, which callers invoke directly.
+#pragma once
+
+#include <cstdint>
+
+#include "src/core/exact_sum.hpp"
+
+namespace lockstep::cpu {
+
+// Applied to each element after the rounded canonical dot r:  v = r (+ col_bias[n]);
+// C = accumulate ? C + v : v. Each + is one fp32 addition.
+struct MatmulEpilogue {
+  const float* col_bias = nullptr;  // (N) or nullptr
+  bool accumulate = false;
+};
+
+// matmul_canonical (kernels/ops/linear.hpp) followed by the epilogue.
+void matmul_canonical(int64_t M, int64_t N, int64_t K,
+                      float* C, int64_t ldc,                     // (M, N) row stride ldc
+                      const float* A, int64_t sam, int64_t sak,  // (M, K) strides
+                      const float* B, int64_t sbk, int64_t sbn,  // (K, N) strides
+                      MatmulEpilogue epilogue);
+
+// One canonical chunk: C[m,n] = chunk_dot over k in [0,K) (sequential fp32 FMA chain from +0.0f,
+// increasing k), K <= kCanonicalChunk. Overwrites C.
+void matmul_chunk_partials(int64_t M, int64_t N, int64_t K,
+                           float* C, int64_t ldc,                     // (M, N)
+                           const float* A, int64_t sam, int64_t sak,  // (M, K)
+                           const float* B, int64_t sbk, int64_t sbn); // (K, N)
+
+// Σ over k of A[m,k]·B[k,n] in chunks of kCanonicalChunk counted from k = 0 of this call; each
+// chunk partial is added to acc at index offset + m*N + n (so the caller's k = 0 must sit on a
+// global chunk boundary). The accumulator rounds once when read.
+void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
+                         ExactAccumulator& acc, int64_t offset,     // (M, N) elements from offset
+                         const float* A, int64_t sam, int64_t sak,  // (M, K)
+                         const float* B, int64_t sbk, int64_t sbn); // (K, N)
+
+}  // namespace lockstep::cpu
