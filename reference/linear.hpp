@@ -1,0 +1,66 @@
+// Reference linear layer: out = inp · weightᵀ + bias, weight stored (OC, IC) — the contract of
+// kernels/ops/linear.hpp in plain single-threaded loops over a generic scalar Real (double, an MPFR
+// number, Bounded<T>). Every reduction goes through reference/reduce.hpp, so Real = Bounded<T>
+// yields bounds valid for any summation order (fast mode, canonical chunks, split-K).
+//
+// Accumulating outputs (dinp, dweight, dbias: +=) add with Real's own `+`; for Bounded that adds a
+// rounding term, matching an fp32 `+=` in a kernel. A kernel that accumulates exactly and rounds
+// once (canonical dweight into an ExactAccumulator) is better compared with a single dot over all
+// tokens, starting from zero.
+// Not here: the canonical order itself (kernels/ops/canonical.hpp), any threading or SIMD.
+#pragma once
+
+#include <cstdint>
+
+#include "reference/reduce.hpp"
+
+namespace lockstep::reference {
+
+template <class Real>
+void linear_forward(int64_t N, int64_t IC, int64_t OC,
+                    Real* out,           // (N, OC)
+                    const Real* inp,     // (N, IC)
+                    const Real* weight,  // (OC, IC)
+                    const Real* bias) {  // (OC) or nullptr
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) {
+      Real v = dot(inp + n * IC, 1, weight + o * IC, 1, IC);
+      if (bias != nullptr) v = v + bias[o];
+      out[n * OC + o] = v;
+    }
+  }
+}
+
+// forward: out[n,o] = Σ_i inp[n,i]·weight[o,i] + bias[o]
+//   dinp[n,i]    += Σ_o dout[n,o]·weight[o,i]
+//   dweight[o,i] += Σ_n dout[n,o]·inp[n,i]
+//   dbias[o]     += Σ_n dout[n,o]
+template <class Real>
+void linear_backward(int64_t N, int64_t IC, int64_t OC,
+                     Real* dinp,          // (N, IC) +=, or nullptr
+                     Real* dweight,       // (OC, IC) +=, or nullptr
+                     Real* dbias,         // (OC) +=, or nullptr
+                     const Real* dout,    // (N, OC)
+                     const Real* inp,     // (N, IC)
+                     const Real* weight)  // (OC, IC)
+{
+  if (dinp != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = 0; i < IC; ++i) {
+        dinp[n * IC + i] += dot(dout + n * OC, 1, weight + i, IC, OC);
+      }
+    }
+  }
+  if (dweight != nullptr) {
+    for (int64_t o = 0; o < OC; ++o) {
+      for (int64_t i = 0; i < IC; ++i) {
+        dweight[o * IC + i] += dot(dout + o, OC, inp + i, IC, N);
+      }
+    }
+  }
+  if (dbias != nullptr) {
+    for (int64_t o = 0; o < OC; ++o) dbias[o] += sum(dout + o, OC, N);
+  }
+}
+
+}  // namespace lockstep::reference
