@@ -273,7 +273,10 @@ RC_GTEST_PROP(MatmulCanonical, PropertyEqualsCanonicalDotSpec, ()) {
     std::vector<float> C(M * N);
     matmul_canonical(M, N, K, C.data(), N, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
     const auto r = verify::compare_exact(C.data(), want.data(), M * N);
-    RC_ASSERT(r.ok());
+    if (!r.ok()) {
+      const Case c{M, N, K, a_layout, b_layout, values == 2, seed};
+      RC_FAIL(r.summary(c.name() + " isa " + std::string(isa_name(isa))));
+    }
   }
 }
 
