@@ -1,0 +1,101 @@
+// AdamW update, gradient sum of squares and gradient scaling on the CPU.
+//
+// adamw_update and scale_inplace are elementwise, with no mode: every element is the same fixed
+// sequence of fp32 operations (no FMA, IEEE sqrt and division), so the bits do not depend on
+// threads or vector width. grad_sumsq_accumulate is a reduction: canonical mode follows
+// canonical.hpp exactly (chunks from the buffer's first element, FMA chain per chunk, partials
+// combined exactly by the caller's ChunkCombiner); fast mode sums g² in double.
+//
+// Not here: clipping policy and learning-rate schedules (src/optim), ZeRO sharding (src/parallel).
+#include "kernels/ops/optim.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "src/core/check.hpp"
+
+namespace lockstep::cpu {
+namespace {
+
+// into += from, exactly. Both hold exact sums of fp32 values (a double that add_exact kept exact,
+// or a SuperAccumulator), so the merged sum is exact whatever the order of merges.
+void merge_exact(ChunkCombiner& into, const ChunkCombiner& from) {
+  if (!from.spilled) {
+    if (!into.spilled && add_exact(into.sum, from.sum)) return;
+    if (!into.spilled) {
+      into.acc.add(into.sum);
+      into.spilled = true;
+    }
+    into.acc.add(from.sum);
+    return;
+  }
+  if (!into.spilled) {
+    into.acc.add(into.sum);
+    into.spilled = true;
+  }
+  into.acc.add(from.acc);
+}
+
+}  // namespace
+
+void adamw_update(int64_t n, AdamWParams h, float* param, float* m, float* v, const float* grad) {
+  LS_REQUIRE(n >= 0, "adamw_update: n (", n, ") must be >= 0");
+  // 1 - beta is exact for beta in [0.5, 1] (Sterbenz); it is computed once, as documented.
+  const float one_minus_b1 = 1.0f - h.beta1;
+  const float one_minus_b2 = 1.0f - h.beta2;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    const float mi = h.beta1 * m[i] + one_minus_b1 * g;
+    const float vi = h.beta2 * v[i] + one_minus_b2 * (g * g);
+    const float mhat = mi / h.bc1;
+    const float vhat = vi / h.bc2;
+    const float p = param[i];
+    param[i] = p - h.lr * (mhat / (std::sqrt(vhat) + h.eps) + h.weight_decay * p);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+void grad_sumsq_accumulate(Mode mode, int64_t n, ChunkCombiner& acc, const float* grad) {
+  LS_REQUIRE(n >= 0, "grad_sumsq_accumulate: n (", n, ") must be >= 0");
+  if (mode == Mode::kCanonical) {
+    // Chunk partials are computed on whichever thread owns the chunk; each thread combines its
+    // partials exactly and the per-thread exact sums merge exactly: the result is RN(exact sum)
+    // however the chunks were distributed.
+    const int64_t chunks = (n + kCanonicalChunk - 1) / kCanonicalChunk;
+#pragma omp parallel
+    {
+      ChunkCombiner local;
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < chunks; ++k) {
+        const int64_t i0 = k * kCanonicalChunk;
+        const int64_t len = n - i0 < kCanonicalChunk ? n - i0 : kCanonicalChunk;
+        local.add(chunk_dot(grad + i0, 1, grad + i0, 1, len));
+      }
+#pragma omp critical(lockstep_grad_sumsq)
+      merge_exact(acc, local);
+    }
+    return;
+  }
+  // Fast: eight double lanes in a fixed order (products of fp32 values are exact in double), then
+  // one rounding to fp32 when handed to the combiner.
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(grad[i + j]) * grad[i + j];
+  }
+  for (; i < n; ++i) lane[0] += static_cast<double>(grad[i]) * grad[i];
+  const double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                   ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  acc.add(static_cast<float>(s));
+}
+
+void scale_inplace(int64_t n, float* g, float scale) {
+  LS_REQUIRE(n >= 0, "scale_inplace: n (", n, ") must be >= 0");
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] * scale;
+}
+
+}  // namespace lockstep::cpu
