@@ -12,7 +12,9 @@
 //   ds[t,t']   = att[t,t']·(datt[t,t'] - D[t]),   D[t] = canonical_dot over t' of att[t,t']·datt[t,t']
 //   dq[t]      = (canonical_dot over t' <= t of ds[t,t']·k[t']) · scale
 //   dk[t'], dv[t'] (per key/value head g): reductions over the pairs (j, t) — j the query head's
-//   index inside g's group, t >= t' — in the order i = j·T + t, chunked by 64 over i:
+//   index inside g's group, t >= t' — in the order i = j·T + t, chunked by 64 over i: a chunk
+//   is the set of pairs with equal ⌊i/64⌋ (i counted over all j·T + t, t in [0,T)); pairs with
+//   t < t' are not links of the chain, so a chunk without any contributes a +0 partial:
 //   dk[t'] = (Σ ds[t,t']·q[t]) · scale,  dv[t'] = Σ att[t,t']·dout[t]
 // Canonical mode uses transcendental.hpp's exp. Fast mode may use any order and libm.
 // dqkv is overwritten. Sequences are independent (no reduction crosses b), so these are not
