@@ -17,7 +17,6 @@ namespace lockstep::reference {
 // The kernels' fp32 constants (kernels/cpu/activation.cpp).
 inline constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2/π) rounded to fp32
 inline constexpr float kGeluK1 = 0.044715f;
-inline constexpr float kGeluK1x3 = 3.0f * kGeluK1;
 
 // out = (0.5·x)·(1 + tanh(k0·(x + k1·((x·x)·x))))
 template <class Real>
@@ -33,6 +32,8 @@ void gelu_forward(int64_t n,
 }
 
 // d/dx = 0.5·(1 + th) + ((0.5·x)·((1 − th)·(1 + th)))·(k0·(1 + 3k1·x²));  dinp = that · dout
+// 3k1 is Real(3)·Real(k1): exact in MPFR (the true derivative of the forward), one rounding in
+// Bounded<T>, which covers the kernel's fp32 constant 3.0f·k1.
 template <class Real>
 void gelu_backward(int64_t n,
                    Real* dinp,                                    // (n) overwritten
@@ -43,7 +44,7 @@ void gelu_backward(int64_t n,
     const Real x2 = x * x;
     const Real th = tanh(Real(kGeluK0) * (x + Real(kGeluK1) * (x2 * x)));
     const Real sech2 = (Real(1) - th) * (Real(1) + th);
-    const Real term = ((Real(0.5f) * x) * sech2) * (Real(kGeluK0) * (Real(1) + Real(kGeluK1x3) * x2));
+    const Real term = ((Real(0.5f) * x) * sech2) * (Real(kGeluK0) * (Real(1) + (Real(3) * Real(kGeluK1)) * x2));
     dinp[i] = (Real(0.5f) * (Real(1) + th) + term) * dout[i];
   }
 }

@@ -16,7 +16,7 @@ namespace {
 
 using reference::kGeluK0;
 using reference::kGeluK1;
-using reference::kGeluK1x3;
+constexpr float kGeluK1x3 = 3.0f * kGeluK1;  // the kernel's fp32 constant
 
 // The contract, scalar: the header's formulas, one rounding per operation, ls_tanhf / ls_expf.
 float gelu_contract(float x) {
