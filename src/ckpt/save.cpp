@@ -40,7 +40,8 @@ void validate(int64_t step, const std::vector<TensorRef>& tensors, const nlohman
 // replaced checkpoint whose replacement never landed, deletes everything else.
 void resolve_leftovers(const std::string& root) {
   bool renamed = false;
-  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
     std::string name = entry.path().filename().string();
     std::string path = join(root, name);
     if (name.rfind(".tmp-", 0) == 0 || name.rfind(".del-", 0) == 0) {
@@ -57,6 +58,7 @@ void resolve_leftovers(const std::string& root) {
       }
     }
   }
+  if (ec) throw DataError(str_cat(root, ": cannot list: ", ec.message()));
   if (renamed) posix::fsync_dir(root);
 }
 
