@@ -6,7 +6,9 @@
 //   dwpe[t,c] += Σ over tokens n at position t of dout[n,c]
 // each a chain over the contributing tokens in increasing global token index inside each chunk of
 // 64 global token indices (token_offset = global index of this call's first token), chunk
-// partials added to the GradSink.
+// partials added to the GradSink (a row or position with no token in a chunk adds nothing).
+// token_offset % 64 != 0 is refused in canonical mode (ConfigError); a call holds whole sequences,
+// so position = (index within the call) % T. Fast mode: `+=` per token into the fp32 gradient.
 #pragma once
 
 #include <cstdint>

@@ -3,13 +3,20 @@
 // LayerNorm:  mean = Σx/C; var = Σ(x-mean)²/C (two-pass: the one-pass E[x²]-E[x]² cancels);
 //             rstd = 1/sqrt(var + eps); out = (x - mean)·rstd·weight + bias
 // RMSNorm:    rstd = 1/sqrt(Σx²/C + eps); out = x·rstd·weight
-// Canonical: each row sum is canonical_sum / canonical_dot over C (chunks of 64, exact combine);
-// divisions by C and 1/sqrt are single IEEE operations in fp32, in the order written above.
-// Backward:
-//   dinp[n,:]  += rstd·(w·dout - mean(w·dout) - xhat·mean(w·dout·xhat))     (LayerNorm)
-//   dinp[n,:]  += rstd·(w·dout - xhat·mean(w·dout·xhat))                    (RMSNorm)
-//   dweight[c] += Σ over tokens of dout·xhat, dbias[c] += Σ over tokens of dout
-//                 (token chunks of 64 from token_offset, as in linear.hpp)
+// Exact evaluation order (fp32, one rounding per operation, no FMA outside the reduction chains):
+//   LayerNorm  m = Σx / C;  d = x - m;  var = Σ d·d / C;  r = 1 / sqrt(var + eps);
+//              out = ((d·r)·w) + b
+//   RMSNorm    r = 1 / sqrt(Σ x·x / C + eps);  out = (x·r)·w
+// Canonical: Σx is canonical_sum over C, Σd·d and Σx·x are canonical_dot (FMA chains, chunks of
+// 64, exact combine, one rounding); C is converted to fp32 exactly (C < 2^24). Fast: the same
+// expressions, row sums in any order.
+// Backward (xhat = (x - m)·r for LayerNorm, x·r for RMSNorm, both as in the forward; wd = w·dout):
+//   dinp[n,:]  += r·((wd - mean_wd) - xhat·mean_wdx)                        (LayerNorm)
+//   dinp[n,:]  += r·(wd - xhat·mean_wdx)                                    (RMSNorm)
+//     with mean_wd = canonical_sum(wd)/C and mean_wdx = canonical_dot(wd, xhat)/C per row
+//   dweight[c] += Σ over tokens of dout·xhat (FMA chain), dbias[c] += Σ over tokens of dout
+//                 (plain-add chain); token chunks of 64 from token_offset, as in linear.hpp;
+//                 token_offset % 64 != 0 is refused in canonical mode (ConfigError)
 #pragma once
 
 #include <cstdint>

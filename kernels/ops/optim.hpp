@@ -1,6 +1,7 @@
 // AdamW and gradient-norm clipping, elementwise over flat fp32 buffers.
 //
-// AdamW (decoupled weight decay, Loshchilov & Hutter), per element, in this order, fp32:
+// AdamW (decoupled weight decay, Loshchilov & Hutter), per element, in this order, fp32, one
+// rounding per operation, no FMA, IEEE sqrt and division (1 - beta computed once in fp32):
 //   m = beta1·m + (1 - beta1)·g
 //   v = beta2·v + (1 - beta2)·(g·g)
 //   mhat = m / bc1,  vhat = v / bc2       (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t, given as fp32)
@@ -10,7 +11,8 @@
 //
 // Gradient norm: sumsq = Σ g² over every element of every tensor, each tensor reduced by
 // canonical_dot(g, g) chunking (chunks of 64 from the tensor's first element), all chunk partials
-// of all tensors combined exactly, rounded once. Fast mode: any order (double accumulation).
+// of all tensors combined exactly, rounded once. Fast mode: any order (double accumulation,
+// rounded to fp32 once per call before it reaches the combiner).
 #pragma once
 
 #include <cstdint>
