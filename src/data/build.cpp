@@ -129,17 +129,21 @@ SynthResult synth_markov_corpus(const std::string& out_dir, const datasets::Mark
   result.source_json_path = out_dir + "/source.json";
   result.entropy_rate = chain.entropy_rate();
   result.context_entropy = chain.context_entropy();
+  result.order = chain.order();
   result.attempts = chain.attempts();
   result.chain_seed = chain.chain_seed();
 
   const uint64_t sample_seed = splitmix64_mix(spec.seed);
+  nlohmann::json window_losses = nlohmann::json::object();
+  for (int64_t T : {64, 128, 256, 512, 1024}) window_losses[std::to_string(T)] = chain.optimal_window_loss(T);
   write_file_atomic(result.corpus_path, chain.sample(tokens, sample_seed));
   const nlohmann::json info = {
       {"source", "markov"},
       {"entropy_rate_nats", chain.entropy_rate()},
       {"context_entropy_nats", chain.context_entropy()},
-      {"optimal_window_loss",
+      {"optimal_window_loss_rule",
        "(context_entropy_nats + (T - order) * entropy_rate_nats) / T for a window of T >= order tokens"},
+      {"optimal_window_loss_nats", window_losses},
       {"order", spec.order},
       {"alphabet", spec.alphabet},
       {"branch", spec.branch},

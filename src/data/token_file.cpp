@@ -109,7 +109,7 @@ void TokenFile::check_vocab(int32_t vocab_size) const {
   LS_CHECK(vocab_size > 0, vocab_size);
   for (int64_t i = 0; i < num_tokens_; ++i) {
     if (tokens_[i] >= vocab_size) {
-      throw DataError(str_cat(path_, ": token out of range: token ", i, " is ", tokens_[i],
+      throw DataError(str_cat(path_, ": token out of range: position ", i, " holds ", tokens_[i],
                               ", expected < vocab_size ", vocab_size));
     }
   }

@@ -200,7 +200,7 @@ TEST(TokenFile, ChecksTokensAgainstVocabulary) {
     FAIL() << "expected DataError";
   } catch (const DataError& e) {
     EXPECT_TRUE(matches(e.what(), escaped(dir.file("t.bin")) +
-                                                ": token out of range: token 2 is 300, expected < vocab_size 257"));
+                                                ": token out of range: position 2 holds 300, expected < vocab_size 257"));
   }
 }
 
