@@ -2,8 +2,9 @@
 // printable characters ('a', 'b', ... then 'A'.., '0'..; never whitespace, so that every character
 // of the corpus is a symbol of the chain). Context c = the last k symbols, oldest first, as the
 // base-A number s1*A^(k-1) + ... + sk; each context has `branch` distinct possible next symbols with
-// random probabilities. Everything random comes from SplitMix64 with exact integer/dyadic arithmetic,
-// so a seed gives the same chain and the same text on every machine.
+// random probabilities. Everything random comes from SplitMix64 and correctly rounded IEEE
+// operations (no libm, no std::*_distribution), so a seed gives the same chain and the same text on
+// every machine. Only the reported entropies use std::log.
 //
 // The entropy rate h = sum_c pi(c) H(P(.|c)) (nats/token) uses the stationary distribution pi over
 // the A^k contexts, found by power iteration; generate() only returns chains that are irreducible

@@ -14,6 +14,7 @@
 // Evaluation: sample j is window j mod W, in file order, no shuffle — the first `batches * B`
 // windows of the validation file, wrapping around when the file is short.
 //
+// Both keep a pointer to the TokenFile, which must outlive them.
 // Not a loader thread: no prefetch, no pinned memory, no device copies — the caller owns buffers.
 #pragma once
 
