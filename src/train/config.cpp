@@ -180,6 +180,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("seed", c.train.seed);
   enum_field(t, "mode", c.train.mode, mode_to, mode_from);
   t.field("threads", c.train.threads);
+  t.field("isa", c.train.isa);
   t.field("peak_gflops", c.train.peak_gflops);
   t.finish();
 
@@ -226,6 +227,8 @@ void validate(const RunConfig& c) {
   LS_REQUIRE(t.weight_decay >= 0, c.source, ": [train] weight_decay must be >= 0");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
+  LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,
+             ": [train] isa: expected \"auto\", \"avx2\" or \"avx512\", got \"", t.isa, "\"");
   LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");
   LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0, c.source,
              ": [checkpoint] every and keep must be >= 0");

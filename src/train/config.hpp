@@ -36,6 +36,7 @@ struct TrainConfig {
   uint64_t seed = 1234;    // data order
   Mode mode = Mode::kCanonical;
   int64_t threads = 0;       // 0 = all cores
+  std::string isa = "auto";  // CPU kernels' SIMD: auto | avx2 | avx512 (canonical bits are the same)
   double peak_gflops = 0;    // 0 = measure an fp32 GEMM peak at start-up
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }

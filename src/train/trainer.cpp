@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kernels/cpu/isa.hpp"
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
@@ -83,6 +84,7 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
+  if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
 
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   data::TokenFile train_file(cfg.data.train);
@@ -124,7 +126,7 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
   const double flops_per_token = model.flops_per_token();
   out << "model: " << model.num_params() << " parameters, " << std::fixed << std::setprecision(2)
       << flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << threads
-      << " threads; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
+      << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
       << std::setprecision(1) << peak << " GFLOP/s sgemm peak"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured)") << "\n";
 
