@@ -184,6 +184,15 @@ double Gpt::flops_per_token() const {
          12.0 * cfg_.n_layers * static_cast<double>(cfg_.d_model) * cfg_.seq_len;
 }
 
+void Gpt::observe(const char* prefix, int64_t layer, const char* name, const float* data,
+                  std::initializer_list<int64_t> shape) const {
+  if (!hook_) return;
+  std::string full = prefix;
+  if (layer >= 0) full += "layer/" + std::to_string(layer) + "/";
+  full += name;
+  hook_(full, data, std::span<const int64_t>(shape.begin(), shape.size()));
+}
+
 GradSink Gpt::sink(const ParamTensor* t) {
   if (t == nullptr) return {};
   if (mode_ == Mode::kCanonical) return {nullptr, &exact_grads_, t->offset};
@@ -232,34 +241,47 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
 
   cpu::embedding_forward(mode_, {B, T, C, cfg_.vocab_size}, encoded_.data(), inputs, p(wte_),
                          p(wpe_));
+  observe("", -1, "embed/out", encoded_.data(), {B, T, C});
   const float* residual = encoded_.data();
+  const int64_t NH = cfg_.n_heads;
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts_[l];
     const LayerParams& w = layers_[l];
     // x = x + attn(norm1(x))
     norm_forward(BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, w.ln1_w, w.ln1_b);
+    observe("", l, "ln1/out", a.ln1.data(), {B, T, C});
     cpu::linear_forward(mode_, {BT, C, cfg_.qkv_width()}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
                         p(w.qkv_b));
     if (cfg_.pos == PosKind::kRope) cpu::rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+    observe("", l, "attn/qkv", a.qkv.data(), {B, T, cfg_.qkv_width()});
     cpu::attention_forward(mode_, as, a.atty.data(), a.att.data(), a.qkv.data());
+    observe("", l, "attn/att", a.att.data(), {B, NH, T, T});
+    observe("", l, "attn/out", a.atty.data(), {B, T, C});
     cpu::linear_forward(mode_, {BT, C, C}, a.res_attn.data(), a.atty.data(), p(w.proj_w), p(w.proj_b));
     cpu::residual_forward(BT * C, a.res_attn.data(), a.res_attn.data(), residual);
+    observe("", l, "attn/res", a.res_attn.data(), {B, T, C});
     // x = x + mlp(norm2(x))
     norm_forward(BT, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), w.ln2_w,
                  w.ln2_b);
+    observe("", l, "ln2/out", a.ln2.data(), {B, T, C});
     cpu::linear_forward(mode_, {BT, C, fc_out}, a.fch.data(), a.ln2.data(), p(w.fc_w), p(w.fc_b));
+    observe("", l, "mlp/fc", a.fch.data(), {B, T, fc_out});
     if (cfg_.ffn == FfnKind::kGelu) {
       cpu::gelu_forward(mode_, BT * F, a.fch_act.data(), a.fch.data());
     } else {
       cpu::swiglu_forward(mode_, BT, F, a.fch_act.data(), a.fch.data());
     }
+    observe("", l, "mlp/act", a.fch_act.data(), {B, T, F});
     cpu::linear_forward(mode_, {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), p(w.fcproj_w),
                         p(w.fcproj_b));
     cpu::residual_forward(BT * C, a.res_mlp.data(), a.res_mlp.data(), a.res_attn.data());
+    observe("", l, "mlp/res", a.res_mlp.data(), {B, T, C});
     residual = a.res_mlp.data();
   }
   norm_forward(BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_, lnf_b_);
+  observe("", -1, "lnf/out", lnf_.data(), {B, T, C});
   cpu::linear_forward(mode_, {BT, C, cfg_.vocab_size}, logits_.data(), lnf_.data(), p(head_), nullptr);
+  observe("", -1, "logits", logits_.data(), {B, T, cfg_.vocab_size});
 }
 
 // Adds a micro-batch's per-token losses to the running loss sum in canonical chunks of tokens.
@@ -273,6 +295,7 @@ void Gpt::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, Ch
   forward(inputs, B);
   const int64_t BT = B * cfg_.seq_len;
   cpu::crossentropy_forward(mode_, {BT, cfg_.vocab_size}, losses_.data(), logits_.data(), targets);
+  observe("", -1, "losses", losses_.data(), {B, cfg_.seq_len});
   add_losses(loss_sum, losses_.data(), BT);
 }
 
@@ -286,6 +309,8 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
 
   // Loss and dlogits (in place over the logits).
   cpu::crossentropy_forward_backward(mode_, {BT, V}, dloss, losses_.data(), logits_.data(), targets);
+  observe("", -1, "losses", losses_.data(), {B, T});
+  observe("grad/", -1, "logits", logits_.data(), {B, T, V});
   add_losses(loss_sum, losses_.data(), BT);
 
   // Head and final norm. dres_ carries d(residual stream); activation-gradient outputs that
@@ -293,42 +318,53 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
   cpu::linear_backward(mode_, {BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {},
                        logits_.data(), lnf_.data(), p(head_));
+  observe("grad/", -1, "lnf/out", dbuf_c_.data(), {B, T, C});
   std::fill_n(dres_.begin(), BT * C, 0.0f);
   const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
   norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
                 lnf_rstd_.data(), lnf_w_, lnf_b_);
+  const int64_t NH = cfg_.n_heads;
 
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
     const LayerParams& w = layers_[l];
     const float* residual_in = l == 0 ? encoded_.data() : acts_[l - 1].res_mlp.data();
+    observe("grad/", l, "mlp/res", dres_.data(), {B, T, C});
     // MLP: x2 = x1 + proj(act(fc(norm2(x1))))
     std::fill_n(dfch_act_.begin(), BT * F, 0.0f);
     cpu::linear_backward(mode_, {BT, F, C}, token_offset, dfch_act_.data(), sink(w.fcproj_w),
                          sink(w.fcproj_b), dres_.data(), a.fch_act.data(), p(w.fcproj_w));
+    observe("grad/", l, "mlp/act", dfch_act_.data(), {B, T, F});
     if (cfg_.ffn == FfnKind::kGelu) {
       cpu::gelu_backward(mode_, BT * F, dfch_.data(), a.fch.data(), dfch_act_.data());
     } else {
       cpu::swiglu_backward(mode_, BT, F, dfch_.data(), a.fch.data(), dfch_act_.data());
     }
+    observe("grad/", l, "mlp/fc", dfch_.data(), {B, T, fc_out});
     std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
     cpu::linear_backward(mode_, {BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w),
                          sink(w.fc_b), dfch_.data(), a.ln2.data(), p(w.fc_w));
+    observe("grad/", l, "ln2/out", dbuf_c_.data(), {B, T, C});
     norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), a.res_attn.data(),
                   a.ln2_mean.data(), a.ln2_rstd.data(), w.ln2_w, w.ln2_b);
+    observe("grad/", l, "attn/res", dres_.data(), {B, T, C});
     // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
     std::fill_n(datty_.begin(), BT * C, 0.0f);
     cpu::linear_backward(mode_, {BT, C, C}, token_offset, datty_.data(), sink(w.proj_w),
                          sink(w.proj_b), dres_.data(), a.atty.data(), p(w.proj_w));
+    observe("grad/", l, "attn/out", datty_.data(), {B, T, C});
     cpu::attention_backward(mode_, as, dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(),
                             a.att.data());
+    observe("grad/", l, "attn/qkv", dqkv_.data(), {B, T, cfg_.qkv_width()});
     if (cfg_.pos == PosKind::kRope) cpu::rope_backward(as, dqkv_.data(), rope_cos_.data(), rope_sin_.data());
     std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
     cpu::linear_backward(mode_, {BT, C, cfg_.qkv_width()}, token_offset, dbuf_c_.data(),
                          sink(w.qkv_w), sink(w.qkv_b), dqkv_.data(), a.ln1.data(), p(w.qkv_w));
+    observe("grad/", l, "ln1/out", dbuf_c_.data(), {B, T, C});
     norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
                   a.ln1_rstd.data(), w.ln1_w, w.ln1_b);
   }
+  observe("grad/", -1, "embed/out", dres_.data(), {B, T, C});
   cpu::embedding_backward(mode_, {B, T, C, V}, token_offset, sink(wte_), sink(wpe_), dres_.data(),
                           inputs);
 }

@@ -12,7 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/ops/canonical.hpp"
@@ -30,6 +34,16 @@ struct ParamTensor {
   bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
 };
 
+// Observer of named tensors as the model computes them (verify/, dumps): called with the stable
+// hook name, the data and the shape. Names: forward `embed/out`, `layer/3/ln1/out`,
+// `layer/3/attn/qkv` (after RoPE), `layer/3/attn/att`, `layer/3/attn/out`, `layer/3/attn/res`,
+// `layer/3/ln2/out`, `layer/3/mlp/fc`, `layer/3/mlp/act`, `layer/3/mlp/res`, `lnf/out`,
+// `logits`, `losses`; backward the same names prefixed `grad/` for the gradient of the loss with
+// respect to that tensor (`grad/logits`, `grad/layer/3/mlp/act`, ..., `grad/embed/out`).
+// Parameter gradients are observed after finish_grads() through grads() and param_layout().
+using TensorHook = std::function<void(std::string_view name, const float* data,
+                                      std::span<const int64_t> shape)>;
+
 class Gpt {
  public:
   // micro_batch: the largest number of sequences passed to one forward_backward call.
@@ -44,6 +58,13 @@ class Gpt {
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
+  // Canonical mode: the exact per-element gradient sums before finish_grads() rounds them (data
+  // parallelism combines these across ranks exactly).
+  ExactAccumulator& exact_grads() { return exact_grads_; }
+
+  // Installs (or, with an empty function, removes) the tensor observer. Without one, observing
+  // costs one branch per tensor.
+  void set_hook(TensorHook hook) { hook_ = std::move(hook); }
 
   // Deterministic initialisation from cfg.seed: each element is a function of (seed, tensor name,
   // element index) only (GPT-2 scheme: N(0, init_std), residual projections scaled by
@@ -76,6 +97,8 @@ class Gpt {
     const ParamTensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
 
+  void observe(const char* prefix, int64_t layer, const char* name, const float* data,
+               std::initializer_list<int64_t> shape) const;
   void build_layout();
   void allocate_activations();
   void forward(const int32_t* inputs, int64_t B);
@@ -104,6 +127,7 @@ class Gpt {
   std::vector<float> rope_cos_, rope_sin_;
   // Backward scratch.
   std::vector<float> dres_, dbuf_c_, dqkv_, datty_, datt_, dfch_, dfch_act_;
+  TensorHook hook_;
 };
 
 }  // namespace lockstep
