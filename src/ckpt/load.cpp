@@ -8,8 +8,8 @@
 #include <regex>
 
 #include "src/ckpt/checkpoint.hpp"
-#include "src/ckpt/posix_io.hpp"
 #include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
 
 namespace lockstep::ckpt {
@@ -74,7 +74,7 @@ class ManifestReader {
 
 struct DataFile {
   std::string path;
-  std::unique_ptr<posix::ReadFile> file;
+  std::unique_ptr<durable_io::ReadFile> file;
 };
 
 // Opens every data file listed in the manifest and checks its exact size and header.
@@ -90,8 +90,8 @@ std::map<std::string, DataFile> open_files(const std::string& dir, const json& m
       m.fail(str_cat("field '", where, "name' must be a plain file name, got '", name, "'"));
     }
     const std::string path = dir + "/" + name;
-    if (!posix::exists(path)) throw DataError(str_cat(path, ": missing (listed in the manifest)"));
-    auto file = std::make_unique<posix::ReadFile>(path);
+    if (!durable_io::exists(path)) throw DataError(str_cat(path, ": missing (listed in the manifest)"));
+    auto file = std::make_unique<durable_io::ReadFile>(path);
     if (file->size() != static_cast<uint64_t>(bytes)) {
       throw DataError(str_cat(path, ": ", file->size() < static_cast<uint64_t>(bytes) ? "truncated" : "too long",
                               ": ", file->size(), " bytes, manifest expects ", bytes));
@@ -184,11 +184,11 @@ int64_t step_of_dir_name(const std::string& name) {
 }  // namespace
 
 Checkpoint load(const std::string& dir) {
-  if (!posix::is_dir(dir)) {
-    throw DataError(str_cat(dir, posix::exists(dir) ? ": not a directory" : ": no such checkpoint directory"));
+  if (!durable_io::is_dir(dir)) {
+    throw DataError(str_cat(dir, durable_io::exists(dir) ? ": not a directory" : ": no such checkpoint directory"));
   }
   const std::string manifest_path = dir + "/" + kManifestFile;
-  if (!posix::exists(manifest_path)) {
+  if (!durable_io::exists(manifest_path)) {
     throw DataError(str_cat(manifest_path,
                             ": missing (not a checkpoint directory, or its save did not finish)"));
   }
@@ -196,7 +196,7 @@ Checkpoint load(const std::string& dir) {
   Checkpoint ckpt;
   ckpt.dir = dir;
   try {
-    ckpt.manifest = json::parse(posix::read_text(manifest_path));
+    ckpt.manifest = json::parse(durable_io::read_text(manifest_path));
   } catch (const json::parse_error& e) {
     m.fail(str_cat("malformed JSON: ", e.what()));
   }
@@ -234,8 +234,8 @@ Checkpoint load(const std::string& dir) {
 }
 
 std::vector<std::string> list_checkpoints(const std::string& root) {
-  if (!posix::exists(root)) return {};
-  if (!posix::is_dir(root)) throw DataError(str_cat(root, ": not a directory"));
+  if (!durable_io::exists(root)) return {};
+  if (!durable_io::is_dir(root)) throw DataError(str_cat(root, ": not a directory"));
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "src/ckpt/checkpoint.hpp"
-#include "src/ckpt/posix_io.hpp"
 #include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
 
 namespace lockstep::ckpt {
@@ -45,21 +45,21 @@ void resolve_leftovers(const std::string& root) {
     std::string name = entry.path().filename().string();
     std::string path = join(root, name);
     if (name.rfind(".tmp-", 0) == 0 || name.rfind(".del-", 0) == 0) {
-      posix::remove_tree(path);
+      durable_io::remove_tree(path);
     } else if (name.rfind(".old-", 0) == 0) {
       // .old-step_XXXXXXXX-<pid>
       std::string final_name = name.substr(5, name.rfind('-') - 5);
       std::string final_path = join(root, final_name);
-      if (final_name.rfind("step_", 0) == 0 && !posix::exists(final_path)) {
-        posix::rename_path(path, final_path);
+      if (final_name.rfind("step_", 0) == 0 && !durable_io::exists(final_path)) {
+        durable_io::rename_path(path, final_path);
         renamed = true;
       } else {
-        posix::remove_tree(path);
+        durable_io::remove_tree(path);
       }
     }
   }
   if (ec) throw DataError(str_cat(root, ": cannot list: ", ec.message()));
-  if (renamed) posix::fsync_dir(root);
+  if (renamed) durable_io::fsync_dir(root);
 }
 
 size_t align_up(size_t n) { return (n + kDataAlignment - 1) / kDataAlignment * kDataAlignment; }
@@ -67,7 +67,7 @@ size_t align_up(size_t n) { return (n + kDataAlignment - 1) / kDataAlignment * k
 // Writes every tensor into dir/kDataFile and returns the manifest's "tensors" and "files".
 std::pair<OrderedJson, OrderedJson> write_data(const std::string& dir,
                                                const std::vector<TensorRef>& tensors) {
-  posix::NewFile file(join(dir, kDataFile));
+  durable_io::NewFile file(join(dir, kDataFile));
   unsigned char header[kDataHeaderBytes] = {};
   std::copy(std::begin(kDataMagic), std::end(kDataMagic), header);
   const uint32_t version = kFormatVersion;
@@ -97,7 +97,7 @@ std::pair<OrderedJson, OrderedJson> write_data(const std::string& dir,
 
 void write_manifest(const std::string& dir, const OrderedJson& manifest) {
   std::string text = manifest.dump(1) + "\n";
-  posix::NewFile file(join(dir, kManifestFile));
+  durable_io::NewFile file(join(dir, kManifestFile));
   file.write(text.data(), text.size());
   file.close_synced();
 }
@@ -112,8 +112,8 @@ void apply_retention(const std::string& root, int keep, const std::string& just_
     if (all[i] == just_saved) continue;
     std::string doomed = join(root, ".del-" + std::filesystem::path(all[i]).filename().string() +
                                         "-" + std::to_string(::getpid()));
-    posix::rename_path(all[i], doomed);
-    posix::remove_tree(doomed);
+    durable_io::rename_path(all[i], doomed);
+    durable_io::remove_tree(doomed);
     --excess;
   }
 }
@@ -123,7 +123,7 @@ void apply_retention(const std::string& root, int keep, const std::string& just_
 std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
                  const nlohmann::json& state, int keep) {
   validate(step, tensors, state);
-  posix::make_dirs(root);
+  durable_io::make_dirs(root);
   resolve_leftovers(root);
 
   const std::string name = step_dir_name(step);
@@ -132,7 +132,7 @@ std::string save(const std::string& root, int64_t step, const std::vector<Tensor
   const std::string final_dir = join(root, name);
 
   try {
-    posix::make_dir(tmp);
+    durable_io::make_dir(tmp);
     auto [entries, files] = write_data(tmp, tensors);
     OrderedJson manifest = {{"format", kFormatName},
                             {"version", kFormatVersion},
@@ -143,7 +143,7 @@ std::string save(const std::string& root, int64_t step, const std::vector<Tensor
                             {"model_hash", hex64(model_hash(tensors))},
                             {"state", OrderedJson::parse(state.dump())}};
     write_manifest(tmp, manifest);
-    posix::fsync_dir(tmp);
+    durable_io::fsync_dir(tmp);
   } catch (...) {
     // Best effort: the next save removes whatever is left.
     std::error_code ec;
@@ -151,16 +151,16 @@ std::string save(const std::string& root, int64_t step, const std::vector<Tensor
     throw;
   }
 
-  if (posix::exists(final_dir)) {
+  if (durable_io::exists(final_dir)) {
     // Re-saving a step: the old copy stays whole under .old-* until the new one has its name.
     const std::string old = join(root, ".old-" + name + "-" + pid);
-    posix::rename_path(final_dir, old);
-    posix::rename_path(tmp, final_dir);
-    posix::fsync_dir(root);
-    posix::remove_tree(old);
+    durable_io::rename_path(final_dir, old);
+    durable_io::rename_path(tmp, final_dir);
+    durable_io::fsync_dir(root);
+    durable_io::remove_tree(old);
   } else {
-    posix::rename_path(tmp, final_dir);
-    posix::fsync_dir(root);
+    durable_io::rename_path(tmp, final_dir);
+    durable_io::fsync_dir(root);
   }
   apply_retention(root, keep, final_dir);
   return final_dir;

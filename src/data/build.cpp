@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
-#include "src/data/atomic_file.hpp"
+#include "src/core/durable_io.hpp"
 #include "src/data/splitmix64.hpp"
 #include "src/data/token_file.hpp"
 #include "src/data/tokenizer.hpp"
@@ -115,7 +115,7 @@ BuildResult build_byte_dataset(const BuildSpec& spec) {
       {"sources", sources},
   };
   const std::string text = json_text(info);
-  write_file_atomic(result.data_json.path, text);
+  durable_io::write_file_atomic(result.data_json.path, text);
   result.data_json.bytes = static_cast<int64_t>(text.size());
   return result;
 }
@@ -136,7 +136,7 @@ SynthResult synth_markov_corpus(const std::string& out_dir, const datasets::Mark
   const uint64_t sample_seed = splitmix64_mix(spec.seed);
   nlohmann::json window_losses = nlohmann::json::object();
   for (int64_t T : {64, 128, 256, 512, 1024}) window_losses[std::to_string(T)] = chain.optimal_window_loss(T);
-  write_file_atomic(result.corpus_path, chain.sample(tokens, sample_seed));
+  durable_io::write_file_atomic(result.corpus_path, chain.sample(tokens, sample_seed));
   const nlohmann::json info = {
       {"source", "markov"},
       {"entropy_rate_nats", chain.entropy_rate()},
@@ -154,7 +154,7 @@ SynthResult synth_markov_corpus(const std::string& out_dir, const datasets::Mark
       {"tokens", tokens},
       {"power_iterations", chain.power_iterations()},
   };
-  write_file_atomic(result.source_json_path, json_text(info));
+  durable_io::write_file_atomic(result.source_json_path, json_text(info));
   return result;
 }
 

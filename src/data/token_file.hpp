@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "src/data/atomic_file.hpp"
+#include "src/core/durable_io.hpp"
 
 namespace lockstep::data {
 
@@ -73,7 +73,7 @@ class TokenFileWriter {
   void commit();
 
  private:
-  AtomicFile file_;
+  durable_io::AtomicFile file_;
   int64_t num_tokens_ = 0;
 };
 

@@ -1,5 +1,5 @@
-// Checked POSIX file operations for checkpoints (see posix_io.hpp).
-#include "src/ckpt/posix_io.hpp"
+// Checked POSIX file I/O (see durable_io.hpp).
+#include "src/core/durable_io.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 
 #include "src/core/check.hpp"
 
-namespace lockstep::ckpt::posix {
+namespace lockstep::durable_io {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const char* what, int err) {
@@ -30,21 +30,28 @@ int open_checked(const std::string& path, int flags, mode_t mode = 0) {
   return fd;
 }
 
-std::string parent_of(const std::string& path) {
-  std::string parent = std::filesystem::path(path).parent_path().string();
-  return parent.empty() ? "." : parent;
+int create_flags(NewFile::IfExists if_exists) {
+  return O_WRONLY | O_CREAT | (if_exists == NewFile::IfExists::kFail ? O_EXCL : O_TRUNC);
+}
+
+// `<dir>/.<name>.tmp.<pid>`: in the destination's directory, so that the rename stays within one
+// file system, and hidden, so that directory listings of finished files skip it.
+std::string temp_name_for(const std::string& path) {
+  LS_REQUIRE(!path.empty() && path.back() != '/', "cannot write a file at '", path, "': not a file name");
+  return str_cat(parent_of(path), "/.", std::filesystem::path(path).filename().string(), ".tmp.", ::getpid());
 }
 
 }  // namespace
 
-NewFile::NewFile(std::string path)
-    : path_(std::move(path)), fd_(open_checked(path_, O_WRONLY | O_CREAT | O_EXCL, 0644)) {}
+NewFile::NewFile(std::string path, IfExists if_exists)
+    : path_(std::move(path)), fd_(open_checked(path_, create_flags(if_exists), 0644)) {}
 
 NewFile::~NewFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
 void NewFile::write(const void* data, size_t bytes) {
+  LS_CHECK(fd_ >= 0, path_, " written after close");
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     ssize_t n = ::write(fd_, p, bytes);
@@ -67,12 +74,51 @@ void NewFile::write_zeros(size_t bytes) {
   }
 }
 
+void NewFile::write_at(uint64_t offset, const void* data, size_t bytes) {
+  LS_CHECK(fd_ >= 0, path_, " written after close");
+  LS_CHECK(offset <= written_ && bytes <= written_ - offset, "offset ", offset, " bytes ", bytes,
+           " written ", written_);
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path_, "write", errno);
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
 void NewFile::close_synced() {
+  LS_CHECK(fd_ >= 0, path_, " closed twice");
   if (::fsync(fd_) != 0) fail(path_, "fsync", errno);
   int fd = std::exchange(fd_, -1);
   // close() reporting an error after a successful fsync means nothing for the data, but it is
   // still a failed operation on the file: report it rather than guess.
   if (::close(fd) != 0) fail(path_, "close", errno);
+}
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), temp_(temp_name_for(path_), NewFile::IfExists::kTruncate) {}
+
+AtomicFile::~AtomicFile() {
+  if (!committed_) ::unlink(temp_.path().c_str());  // temp_ closes itself afterwards
+}
+
+void AtomicFile::commit() {
+  LS_CHECK(!committed_, path_, " committed twice");
+  temp_.close_synced();
+  rename_path(temp_.path(), path_);
+  committed_ = true;
+  fsync_dir(parent_of(path_));  // makes the rename itself durable
+}
+
+void write_file_atomic(const std::string& path, std::string_view contents) {
+  AtomicFile file(path);
+  file.write(contents.data(), contents.size());
+  file.commit();
 }
 
 ReadFile::ReadFile(std::string path) : path_(std::move(path)), fd_(open_checked(path_, O_RDONLY)) {
@@ -110,6 +156,11 @@ std::string read_text(const std::string& path) {
   std::string text(f.size(), '\0');
   f.read_at(0, text.data(), text.size());
   return text;
+}
+
+std::string parent_of(const std::string& path) {
+  std::string parent = std::filesystem::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
 }
 
 void fsync_dir(const std::string& path) {
@@ -155,4 +206,4 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-}  // namespace lockstep::ckpt::posix
+}  // namespace lockstep::durable_io
