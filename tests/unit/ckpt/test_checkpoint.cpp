@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -13,12 +12,14 @@
 
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/hash.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace lockstep::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::write_text;
 
 // A tensor that owns its bytes, filled from a seeded generator so that contents differ per tensor.
 struct Owned {
@@ -73,11 +74,6 @@ json read_json(const std::string& path) {
   return json::parse(in);
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
 void flip_byte(const std::string& path, uint64_t offset) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(static_cast<std::streamoff>(offset));
@@ -94,18 +90,11 @@ std::vector<std::string> entries_of(const std::string& dir) {
   return names;
 }
 
+// root_ does not exist yet: save() creates it.
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = (fs::temp_directory_path() / ("lockstep_ckpt_" + std::to_string(::getpid()) + "_" +
-                                          info->test_suite_name() + "_" + info->name()))
-                .string();
-    fs::remove_all(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
-  std::string root_;
+  test::TempDir scratch_{"ls_ckpt_test_"};
+  std::string root_ = scratch_.file("ckpt");
 };
 
 void expect_same_tensors(const Checkpoint& c, const std::vector<Owned>& ts) {
@@ -447,11 +436,8 @@ TEST(ModelHash, IsTheDocumentedByteSequence) {
 
 // Any list of tensors of any dtype and shape (empty dims included) comes back bit for bit.
 RC_GTEST_PROP(CheckpointProperty, RoundTripIsBitwise, ()) {
-  static int counter = 0;
-  const std::string root = (fs::temp_directory_path() /
-                            ("lockstep_ckpt_prop_" + std::to_string(::getpid()) + "_" +
-                             std::to_string(counter++)))
-                               .string();
+  const test::TempDir scratch("ls_ckpt_prop_");
+  const std::string root = scratch.file("ckpt");
   const std::vector<DType> dtypes = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
                                      DType::kE4M3, DType::kE5M2, DType::kE8M0, DType::kI32,
                                      DType::kI64,  DType::kU8,   DType::kU16};
@@ -466,7 +452,6 @@ RC_GTEST_PROP(CheckpointProperty, RoundTripIsBitwise, ()) {
   }
   const int64_t step = *rc::gen::inRange<int64_t>(0, 1000000);
   const Checkpoint c = load(save(root, step, refs(ts), json{{"n", n}}, 1));
-  fs::remove_all(root);
   RC_ASSERT(c.step == step);
   RC_ASSERT(c.tensors.size() == ts.size());
   for (size_t i = 0; i < ts.size(); ++i) {

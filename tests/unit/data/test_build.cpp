@@ -2,10 +2,7 @@
 // errors, and the synthetic Markov corpus.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -17,49 +14,21 @@
 #include "src/data/build.hpp"
 #include "src/data/token_file.hpp"
 #include "src/data/tokenizer.hpp"
+#include "tests/support/errors.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace lockstep::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ls_build_test_XXXXXX").string();
-    LS_CHECK(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-void write_text(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using test::config_error;
+using test::read_text;
+using test::TempDir;
+using test::write_text;
 
 std::vector<uint16_t> tokens_of(const std::string& path) {
   TokenFile file(path);
   return {file.tokens().begin(), file.tokens().end()};
-}
-
-template <class F>
-std::string config_error(F f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(BuildByteDataset, SplitsEachDocumentsTailIntoVal) {

@@ -11,9 +11,12 @@
 #include "datasets/markov.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "tests/support/errors.hpp"
 
 namespace lockstep::datasets {
 namespace {
+
+using test::config_error;
 
 // Power iteration stops at an L1 change below 1e-14; the stationary error is then within a small
 // multiple of that (the chains here mix in a few steps), and h inherits it times max_c H(.|c) <=
@@ -100,17 +103,6 @@ TEST(MarkovChain, IsDeterministicAndPinned) {
   EXPECT_EQ(text.substr(0, 32), "gbpgkaikmofganedgklcplkoolpacgpl");
   EXPECT_EQ(hex64(xxh64(text.data(), text.size())), "9d84026d350f7679");
   for (char ch : text) ASSERT_GE(a.char_symbol(ch), 0) << ch;
-}
-
-// The ConfigError message of `f()`, or "" if it did not throw.
-template <class F>
-std::string config_error(F f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(MarkovChain, RejectsBadParametersAndNonErgodicChains) {

@@ -4,10 +4,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <regex>
@@ -17,33 +14,28 @@
 #include "src/core/check.hpp"
 #include "src/data/sampler.hpp"
 #include "src/data/token_file.hpp"
+#include "tests/support/errors.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace lockstep::data {
 namespace {
 
-namespace fs = std::filesystem;
+using test::config_error;
 
 // A token file whose token at position p is p mod 65536: a window's content names its position.
 class PositionFile {
  public:
   explicit PositionFile(int64_t tokens) {
-    std::string pattern = (fs::temp_directory_path() / "ls_sampler_test_XXXXXX").string();
-    LS_CHECK(::mkdtemp(pattern.data()) != nullptr);
-    dir_ = pattern;
     std::vector<uint16_t> data(static_cast<size_t>(tokens));
     for (int64_t p = 0; p < tokens; ++p) data[p] = static_cast<uint16_t>(p % 65536);
-    write_token_file(dir_ + "/tokens.bin", data);
-    file_ = std::make_unique<TokenFile>(dir_ + "/tokens.bin");
-  }
-  ~PositionFile() {
-    file_.reset();
-    fs::remove_all(dir_);
+    write_token_file(dir_.file("tokens.bin"), data);
+    file_ = std::make_unique<TokenFile>(dir_.file("tokens.bin"));
   }
   const TokenFile& file() const { return *file_; }
 
  private:
-  std::string dir_;
-  std::unique_ptr<TokenFile> file_;
+  test::TempDir dir_;
+  std::unique_ptr<TokenFile> file_;  // unmapped before dir_ is removed (members die in reverse)
 };
 
 struct Batch {
@@ -174,17 +166,6 @@ TEST(TrainSampler, SavedStateResumesIdentically) {
     ASSERT_TRUE(b == r) << "step " << step;
   }
   EXPECT_EQ(resumed.next_sample(), 240);
-}
-
-// The ConfigError message of `f()`, or "" if it did not throw.
-template <class F>
-std::string config_error(F f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(TrainSampler, RejectsBadState) {

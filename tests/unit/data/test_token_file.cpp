@@ -3,63 +3,36 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "src/core/check.hpp"
 #include "src/data/token_file.hpp"
+#include "tests/support/errors.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace lockstep::data {
 namespace {
 
-// True if all of `text` matches the ECMAScript regex `pattern`; the failure shows both.
-testing::AssertionResult matches(const std::string& text, const std::string& pattern) {
-  if (std::regex_match(text, std::regex(pattern))) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "message: " << text << "\n  pattern: " << pattern;
-}
-
 namespace fs = std::filesystem;
+using test::matches;
+using test::read_bytes;
+using test::TempDir;
+using test::write_bytes;
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ls_data_test_XXXXXX").string();
-    LS_CHECK(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+// Overwrites header[index] of a token file with `value` (the header is little-endian int32).
+void patch_header(const std::string& path, int index, int32_t value) {
+  std::vector<char> bytes = read_bytes(path);
+  std::memcpy(bytes.data() + 4 * index, &value, 4);
+  write_bytes(path, bytes);
 }
 
 // The DataError message of opening `path`, or "" if it opened.
 std::string open_error(const std::string& path) {
-  try {
-    TokenFile file(path);
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "";
+  return test::data_error([&] { TokenFile file(path); });
 }
 
 std::string escaped(const std::string& s) { return std::regex_replace(s, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)"); }
@@ -144,10 +117,7 @@ TEST(TokenFile, RejectsFileShorterThanHeader) {
 TEST(TokenFile, RejectsBadMagicWithRegenerateHint) {
   TempDir dir;
   write_token_file(dir.file("t.bin"), std::vector<uint16_t>{1, 2});
-  std::vector<char> bytes = read_bytes(dir.file("t.bin"));
-  const int32_t magic = 20240519;
-  std::memcpy(bytes.data(), &magic, 4);
-  write_bytes(dir.file("t.bin"), bytes);
+  patch_header(dir.file("t.bin"), 0, 20240519);  // header[0]: magic
   EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) +
                                     ": bad magic: header\\[0\\] is 20240519, expected 20240520 .*"
                                     "`lockstep data build --input .*`"));
@@ -156,10 +126,7 @@ TEST(TokenFile, RejectsBadMagicWithRegenerateHint) {
 TEST(TokenFile, RejectsUnsupportedVersion) {
   TempDir dir;
   write_token_file(dir.file("t.bin"), std::vector<uint16_t>{1, 2});
-  std::vector<char> bytes = read_bytes(dir.file("t.bin"));
-  const int32_t version = 2;
-  std::memcpy(bytes.data() + 4, &version, 4);
-  write_bytes(dir.file("t.bin"), bytes);
+  patch_header(dir.file("t.bin"), 1, 2);  // header[1]: version
   EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) +
                                     ": unsupported version: header\\[1\\] is 2, expected 1; .*"));
 }
@@ -183,10 +150,7 @@ TEST(TokenFile, RejectsTrailingBytes) {
 TEST(TokenFile, RejectsNegativeCount) {
   TempDir dir;
   write_token_file(dir.file("t.bin"), std::vector<uint16_t>{});
-  std::vector<char> bytes = read_bytes(dir.file("t.bin"));
-  const int32_t count = -4;
-  std::memcpy(bytes.data() + 8, &count, 4);
-  write_bytes(dir.file("t.bin"), bytes);
+  patch_header(dir.file("t.bin"), 2, -4);  // header[2]: count
   EXPECT_TRUE(matches(open_error(dir.file("t.bin")), escaped(dir.file("t.bin")) + ": bad token count: header\\[2\\] is -4, expected >= 0"));
 }
 

@@ -3,21 +3,17 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
-#include <regex>
 #include <string>
 #include <vector>
 
 #include "src/core/check.hpp"
 #include "src/data/tokenizer.hpp"
+#include "tests/support/errors.hpp"
 
 namespace lockstep::data {
 namespace {
 
-// True if all of `text` matches the ECMAScript regex `pattern`; the failure shows both.
-testing::AssertionResult matches(const std::string& text, const std::string& pattern) {
-  if (std::regex_match(text, std::regex(pattern))) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "message: " << text << "\n  pattern: " << pattern;
-}
+using test::matches;
 
 TEST(ByteTokenizer, EncodesBytesAsTheirValues) {
   const std::string text("a\n\xff\0z", 5);  // with a NUL byte inside
