@@ -1,16 +1,16 @@
 // Test helpers for the GEMM tests: strided matrix views over owned buffers (row-major, transposed,
-// padded, negative strides), random and adversarial fp32 fills, and the scalar specification of a
-// canonical product (kernels/ops/canonical.hpp applied element by element).
+// padded, negative strides) and the scalar specification of a canonical product
+// (kernels/ops/canonical.hpp applied element by element). The random and adversarial fp32 fills
+// are in tests/support/random_values.hpp.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "kernels/ops/canonical.hpp"
+#include "tests/support/random_values.hpp"
 
 namespace lockstep::test {
 
@@ -44,34 +44,6 @@ struct StridedMatrix {
   float& operator()(int64_t i, int64_t j) { return at[i * srow + j * scol]; }
 };
 inline constexpr int kLayouts = 6;
-
-// Normal values times a random power of two in [2^-e, 2^e]: a spread of magnitudes that keeps the
-// chunk partials' exact sum within a double most of the time.
-inline float random_value(std::mt19937_64& g, int spread = 4) {
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<int> e(-spread, spread);
-  return std::ldexp(normal(g), e(g));
-}
-
-// Values that stress the canonical path: ±0, subnormals, huge values whose products overflow in a
-// chunk, inf, NaN, and magnitudes 2^±100 apart so that the double combination becomes inexact.
-inline float special_value(std::mt19937_64& g) {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  std::uniform_int_distribution<int> pick(0, 11);
-  switch (pick(g)) {
-    case 0: return 0.0f;
-    case 1: return -0.0f;
-    case 2: return std::ldexp(random_value(g), -135);  // subnormal
-    case 3: return std::numeric_limits<float>::denorm_min();
-    case 4: return std::ldexp(random_value(g), 100);   // products overflow fp32
-    case 5: return std::ldexp(random_value(g), -100);  // far below the others
-    case 6: return kInf;
-    case 7: return -kInf;
-    case 8: return std::numeric_limits<float>::quiet_NaN();
-    case 9: return std::numeric_limits<float>::max();
-    default: return random_value(g);
-  }
-}
 
 // C_spec[m,n] = canonical_dot(A row m, B column n): the bitwise specification.
 inline std::vector<float> canonical_product_spec(int64_t M, int64_t N, int64_t K,

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
-#include <boost/multiprecision/mpfr.hpp>
 #include <cmath>
 #include <iostream>
 #include <random>
@@ -17,39 +16,24 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/linear.hpp"
-#include "reference/bounded.hpp"
 #include "reference/linear.hpp"
 #include "src/core/check.hpp"
-#include "tests/unit/kernels/matrix_util.hpp"
+#include "tests/support/bounded_compare.hpp"
+#include "tests/support/mpfr_fd.hpp"
+#include "tests/support/random_values.hpp"
 #include "verify/compare.hpp"
 
 namespace lockstep::cpu {
 namespace {
 
-using B64 = reference::Bounded<double>;
+using test::Bd;
+using test::expect_within;
+using test::to_bounded;
 
 std::vector<float> random_vector(int64_t n, std::mt19937_64& g) {
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = test::random_value(g);
   return v;
-}
-
-std::vector<B64> bounded(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
-// Checks got against a Bounded reference and reports the tightness (observed error / bound).
-void expect_within(const std::string& what, const std::vector<float>& got,
-                   const std::vector<B64>& ref) {
-  ASSERT_EQ(got.size(), ref.size());
-  std::vector<double> want(ref.size()), bound(ref.size());
-  for (size_t i = 0; i < ref.size(); ++i) {
-    want[i] = ref[i].value;
-    bound[i] = ref[i].err;
-  }
-  const auto r = verify::compare_within(got.data(), want.data(), bound.data(),
-                                        static_cast<int64_t>(got.size()));
-  std::cout << r.summary(what) << "\n";
-  ::testing::Test::RecordProperty(what + " max tightness", std::to_string(r.max_tightness));
-  EXPECT_TRUE(r.ok()) << r.summary(what);
 }
 
 struct Problem {
@@ -67,13 +51,24 @@ struct Problem {
   }
 };
 
+// The canonical backward of the whole problem into one accumulator, rounded: dweight (OC x IC)
+// then dbias (OC). dinp (N x IC, or null) accumulates as usual.
+std::vector<float> canonical_weight_grads(const Problem& p, float* dinp) {
+  ExactAccumulator acc(p.s.OC * p.s.IC + p.s.OC);
+  linear_backward(Mode::kCanonical, p.s, 0, dinp, GradSink{nullptr, &acc, 0},
+                  GradSink{nullptr, &acc, p.s.OC * p.s.IC}, p.dout.data(), p.inp.data(), p.weight.data());
+  std::vector<float> grads(acc.size());
+  acc.round_to(grads.data());
+  return grads;
+}
+
 const LinearShape kShapes[] = {{130, 70, 50}, {64, 33, 17}, {1, 1000, 3}, {200, 5, 129}};
 
 TEST(Linear, ForwardWithinReferenceBounds) {
   for (const LinearShape& s : kShapes) {
     const Problem p(s, 11);
-    std::vector<B64> ref(s.N * s.OC);
-    const auto inp = bounded(p.inp), weight = bounded(p.weight), bias = bounded(p.bias);
+    std::vector<Bd> ref(s.N * s.OC);
+    const auto inp = to_bounded(p.inp), weight = to_bounded(p.weight), bias = to_bounded(p.bias);
     reference::linear_forward(s.N, s.IC, s.OC, ref.data(), inp.data(), weight.data(), bias.data());
     for (Mode mode : {Mode::kFast, Mode::kCanonical}) {
       std::vector<float> out(s.N * s.OC);
@@ -87,13 +82,13 @@ TEST(Linear, ForwardWithinReferenceBounds) {
 TEST(Linear, BackwardWithinReferenceBounds) {
   for (const LinearShape& s : kShapes) {
     const Problem p(s, 12);
-    const auto dout = bounded(p.dout), inp = bounded(p.inp), weight = bounded(p.weight);
+    const auto dout = to_bounded(p.dout), inp = to_bounded(p.inp), weight = to_bounded(p.weight);
     // Accumulating fp32 outputs: reference += adds the rounding of the kernel's +=.
-    auto dinp_ref = bounded(p.dinp0), dweight_ref = bounded(p.dweight0), dbias_ref = bounded(p.dbias0);
+    auto dinp_ref = to_bounded(p.dinp0), dweight_ref = to_bounded(p.dweight0), dbias_ref = to_bounded(p.dbias0);
     reference::linear_backward(s.N, s.IC, s.OC, dinp_ref.data(), dweight_ref.data(),
                                dbias_ref.data(), dout.data(), inp.data(), weight.data());
     // The exact accumulator rounds once: its reference is a single reduction over all tokens.
-    std::vector<B64> dweight_exact_ref(s.OC * s.IC, B64(0.0)), dbias_exact_ref(s.OC, B64(0.0));
+    std::vector<Bd> dweight_exact_ref(s.OC * s.IC, Bd(0.0)), dbias_exact_ref(s.OC, Bd(0.0));
     for (int64_t o = 0; o < s.OC; ++o) {
       for (int64_t i = 0; i < s.IC; ++i)
         dweight_exact_ref[o * s.IC + i] = reference::dot(dout.data() + o, s.OC, inp.data() + i, s.IC, s.N);
@@ -109,12 +104,7 @@ TEST(Linear, BackwardWithinReferenceBounds) {
     expect_within("dbias fast" + tag, dbias, dbias_ref);
 
     dinp = p.dinp0;
-    ExactAccumulator acc(s.OC * s.IC + s.OC);
-    linear_backward(Mode::kCanonical, s, 0, dinp.data(), GradSink{nullptr, &acc, 0},
-                    GradSink{nullptr, &acc, s.OC * s.IC}, p.dout.data(), p.inp.data(),
-                    p.weight.data());
-    std::vector<float> grads(acc.size());
-    acc.round_to(grads.data());
+    const std::vector<float> grads = canonical_weight_grads(p, dinp.data());
     expect_within("dinp canonical" + tag, dinp, dinp_ref);
     expect_within("dweight canonical" + tag,
                   std::vector<float>(grads.begin(), grads.begin() + s.OC * s.IC), dweight_exact_ref);
@@ -146,12 +136,7 @@ TEST(Linear, CanonicalEqualsScalarSpecification) {
       const std::string tag = std::string(isa_name(isa)) + " N=" + std::to_string(s.N);
       std::vector<float> out(s.N * s.OC), dinp = p.dinp0;
       linear_forward(Mode::kCanonical, s, out.data(), p.inp.data(), p.weight.data(), p.bias.data());
-      ExactAccumulator acc(s.OC * s.IC + s.OC);
-      linear_backward(Mode::kCanonical, s, 0, dinp.data(), GradSink{nullptr, &acc, 0},
-                      GradSink{nullptr, &acc, s.OC * s.IC}, p.dout.data(), p.inp.data(),
-                      p.weight.data());
-      std::vector<float> grads(acc.size());
-      acc.round_to(grads.data());
+      const std::vector<float> grads = canonical_weight_grads(p, dinp.data());
       auto r = verify::compare_exact(out.data(), out_spec.data(), s.N * s.OC);
       ASSERT_TRUE(r.ok()) << r.summary("out " + tag);
       r = verify::compare_exact(dinp.data(), dinp_spec.data(), s.N * s.IC);
@@ -170,12 +155,7 @@ TEST(Linear, CanonicalWeightGradInvariantUnderTokenSplit) {
   const LinearShape whole{300, 40, 24};
   const Problem p(whole, 14);
   const size_t n_grad = whole.OC * whole.IC + whole.OC;
-  ExactAccumulator one(n_grad);
-  linear_backward(Mode::kCanonical, whole, 0, nullptr, GradSink{nullptr, &one, 0},
-                  GradSink{nullptr, &one, whole.OC * whole.IC}, p.dout.data(), p.inp.data(),
-                  p.weight.data());
-  std::vector<float> want(n_grad);
-  one.round_to(want.data());
+  const std::vector<float> want = canonical_weight_grads(p, nullptr);
   const int previous_threads = omp_get_max_threads();
   for (int64_t split : {64, 128, 256}) {
     for (int threads : {1, 3}) {
@@ -224,7 +204,7 @@ TEST(Linear, RefusesSplitInsideChunkAndMismatchedSinks) {
 // derivative Σ ∇L·d from reference::linear_backward (dout = w) must match the central difference
 // D(h) = (L(x + h·d) − L(x − h·d)) / 2h computed in 100-bit MPFR.
 TEST(LinearReference, BackwardMatchesMpfrFiniteDifferences) {
-  using Mp = boost::multiprecision::number<boost::multiprecision::mpfr_float_backend<100>>;
+  using Mp = test::Mpfr100;
   const Mp u = ldexp(Mp(1), -100);  // unit roundoff of 100-bit MPFR
   const int64_t N = 7, IC = 9, OC = 5;
   std::mt19937_64 g(16);

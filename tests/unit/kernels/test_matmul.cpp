@@ -18,6 +18,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
+#include "tests/support/random_values.hpp"
 #include "tests/unit/kernels/matrix_util.hpp"
 #include "verify/compare.hpp"
 
@@ -54,15 +55,21 @@ struct Case {
   }
 };
 
+// A (M x K) then B (K x N), row by row, from the case's seed: special values or spread normals.
+void fill_operands(const Case& c, StridedMatrix& A, StridedMatrix& B) {
+  std::mt19937_64 g(c.seed);
+  auto value = [&] { return c.special ? test::special_value(g) : test::random_value(g); };
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t k = 0; k < c.K; ++k) A(i, k) = value();
+  for (int64_t k = 0; k < c.K; ++k)
+    for (int64_t j = 0; j < c.N; ++j) B(k, j) = value();
+}
+
 // Runs matmul_canonical on the case and compares with the scalar specification; C is written
 // with a padded row stride whose padding must stay untouched.
 verify::CompareReport run_case(const Case& c) {
-  std::mt19937_64 g(c.seed);
   StridedMatrix A(c.M, c.K, c.a_layout), B(c.K, c.N, c.b_layout);
-  for (int64_t i = 0; i < c.M; ++i)
-    for (int64_t k = 0; k < c.K; ++k) A(i, k) = c.special ? test::special_value(g) : test::random_value(g);
-  for (int64_t k = 0; k < c.K; ++k)
-    for (int64_t j = 0; j < c.N; ++j) B(k, j) = c.special ? test::special_value(g) : test::random_value(g);
+  fill_operands(c, A, B);
   const int64_t ldc = c.N + 2;
   constexpr float kSentinel = 12345.0f;
   std::vector<float> C(static_cast<size_t>(c.M * ldc), kSentinel);
@@ -143,12 +150,8 @@ TEST(MatmulCanonical, BitwiseAcrossIsasAndThreadCounts) {
   const Case shapes[] = {{67, 45, 1000, 0, 1, false, 7}, {130, 77, 129, 2, 0, false, 8},
                          {25, 50, 200, 1, 3, true, 9}};
   for (const Case& c : shapes) {
-    std::mt19937_64 g(c.seed);
     StridedMatrix A(c.M, c.K, c.a_layout), B(c.K, c.N, c.b_layout);
-    for (int64_t i = 0; i < c.M; ++i)
-      for (int64_t k = 0; k < c.K; ++k) A(i, k) = c.special ? test::special_value(g) : test::random_value(g);
-    for (int64_t k = 0; k < c.K; ++k)
-      for (int64_t j = 0; j < c.N; ++j) B(k, j) = c.special ? test::special_value(g) : test::random_value(g);
+    fill_operands(c, A, B);
     const auto want =
         test::canonical_product_spec(c.M, c.N, c.K, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
     for (Isa isa : supported_isas()) {
