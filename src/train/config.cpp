@@ -199,6 +199,21 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   e.field("every", c.eval.every);
   e.field("batches", c.eval.batches);
   e.finish();
+
+  Section p = section("parallel");
+  p.field("dp", c.parallel.dp);
+  p.field("tp", c.parallel.tp);
+  p.field("pp", c.parallel.pp);
+  p.field("ep", c.parallel.ep);
+  p.field("cp", c.parallel.cp);
+  p.field("zero", c.parallel.zero);
+  p.field("reduce", c.parallel.reduce);
+  p.field("timeout_s", c.parallel.timeout_s);
+  p.field("check_replicas", c.parallel.check_replicas);
+  p.field("debug_fault", c.parallel.debug_fault);
+  p.field("debug_rank", c.parallel.debug_rank);
+  p.field("debug_step", c.parallel.debug_step);
+  p.finish();
 }
 
 void validate(const RunConfig& c) {
@@ -235,6 +250,16 @@ void validate(const RunConfig& c) {
   LS_REQUIRE(c.log.every >= 1, c.source, ": [log] every (", c.log.every, ") must be >= 1");
   LS_REQUIRE(c.eval.every >= 0 && c.eval.batches >= 1, c.source,
              ": [eval] every must be >= 0 and batches >= 1");
+  const ParallelConfig& p = c.parallel;
+  LS_REQUIRE(p.zero >= 0 && p.zero <= 2, c.source, ": [parallel] zero (", p.zero,
+             ") must be 0 (replicated), 1 (sharded optimizer state) or 2 (sharded state and gradients)");
+  LS_REQUIRE(p.reduce == "exact" || p.reduce == "fast", c.source,
+             ": [parallel] reduce: expected \"exact\" or \"fast\", got \"", p.reduce, "\"");
+  LS_REQUIRE(p.timeout_s > 0, c.source, ": [parallel] timeout_s (", p.timeout_s, ") must be > 0");
+  LS_REQUIRE(p.debug_fault == "none" || p.debug_fault == "exit" || p.debug_fault == "hang" ||
+                 p.debug_fault == "flip",
+             c.source, ": [parallel] debug_fault: expected \"none\", \"exit\", \"hang\" or \"flip\", got \"",
+             p.debug_fault, "\"");
 }
 
 }  // namespace
@@ -258,17 +283,18 @@ RunConfig load_run_config(const std::string& path,
     const auto& where = e.source().begin;
     throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
   }
-  static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval"};
+  static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval",
+                                                  "parallel"};
   for (const auto& [k, v] : root) {
     LS_REQUIRE(kSections.count(std::string(k.str())), path, ": unknown section [", k.str(),
-               "] (known: checkpoint, data, eval, log, model, train)");
+               "] (known: checkpoint, data, eval, log, model, parallel, train)");
   }
   std::map<std::string, std::string> ov;
   for (const auto& [key, value] : overrides) {
     const auto dot = key.find('.');
     LS_REQUIRE(dot != std::string::npos && kSections.count(key.substr(0, dot)), "--", key,
                ": unknown section '", key.substr(0, key.find('.')),
-               "' (known: checkpoint, data, eval, log, model, train)");
+               "' (known: checkpoint, data, eval, log, model, parallel, train)");
     ov[key] = value;
   }
   nlohmann::json echo;

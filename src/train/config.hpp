@@ -1,5 +1,5 @@
 // The run configuration: a TOML file with sections [model] [data] [train] [checkpoint] [log]
-// [eval], plus command-line overrides `--section.key=value`. Every key is declared once, with its
+// [eval] [parallel], plus command-line overrides `--section.key=value`. Every key is declared once, with its
 // type; an unknown section or key, a value of the wrong type or out of range is a ConfigError
 // naming the file (or the override), the key and the expectation.
 #pragma once
@@ -58,6 +58,21 @@ struct EvalConfig {
   int64_t batches = 8;  // micro-batches of validation data per evaluation
 };
 
+// Parallel layout (src/parallel/mesh.hpp) and data-parallel options (data_parallel.hpp).
+struct ParallelConfig {
+  int64_t dp = 0;  // data-parallel ranks (0 = all ranks left by the other axes)
+  int64_t tp = 1, pp = 1, ep = 1, cp = 1;  // only 1 is implemented so far
+  int64_t zero = 0;                 // 0: replicated AdamW; 1: sharded AdamW state; 2: + sharded gradients
+  std::string reduce = "exact";     // gradient reduction: "exact" (rank-count independent) | "fast"
+  double timeout_s = 300;           // watchdog: a collective waiting longer ends the job
+  bool check_replicas = false;      // all-gather a parameter hash every step; fail naming the odd rank
+  // Test-only fault injection: after step debug_step, rank debug_rank does debug_fault:
+  // "exit" (_exit(9)), "hang" (sleeps forever), "flip" (flips one parameter bit); "none" = off.
+  std::string debug_fault = "none";
+  int64_t debug_rank = 0;
+  int64_t debug_step = 0;
+};
+
 struct RunConfig {
   std::string source;  // the config file, for messages
   ModelConfig model;
@@ -66,6 +81,7 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   LogConfig log;
   EvalConfig eval;
+  ParallelConfig parallel;
 
   nlohmann::json to_json() const;
 };

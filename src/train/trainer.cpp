@@ -13,15 +13,19 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 
 #include "kernels/cpu/isa.hpp"
 #include "src/ckpt/checkpoint.hpp"
+#include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
 #include "src/data/sampler.hpp"
 #include "src/data/token_file.hpp"
 #include "src/model/gpt.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/parallel/data_parallel.hpp"
+#include "src/parallel/mesh.hpp"
 #include "src/train/metrics.hpp"
 
 namespace lockstep {
@@ -31,19 +35,63 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-// Parameters and optimizer state as checkpoint tensors, in the model's canonical order.
-std::vector<ckpt::TensorRef> state_tensors(const Gpt& model, const AdamW& opt, bool with_optimizer) {
+// Parameters and (if m and v are given: full, unsharded) optimizer state as checkpoint tensors,
+// in the model's canonical order.
+std::vector<ckpt::TensorRef> state_tensors(const Gpt& model, const float* m, const float* v) {
   std::vector<ckpt::TensorRef> refs;
   for (const auto& p : model.param_layout()) {
     refs.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.shape, model.params() + p.offset});
   }
-  if (with_optimizer) {
+  if (m != nullptr) {
     for (const auto& p : model.param_layout()) {
-      refs.push_back({"optim/m/" + p.name, DType::kF32, p.shape, opt.m().data() + p.offset});
-      refs.push_back({"optim/v/" + p.name, DType::kF32, p.shape, opt.v().data() + p.offset});
+      refs.push_back({"optim/m/" + p.name, DType::kF32, p.shape, m + p.offset});
+      refs.push_back({"optim/v/" + p.name, DType::kF32, p.shape, v + p.offset});
     }
   }
   return refs;
+}
+
+// --parallel.check_replicas: every dp rank's parameter hash must be the same. The reference is the
+// most common hash (rank 0's on a tie); rank 0 ends the job naming every rank that differs.
+void check_replicas(const Gpt& model, comm::Communicator& dp, int64_t step) {
+  const uint64_t mine = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
+  const std::vector<uint64_t> all = dp.all_gather(mine);
+  uint64_t ref = all[0];
+  int64_t best = 0;
+  for (uint64_t h : all) {
+    const auto n = std::count(all.begin(), all.end(), h);
+    if (n > best) best = n, ref = h;
+  }
+  std::string odd;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != ref) {
+      odd += str_cat(odd.empty() ? "" : "; ", "dp rank ", r, " (world rank ", dp.world_ranks()[r],
+                     ") has parameter hash ", hex64(all[r]));
+    }
+  }
+  if (odd.empty()) return;
+  if (dp.rank() == 0) {
+    comm::abort_job(str_cat("replica check after step ", step, ": ", odd, ", the others ", hex64(ref),
+                            " (data-parallel replicas must hold bitwise equal parameters)"),
+                    comm::kExitDiverged);
+  }
+  dp.barrier();  // rank 0 is ending the job
+}
+
+// --parallel.debug_fault: test-only faults, injected after step debug_step on rank debug_rank.
+void inject_fault(const ParallelConfig& p, int world_rank, int64_t step, Gpt& model) {
+  if (p.debug_fault == "none" || world_rank != p.debug_rank || step != p.debug_step) return;
+  std::fprintf(stderr, "rank %d: --parallel.debug_fault=%s after step %lld\n", world_rank, p.debug_fault.c_str(),
+               static_cast<long long>(step));
+  std::fflush(stderr);
+  if (p.debug_fault == "exit") _exit(9);
+  if (p.debug_fault == "hang") {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  uint32_t bits;  // "flip": the lowest mantissa bit of the first parameter
+  std::memcpy(&bits, model.params(), sizeof bits);
+  bits ^= 1u;
+  std::memcpy(model.params(), &bits, sizeof bits);
 }
 
 // A checkpoint can continue this run only if everything that shapes the trajectory matches.
@@ -76,17 +124,25 @@ std::optional<double> source_entropy(const std::string& train_path) {
   return std::nullopt;
 }
 
-}  // namespace
-
-TrainSummary train(const RunConfig& cfg, std::ostream& out) {
+// The loop on one rank of a (possibly single-rank) world.
+TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostream& console) {
+  std::ostream null_stream(nullptr);  // ranks other than 0 print nothing
+  std::ostream& out = world.rank() == 0 ? console : null_stream;
   const TrainConfig& tc = cfg.train;
+  const ParallelConfig& pc = cfg.parallel;
   const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
 
+  parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
+  comm::Communicator& dpc = mesh.dp();
+  const int64_t dp = dpc.size(), dp_rank = dpc.rank();
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
+  const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
+  const int64_t BL = part.local_batch, MBL = part.local_micro;
+
   data::TokenFile train_file(cfg.data.train);
   train_file.check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
   std::optional<data::TokenFile> val_file;
@@ -98,9 +154,11 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
   std::optional<data::EvalReader> val_reader;
   if (val_file) val_reader.emplace(*val_file, T);
 
-  Gpt model(cfg.model, tc.mode, MB);
-  AdamW opt(model, {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
-                    static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
+  Gpt model(cfg.model, tc.mode, MBL);
+  const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
+  parallel::DataParallel ddp(model, dpc, static_cast<int>(pc.zero), reduce,
+                             {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
+                              static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
 
   TrainSummary summary;
@@ -110,11 +168,14 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
     if (!warnings.str().empty()) out << "warning: " << warnings.str() << std::flush;
     if (ck) {
       check_resumable(*ck, cfg);
+      // Checkpoints hold whole tensors; every rank reads them and keeps its part of m and v.
+      std::vector<float> m(static_cast<size_t>(model.num_params())), v(m.size());
       for (const auto& p : model.param_layout()) {
         ck->copy_to(ckpt::kModelPrefix + p.name, DType::kF32, p.shape, model.params() + p.offset);
-        ck->copy_to("optim/m/" + p.name, DType::kF32, p.shape, opt.m().data() + p.offset);
-        ck->copy_to("optim/v/" + p.name, DType::kF32, p.shape, opt.v().data() + p.offset);
+        ck->copy_to("optim/m/" + p.name, DType::kF32, p.shape, m.data() + p.offset);
+        ck->copy_to("optim/v/" + p.name, DType::kF32, p.shape, v.data() + p.offset);
       }
+      ddp.load_optimizer_state(m.data(), v.data());
       sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
       summary.first_step = ck->state.at("step").get<int64_t>();
       out << "resumed from " << ck->dir << " (step " << summary.first_step << ")\n";
@@ -129,34 +190,50 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
       << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
       << std::setprecision(1) << peak << " GFLOP/s sgemm peak"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured)") << "\n";
+  // The least a rank must send per step to sum fp32 gradients (a ring all-reduce, or ZeRO's
+  // reduce-scatter + parameter all-gather): 2 · 4N · (p-1)/p bytes.
+  const uint64_t min_bytes = static_cast<uint64_t>(model.num_params()) * 8 * static_cast<uint64_t>(dp - 1) /
+                             static_cast<uint64_t>(dp);
+  if (world.size() > 1) {
+    out << "parallel: " << mesh.describe() << ", zero " << pc.zero << ", reduce " << pc.reduce << "; rank batch "
+        << BL << " (micro-batch " << MBL << "); optimizer state " << ddp.optimizer_state_bytes()
+        << " bytes per rank (replicated: " << 8 * model.num_params() << "); gradient sync minimum "
+        << min_bytes << " bytes sent per rank per step\n";
+  }
 
   MetricsWriter metrics;
-  if (!cfg.log.metrics.empty()) metrics = MetricsWriter(cfg.log.metrics, summary.first_step > 0);
+  if (world.rank() == 0 && !cfg.log.metrics.empty()) metrics = MetricsWriter(cfg.log.metrics, summary.first_step > 0);
 
   g_stop_signal.store(0);
   auto old_int = std::signal(SIGINT, on_stop_signal);
   auto old_term = std::signal(SIGTERM, on_stop_signal);
 
-  std::vector<int32_t> inputs(B * T), targets(B * T);
+  std::vector<int32_t> inputs(BL * T), targets(BL * T);
   const float dloss = 1.0f / static_cast<float>(B * T);
   double total_time = 0;
   int64_t steps_this_run = 0;
 
+  // Rank 0 evaluates (replicas are equal); the same windows as one process, MBL at a time.
   auto evaluate = [&]() -> float {
     ChunkCombiner loss_sum;
-    for (int64_t b = 0; b < cfg.eval.batches; ++b) {
-      val_reader->fill(b * MB, MB, inputs.data(), targets.data());
-      model.eval_loss(inputs.data(), targets.data(), MB, loss_sum);
+    for (int64_t s = 0; s < cfg.eval.batches * MB; s += MBL) {
+      val_reader->fill(s, MBL, inputs.data(), targets.data());
+      model.eval_loss(inputs.data(), targets.data(), MBL, loss_sum);
     }
     return loss_sum.finish() / static_cast<float>(cfg.eval.batches * MB * T);
   };
+  // Collective: ZeRO-1/2 gather m and v; rank 0 writes whole tensors.
   auto save = [&](int64_t step_done, float loss) {
     if (cfg.checkpoint.dir.empty()) return;
+    std::vector<float> m, v;
+    ddp.gather_optimizer_state(m, v);
+    if (world.rank() != 0) return;
     nlohmann::json state = {{"step", step_done},
                             {"sampler", sampler.state()},
                             {"config", cfg.to_json()},
+                            {"layout", {{"dp", dp}, {"zero", pc.zero}, {"reduce", pc.reduce}}},
                             {"loss", loss}};
-    const auto dir = ckpt::save(cfg.checkpoint.dir, step_done, state_tensors(model, opt, true), state,
+    const auto dir = ckpt::save(cfg.checkpoint.dir, step_done, state_tensors(model, m.data(), v.data()), state,
                                 static_cast<int>(cfg.checkpoint.keep));
     out << "checkpoint " << dir << "\n";
   };
@@ -164,27 +241,36 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
   int64_t step = summary.first_step;
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t bytes_before = dpc.stats().total();
     const float lr = static_cast<float>(schedule.at(step));
-    sampler.next_batch(B, 0, B, inputs.data(), targets.data());
+    sampler.next_batch(B, dp_rank * BL, BL, inputs.data(), targets.data());
     model.zero_grad();
     ChunkCombiner loss_sum;
-    for (int64_t mb = 0; mb < B / MB; ++mb) {
-      model.forward_backward(inputs.data() + mb * MB * T, targets.data() + mb * MB * T, MB,
-                             mb * MB * T, dloss, loss_sum);
+    for (int64_t mb = 0; mb < BL / MBL; ++mb) {
+      model.forward_backward(inputs.data() + mb * MBL * T, targets.data() + mb * MBL * T, MBL,
+                             (dp_rank * BL + mb * MBL) * T, dloss, loss_sum);
     }
-    model.finish_grads();
-    const float loss = loss_sum.finish() / static_cast<float>(B * T);
-    const float grad_norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
-    opt.update(model, lr, step + 1);
+    ddp.reduce_gradients();
+    const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
+    const float grad_norm = ddp.clip_grad_norm(static_cast<float>(tc.grad_clip));
+    ddp.step(lr, step + 1);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const uint64_t step_bytes = dpc.stats().total() - bytes_before;
     total_time += dt;
     ++steps_this_run;
     summary.last_loss = loss;
+    const int64_t done = step + 1;
+    inject_fault(pc, world.rank(), done, model);
+    if (pc.check_replicas && dp > 1) check_replicas(model, dpc, done);
+    if (world.size() > 1 && steps_this_run == 1) {
+      out << "parallel: step " << done << " sent " << step_bytes << " bytes from rank 0 (" << std::setprecision(2)
+          << (min_bytes > 0 ? static_cast<double>(step_bytes) / static_cast<double>(min_bytes) : 0.0)
+          << " x the minimum)\n";
+    }
 
     const double tokens_per_s = static_cast<double>(B * T) / dt;
     const double mfu = tokens_per_s * flops_per_token / (peak * 1e9);
     const double mem = peak_memory_mib();
-    const int64_t done = step + 1;
     if (done % cfg.log.every == 0 || done == tc.steps) {
       out << "step " << std::setw(6) << done << "/" << tc.steps << " | loss " << std::setprecision(4)
           << loss << " | lr " << std::scientific << std::setprecision(3) << lr << std::fixed
@@ -193,22 +279,30 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
           << std::setprecision(0) << mem << " MiB\n"
           << std::flush;
     }
-    metrics.write({{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                   {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_ms", dt * 1e3},
-                   {"peak_mem_mib", mem}});
+    nlohmann::json record = {{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                             {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_ms", dt * 1e3},
+                             {"peak_mem_mib", mem}};
+    if (world.size() > 1) {
+      record["comm_bytes"] = step_bytes;
+      record["optimizer_state_bytes"] = ddp.optimizer_state_bytes();
+    }
+    metrics.write(record);
 
     const bool last = done == tc.steps;
-    if (val_reader && ((cfg.eval.every > 0 && done % cfg.eval.every == 0) || last)) {
+    if (val_reader && ((cfg.eval.every > 0 && done % cfg.eval.every == 0) || last) && world.rank() == 0) {
       summary.val_loss = evaluate();
       out << "eval step " << done << " | val loss " << std::setprecision(4) << summary.val_loss << "\n";
       metrics.write({{"step", done}, {"val_loss", summary.val_loss}});
     }
-    const bool stopping = g_stop_signal.load() != 0;
+    // Every rank stops after the same step: a signal seen by any rank stops all of them.
+    int64_t stop_signal = g_stop_signal.load();
+    if (world.size() > 1) world.all_reduce(std::span<int64_t>(&stop_signal, 1), comm::ReduceOp::kMax);
+    const bool stopping = stop_signal != 0;
     if (last || stopping || (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0)) {
       save(done, loss);
     }
     if (stopping) {
-      out << "stopped by signal " << g_stop_signal.load() << " after step " << done
+      out << "stopped by signal " << stop_signal << " after step " << done
           << " (checkpoint saved; run the same command to resume)\n";
       summary.interrupted = true;
       ++step;
@@ -220,7 +314,7 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
 
   summary.steps_done = step;
   summary.tokens_per_s = steps_this_run > 0 ? static_cast<double>(steps_this_run * B * T) / total_time : 0;
-  summary.model_hash = hex64(ckpt::model_hash(state_tensors(model, opt, false)));
+  summary.model_hash = hex64(ckpt::model_hash(state_tensors(model, nullptr, nullptr)));
   out << "done: " << summary.steps_done << " steps";
   if (steps_this_run > 0) {
     out << ", last loss " << std::setprecision(4) << summary.last_loss << ", " << std::setprecision(0)
@@ -234,6 +328,22 @@ TrainSummary train(const RunConfig& cfg, std::ostream& out) {
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
   return summary;
+}
+
+}  // namespace
+
+TrainSummary train(const RunConfig& cfg, std::ostream& out) {
+  // Under mpirun/srun: MPI's world (finalised when `mpi` goes, after `world`). Otherwise a group of
+  // one and MPI is never initialised.
+  std::unique_ptr<comm::MpiRuntime> mpi;
+  std::unique_ptr<comm::Communicator> world;
+  if (comm::MpiRuntime::launched()) {
+    mpi = std::make_unique<comm::MpiRuntime>();
+    world = mpi->world(cfg.parallel.timeout_s);
+  } else {
+    world = std::make_unique<comm::SelfCommunicator>("world");
+  }
+  return train_on(cfg, *world, out);
 }
 
 }  // namespace lockstep

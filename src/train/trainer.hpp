@@ -1,6 +1,11 @@
-// The single-process training loop: data -> model -> loss -> backward -> clip -> AdamW -> ckpt,
+// The training loop: data -> model -> loss -> backward -> gradient sync -> clip -> AdamW -> ckpt,
 // with per-step progress, JSONL metrics, periodic evaluation and checkpoints, resume from the
 // newest valid checkpoint, and an emergency checkpoint on SIGINT/SIGTERM.
+//
+// Single process, or one rank of an MPI job (started by mpirun/srun; [parallel] gives the layout):
+// each data-parallel rank trains on its part of the global batch (src/parallel/data_parallel.hpp);
+// rank 0 prints, writes metrics, evaluates and writes checkpoints (whole tensors, ZeRO state
+// gathered), so a checkpoint does not depend on the layout that wrote it.
 #pragma once
 
 #include <cstdint>

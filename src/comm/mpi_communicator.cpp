@@ -1,0 +1,300 @@
+// MPI backend: non-blocking MPI collectives behind Handles whose wait() is watched by a timeout.
+#include "src/comm/mpi_communicator.hpp"
+
+// The C API only: mpi.h would otherwise pull in Open MPI's deprecated C++ bindings (MPI::),
+// which live in a library the component does not link (MPI::MPI_C).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <numeric>
+#include <thread>
+
+#include "src/core/check.hpp"
+
+// Every MPI call: on failure, one line naming the rank, the call, what it was for, MPI's reason.
+#define LS_MPI_CHECK(call, what)                                                                  \
+  do {                                                                                            \
+    const int ls_mpi_rc_ = (call);                                                                \
+    if (ls_mpi_rc_ != MPI_SUCCESS) ::lockstep::comm::mpi_failed(#call, ls_mpi_rc_, (what));       \
+  } while (0)
+
+namespace lockstep::comm {
+
+namespace {
+
+int world_rank() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return 0;
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+}  // namespace
+
+void abort_job(const std::string& message, int code) {
+  std::fprintf(stderr, "rank %d: %s\n", world_rank(), message.c_str());
+  std::fflush(stderr);
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+[[noreturn]] void mpi_failed(const char* call, int rc, const std::string& what) {
+  char reason[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(rc, reason, &len);
+  abort_job(str_cat(call, " failed (", what, "): ", reason), kExitMpiError);
+}
+
+namespace {
+
+MPI_Datatype mpi_type(DataType t) {
+  switch (t) {
+    case DataType::kU8: return MPI_UINT8_T;
+    case DataType::kI32: return MPI_INT32_T;
+    case DataType::kI64: return MPI_INT64_T;
+    case DataType::kU64: return MPI_UINT64_T;
+    case DataType::kF32: return MPI_FLOAT;
+    case DataType::kF64: return MPI_DOUBLE;
+  }
+  throw InternalError("mpi_type: unknown DataType");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  throw InternalError("mpi_op: unknown ReduceOp");
+}
+
+// MPI-3 counts are int; Lockstep's buffers are indexed with int64.
+int to_int(int64_t n, const char* what) {
+  LS_CHECK(n >= 0 && n <= INT_MAX, what, " ", n, " does not fit an MPI count");
+  return static_cast<int>(n);
+}
+
+std::vector<int> to_ints(std::span<const int64_t> v, const char* what) {
+  std::vector<int> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_int(v[i], what);
+  return out;
+}
+
+// A started MPI operation; owns what MPI reads until completion (count arrays, a description).
+class MpiRequest final : public Handle::Impl {
+ public:
+  MpiRequest(std::string what, double timeout_s) : what_(std::move(what)), timeout_s_(timeout_s) {}
+
+  // MPI reads count/displacement arrays of non-blocking v-collectives until completion.
+  std::vector<int>& keep(std::vector<int> v) {
+    kept_.push_back(std::move(v));
+    return kept_.back();
+  }
+  MPI_Request* request() { return &request_; }
+
+  void wait() override {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      LS_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), what_);
+      if (done) return;
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_) {
+        abort_job(str_cat(what_, " did not complete in ", timeout_s_,
+                          " s; a peer may have died or hung ([parallel] timeout_s)"),
+                  kExitWatchdog);
+      }
+      // Spin briefly (fast collectives), then sleep between polls: ranks may share cores.
+      if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 1024 ? 500 : 50));
+    }
+  }
+
+ private:
+  std::string what_;
+  double timeout_s_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::deque<std::vector<int>> kept_;  // a deque: references from keep() stay valid
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
+      : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
+    LS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "setting the error handler of " + name_);
+    LS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_), name_);
+    LS_MPI_CHECK(MPI_Comm_size(comm_, &size_), name_);
+    int me = 0;
+    LS_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &me), name_);
+    world_ranks_.resize(static_cast<size_t>(size_));
+    // Blocking on purpose: construction is collective, and messages need the member list.
+    LS_MPI_CHECK(MPI_Allgather(&me, 1, MPI_INT, world_ranks_.data(), 1, MPI_INT, comm_),
+                 "listing the members of " + name_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& world_ranks() const override { return world_ranks_; }
+  double timeout_s() const override { return timeout_s_; }
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    LS_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub), "splitting " + describe() + " into " + name);
+    return std::make_unique<MpiCommunicator>(sub, name, timeout_s_);
+  }
+
+  Handle iall_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp op) override {
+    auto req = start("all_reduce");
+    const void* s = send == recv ? MPI_IN_PLACE : send;
+    LS_MPI_CHECK(MPI_Iallreduce(s, recv, to_int(count, "count"), mpi_type(t), mpi_op(op), comm_, req->request()),
+                 what("all_reduce"));
+    stats_.all_reduce += ring_bytes(count, t) * 2;
+    return Handle(std::move(req));
+  }
+
+  Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DataType t,
+                         ReduceOp op) override {
+    LS_CHECK(static_cast<int>(recv_counts.size()) == size_);
+    auto req = start("reduce_scatter");
+    const std::vector<int>& counts = req->keep(to_ints(recv_counts, "recv_counts"));
+    LS_MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), mpi_type(t), mpi_op(op), comm_, req->request()),
+                 what("reduce_scatter"));
+    stats_.reduce_scatter += others_bytes(recv_counts, t);
+    return Handle(std::move(req));
+  }
+
+  Handle iall_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
+                      std::span<const int64_t> displs, DataType t) override {
+    LS_CHECK(static_cast<int>(counts.size()) == size_ && counts.size() == displs.size());
+    auto req = start("all_gather");
+    const std::vector<int>& c = req->keep(to_ints(counts, "counts"));
+    const std::vector<int>& d = req->keep(to_ints(displs, "displs"));
+    LS_MPI_CHECK(MPI_Iallgatherv(send, c[static_cast<size_t>(rank_)], mpi_type(t), recv, c.data(), d.data(),
+                                 mpi_type(t), comm_, req->request()),
+                 what("all_gather"));
+    stats_.all_gather += others_bytes(counts, t);
+    return Handle(std::move(req));
+  }
+
+  Handle iall_to_allv(const void* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
+                      void* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                      DataType t) override {
+    LS_CHECK(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_);
+    auto req = start("all_to_all");
+    const std::vector<int>& sc = req->keep(to_ints(send_counts, "send_counts"));
+    const std::vector<int>& sd = req->keep(to_ints(send_displs, "send_displs"));
+    const std::vector<int>& rc = req->keep(to_ints(recv_counts, "recv_counts"));
+    const std::vector<int>& rd = req->keep(to_ints(recv_displs, "recv_displs"));
+    LS_MPI_CHECK(MPI_Ialltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t),
+                                comm_, req->request()),
+                 what("all_to_all"));
+    stats_.all_to_all += others_bytes(send_counts, t);
+    return Handle(std::move(req));
+  }
+
+  Handle ibroadcast(void* buf, int64_t count, DataType t, int root) override {
+    auto req = start("broadcast");
+    LS_MPI_CHECK(MPI_Ibcast(buf, to_int(count, "count"), mpi_type(t), root, comm_, req->request()),
+                 what("broadcast"));
+    if (rank_ == root) stats_.broadcast += static_cast<uint64_t>(count) * data_type_size(t);
+    return Handle(std::move(req));
+  }
+
+  Handle isend(const void* buf, int64_t count, DataType t, int dest, int tag) override {
+    auto req = std::make_unique<MpiRequest>(
+        str_cat("send to rank ", dest, " (world rank ", world_ranks_.at(static_cast<size_t>(dest)), ") on ",
+                describe()),
+        timeout_s_);
+    LS_MPI_CHECK(MPI_Isend(buf, to_int(count, "count"), mpi_type(t), dest, tag, comm_, req->request()),
+                 what("send"));
+    stats_.send += static_cast<uint64_t>(count) * data_type_size(t);
+    return Handle(std::move(req));
+  }
+
+  Handle irecv(void* buf, int64_t count, DataType t, int source, int tag) override {
+    auto req = std::make_unique<MpiRequest>(
+        str_cat("recv from rank ", source, " (world rank ", world_ranks_.at(static_cast<size_t>(source)), ") on ",
+                describe()),
+        timeout_s_);
+    LS_MPI_CHECK(MPI_Irecv(buf, to_int(count, "count"), mpi_type(t), source, tag, comm_, req->request()),
+                 what("recv"));
+    return Handle(std::move(req));
+  }
+
+  Handle ibarrier() override {
+    auto req = start("barrier");
+    LS_MPI_CHECK(MPI_Ibarrier(comm_, req->request()), what("barrier"));
+    return Handle(std::move(req));
+  }
+
+ private:
+  std::string what(const char* op) const { return str_cat(op, " on ", describe()); }
+  std::unique_ptr<MpiRequest> start(const char* op) const {
+    return std::make_unique<MpiRequest>(what(op), timeout_s_);
+  }
+  // Ring algorithms send (p-1)/p of the data from each rank.
+  uint64_t ring_bytes(int64_t count, DataType t) const {
+    return static_cast<uint64_t>(count) * data_type_size(t) * static_cast<uint64_t>(size_ - 1) /
+           static_cast<uint64_t>(size_);
+  }
+  uint64_t others_bytes(std::span<const int64_t> counts, DataType t) const {
+    uint64_t n = 0;
+    for (size_t q = 0; q < counts.size(); ++q) {
+      if (static_cast<int>(q) != rank_) n += static_cast<uint64_t>(counts[q]);
+    }
+    return n * data_type_size(t);
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;
+};
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
+  int provided = 0;
+  LS_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "initialising MPI");
+  owns_ = true;
+}
+
+MpiRuntime::~MpiRuntime() {
+  if (owns_) MPI_Finalize();
+}
+
+bool MpiRuntime::launched() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"}) {
+    if (std::getenv(var) != nullptr) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<Communicator> MpiRuntime::world(double timeout_s) const {
+  MPI_Comm dup = MPI_COMM_NULL;
+  LS_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "duplicating MPI_COMM_WORLD");
+  return std::make_unique<MpiCommunicator>(dup, "world", timeout_s);
+}
+
+}  // namespace lockstep::comm

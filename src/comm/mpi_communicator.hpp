@@ -1,0 +1,51 @@
+// The MPI backend of Communicator (Open MPI; CPU buffers), and the MPI runtime's lifetime.
+//
+// Every MPI call is wrapped in LS_MPI_CHECK (errors are returned, not fatal inside MPI, and turned
+// into one message naming this rank, the call and the group, then MPI_Abort). Every operation is
+// started non-blocking; Handle::wait() polls MPI_Testall with a short sleep between polls (so that
+// a waiting rank does not steal a core from a computing one when ranks share cores) and ends the
+// job with a message naming this rank, the operation, the group and its members when the
+// communicator's timeout passes — the watchdog.
+//
+// This header does not include mpi.h: src/comm is the only component that sees it.
+// Not here: NCCL; process management (mpirun/srun launch the ranks).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "src/comm/communicator.hpp"
+
+namespace lockstep::comm {
+
+// Initialises MPI (MPI_THREAD_FUNNELED: OpenMP threads never call MPI) unless it already is, and
+// finalises it on destruction if it initialised it. One per process; communicators made from it
+// must be destroyed first.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc = nullptr, char*** argv = nullptr);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  // True if this process was started by an MPI launcher (mpirun, srun): the single-process path
+  // never initialises MPI.
+  static bool launched();
+
+  // MPI_COMM_WORLD (duplicated, with errors returned) as a Communicator named "world".
+  std::unique_ptr<Communicator> world(double timeout_s) const;
+
+ private:
+  bool owns_ = false;
+};
+
+// Prints "rank R: message" to stderr as one line and ends every rank of the job (MPI_Abort with
+// `code`). Safe to call from any thread.
+[[noreturn]] void abort_job(const std::string& message, int code);
+
+// Exit codes of abort_job.
+inline constexpr int kExitWatchdog = 4;   // a collective did not complete within the timeout
+inline constexpr int kExitMpiError = 5;   // an MPI call failed
+inline constexpr int kExitDiverged = 6;   // replicas that must be equal are not
+
+}  // namespace lockstep::comm

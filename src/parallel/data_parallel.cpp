@@ -1,0 +1,159 @@
+// Data parallelism with ZeRO-0/1/2 (see data_parallel.hpp).
+#include "src/parallel/data_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ops/optim.hpp"
+#include "src/core/check.hpp"
+
+namespace lockstep::parallel {
+
+const char* reduce_mode_name(ReduceMode m) { return m == ReduceMode::kExact ? "exact" : "fast"; }
+
+DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode,
+                      const std::string& source) {
+  LS_REQUIRE(batch % dp == 0, source, ": [train] batch_size (", batch, ") must be a multiple of [parallel] dp (",
+             dp, "): every rank reads batch_size / dp sequences of the global batch");
+  DpBatch b;
+  b.local_batch = batch / dp;
+  b.local_micro = std::min(micro, b.local_batch);
+  LS_REQUIRE(b.local_batch % b.local_micro == 0, source, ": [train] micro_batch_size (", micro,
+             ") must divide batch_size / dp (", batch, " / ", dp, " = ", b.local_batch, ")");
+  // Canonical mode: every rank's micro-batch must end on a 64-token chunk boundary of the global
+  // batch, or the weight-gradient chunks would be cut differently from the single-process run.
+  LS_REQUIRE(mode != Mode::kCanonical || dp == 1 || (b.local_micro * seq_len) % kCanonicalChunk == 0, source,
+             ": a rank's micro-batch of ", b.local_micro, " sequences x seq_len ", seq_len, " = ",
+             b.local_micro * seq_len, " tokens is not a multiple of ", kCanonicalChunk,
+             " in canonical mode (batch_size ", batch, " / dp ", dp,
+             "): gradient chunks would straddle ranks; choose a batch_size, micro_batch_size or dp that makes it one");
+  return b;
+}
+
+DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, int zero, ReduceMode reduce, AdamWConfig adam)
+    : model_(model), dp_(dp), zero_(zero), reduce_(reduce), adam_(adam),
+      plan_(make_shard_plan(model.param_layout(), dp.size())) {
+  LS_CHECK(zero >= 0 && zero <= 2, "zero ", zero);
+  if (zero_ == 0 || dp_.size() == 1) {
+    replicated_ = std::make_unique<AdamW>(model_, adam_);
+  } else {
+    m_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
+    v_.assign(m_.size(), 0.0f);
+  }
+}
+
+void DataParallel::all_gather_shards(float* buf) {
+  const int64_t first = shard_first(), n = shard_end() - first;
+  std::vector<float> mine(buf + first, buf + first + n);
+  dp_.all_gatherv(mine.data(), buf, plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+}
+
+void DataParallel::reduce_gradients() {
+  if (dp_.size() == 1) {
+    model_.finish_grads();
+    return;
+  }
+  float* grads = model_.grads();
+  const int64_t first = shard_first(), n = shard_end() - first;
+  shard_.resize(static_cast<size_t>(n));
+  if (reduce_ == ReduceMode::kExact) {
+    if (model_.mode() == Mode::kCanonical) {
+      exact_reduce_scatter(model_.exact_grads(), plan_, dp_, shard_.data());
+    } else {
+      exact_reduce_scatter(grads, plan_, dp_, shard_.data());
+    }
+  } else {
+    model_.finish_grads();  // canonical: this rank's exact sums rounded once; fast: nothing
+    dp_.reduce_scatter(grads, shard_.data(), plan_.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  std::copy(shard_.begin(), shard_.end(), grads + first);
+  if (zero_ < 2) {
+    all_gather_shards(grads);
+  } else {
+    std::fill(grads, grads + first, 0.0f);
+    std::fill(grads + shard_end(), grads + model_.num_params(), 0.0f);
+  }
+}
+
+float DataParallel::clip_grad_norm(float max_norm) {
+  if (zero_ < 2 || dp_.size() == 1) return lockstep::clip_grad_norm(model_, max_norm);
+  // Sum of squares of this shard, tensor piece by tensor piece; shard cuts are chunk starts of
+  // their tensor (make_shard_plan), so each piece starts on a chunk boundary as the op requires.
+  const int64_t first = shard_first(), end = shard_end();
+  float* grads = model_.grads();
+  ChunkCombiner sumsq;
+  for (const auto& p : model_.param_layout()) {
+    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
+    if (a < b) cpu::grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grads + a);
+  }
+  const float norm = std::sqrt(combine_exact(sumsq, dp_));
+  if (max_norm > 0.0f && norm > max_norm) {
+    const float scale = max_norm / (norm + 1e-6f);  // as optim's clip_grad_norm
+    cpu::scale_inplace(end - first, grads + first, scale);
+  }
+  return norm;
+}
+
+// beta^t by repeated squaring in double: the same sequence of operations as AdamW::update
+// (src/optim/adamw.cpp), so the bias corrections have the same bits; the e2e test comparing
+// ZeRO-1/2 with the single-process model hash fails if the two ever drift apart.
+static double power(double beta, int64_t t) {
+  double r = 1.0, b = beta;
+  for (int64_t e = t; e > 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return r;
+}
+
+void DataParallel::adamw_shard(float lr, int64_t t) {
+  const float bc1 = static_cast<float>(1.0 - power(adam_.beta1, t));
+  const float bc2 = static_cast<float>(1.0 - power(adam_.beta2, t));
+  const int64_t first = shard_first(), end = shard_end();
+  for (const auto& p : model_.param_layout()) {
+    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
+    if (a >= b) continue;
+    const cpu::AdamWParams h{lr, adam_.beta1, adam_.beta2, adam_.eps, p.decay ? adam_.weight_decay : 0.0f, bc1, bc2};
+    cpu::adamw_update(b - a, h, model_.params() + a, m_.data() + (a - first), v_.data() + (a - first),
+                      model_.grads() + a);
+  }
+}
+
+void DataParallel::step(float lr, int64_t t) {
+  if (replicated_) {
+    replicated_->update(model_, lr, t);
+    return;
+  }
+  adamw_shard(lr, t);
+  all_gather_shards(model_.params());
+}
+
+uint64_t DataParallel::optimizer_state_bytes() const {
+  const size_t n = replicated_ ? replicated_->m().size() + replicated_->v().size() : m_.size() + v_.size();
+  return n * sizeof(float);
+}
+
+void DataParallel::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v) {
+  if (replicated_) {
+    m = replicated_->m();
+    v = replicated_->v();
+    return;
+  }
+  m.resize(static_cast<size_t>(model_.num_params()));
+  v.resize(m.size());
+  dp_.all_gatherv(m_.data(), m.data(), plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+  dp_.all_gatherv(v_.data(), v.data(), plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+}
+
+void DataParallel::load_optimizer_state(const float* m, const float* v) {
+  if (replicated_) {
+    std::copy(m, m + model_.num_params(), replicated_->m().begin());
+    std::copy(v, v + model_.num_params(), replicated_->v().begin());
+    return;
+  }
+  std::copy(m + shard_first(), m + shard_end(), m_.begin());
+  std::copy(v + shard_first(), v + shard_end(), v_.begin());
+}
+
+}  // namespace lockstep::parallel

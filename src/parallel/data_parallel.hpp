@@ -1,0 +1,94 @@
+// Data parallelism with ZeRO-0/1/2 over one dp group: gradient reduction (exact or fast), the
+// global gradient norm, AdamW (replicated or on this rank's shard) and the parameter all-gather.
+//
+// Every rank runs the single-device model on its own part of the global batch (plan_dp_batch),
+// then:
+//   reduce_gradients()  exact: exact_reduce_scatter of the per-element exact sums (canonical mode:
+//                       the model's ExactAccumulator; fast mode: its fp32 gradients), one rounding;
+//                       fast: MPI_Reduce_scatter on fp32. Then for zero 0 and 1 an fp32 all-gather
+//                       of the reduced shards, so every rank holds the full gradient; zero 2 keeps
+//                       only its shard (the rest of grads() is zeroed, never used).
+//                       (A float all-reduce would be one call, but MPI may round differently on
+//                       different ranks; reduce-scatter + all-gather gives every replica the same bits.)
+//   clip_grad_norm()    zero 0/1: the model's clip_grad_norm on the full gradient (same on every
+//                       rank); zero 2: canonical chunk partials of this shard (shards cut on chunk
+//                       starts, exact_reduce.hpp), combined exactly across ranks — the same bits as
+//                       one process.
+//   step()              zero 0: AdamW on every element, on every rank; zero 1/2: AdamW on this rank's
+//                       shard only (m and v exist for the shard only), then an fp32 all-gather of
+//                       the parameters.
+// In canonical mode with reduce = exact the parameters after every step are bitwise those of the
+// single-process run, for any dp and zero.
+//
+// Not here: bucketing and overlapping the reduction with the backward pass (the reduction runs
+// after the last micro-batch's backward); ZeRO-3; the loop itself (src/train/trainer.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/comm/communicator.hpp"
+#include "src/optim/adamw.hpp"
+#include "src/parallel/exact_reduce.hpp"
+
+namespace lockstep::parallel {
+
+enum class ReduceMode : uint8_t { kExact, kFast };
+const char* reduce_mode_name(ReduceMode m);
+
+// A rank's share of the global batch.
+struct DpBatch {
+  int64_t local_batch = 0;  // sequences per rank per step (batch / dp)
+  int64_t local_micro = 0;  // sequences per forward_backward on a rank
+};
+
+// batch sequences of seq_len tokens, micro-batches of `micro` sequences, split over dp ranks.
+// ConfigError (naming `source`) if dp does not divide the batch, if the local micro-batch does not
+// divide the local batch, or, in canonical mode, if a rank's micro-batch is not a whole number of
+// 64-token chunks (the gradient would then depend on the split).
+DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode,
+                      const std::string& source);
+
+class DataParallel {
+ public:
+  DataParallel(Gpt& model, comm::Communicator& dp, int zero, ReduceMode reduce, AdamWConfig adam);
+
+  int zero() const { return zero_; }
+  const ShardPlan& plan() const { return plan_; }
+  int64_t shard_first() const { return plan_.first(dp_.rank()); }
+  int64_t shard_end() const { return plan_.end(dp_.rank()); }
+
+  // Replaces model.finish_grads() after the last micro-batch (see the header comment).
+  void reduce_gradients();
+  // The global loss sum over the group (exact; same bits as one process's combiner).
+  float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_); }
+  // Global gradient norm before clipping (same on every rank); clips like optim's clip_grad_norm.
+  float clip_grad_norm(float max_norm);
+  // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather.
+  void step(float lr, int64_t t);
+
+  // Bytes of AdamW state (m and v) held by this rank.
+  uint64_t optimizer_state_bytes() const;
+  // Full m and v (param_layout order) on every rank, gathered for a checkpoint. Collective.
+  void gather_optimizer_state(std::vector<float>& m, std::vector<float>& v);
+  // Takes this rank's part of full m and v (from a checkpoint).
+  void load_optimizer_state(const float* m, const float* v);
+
+ private:
+  void adamw_shard(float lr, int64_t t);
+  void all_gather_shards(float* buf);
+
+  Gpt& model_;
+  comm::Communicator& dp_;
+  int zero_;
+  ReduceMode reduce_;
+  AdamWConfig adam_;
+  ShardPlan plan_;
+  std::unique_ptr<AdamW> replicated_;  // zero 0
+  std::vector<float> m_, v_;           // zero 1/2: this rank's shard
+  std::vector<float> shard_;           // reduced gradient shard (scratch)
+};
+
+}  // namespace lockstep::parallel
