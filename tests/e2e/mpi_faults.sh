@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Faults in a data-parallel job end it promptly and say where (test-only --parallel.debug_fault):
+#  - a rank that dies (rank 1 _exit(9) after step 3): the job exits non-zero well within the
+#    watchdog timeout, and mpirun's message names rank 1 (process [[job,1],1], exit code 9);
+#  - a rank that hangs (rank 1 sleeps after step 3): rank 0's watchdog ends the job after
+#    timeout_s with exit code 4 and a message naming the collective and the group's ranks;
+#  - a replica that diverges (one parameter bit flipped on rank 1 after step 2): the replica
+#    check ends the job with exit code 6 naming dp rank 1.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make_data
+write_config
+mpi() { mpirun --oversubscribe -np 2 "$LOCKSTEP" train --config cfg.toml --train.steps=8 --train.threads=1 "$@"; }
+
+status=0
+start=$(date +%s)
+timeout 120 bash -c "$(declare -f mpi); LOCKSTEP='$LOCKSTEP' mpi --parallel.timeout_s=30 \
+  --parallel.debug_fault=exit --parallel.debug_rank=1 --parallel.debug_step=3" > died.log 2>&1 || status=$?
+took=$(( $(date +%s) - start ))
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "dead rank: expected a non-zero exit before the timeout, got $status"
+[ "$took" -le 30 ] || fail "dead rank: the job took $took s to end (watchdog timeout 30 s)"
+grep -Eq "Process name: \[\[[0-9]+,1\],1\]" died.log || fail "dead rank: no message naming rank 1: $(cat died.log)"
+grep -q '^done:' died.log && fail "dead rank: the job finished"
+
+status=0
+timeout 120 bash -c "$(declare -f mpi); LOCKSTEP='$LOCKSTEP' mpi --parallel.timeout_s=3 \
+  --parallel.debug_fault=hang --parallel.debug_rank=1 --parallel.debug_step=3" > hung.log 2>&1 || status=$?
+[ "$status" -eq 4 ] || fail "hung rank: expected exit 4 (watchdog), got $status: $(cat hung.log)"
+grep -Eq "^rank 0: [a-z_]+ on [a-z]+ group \(world ranks 0,1\) did not complete in 3 s; a peer may have died" hung.log \
+  || fail "hung rank: no watchdog message: $(cat hung.log)"
+
+status=0
+mpi --parallel.check_replicas=true --parallel.debug_fault=flip --parallel.debug_rank=1 \
+  --parallel.debug_step=2 > flipped.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "flipped bit: expected exit 6 (replicas differ), got $status: $(cat flipped.log)"
+grep -q "replica check after step 2: dp rank 1 (world rank 1) has parameter hash" flipped.log \
+  || fail "flipped bit: no message naming dp rank 1: $(cat flipped.log)"
+echo "mpi_faults: dead rank ended the job in $took s; hang -> watchdog; flipped bit -> replica check"
