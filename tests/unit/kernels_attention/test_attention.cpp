@@ -6,7 +6,6 @@
 #include <mpfr.h>
 #include <omp.h>
 
-#include <boost/multiprecision/mpfr.hpp>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -16,13 +15,16 @@
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "reference/attention.hpp"
-#include "support.hpp"
+#include "src/core/check.hpp"
+#include "tests/support/bounded_compare.hpp"
+#include "tests/support/mpfr_fd.hpp"
+#include "tests/support/random_values.hpp"
 
 namespace lockstep {
 namespace {
 
 using cpu::AttentionShape;
-using test::B64;
+using test::Bd;
 
 // The shapes every test runs: T = 1, primes, MHA (NH = NKV), GQA (4/2), MQA (4/1), HS odd and
 // even, and T·group above 64 so that chunks of the t' and (j, t) reductions are crossed.
@@ -58,7 +60,7 @@ TEST(Attention, BothModesWithinBoundedReference) {
     const auto qkv = test::random_floats(qkv_size(s), 1);
     const auto dout = test::random_floats(out_size(s), 2);
     auto rq = test::to_bounded(qkv), rdout = test::to_bounded(dout);
-    std::vector<B64> rout(out_size(s)), ratt(att_size(s)), rdqkv(qkv_size(s)),
+    std::vector<Bd> rout(out_size(s)), ratt(att_size(s)), rdqkv(qkv_size(s)),
         rscratch(att_size(s));
     reference::attention_forward(s.B, s.T, s.NH, s.NKV, s.HS, rout.data(), ratt.data(), rq.data());
     reference::attention_backward(s.B, s.T, s.NH, s.NKV, s.HS, rdqkv.data(), rscratch.data(),
@@ -236,11 +238,10 @@ TEST(Rope, RejectsOddHeadSize) {
 }
 
 // The reference's backward (RoPE then attention) against central differences of its forward in
-// 100-digit MPFR along a random direction r, loss L = Σ out·w. The truncation error of the
-// step-h difference D(h) is c·h² + O(h⁴); D(h) − D(2h) ≈ −3c·h², so |D(h) − D(2h)| bounds it with
-// a factor 3 to spare. Rounding in 100 digits adds ~|L|·10^-100/h, far below.
+// 100-digit MPFR along a random direction r, loss L = Σ out·w; the Richardson tolerance is
+// derived in tests/support/mpfr_fd.hpp.
 TEST(Attention, ReferenceBackwardMatchesMpfrFiniteDifferences) {
-  using Real = boost::multiprecision::number<boost::multiprecision::mpfr_float_backend<100>>;
+  using Real = test::Mpfr100;
   for (const auto s : {AttentionShape{1, 5, 4, 2, 4}, AttentionShape{2, 3, 2, 2, 2},
                        AttentionShape{1, 4, 4, 1, 6}}) {
     const int64_t half = s.HS / 2;
@@ -270,16 +271,7 @@ TEST(Attention, ReferenceBackwardMatchesMpfrFiniteDifferences) {
     reference::rope_backward(s.B, s.T, s.NH, s.NKV, s.HS, g.data(), rc.data(), rs.data());
     Real analytic = 0;
     for (size_t i = 0; i < g.size(); ++i) analytic += g[i] * dir[i];
-    const Real h = Real(1) / Real(1 << 20);
-    const Real d1 = (loss(h) - loss(-h)) / (2 * h);
-    const Real d2 = (loss(2 * h) - loss(-2 * h)) / (4 * h);
-    const Real err = abs(d1 - analytic);
-    const Real tol = abs(d1 - d2) + abs(loss(Real(0))) * Real("1e-95") / h;
-    std::cout << name_of(s) << ": directional derivative " << static_cast<double>(analytic)
-              << ", |FD − analytic| " << static_cast<double>(err) << ", Richardson tolerance "
-              << static_cast<double>(tol) << "\n";
-    EXPECT_LE(err, tol) << name_of(s);
-    EXPECT_GT(abs(analytic), Real(0));
+    test::expect_matches_central_difference(name_of(s), loss, analytic);
   }
 }
 

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
-#include <boost/multiprecision/mpfr.hpp>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -17,13 +16,16 @@
 #include "kernels/ops/crossentropy.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "reference/crossentropy.hpp"
-#include "support.hpp"
+#include "src/core/check.hpp"
+#include "tests/support/bounded_compare.hpp"
+#include "tests/support/mpfr_fd.hpp"
+#include "tests/support/random_values.hpp"
 
 namespace lockstep {
 namespace {
 
 using cpu::CrossEntropyShape;
-using test::B64;
+using test::Bd;
 
 std::vector<int32_t> random_targets(int64_t N, int64_t V, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -42,9 +44,9 @@ TEST(CrossEntropy, BothModesWithinBoundedReference) {
     const auto logits = test::random_floats(s.N * s.V, 11, -8.0f, 8.0f);
     const auto targets = random_targets(s.N, s.V, 12);
     auto rl = test::to_bounded(logits);
-    std::vector<B64> rloss(s.N), rfwd(s.N);
+    std::vector<Bd> rloss(s.N), rfwd(s.N);
     reference::crossentropy_forward(s.N, s.V, rfwd.data(), rl.data(), targets.data());
-    reference::crossentropy_forward_backward(s.N, s.V, B64(dloss), rloss.data(), rl.data(),
+    reference::crossentropy_forward_backward(s.N, s.V, Bd(dloss), rloss.data(), rl.data(),
                                              targets.data());
     for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
       std::cout << "N=" << s.N << " V=" << s.V << " " << mode_name(mode) << "\n";
@@ -102,7 +104,7 @@ TEST(CrossEntropy, UniformLogitsGiveLogV) {
     std::vector<float> logits(s.N * V, 0.3f);
     const std::vector<int32_t> targets = {0, static_cast<int32_t>(V - 1)};
     auto rl = test::to_bounded(logits);
-    std::vector<B64> rloss(s.N);
+    std::vector<Bd> rloss(s.N);
     reference::crossentropy_forward(s.N, V, rloss.data(), rl.data(), targets.data());
     for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
       std::vector<float> loss(s.N);
@@ -155,9 +157,9 @@ TEST(CrossEntropy, TargetOutsideVocabularyNamesRowAndValue) {
 
 // Reference backward vs central differences of its forward in 100-digit MPFR, loss
 // L = Σ losses·dloss, along a random direction; Richardson (steps h and 2h) bounds the truncation
-// error as in test_attention.cpp.
+// error (tests/support/mpfr_fd.hpp).
 TEST(CrossEntropy, ReferenceBackwardMatchesMpfrFiniteDifferences) {
-  using Real = boost::multiprecision::number<boost::multiprecision::mpfr_float_backend<100>>;
+  using Real = test::Mpfr100;
   const int64_t N = 3, V = 11;
   const auto xf = test::random_floats(N * V, 16, -4.0f, 4.0f);
   const auto rf = test::random_floats(N * V, 17);
@@ -176,16 +178,7 @@ TEST(CrossEntropy, ReferenceBackwardMatchesMpfrFiniteDifferences) {
   reference::crossentropy_forward_backward(N, V, dloss, l.data(), g.data(), targets.data());
   Real analytic = 0;
   for (size_t i = 0; i < g.size(); ++i) analytic += g[i] * dir[i];
-  const Real h = Real(1) / Real(1 << 20);
-  const Real d1 = (loss(h) - loss(-h)) / (2 * h);
-  const Real d2 = (loss(2 * h) - loss(-2 * h)) / (4 * h);
-  const Real err = abs(d1 - analytic);
-  const Real tol = abs(d1 - d2) + abs(loss(Real(0))) * Real("1e-95") / h;
-  std::cout << "cross-entropy: directional derivative " << static_cast<double>(analytic)
-            << ", |FD − analytic| " << static_cast<double>(err) << ", Richardson tolerance "
-            << static_cast<double>(tol) << "\n";
-  EXPECT_LE(err, tol);
-  EXPECT_GT(abs(analytic), Real(0));
+  test::expect_matches_central_difference("cross-entropy", loss, analytic);
 }
 
 }  // namespace

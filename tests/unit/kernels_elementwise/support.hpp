@@ -1,61 +1,21 @@
-// Shared helpers of the elementwise-kernel tests: random inputs, Bounded<double> conversions,
-// within-bound and bitwise checks that print their tightness, and thread-count sweeps.
+// Helpers of the elementwise-kernel tests: thread-count sweeps, gradient sinks for both modes, and
+// the shared test helpers they build on (random inputs, Bounded<double> conversions, within-bound
+// and bitwise checks; tests/support/).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cstdint>
-#include <iostream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/ops/mode.hpp"
-#include "reference/bounded.hpp"
 #include "reference/reduce.hpp"
-#include "verify/compare.hpp"
+#include "tests/support/bounded_compare.hpp"
+#include "tests/support/random_values.hpp"
 
 namespace lockstep::test {
-
-using Bd = reference::Bounded<double>;
-
-inline std::vector<float> random_floats(int64_t n, uint32_t seed, float lo, float hi) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-inline std::vector<Bd> to_bounded(const std::vector<float>& x) {
-  return std::vector<Bd>(x.begin(), x.end());  // fp32 inputs are exact: error 0
-}
-
-// got within the Bounded reference's bound, elementwise; prints the report (with tightness).
-inline void expect_within(const std::string& what, const float* got, const Bd* want, int64_t n) {
-  std::vector<double> w(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    w[i] = want[i].value;
-    b[i] = want[i].err;
-  }
-  const verify::CompareReport r = verify::compare_within(got, w.data(), b.data(), n);
-  std::cout << r.summary(what) << "\n";
-  EXPECT_TRUE(r.ok()) << r.summary(what);
-}
-inline void expect_within(const std::string& what, const std::vector<float>& got,
-                          const std::vector<Bd>& want) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  expect_within(what, got.data(), want.data(), static_cast<int64_t>(got.size()));
-}
-
-inline void expect_bitwise(const std::string& what, const std::vector<float>& got,
-                           const std::vector<float>& want) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const verify::CompareReport r =
-      verify::compare_exact(got.data(), want.data(), static_cast<int64_t>(got.size()));
-  EXPECT_TRUE(r.ok()) << r.summary(what);
-}
 
 // Runs `f` (returning every output of a kernel call, concatenated) with 1, 2 and 3 OpenMP
 // threads and requires identical bits; returns the single-thread result.
