@@ -33,7 +33,8 @@ void gelu_forward(int64_t n,
 
 // d/dx = 0.5·(1 + th) + ((0.5·x)·((1 − th)·(1 + th)))·(k0·(1 + 3k1·x²));  dinp = that · dout
 // 3k1 is Real(3)·Real(k1): exact in MPFR (the true derivative of the forward), one rounding in
-// Bounded<T>, which covers the kernel's fp32 constant 3.0f·k1.
+// Bounded<T>, which covers the kernel's fp32 constant 3.0f·k1, and in CanonicalF32 that constant.
+// As in the kernel, the second term is 0 where sech2 is 0 (x² may overflow there).
 template <class Real>
 void gelu_backward(int64_t n,
                    Real* dinp,                                    // (n) overwritten
@@ -44,7 +45,9 @@ void gelu_backward(int64_t n,
     const Real x2 = x * x;
     const Real th = tanh(Real(kGeluK0) * (x + Real(kGeluK1) * (x2 * x)));
     const Real sech2 = (Real(1) - th) * (Real(1) + th);
-    const Real term = ((Real(0.5f) * x) * sech2) * (Real(kGeluK0) * (Real(1) + (Real(3) * Real(kGeluK1)) * x2));
+    const Real term = sech2 == Real(0) ? Real(0)
+                                       : ((Real(0.5f) * x) * sech2) *
+                                             (Real(kGeluK0) * (Real(1) + (Real(3) * Real(kGeluK1)) * x2));
     dinp[i] = (Real(0.5f) * (Real(1) + th) + term) * dout[i];
   }
 }

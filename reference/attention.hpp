@@ -8,8 +8,10 @@
 // the kernels' documented transcendental accuracy). Constants are the kernels' fp32 values.
 // RoPE tables are inputs (the kernels' fp32 tables, exact in any Real).
 //
-// Not here: the kernels' reduction order (this is order-free by construction), any allocation
-// beyond small per-row temporaries, threads.
+// The reductions' index ranges and, for dk/dv, the positions i = j·T + t of the (query head, query)
+// pairs are those of kernels/ops/attention.hpp, so CanonicalF32 (reference/canonical_f32.hpp)
+// reproduces canonical mode's chunking exactly.
+// Not here: any allocation beyond small per-row temporaries, threads.
 #pragma once
 
 #include <cmath>
@@ -96,17 +98,20 @@ void attention_backward(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t H
     }
   }
   // dk[t'] = (Σ ds[t,t']·q[t])·scale, dv[t'] = Σ att[t,t']·dout[t] over the query heads of the
-  // group and t >= t': gathered, then one order-free dot each.
+  // group and t >= t': gathered with their positions i = j·T + t (the kernels' chunk index), then
+  // one dot each.
   std::vector<Real> w_k, w_v, x_k, x_v;
+  std::vector<int64_t> pos;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t g = 0; g < NKV; ++g) {
       for (int64_t u = 0; u < T; ++u) {
         for (int64_t d = 0; d < HS; ++d) {
-          w_k.clear(), w_v.clear(), x_k.clear(), x_v.clear();
+          w_k.clear(), w_v.clear(), x_k.clear(), x_v.clear(), pos.clear();
           for (int64_t j = 0; j < group; ++j) {
             const int64_t h = g * group + j;
             for (int64_t t = u; t < T; ++t) {
               const int64_t at = ((b * NH + h) * T + t) * T + u;
+              pos.push_back(j * T + t);
               w_k.push_back(scratch[at]);
               x_k.push_back(qkv[(b * T + t) * row + h * HS + d]);
               w_v.push_back(att[at]);
@@ -115,8 +120,9 @@ void attention_backward(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t H
           }
           const auto n = static_cast<int64_t>(w_k.size());
           dqkv[(b * T + u) * row + (NH + g) * HS + d] =
-              dot(w_k.data(), 1, x_k.data(), 1, n) * scale;
-          dqkv[(b * T + u) * row + (NH + NKV + g) * HS + d] = dot(w_v.data(), 1, x_v.data(), 1, n);
+              dot_at(pos.data(), w_k.data(), x_k.data(), n) * scale;
+          dqkv[(b * T + u) * row + (NH + NKV + g) * HS + d] =
+              dot_at(pos.data(), w_v.data(), x_v.data(), n);
         }
       }
     }

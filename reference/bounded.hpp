@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace lockstep::reference {
 
@@ -37,7 +38,11 @@ struct Bounded {
   Bounded() = default;
   Bounded(T v) : value(v), err(0) {}  // NOLINT: exact inputs convert implicitly
   Bounded(T v, T e) : value(v), err(e) {}
-  Bounded(int v) : value(v), err(0) {}  // NOLINT
+  // Exact arithmetic inputs (fp32 constants, integers). A template, so that a float reaches T
+  // exactly instead of converting to int, which a plain Bounded(int) would do for class types T.
+  template <class A>
+    requires std::is_arithmetic_v<A>
+  Bounded(A v) : value(v), err(0) {}  // NOLINT
 
   static T u() { return T(bounded_format().u); }
   static T rounding(const T& x) {  // error of one rounding of x into the format

@@ -3,14 +3,15 @@
 // number, Bounded<T>). Every reduction goes through reference/reduce.hpp, so Real = Bounded<T>
 // yields bounds valid for any summation order (fast mode, canonical chunks, split-K).
 //
-// Accumulating outputs (dinp, dweight, dbias: +=) add with Real's own `+`; for Bounded that adds a
-// rounding term, matching an fp32 `+=` in a kernel. A kernel that accumulates exactly and rounds
-// once (canonical dweight into an ExactAccumulator) is better compared with a single dot over all
-// tokens, starting from zero.
+// Accumulating outputs (dinp: +=) add with Real's own `+`; for Bounded that adds a rounding term,
+// matching an fp32 `+=` in a kernel. Parameter gradients (dweight, dbias) go through GradOut
+// sinks (reference/reduce.hpp): `+=` for plain pointers, exact accumulation of token-chunk
+// partials for a canonical-mode sink (reference/canonical_f32.hpp), as the kernels' GradSink.
 // Not here: the canonical order itself (kernels/ops/canonical.hpp), any threading or SIMD.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "reference/reduce.hpp"
 
@@ -38,8 +39,8 @@ void linear_forward(int64_t N, int64_t IC, int64_t OC,
 template <class Real>
 void linear_backward(int64_t N, int64_t IC, int64_t OC,
                      Real* dinp,          // (N, IC) +=, or nullptr
-                     Real* dweight,       // (OC, IC) +=, or nullptr
-                     Real* dbias,         // (OC) +=, or nullptr
+                     std::type_identity_t<GradOut<Real>> dweight,  // (OC, IC) +=, or nullptr
+                     std::type_identity_t<GradOut<Real>> dbias,    // (OC) +=, or nullptr
                      const Real* dout,    // (N, OC)
                      const Real* inp,     // (N, IC)
                      const Real* weight)  // (OC, IC)
@@ -51,15 +52,13 @@ void linear_backward(int64_t N, int64_t IC, int64_t OC,
       }
     }
   }
-  if (dweight != nullptr) {
+  if (dweight) {
     for (int64_t o = 0; o < OC; ++o) {
-      for (int64_t i = 0; i < IC; ++i) {
-        dweight[o * IC + i] += dot(dout + o, OC, inp + i, IC, N);
-      }
+      for (int64_t i = 0; i < IC; ++i) grad_dot(dweight, o * IC + i, dout + o, OC, inp + i, IC, N);
     }
   }
-  if (dbias != nullptr) {
-    for (int64_t o = 0; o < OC; ++o) dbias[o] += sum(dout + o, OC, N);
+  if (dbias) {
+    for (int64_t o = 0; o < OC; ++o) grad_sum(dbias, o, dout + o, OC, N);
   }
 }
 

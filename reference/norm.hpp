@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "reference/reduce.hpp"
@@ -41,7 +42,8 @@ void layernorm_forward(int64_t N, int64_t C, float eps,
 template <class Real>
 void layernorm_backward(int64_t N, int64_t C,
                         Real* dinp,                               // (N, C) +=
-                        Real* dweight, Real* dbias,               // (C) (C) +=, either may be null
+                        std::type_identity_t<GradOut<Real>> dweight,  // (C) +=, or null
+                        std::type_identity_t<GradOut<Real>> dbias,    // (C) +=, or null
                         const Real* dout,                         // (N, C)
                         const Real* inp, const Real* weight,      // (N, C) (C)
                         const Real* mean, const Real* rstd) {     // (N) (N)
@@ -60,8 +62,8 @@ void layernorm_backward(int64_t N, int64_t C,
     }
   }
   for (int64_t c = 0; c < C; ++c) {
-    if (dweight != nullptr) dweight[c] += dot(dout + c, C, xhat.data() + c, C, N);
-    if (dbias != nullptr) dbias[c] += sum(dout + c, C, N);
+    if (dweight) grad_dot(dweight, c, dout + c, C, xhat.data() + c, C, N);
+    if (dbias) grad_sum(dbias, c, dout + c, C, N);
   }
 }
 
@@ -84,7 +86,7 @@ void rmsnorm_forward(int64_t N, int64_t C, float eps,
 template <class Real>
 void rmsnorm_backward(int64_t N, int64_t C,
                       Real* dinp,                                 // (N, C) +=
-                      Real* dweight,                              // (C) += or null
+                      std::type_identity_t<GradOut<Real>> dweight,  // (C) += or null
                       const Real* dout,                           // (N, C)
                       const Real* inp, const Real* weight,        // (N, C) (C)
                       const Real* rstd) {                         // (N)
@@ -99,8 +101,8 @@ void rmsnorm_backward(int64_t N, int64_t C,
     const Real mean_wdx = dot(wd.data(), 1, xh, 1, C) / fC;
     for (int64_t i = 0; i < C; ++i) dinp[n * C + i] += rstd[n] * (wd[i] - xh[i] * mean_wdx);
   }
-  if (dweight == nullptr) return;
-  for (int64_t c = 0; c < C; ++c) dweight[c] += dot(dout + c, C, xhat.data() + c, C, N);
+  if (!dweight) return;
+  for (int64_t c = 0; c < C; ++c) grad_dot(dweight, c, dout + c, C, xhat.data() + c, C, N);
 }
 
 }  // namespace lockstep::reference

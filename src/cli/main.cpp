@@ -18,6 +18,7 @@ commands:
   data build --input PATH --out DIR [...]           text files -> llm.c token files
   data inspect FILE                                 validate a token file and print its header
   ckpt info DIR                                     tensors, hashes and the model hash
+  verify step --config FILE --checkpoint DIR        one step in trainer and reference, per tensor
 
 Run `lockstep <command> --help` for the options of one command.
 )";
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     if (command == "train") return cli::cmd_train(args);
     if (command == "data") return cli::cmd_data(args);
     if (command == "ckpt") return cli::cmd_ckpt(args);
+    if (command == "verify") return cli::cmd_verify(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const ConfigError& e) {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `lockstep verify step` end to end: a tiny model trained a few steps with checkpoints; the next
+# step verified in canonical mode (bitwise against the CanonicalF32 emulation) and in fast mode
+# (within Bounded<mpfr> bounds); a one-ulp change of one trainer tensor (--verify.perturb) must
+# fail and be named; bad input gives one `error:` line.
+source "$(dirname "$0")/lib.sh"
+make_data
+cat > cfg.toml <<'TOML'
+[model]
+vocab_size = 257
+seq_len = 16
+d_model = 32
+n_layers = 2
+n_heads = 4
+seed = 11
+
+[data]
+train = "data/train.bin"
+
+[train]
+steps = 3
+batch_size = 4
+micro_batch_size = 4
+lr = 1e-3
+min_lr = 1e-4
+warmup = 1
+seed = 5
+mode = "canonical"
+threads = 2
+peak_gflops = 100
+
+[checkpoint]
+dir = "ck"
+every = 1
+keep = 0
+TOML
+
+"$LOCKSTEP" train --config cfg.toml > train.log
+[ -d ck/step_00000002 ] || fail "no checkpoint ck/step_00000002: $(tail -3 train.log)"
+
+"$LOCKSTEP" verify step --config cfg.toml --checkpoint ck/step_00000002 --json canonical.json > canonical.log \
+  || fail "canonical verify failed: $(tail -5 canonical.log)"
+grep -q '^verify step: PASS' canonical.log || fail "no PASS line: $(tail -3 canonical.log)"
+grep -q '"ok": true' canonical.json || fail "JSON report does not say ok"
+for row in loss logits grad/logits grad/layer/0/attn/qkv grad/wte param/wte optim/v/lnf/bias; do
+  grep -Eq "^$row +\[" canonical.log || fail "no row for $row in the canonical report"
+done
+
+# Fast mode from the same checkpoint (the root: its newest), within bounds, 256-bit reference.
+"$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=fast --reference.bits=256 \
+  --json fast.json > fast.log || fail "fast verify failed: $(grep -E 'VIOLATION|^verify' fast.log | head -5)"
+grep -q '^verify step: PASS' fast.log || fail "no PASS line in fast mode"
+grep -q 'Bounded<mpfr' fast.log || fail "fast mode did not use the Bounded reference"
+
+# --verify.layers keeps the activation rows of layer 1 only.
+"$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.layers=1 > layers.log
+grep -q '^layer/0/' layers.log && fail "--verify.layers=1 printed layer 0 rows"
+grep -q '^layer/1/ln1/out' layers.log || fail "--verify.layers=1 lost layer 1 rows"
+
+# A one-ulp error in one trainer tensor is a violation in canonical mode; in fast mode, where
+# the bound allows a few ulps, a flip of mantissa bit 20 (a relative change of about 1/8) is.
+# Either is named in the summary, exit 1.
+for mode in canonical fast; do
+  status=0
+  bit=$([ $mode = canonical ] && echo 0 || echo 20)
+  "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=$mode \
+    --verify.perturb=grad/layer/1/mlp/fc:$bit > perturb_$mode.log || status=$?
+  [ "$status" -eq 1 ] || fail "perturbed $mode verify exited $status, expected 1"
+  grep -q '^verify step: FAIL.*worst tensor grad/layer/1/mlp/fc' perturb_$mode.log \
+    || fail "perturbed $mode verify did not name the tensor: $(tail -1 perturb_$mode.log)"
+done
+
+# Too large for the reference under the limit: a clear message with the estimate.
+expect_error "estimated at .* s .*--verify.force" \
+  "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=fast --verify.max_seconds=0.001
+expect_error "no tensor named 'nope'" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.perturb=nope
+expect_error "layer 7 does not exist" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.layers=7
+expect_error "\[model\] d_model" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --model.d_model=64
+echo "verify step: canonical bitwise and fast within bounds; $(tail -1 fast.log)"

@@ -1,0 +1,182 @@
+// The whole-model reference (reference/gpt.hpp):
+//  - its backward against central finite differences of its own loss in MPFR at 256 bits, along
+//    random directions in parameter space (Richardson h/2h estimate of the truncation error);
+//  - CanonicalF32 equal to the canonical trainer step bit for bit, and Bounded<mpfr> bounding the
+//    fast-mode step, through the `verify step` engine on in-memory state, for model variants
+//    (GELU/SwiGLU, LayerNorm/RMSNorm, learned/RoPE, tied/untied, GQA, micro-batches);
+//  - a one-ulp change of one trainer element is caught and named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "reference/gpt.hpp"
+#include "reference/real.hpp"
+#include "src/model/gpt.hpp"
+#include "verify/step.hpp"
+
+namespace lockstep {
+namespace {
+
+using reference::Mpfr;
+
+reference::GptDims fd_dims(bool variant) {
+  reference::GptDims d;
+  d.V = 11;
+  d.T = 4;
+  d.C = 8;
+  d.L = 2;
+  d.NH = 2;
+  d.NKV = variant ? 1 : 2;
+  d.F = variant ? 8 : 16;
+  d.swiglu = variant;
+  d.rmsnorm = variant;
+  d.rope = variant;
+  d.tie_embeddings = !variant;
+  d.bias = !variant;
+  return d;
+}
+
+// d/dh L(θ + h·r) at h = 0 by central differences vs Σ grad·r from the reference backward.
+void check_finite_differences(bool variant) {
+  reference::ScopedMpfrBits bits(256);
+  const reference::GptDims d = fd_dims(variant);
+  const int64_t B = 2, BT = B * d.T;
+  std::vector<float> cos_t, sin_t;
+  if (d.rope) {
+    for (int64_t t = 0; t < d.T; ++t) {
+      for (int64_t i = 0; i < d.HS() / 2; ++i) {
+        const double angle = static_cast<double>(t) * std::pow(10000.0, -2.0 * i / d.HS());
+        cos_t.push_back(static_cast<float>(std::cos(angle)));
+        sin_t.push_back(static_cast<float>(std::sin(angle)));
+      }
+    }
+  }
+  reference::GptReference<Mpfr> ref(d, B, cos_t, sin_t);
+  std::mt19937 rng(variant ? 7 : 3);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  const size_t n = ref.params.size();
+  std::vector<Mpfr> theta(n);
+  for (size_t i = 0; i < n; ++i) theta[i] = Mpfr(normal(rng));
+  std::vector<int32_t> inputs(BT), targets(BT);
+  for (auto& t : inputs) t = static_cast<int32_t>(rng() % d.V);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % d.V);
+
+  ref.params = theta;
+  ref.forward_backward(inputs.data(), targets.data(), {0, BT}, 1.0f / static_cast<float>(BT));
+  const std::vector<Mpfr> grad = ref.grads();
+
+  auto loss_at = [&](const std::vector<Mpfr>& r, const Mpfr& h) {
+    for (size_t i = 0; i < n; ++i) ref.params[i] = theta[i] + h * r[i];
+    return ref.loss(inputs.data(), targets.data());
+  };
+  const Mpfr h = boost::multiprecision::ldexp(Mpfr(1), -60);
+  for (int dir = 0; dir < 3; ++dir) {
+    std::vector<Mpfr> r(n);
+    for (auto& x : r) x = Mpfr(normal(rng));
+    Mpfr analytic = 0;
+    for (size_t i = 0; i < n; ++i) analytic += grad[i] * r[i];
+    const Mpfr d1 = (loss_at(r, h) - loss_at(r, -h)) / (2 * h);
+    const Mpfr d2 = (loss_at(r, 2 * h) - loss_at(r, -2 * h)) / (4 * h);
+    // Truncation error of d1 is ≈ (d2 − d1)/3 (O(h²) terms); rounding error ≈ 2^-256·|L|/h.
+    const Mpfr trunc = abs(d2 - d1);
+    const Mpfr rounding = boost::multiprecision::ldexp(Mpfr(1), -256 + 60 + 8);
+    const Mpfr diff = abs(d1 - analytic);
+    const double digits = static_cast<double>(-log10(diff / abs(analytic)));
+    std::printf("variant %d direction %d: analytic %.12e, |fd - analytic| / |analytic| = %.3e "
+                "(%.1f digits), Richardson truncation estimate %.3e\n",
+                variant ? 1 : 0, dir, static_cast<double>(analytic),
+                static_cast<double>(diff / abs(analytic)), digits, static_cast<double>(trunc));
+    EXPECT_LE(diff, trunc + rounding) << "direction " << dir;
+    EXPECT_GT(digits, 30.0) << "far fewer digits than 256-bit finite differences give";
+  }
+}
+
+TEST(GptReference, BackwardMatchesMpfrFiniteDifferences) { check_finite_differences(false); }
+TEST(GptReference, BackwardMatchesMpfrFiniteDifferencesRopeSwigluRmsGqa) {
+  check_finite_differences(true);
+}
+
+// A small trained-from-init state for the verify engine.
+verify::StepState tiny_state(Mode mode, bool variant) {
+  verify::StepState s;
+  ModelConfig& m = s.cfg.model;
+  m.vocab_size = 67;
+  m.seq_len = 16;
+  m.d_model = 32;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = variant ? 2 : 4;
+  m.ffn = variant ? FfnKind::kSwiglu : FfnKind::kGelu;
+  m.ffn_hidden = variant ? 48 : 0;
+  m.norm = variant ? NormKind::kRmsNorm : NormKind::kLayerNorm;
+  m.pos = variant ? PosKind::kRope : PosKind::kLearned;
+  m.tie_embeddings = !variant;
+  m.bias = !variant;
+  m.seed = 5;
+  TrainConfig& t = s.cfg.train;
+  // Canonical: two micro-batches of 64 tokens (on chunk boundaries). Fast: one, to keep the
+  // Bounded<mpfr> reference quick.
+  t.batch_size = mode == Mode::kCanonical ? 8 : 4;
+  t.micro_batch_size = 4;
+  t.mode = mode;
+  t.lr = 1e-2;
+  t.steps = 10;
+  t.warmup = 2;
+  t.grad_clip = 0.5;  // small, so that clipping happens
+  t.threads = 2;
+  s.step = 3;
+  Gpt model(m, mode, 1);
+  model.init_parameters();
+  s.params.assign(model.params(), model.params() + model.num_params());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> small(0.0f, 1e-3f);
+  for (int64_t i = 0; i < model.num_params(); ++i) {
+    s.m.push_back(small(rng));
+    s.v.push_back(std::fabs(small(rng)) * 1e-3f);
+  }
+  for (int64_t i = 0; i < t.batch_size * m.seq_len; ++i) {
+    s.inputs.push_back(static_cast<int32_t>(rng() % m.vocab_size));
+    s.targets.push_back(static_cast<int32_t>(rng() % m.vocab_size));
+  }
+  return s;
+}
+
+void expect_pass(const verify::StepReport& r) {
+  for (const auto& row : r.rows) EXPECT_TRUE(row.cmp.ok()) << row.cmp.summary(row.name);
+  EXPECT_TRUE(r.ok());
+  std::printf("%s vs %s: %zu tensors, worst %s, worst tightness %.3g, reference %.2f s\n",
+              r.mode.c_str(), r.reference.c_str(), r.rows.size(), r.worst()->name.c_str(),
+              r.worst_tightness(), r.reference_seconds);
+}
+
+TEST(VerifyStep, CanonicalEqualsCanonicalF32Bitwise) {
+  expect_pass(verify::verify_step(tiny_state(Mode::kCanonical, false), {}));
+}
+TEST(VerifyStep, CanonicalEqualsCanonicalF32BitwiseRopeSwigluRmsGqaUntied) {
+  expect_pass(verify::verify_step(tiny_state(Mode::kCanonical, true), {}));
+}
+TEST(VerifyStep, FastWithinBoundedMpfr) {
+  verify::StepOptions opt;
+  opt.reference_bits = 128;
+  expect_pass(verify::verify_step(tiny_state(Mode::kFast, false), opt));
+}
+TEST(VerifyStep, FastWithinBoundedMpfrRopeSwigluRmsGqaUntied) {
+  verify::StepOptions opt;
+  opt.reference_bits = 128;
+  expect_pass(verify::verify_step(tiny_state(Mode::kFast, true), opt));
+}
+
+TEST(VerifyStep, OneUlpPerturbationIsCaughtAndNamed) {
+  verify::StepOptions opt;
+  opt.perturb = "grad/layer/1/attn/qkv";
+  const auto r = verify::verify_step(tiny_state(Mode::kCanonical, false), opt);
+  EXPECT_FALSE(r.ok());
+  ASSERT_NE(r.worst(), nullptr);
+  EXPECT_EQ(r.worst()->name, "grad/layer/1/attn/qkv");
+  EXPECT_EQ(r.worst()->cmp.max_ulp, 1u);
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,421 @@
+#include "verify/step.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "kernels/cpu/isa.hpp"
+#include "kernels/ops/attention.hpp"
+#include "reference/canonical_f32.hpp"
+#include "reference/gpt.hpp"
+#include "reference/real.hpp"
+#include "src/ckpt/checkpoint.hpp"
+#include "src/core/check.hpp"
+#include "src/data/sampler.hpp"
+#include "src/data/token_file.hpp"
+#include "src/model/gpt.hpp"
+#include "src/optim/adamw.hpp"
+
+namespace lockstep::verify {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+reference::GptDims dims_of(const ModelConfig& m) {
+  reference::GptDims d;
+  d.V = m.vocab_size;
+  d.T = m.seq_len;
+  d.C = m.d_model;
+  d.L = m.n_layers;
+  d.NH = m.n_heads;
+  d.NKV = m.n_kv_heads;
+  d.F = m.ffn_width();
+  d.swiglu = m.ffn == FfnKind::kSwiglu;
+  d.rmsnorm = m.norm == NormKind::kRmsNorm;
+  d.rope = m.pos == PosKind::kRope;
+  d.tie_embeddings = m.tie_embeddings;
+  d.bias = m.bias;
+  d.norm_eps = m.norm_eps;
+  return d;
+}
+
+// β^t exactly as AdamW::update computes it (src/optim/adamw.cpp: repeated squaring in double of
+// the fp32 β), so that the reference gets the trainer's bias corrections bit for bit.
+double adamw_power(double beta, int64_t t) {
+  double r = 1.0, b = beta;
+  for (int64_t e = t; e > 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return r;
+}
+
+// A tensor as observed: fp32 data of the whole batch (micro-batches concatenated on dim 0).
+struct Observed {
+  std::vector<float> data;
+  std::vector<int64_t> shape;
+};
+
+// The reference's tensors: fp32 values (CanonicalF32) or values with bounds (Bounded<mpfr>).
+struct RefTensor {
+  std::vector<float> f32;
+  std::vector<double> value, bound;
+};
+
+template <class Real>
+void convert(const Real* x, int64_t n, RefTensor& out) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<Real, reference::CanonicalF32>) {
+      out.f32.push_back(x[i].v);
+    } else {
+      out.value.push_back(static_cast<double>(x[i].value));
+      // Rounded up, so that the bound stays rigorous after the conversion to double.
+      out.bound.push_back(std::nextafter(static_cast<double>(x[i].err),
+                                         std::numeric_limits<double>::infinity()));
+    }
+  }
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+struct StepSetup {
+  reference::GptDims dims;
+  reference::StepHyper hyper;
+  float dloss = 0;
+  std::vector<int64_t> loss_segments;
+  std::vector<float> rope_cos, rope_sin;
+  int64_t B = 0, MB = 0, T = 0;
+};
+
+StepSetup setup_of(const StepState& s) {
+  const TrainConfig& tc = s.cfg.train;
+  StepSetup u;
+  u.dims = dims_of(s.cfg.model);
+  u.B = tc.batch_size;
+  u.MB = tc.micro_batch();
+  u.T = s.cfg.model.seq_len;
+  u.dloss = 1.0f / static_cast<float>(u.B * u.T);  // as trainer.cpp
+  for (int64_t mb = 0; mb <= u.B / u.MB; ++mb) u.loss_segments.push_back(mb * u.MB * u.T);
+  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
+  u.hyper.lr = static_cast<float>(schedule.at(s.step));
+  u.hyper.beta1 = static_cast<float>(tc.beta1);
+  u.hyper.beta2 = static_cast<float>(tc.beta2);
+  u.hyper.eps = static_cast<float>(tc.eps);
+  u.hyper.weight_decay = static_cast<float>(tc.weight_decay);
+  u.hyper.bc1 = static_cast<float>(1.0 - adamw_power(u.hyper.beta1, s.step + 1));
+  u.hyper.bc2 = static_cast<float>(1.0 - adamw_power(u.hyper.beta2, s.step + 1));
+  u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
+  if (u.dims.rope) {
+    const int64_t half = u.dims.HS() / 2;
+    u.rope_cos.resize(u.T * half);
+    u.rope_sin.resize(u.T * half);
+    cpu::rope_tables(u.T, u.dims.HS(), s.cfg.model.rope_theta, u.rope_cos.data(), u.rope_sin.data());
+  }
+  return u;
+}
+
+// The trainer's step (src/train/trainer.cpp's loop body), every tensor observed.
+std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup& u,
+                                            std::vector<std::string>& order) {
+  const TrainConfig& tc = s.cfg.train;
+  Gpt model(s.cfg.model, tc.mode, u.MB);
+  const auto ref_layout = reference::gpt_param_layout(u.dims);
+  LS_CHECK(ref_layout.size() == model.param_layout().size(), "reference layout has ",
+           ref_layout.size(), " tensors, the model ", model.param_layout().size());
+  for (size_t i = 0; i < ref_layout.size(); ++i) {
+    const auto& a = ref_layout[i];
+    const auto& b = model.param_layout()[i];
+    LS_CHECK(a.name == b.name && a.offset == b.offset && a.numel == b.numel && a.decay == b.decay,
+             "reference parameter ", a.name, " does not match the model's ", b.name);
+  }
+  std::copy(s.params.begin(), s.params.end(), model.params());
+  AdamW opt(model, {u.hyper.beta1, u.hyper.beta2, u.hyper.eps, u.hyper.weight_decay});
+  opt.m() = s.m;
+  opt.v() = s.v;
+
+  std::map<std::string, Observed> seen;
+  model.set_hook([&](std::string_view name, const float* data, std::span<const int64_t> shape) {
+    auto [it, fresh] = seen.try_emplace(std::string(name));
+    Observed& o = it->second;
+    if (fresh) {
+      order.emplace_back(name);
+      o.shape.assign(shape.begin(), shape.end());
+    } else {
+      o.shape[0] += shape[0];  // the next micro-batch of the same tensor
+    }
+    o.data.insert(o.data.end(), data, data + numel({shape.begin(), shape.end()}));
+  });
+  model.zero_grad();
+  ChunkCombiner loss_sum;
+  const int64_t T = u.T;
+  for (int64_t mb = 0; mb < u.B / u.MB; ++mb) {
+    model.forward_backward(s.inputs.data() + mb * u.MB * T, s.targets.data() + mb * u.MB * T,
+                           u.MB, mb * u.MB * T, u.dloss, loss_sum);
+  }
+  model.finish_grads();
+  model.set_hook({});
+  const float loss = loss_sum.finish() / static_cast<float>(u.B * T);
+  seen["loss"] = {{loss}, {}};
+  for (const auto& p : model.param_layout()) {
+    seen["grad/" + p.name] = {{model.grads() + p.offset, model.grads() + p.offset + p.numel},
+                              p.shape};
+  }
+  const float norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
+  seen["grad_norm"] = {{norm}, {}};
+  opt.update(model, u.hyper.lr, s.step + 1);
+  for (const auto& p : model.param_layout()) {
+    seen["param/" + p.name] = {{model.params() + p.offset, model.params() + p.offset + p.numel},
+                               p.shape};
+    seen["optim/m/" + p.name] = {{opt.m().data() + p.offset, opt.m().data() + p.offset + p.numel},
+                                 p.shape};
+    seen["optim/v/" + p.name] = {{opt.v().data() + p.offset, opt.v().data() + p.offset + p.numel},
+                                 p.shape};
+  }
+  return seen;
+}
+
+// anchor: after each observed tensor, continue from the trainer's values (op-local bounds).
+template <class Real>
+std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSetup& u,
+                                               const std::map<std::string, Observed>& trainer,
+                                               bool anchor) {
+  reference::GptReference<Real> ref(u.dims, u.B, u.rope_cos, u.rope_sin);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    ref.params[i] = Real(s.params[i]);
+    ref.m[i] = Real(s.m[i]);
+    ref.v[i] = Real(s.v[i]);
+  }
+  std::map<std::string, RefTensor> out;
+  auto hook = [&](std::string_view name, Real* data, const std::vector<int64_t>& shape) {
+    const int64_t n = numel(shape);
+    convert(data, n, out[std::string(name)]);
+    if (!anchor) return;
+    const std::vector<float>& x = trainer.at(std::string(name)).data;
+    LS_CHECK(static_cast<int64_t>(x.size()) == n, name, ": trainer has ", x.size(), " elements");
+    for (int64_t i = 0; i < n; ++i) data[i] = Real(x[i]);
+  };
+  const Real loss = ref.forward_backward(s.inputs.data(), s.targets.data(), u.loss_segments,
+                                         u.dloss, hook);
+  convert(&loss, 1, out["loss"]);
+  for (const auto& p : ref.layout()) {
+    convert(ref.grads().data() + p.offset, p.numel, out["grad/" + p.name]);
+    if (!anchor) continue;
+    const std::vector<float>& g = trainer.at("grad/" + p.name).data;
+    for (int64_t i = 0; i < p.numel; ++i) ref.grads()[p.offset + i] = Real(g[i]);
+  }
+  const Real norm = ref.clip_and_update(u.hyper);
+  convert(&norm, 1, out["grad_norm"]);
+  for (const auto& p : ref.layout()) {
+    convert(ref.params.data() + p.offset, p.numel, out["param/" + p.name]);
+    convert(ref.m.data() + p.offset, p.numel, out["optim/m/" + p.name]);
+    convert(ref.v.data() + p.offset, p.numel, out["optim/v/" + p.name]);
+  }
+  return out;
+}
+
+// Layer of an activation row (`layer/3/...` or `grad/layer/3/...`), -1 for others.
+int64_t layer_of(const std::string& name) {
+  const std::string key = "layer/";
+  const size_t at = name.rfind(key, 5);
+  if (at != 0 && at != 5) return -1;
+  if (at == 5 && name.compare(0, 5, "grad/") != 0) return -1;
+  return std::stoll(name.substr(at + key.size()));
+}
+
+// Seconds per multiply-add of reference::dot in Real, measured on a short vector.
+template <class Real>
+double seconds_per_fma() {
+  constexpr int64_t n = 1024;
+  std::vector<Real> a(n), b(n);
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = Real(1.0f + static_cast<float>(i) * 0x1p-10f);
+    b[i] = Real(1.0f - static_cast<float>(i) * 0x1p-11f);
+  }
+  int64_t reps = 0;
+  const auto t0 = Clock::now();
+  double sink = 0;
+  do {
+    sink += reference::value_of(reference::dot(a.data(), 1, b.data(), 1, n));
+    ++reps;
+  } while (seconds_since(t0) < 0.02);
+  const double t = seconds_since(t0);
+  return sink == 0 ? t : t / static_cast<double>(reps * n);
+}
+
+}  // namespace
+
+StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
+  std::optional<ckpt::Checkpoint> ck;
+  if (!ckpt::list_checkpoints(dir).empty()) {
+    std::ostringstream warnings;
+    ck = ckpt::load_latest(dir, warnings);
+    if (!ck) throw DataError(str_cat(dir, ": no checkpoint under this root loads: ", warnings.str()));
+  } else {
+    ck = ckpt::load(dir);
+  }
+  const nlohmann::json now = cfg.to_json();
+  const nlohmann::json& then = ck->state.at("config");
+  for (const auto& [key, value] : now["model"].items()) {
+    LS_REQUIRE(then["model"].contains(key) && then["model"][key] == value, ck->dir,
+               ": was written with [model] ", key, " = ",
+               then["model"].value(key, nlohmann::json()).dump(), ", the config has ", value.dump(),
+               " (verify with the config the run used)");
+  }
+  StepState s;
+  s.cfg = cfg;
+  s.step = ck->state.at("step").get<int64_t>();
+  Gpt shape_only(cfg.model, Mode::kFast, 1);
+  const auto n = static_cast<size_t>(shape_only.num_params());
+  s.params.resize(n);
+  s.m.resize(n);
+  s.v.resize(n);
+  for (const auto& p : shape_only.param_layout()) {
+    ck->copy_to(ckpt::kModelPrefix + p.name, DType::kF32, p.shape, s.params.data() + p.offset);
+    ck->copy_to("optim/m/" + p.name, DType::kF32, p.shape, s.m.data() + p.offset);
+    ck->copy_to("optim/v/" + p.name, DType::kF32, p.shape, s.v.data() + p.offset);
+  }
+  data::TokenFile train_file(cfg.data.train);
+  train_file.check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
+  data::TrainSampler sampler(train_file, cfg.model.seq_len, cfg.train.seed);
+  sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
+  const int64_t BT = cfg.train.batch_size * cfg.model.seq_len;
+  s.inputs.resize(BT);
+  s.targets.resize(BT);
+  sampler.next_batch(cfg.train.batch_size, 0, cfg.train.batch_size, s.inputs.data(),
+                     s.targets.data());
+  return s;
+}
+
+double estimate_reference_seconds(const RunConfig& cfg, unsigned reference_bits) {
+  Gpt shape_only(cfg.model, Mode::kFast, 1);
+  const double flops = shape_only.flops_per_token() *
+                       static_cast<double>(cfg.train.batch_size * cfg.model.seq_len);
+  double per_fma;
+  if (cfg.train.mode == Mode::kCanonical) {
+    per_fma = seconds_per_fma<reference::CanonicalF32>();
+  } else {
+    reference::ScopedMpfrBits bits(reference_bits);
+    per_fma = seconds_per_fma<reference::MpfrBounded>();
+  }
+  return flops / 2 * per_fma;  // two FLOPs per multiply-add
+}
+
+StepReport verify_step(const StepState& s, const StepOptions& opt) {
+  const TrainConfig& tc = s.cfg.train;
+  const bool canonical = tc.mode == Mode::kCanonical;
+  if (!opt.force) {
+    const double est = estimate_reference_seconds(s.cfg, opt.reference_bits);
+    LS_REQUIRE(est <= opt.max_seconds, "the reference step of this model is estimated at ",
+               static_cast<int64_t>(est), " s (", static_cast<int64_t>(est / 60), " min) in ",
+               canonical ? "CanonicalF32" : "Bounded<mpfr>",
+               ", above --verify.max_seconds=", opt.max_seconds,
+               "; use a smaller [model]/[train] batch_size, or --verify.force to run it anyway");
+  }
+  const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
+                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+
+  const StepSetup u = setup_of(s);
+  StepReport report;
+  report.mode = std::string(mode_name(tc.mode));
+  report.step = s.step;
+
+  std::vector<std::string> order;
+  auto t0 = Clock::now();
+  auto got = run_trainer(s, u, order);
+  report.trainer_seconds = seconds_since(t0);
+
+  if (!opt.perturb.empty()) {
+    auto it = got.find(opt.perturb);
+    LS_REQUIRE(it != got.end() && !it->second.data.empty(), "--verify.perturb: no tensor named '",
+               opt.perturb, "' (names as in the report, e.g. layer/0/attn/qkv, grad/wte)");
+    float& x = it->second.data[0];
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    bits ^= 1u << opt.perturb_bit;
+    std::memcpy(&x, &bits, sizeof bits);
+  }
+
+  // Canonical: the emulation runs the whole step on its own (end-to-end bitwise). Fast: the
+  // Bounded reference is re-anchored on the trainer's tensors at every hook point, so each bound
+  // covers the ops since the previous tensor (carried through the whole model, first-order
+  // worst-case bounds grow ~100x per layer and are vacuous after two layers).
+  std::map<std::string, RefTensor> want;
+  t0 = Clock::now();
+  if (canonical) {
+    report.reference = "CanonicalF32";
+    want = run_reference<reference::CanonicalF32>(s, u, got, false);
+  } else {
+    reference::ScopedMpfrBits bits(opt.reference_bits);
+    report.reference = "Bounded<mpfr " + std::to_string(reference::mpfr_bits()) +
+                       " bits>, op-local";
+    want = run_reference<reference::MpfrBounded>(s, u, got, true);
+  }
+  report.reference_seconds = seconds_since(t0);
+
+  // Rows: the trainer's hook order with the mean loss after the per-token losses, then the
+  // gradient norm, parameter gradients, updated parameters and moments in layout order.
+  std::vector<std::string> rows;
+  for (const auto& name : order) {
+    const int64_t layer = layer_of(name);
+    if (layer >= 0 && !opt.layers.empty() &&
+        std::find(opt.layers.begin(), opt.layers.end(), layer) == opt.layers.end()) {
+      continue;
+    }
+    rows.push_back(name);
+    if (name == "losses") rows.push_back("loss");
+  }
+  rows.push_back("grad_norm");
+  const auto layout = reference::gpt_param_layout(u.dims);
+  for (const auto& p : layout) rows.push_back("grad/" + p.name);
+  for (const auto& p : layout) {
+    rows.push_back("param/" + p.name);
+    rows.push_back("optim/m/" + p.name);
+    rows.push_back("optim/v/" + p.name);
+  }
+
+  for (const auto& name : rows) {
+    const Observed& g = got.at(name);
+    const auto it = want.find(name);
+    LS_CHECK(it != want.end(), "the reference produced no tensor ", name);
+    const RefTensor& w = it->second;
+    const auto n = static_cast<int64_t>(g.data.size());
+    TensorRow row;
+    row.name = name;
+    row.shape = g.shape;
+    if (canonical) {
+      LS_CHECK(static_cast<int64_t>(w.f32.size()) == n, name, ": reference has ", w.f32.size(),
+               " elements, the trainer ", n);
+      row.check = CheckKind::kBitwise;
+      row.cmp = compare_exact(g.data.data(), w.f32.data(), n);
+    } else {
+      LS_CHECK(static_cast<int64_t>(w.value.size()) == n, name, ": reference has ",
+               w.value.size(), " elements, the trainer ", n);
+      row.check = CheckKind::kBound;
+      row.cmp = compare_within(g.data.data(), w.value.data(), w.bound.data(), n);
+    }
+    report.rows.push_back(std::move(row));
+  }
+  return report;
+}
+
+}  // namespace lockstep::verify

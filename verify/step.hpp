@@ -1,0 +1,56 @@
+// `lockstep verify step`: one training step in the trainer and in the reference, compared tensor
+// by tensor (the verification ladder's rung 2, DESIGN.md).
+//
+// The trainer side is src/model + src/optim exactly as src/train/trainer.cpp runs a step
+// (micro-batches, exact loss sum / tokens, finish_grads, clip_grad_norm, AdamW), observed through
+// Gpt's TensorHook. The reference side is reference/gpt.hpp on the same parameters, moments and
+// batch: canonical mode against the CanonicalF32 emulation run end to end (bitwise), fast mode
+// against Bounded<mpfr> re-anchored on the trainer's tensor at every hook point, so that each
+// tensor's bound covers the ops since the previous hook point (op-local bounds: first-order
+// worst-case bounds carried through the whole model grow ~100x per layer and become vacuous);
+// tightness and ulp distance are reported.
+// Not here: printing (verify/report.hpp), argument parsing (src/cli/cmd_verify.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/train/config.hpp"
+#include "verify/report.hpp"
+
+namespace lockstep::verify {
+
+// Everything a step depends on.
+struct StepState {
+  RunConfig cfg;                          // [model], [train] (mode, batch, schedule, AdamW, clip)
+  int64_t step = 0;                       // 0-based index of the step to run (= steps done)
+  std::vector<float> params, m, v;        // flat, Gpt::param_layout() order
+  std::vector<int32_t> inputs, targets;   // (B, T) the step's global batch
+};
+
+struct StepOptions {
+  unsigned reference_bits = 256;  // MPFR precision of the Bounded reference (fast mode)
+  std::vector<int64_t> layers;    // activation rows of these layers only (empty: all)
+  bool force = false;             // run even when the estimate exceeds max_seconds
+  double max_seconds = 900;       // refuse (ConfigError with the estimate) above this
+  std::string perturb;            // test-only: flip bit `perturb_bit` of element 0 of this
+  int perturb_bit = 0;            // trainer tensor before comparing (bit 0: a one-ulp error,
+                                  // which canonical mode must catch; fast mode needs a larger one)
+};
+
+// Reads the checkpoint in `dir` (a step_* directory, or a root: its newest valid checkpoint):
+// parameters, AdamW moments, step and sampler position, then the batch of that step from
+// cfg.data.train. ConfigError when the checkpoint's [model] differs from cfg's; DataError on a
+// bad checkpoint or data file.
+StepState load_step_state(const RunConfig& cfg, const std::string& dir);
+
+// Estimated seconds for the reference step of `cfg` in the mode's reference type: the model's
+// FLOPs per step times the measured cost of one multiply-add in that type.
+double estimate_reference_seconds(const RunConfig& cfg, unsigned reference_bits);
+
+// Runs and compares. ConfigError when the estimate exceeds max_seconds (unless force) or perturb
+// names no tensor.
+StepReport verify_step(const StepState& state, const StepOptions& opt);
+
+}  // namespace lockstep::verify
