@@ -3,17 +3,22 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
 #include "kernels/cpu/isa.hpp"
 #include "src/ckpt/checkpoint.hpp"
