@@ -12,3 +12,4 @@ if [ ! -f data/markov/train.bin ]; then
   "$bin" data build --input data/markov/corpus.txt --out data/markov --val-fraction 0.05
 fi
 "$bin" train --config scripts/configs/tiny.toml "$@"
+/usr/bin/python3 scripts/plot_metrics.py runs/tiny/metrics.jsonl runs/tiny/loss.png --source data/markov/source.json

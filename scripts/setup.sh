@@ -10,7 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-matplotlib
 )
 
 missing=()
