@@ -52,17 +52,6 @@ reference::GptDims dims_of(const ModelConfig& m) {
   return d;
 }
 
-// β^t exactly as AdamW::update computes it (src/optim/adamw.cpp: repeated squaring in double of
-// the fp32 β), so that the reference gets the trainer's bias corrections bit for bit.
-double adamw_power(double beta, int64_t t) {
-  double r = 1.0, b = beta;
-  for (int64_t e = t; e > 0; e >>= 1) {
-    if (e & 1) r *= b;
-    b *= b;
-  }
-  return r;
-}
-
 // A tensor as observed: fp32 data of the whole batch (micro-batches concatenated on dim 0).
 struct Observed {
   std::vector<float> data;
@@ -119,8 +108,8 @@ StepSetup setup_of(const StepState& s) {
   u.hyper.beta2 = static_cast<float>(tc.beta2);
   u.hyper.eps = static_cast<float>(tc.eps);
   u.hyper.weight_decay = static_cast<float>(tc.weight_decay);
-  u.hyper.bc1 = static_cast<float>(1.0 - adamw_power(u.hyper.beta1, s.step + 1));
-  u.hyper.bc2 = static_cast<float>(1.0 - adamw_power(u.hyper.beta2, s.step + 1));
+  u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
+  u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
   u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
   if (u.dims.rope) {
     const int64_t half = u.dims.HS() / 2;
@@ -165,10 +154,7 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
   model.zero_grad();
   ChunkCombiner loss_sum;
   const int64_t T = u.T;
-  for (int64_t mb = 0; mb < u.B / u.MB; ++mb) {
-    model.forward_backward(s.inputs.data() + mb * u.MB * T, s.targets.data() + mb * u.MB * T,
-                           u.MB, mb * u.MB * T, u.dloss, loss_sum);
-  }
+  model.forward_backward_batch(s.inputs.data(), s.targets.data(), u.B, u.MB, 0, u.dloss, loss_sum);
   model.finish_grads();
   model.set_hook({});
   const float loss = loss_sum.finish() / static_cast<float>(u.B * T);

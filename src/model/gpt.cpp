@@ -299,6 +299,16 @@ void Gpt::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, Ch
   add_losses(loss_sum, losses_.data(), BT);
 }
 
+void Gpt::forward_backward_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
+                                 int64_t MB, int64_t first_token, float dloss, ChunkCombiner& loss_sum) {
+  LS_CHECK(MB >= 1 && B % MB == 0, "batch ", B, " is not a multiple of micro-batch ", MB);
+  const int64_t T = cfg_.seq_len;
+  for (int64_t mb = 0; mb < B / MB; ++mb) {
+    forward_backward(inputs + mb * MB * T, targets + mb * MB * T, MB, first_token + mb * MB * T,
+                     dloss, loss_sum);
+  }
+}
+
 void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t B,
                            int64_t token_offset, float dloss, ChunkCombiner& loss_sum) {
   forward(inputs, B);

@@ -82,6 +82,11 @@ class Gpt {
   // The micro-batch's per-token losses are added, chunk by chunk, to loss_sum.
   void forward_backward(const int32_t* inputs, const int32_t* targets,  // (B, T) (B, T)
                         int64_t B, int64_t token_offset, float dloss, ChunkCombiner& loss_sum);
+  // Runs forward_backward over a batch of B sequences in micro-batches of MB (B % MB == 0);
+  // first_token is the global index of the batch's first token.
+  void forward_backward_batch(const int32_t* inputs, const int32_t* targets,  // (B, T) (B, T)
+                              int64_t B, int64_t MB, int64_t first_token, float dloss,
+                              ChunkCombiner& loss_sum);
   // Canonical mode: rounds the exact gradient sums into grads(). Fast mode: nothing to do.
   void finish_grads();
   // Forward only; adds the per-token losses to loss_sum.

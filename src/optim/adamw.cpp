@@ -18,20 +18,18 @@ double LrSchedule::at(int64_t step) const {
 AdamW::AdamW(const Gpt& model, AdamWConfig cfg)
     : cfg_(cfg), m_(model.num_params(), 0.0f), v_(model.num_params(), 0.0f) {}
 
-// beta^t by repeated multiplication in double (t is at most millions; exact powers are not needed,
-// only the same bits everywhere, which std::pow does not promise across libms).
-static double power(double beta, int64_t t) {
+float adamw_bias_correction(float beta, int64_t t) {
   double r = 1.0, b = beta;
   for (int64_t e = t; e > 0; e >>= 1) {
     if (e & 1) r *= b;
     b *= b;
   }
-  return r;
+  return static_cast<float>(1.0 - r);
 }
 
 void AdamW::update(Gpt& model, float lr, int64_t t) {
-  const float bc1 = static_cast<float>(1.0 - power(cfg_.beta1, t));
-  const float bc2 = static_cast<float>(1.0 - power(cfg_.beta2, t));
+  const float bc1 = adamw_bias_correction(cfg_.beta1, t);
+  const float bc2 = adamw_bias_correction(cfg_.beta2, t);
   for (const auto& p : model.param_layout()) {
     const cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, p.decay ? cfg_.weight_decay : 0.0f,
                              bc1, bc2};

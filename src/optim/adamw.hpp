@@ -28,12 +28,15 @@ struct LrSchedule {
   double at(int64_t step) const;
 };
 
+// AdamW's bias correction 1 − β^t for 1-based step t, rounded to fp32. β^t by binary powering in
+// double: the same bits on every machine, which std::pow does not promise across libms.
+float adamw_bias_correction(float beta, int64_t t);
+
 class AdamW {
  public:
   AdamW(const Gpt& model, AdamWConfig cfg);
 
-  // One update with 1-based step count t (bias corrections 1 − β^t, computed in double by
-  // repeated multiplication so that every machine gets the same bits).
+  // One update with 1-based step count t (bias corrections from adamw_bias_correction).
   void update(Gpt& model, float lr, int64_t t);
 
   std::vector<float>& m() { return m_; }

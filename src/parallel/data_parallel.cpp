@@ -95,21 +95,9 @@ float DataParallel::clip_grad_norm(float max_norm) {
   return norm;
 }
 
-// beta^t by repeated squaring in double: the same sequence of operations as AdamW::update
-// (src/optim/adamw.cpp), so the bias corrections have the same bits; the e2e test comparing
-// ZeRO-1/2 with the single-process model hash fails if the two ever drift apart.
-static double power(double beta, int64_t t) {
-  double r = 1.0, b = beta;
-  for (int64_t e = t; e > 0; e >>= 1) {
-    if (e & 1) r *= b;
-    b *= b;
-  }
-  return r;
-}
-
 void DataParallel::adamw_shard(float lr, int64_t t) {
-  const float bc1 = static_cast<float>(1.0 - power(adam_.beta1, t));
-  const float bc2 = static_cast<float>(1.0 - power(adam_.beta2, t));
+  const float bc1 = adamw_bias_correction(adam_.beta1, t);
+  const float bc2 = adamw_bias_correction(adam_.beta2, t);
   const int64_t first = shard_first(), end = shard_end();
   for (const auto& p : model_.param_layout()) {
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);

@@ -251,10 +251,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     sampler.next_batch(B, dp_rank * BL, BL, inputs.data(), targets.data());
     model.zero_grad();
     ChunkCombiner loss_sum;
-    for (int64_t mb = 0; mb < BL / MBL; ++mb) {
-      model.forward_backward(inputs.data() + mb * MBL * T, targets.data() + mb * MBL * T, MBL,
-                             (dp_rank * BL + mb * MBL) * T, dloss, loss_sum);
-    }
+    model.forward_backward_batch(inputs.data(), targets.data(), BL, MBL, dp_rank * BL * T, dloss,
+                                 loss_sum);
     ddp.reduce_gradients();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
     const float grad_norm = ddp.clip_grad_norm(static_cast<float>(tc.grad_clip));
