@@ -78,6 +78,35 @@ inline void fma_link(float* acc, float w, const float* x, int64_t n) {
   for (int64_t d = 0; d < n; ++d) acc[d] = std::fma(w, x[d], acc[d]);
 }
 
+// Rows of per-thread scratch holding one head's keys (or values) transposed, (HS, T): lane u of
+// a SIMD register then reads key u, so that many dot products run side by side.
+void transpose_head(const float* base, int64_t row, int64_t offset, int64_t T, int64_t HS,
+                    float* yt) {
+  for (int64_t u = 0; u < T; ++u) {
+    for (int64_t d = 0; d < HS; ++d) yt[d * T + u] = base[u * row + offset + d];
+  }
+}
+
+// out[u] = canonical_dot over d in [0, HS) of x[d]·y_u[d] for u in [0, rows), from yt = the rows
+// y_u transposed (HS, T). For HS <= 64 there is one chunk: each u's chain is the scalar chain of
+// canonical_dot, run for all u side by side (the compiler vectorises across u without reordering
+// any chain), and the exact combination of a single partial p is 0.0 + p, which turns −0 into +0.
+// Longer heads take canonical_dot itself.
+void dot_rows(const float* x, const float* yt, int64_t T, int64_t rows, int64_t HS,
+              const float* base, int64_t row, int64_t offset, float* out) {
+  if (HS > kCanonicalChunk) {
+    for (int64_t u = 0; u < rows; ++u) out[u] = canonical_dot(x, 1, base + u * row + offset, 1, HS);
+    return;
+  }
+  for (int64_t u = 0; u < rows; ++u) out[u] = 0.0f;
+  for (int64_t d = 0; d < HS; ++d) {
+    const float xd = x[d];
+    const float* y = yt + d * T;
+    for (int64_t u = 0; u < rows; ++u) out[u] = std::fma(xd, y[u], out[u]);
+  }
+  for (int64_t u = 0; u < rows; ++u) out[u] = out[u] + 0.0f;
+}
+
 void forward_canonical(AttentionShape s, float* out, float* att, const float* qkv) {
   const Layout L = layout_of(s);
   const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
@@ -85,18 +114,21 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
 #pragma omp parallel
   {
     VectorReduction red(HS);
+    std::vector<float> kt(HS * T);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s.B; ++b) {
       for (int64_t h = 0; h < s.NH; ++h) {
         const int64_t g = h / group;
         const float* base = qkv + b * T * L.row;
+        transpose_head(base, L.row, L.k(g), T, HS, kt.data());
         for (int64_t t = 0; t < T; ++t) {
           float* a = att + ((b * s.NH + h) * T + t) * T;
           const float* q = base + t * L.row + L.q(h);
           // s[t'] = canonical_dot over HS of q[t]·k[t'], then · scale
+          dot_rows(q, kt.data(), T, t + 1, HS, base, L.row, L.k(g), a);
           float m = -INFINITY;
           for (int64_t u = 0; u <= t; ++u) {
-            a[u] = canonical_dot(q, 1, base + u * L.row + L.k(g), 1, HS) * scale;
+            a[u] = a[u] * scale;
             m = a[u] > m ? a[u] : m;  // a NaN score is skipped here but makes Z, so the row, NaN
           }
           // e[t'] = exp(s[t'] − m);  Z = canonical_sum over t' of e
@@ -157,27 +189,38 @@ void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
 }
 
 // ds = att·(datt − D) into scratch, per (b, h) row; shared by both modes up to the reductions.
-// `dot` is the reduction used for datt and D (canonical_dot, or a plain fp32 loop).
+// `dot` is the reduction used for D (canonical_dot, or a plain fp32 loop); canonical mode
+// computes the rows of datt with dot_rows (the same chains as canonical_dot), fast mode with `dot`.
 template <class Dot>
 void softmax_backward_rows(AttentionShape s, float* scratch, const float* dout, const float* qkv,
-                           const float* att, Dot dot) {
+                           const float* att, bool canonical, Dot dot) {
   const Layout L = layout_of(s);
   const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < s.B; ++b) {
-    for (int64_t h = 0; h < s.NH; ++h) {
-      const int64_t g = h / group;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* a = att + ((b * s.NH + h) * T + t) * T;
-        float* ds = scratch + ((b * s.NH + h) * T + t) * T;
-        const float* dy = dout + (b * T + t) * s.NH * HS + h * HS;
-        // datt[t,t'] = dot over HS of dout[t]·v[t']     (forward: out[t] = Σ att[t']·v[t'])
-        for (int64_t u = 0; u <= t; ++u) ds[u] = dot(dy, qkv + (b * T + u) * L.row + L.v(g), HS);
-        // D[t] = dot over t' of att[t,t']·datt[t,t']
-        const float D = dot(a, ds, t + 1);
-        // ds[t,t'] = att[t,t']·(datt[t,t'] − D[t])      (forward: att = exp(s − m) / Z)
-        for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D);
-        for (int64_t u = t + 1; u < T; ++u) ds[u] = 0.0f;
+#pragma omp parallel
+  {
+    std::vector<float> vt(canonical ? HS * T : 0);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < s.B; ++b) {
+      for (int64_t h = 0; h < s.NH; ++h) {
+        const int64_t g = h / group;
+        const float* base = qkv + b * T * L.row;
+        if (canonical) transpose_head(base, L.row, L.v(g), T, HS, vt.data());
+        for (int64_t t = 0; t < T; ++t) {
+          const float* a = att + ((b * s.NH + h) * T + t) * T;
+          float* ds = scratch + ((b * s.NH + h) * T + t) * T;
+          const float* dy = dout + (b * T + t) * s.NH * HS + h * HS;
+          // datt[t,t'] = dot over HS of dout[t]·v[t']     (forward: out[t] = Σ att[t']·v[t'])
+          if (canonical) {
+            dot_rows(dy, vt.data(), T, t + 1, HS, base, L.row, L.v(g), ds);
+          } else {
+            for (int64_t u = 0; u <= t; ++u) ds[u] = dot(dy, base + u * L.row + L.v(g), HS);
+          }
+          // D[t] = dot over t' of att[t,t']·datt[t,t']
+          const float D = dot(a, ds, t + 1);
+          // ds[t,t'] = att[t,t']·(datt[t,t'] − D[t])      (forward: att = exp(s − m) / Z)
+          for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D);
+          for (int64_t u = t + 1; u < T; ++u) ds[u] = 0.0f;
+        }
       }
     }
   }
@@ -188,7 +231,7 @@ void backward_canonical(AttentionShape s, float* dqkv, float* scratch, const flo
   const Layout L = layout_of(s);
   const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
   const float scale = attention_scale(HS);
-  softmax_backward_rows(s, scratch, dout, qkv, att,
+  softmax_backward_rows(s, scratch, dout, qkv, att, /*canonical=*/true,
                         [](const float* x, const float* y, int64_t n) {
                           return canonical_dot(x, 1, y, 1, n);
                         });
@@ -250,7 +293,7 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
   const Layout L = layout_of(s);
   const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
   const float scale = attention_scale(HS);
-  softmax_backward_rows(s, scratch, dout, qkv, att, [](const float* x, const float* y, int64_t n) {
+  softmax_backward_rows(s, scratch, dout, qkv, att, /*canonical=*/false, [](const float* x, const float* y, int64_t n) {
     float acc = 0.0f;
     for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
     return acc;
