@@ -193,7 +193,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   out << "model: " << model.num_params() << " parameters, " << std::fixed << std::setprecision(2)
       << flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << threads
       << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
-      << std::setprecision(1) << peak << " GFLOP/s sgemm peak"
+      << std::setprecision(1) << peak << " GFLOP/s sgemm peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured)") << "\n";
   // The least a rank must send per step to sum fp32 gradients (a ring all-reduce, or ZeRO's
   // reduce-scatter + parameter all-gather): 2 · 4N · (p-1)/p bytes.
@@ -272,7 +272,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
 
     const double tokens_per_s = static_cast<double>(B * T) / dt;
-    const double mfu = tokens_per_s * flops_per_token / (peak * 1e9);
+    // The peak is one rank's (measured with its own threads); the job's is world.size() of them.
+    const double mfu = tokens_per_s * flops_per_token / (peak * 1e9 * static_cast<double>(world.size()));
     const double mem = peak_memory_mib();
     if (done % cfg.log.every == 0 || done == tc.steps) {
       out << "step " << std::setw(6) << done << "/" << tc.steps << " | loss " << std::setprecision(4)
