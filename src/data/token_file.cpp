@@ -123,7 +123,7 @@ int32_t TokenFile::max_token() const {
 
 TokenFileWriter::TokenFileWriter(std::string path) : file_(std::move(path)) {
   const std::array<int32_t, kTokenFileHeaderInts> zeros{};
-  file_.write(zeros.data(), sizeof(zeros));  // placeholder, filled in by commit()
+  file_.write(zeros.data(), sizeof(zeros));  // header as zeros for now: commit() writes the count
 }
 
 void TokenFileWriter::append(std::span<const uint16_t> tokens) {
