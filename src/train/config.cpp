@@ -216,10 +216,11 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.finish();
 }
 
-void validate(const RunConfig& c) {
+void validate(const RunConfig& c, ConfigUse use) {
   c.model.validate();
   const TrainConfig& t = c.train;
-  LS_REQUIRE(!c.data.train.empty(), c.source, ": [data] train: a token file is required");
+  LS_REQUIRE(use == ConfigUse::kBench || !c.data.train.empty(), c.source,
+             ": [data] train: a token file is required");
   LS_REQUIRE(t.steps >= 1, c.source, ": [train] steps (", t.steps, ") must be >= 1");
   LS_REQUIRE(t.batch_size >= 1, c.source, ": [train] batch_size (", t.batch_size, ") must be >= 1");
   LS_REQUIRE(t.micro_batch_size >= 0, c.source, ": [train] micro_batch_size (", t.micro_batch_size,
@@ -273,7 +274,8 @@ nlohmann::json RunConfig::to_json() const {
 }
 
 RunConfig load_run_config(const std::string& path,
-                          const std::vector<std::pair<std::string, std::string>>& overrides) {
+                          const std::vector<std::pair<std::string, std::string>>& overrides,
+                          ConfigUse use) {
   RunConfig c;
   c.source = path;
   toml::table root;
@@ -304,7 +306,7 @@ RunConfig load_run_config(const std::string& path,
                               ov.begin()->first.substr(ov.begin()->first.find('.') + 1), "' in section [",
                               ov.begin()->first.substr(0, ov.begin()->first.find('.')), "]"));
   }
-  validate(c);
+  validate(c, use);
   return c;
 }
 

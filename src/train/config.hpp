@@ -86,8 +86,13 @@ struct RunConfig {
   nlohmann::json to_json() const;
 };
 
+// What the configuration is loaded for: training needs a [data] train token file; `lockstep bench`
+// may leave it empty and time the step on synthetic tokens (src/train/bench.hpp).
+enum class ConfigUse { kTrain, kBench };
+
 // Parses `path` and applies `overrides` ("section.key" -> value text) in order; validates.
 RunConfig load_run_config(const std::string& path,
-                          const std::vector<std::pair<std::string, std::string>>& overrides);
+                          const std::vector<std::pair<std::string, std::string>>& overrides,
+                          ConfigUse use = ConfigUse::kTrain);
 
 }  // namespace lockstep

@@ -1,0 +1,206 @@
+#include "src/train/bench.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iomanip>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/isa.hpp"
+#include "src/core/check.hpp"
+#include "src/data/sampler.hpp"
+#include "src/data/splitmix64.hpp"
+#include "src/data/token_file.hpp"
+#include "src/model/gpt.hpp"
+#include "src/optim/adamw.hpp"
+#include "src/train/metrics.hpp"
+
+namespace lockstep {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+BenchStats stats_of(std::vector<double> x) {
+  LS_CHECK(!x.empty(), "no samples");
+  std::sort(x.begin(), x.end());
+  auto quantile = [&](double q) {
+    const double pos = q * static_cast<double>(x.size() - 1);
+    const auto lo = static_cast<size_t>(pos);
+    const size_t hi = std::min(lo + 1, x.size() - 1);
+    return x[lo] + (pos - static_cast<double>(lo)) * (x[hi] - x[lo]);
+  };
+  return {quantile(0.5), quantile(0.25), quantile(0.75), x.front(), x.back()};
+}
+
+nlohmann::json stats_json(const BenchStats& s) {
+  return {{"median", s.median}, {"q1", s.q1}, {"q3", s.q3}, {"min", s.min}, {"max", s.max}};
+}
+
+void print_stats(std::ostream& out, const char* name, const BenchStats& s) {
+  out << "  " << std::left << std::setw(18) << name << std::right << std::fixed << std::setprecision(2)
+      << std::setw(10) << s.median << " ms   IQR [" << s.q1 << ", " << s.q3 << "]   min " << s.min
+      << "   max " << s.max << "\n";
+}
+
+}  // namespace
+
+nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
+  return {{"config", cfg.source},
+          {"mode", mode_name(cfg.train.mode)},
+          {"threads", threads},
+          {"isa", cpu::isa_name(cpu::active_isa())},
+          {"params", params},
+          {"tokens_per_step", tokens_per_step},
+          {"synthetic_tokens", synthetic_tokens},
+          {"flops_per_token", flops_per_token},
+          {"flops_formula", "6*N + 12*L*d_model*seq_len per token (N: parameters in matmuls, tied head once)"},
+          {"peak_gflops", peak_gflops},
+          {"peak_source", peak_measured ? "measured: OpenBLAS sgemm 1024^3, same process and threads"
+                                        : "configured: [train] peak_gflops"},
+          {"step_ms_median", step_ms.median},
+          {"step_ms", stats_json(step_ms)},
+          {"tokens_per_s", tokens_per_s},
+          {"achieved_gflops", achieved_gflops},
+          {"mfu", mfu},
+          {"phases_ms",
+           {{"forward", forward_ms.median},
+            {"backward", backward_ms},
+            {"optimizer", optimizer_ms.median},
+            {"communication", 0.0},
+            {"verification", 0.0}}},
+          {"phase_notes",
+           "forward: separate forward-only pass (eval_loss), not part of the step; backward: median "
+           "forward_backward - median forward; communication and verification: 0 on one process"},
+          {"forward_ms", stats_json(forward_ms)},
+          {"forward_backward_ms", stats_json(forward_backward_ms)},
+          {"optimizer_ms", stats_json(optimizer_ms)},
+          {"peak_memory_mib", peak_memory_mib},
+          {"last_loss", last_loss}};
+}
+
+BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out) {
+  LS_REQUIRE(opt.steps >= 1, "--bench.steps (", opt.steps, ") must be >= 1");
+  LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
+  const TrainConfig& tc = cfg.train;
+  BenchResult r;
+  r.threads = tc.threads > 0 ? tc.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(static_cast<int>(r.threads));
+  openblas_set_num_threads(static_cast<int>(r.threads));
+  if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+
+  const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
+  r.tokens_per_step = B * T;
+  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
+
+  // Tokens: the configured file through the trainer's sampler, else synthetic (see bench.hpp).
+  std::optional<data::TokenFile> file;
+  std::optional<data::TrainSampler> sampler;
+  data::SplitMix64 rng(tc.seed);
+  r.synthetic_tokens = cfg.data.train.empty();
+  if (!r.synthetic_tokens) {
+    file.emplace(cfg.data.train);
+    file->check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
+    sampler.emplace(*file, T, tc.seed);
+  }
+  auto next_batch = [&] {
+    if (sampler) {
+      sampler->next_batch(B, 0, B, inputs.data(), targets.data());
+      return;
+    }
+    // A synthetic sequence of T + 1 tokens per sample, shifted by one like a token file window.
+    const auto V = static_cast<uint64_t>(cfg.model.vocab_size);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t prev = static_cast<int32_t>(rng.below(V));
+      for (int64_t t = 0; t < T; ++t) {
+        const auto next = static_cast<int32_t>(rng.below(V));
+        inputs[b * T + t] = prev;
+        targets[b * T + t] = next;
+        prev = next;
+      }
+    }
+  };
+
+  Gpt model(cfg.model, tc.mode, MB);
+  model.init_parameters();
+  AdamW adamw(model, {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
+                      static_cast<float>(tc.weight_decay)});
+  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, opt.warmup + opt.steps};
+  r.peak_measured = tc.peak_gflops <= 0;
+  r.peak_gflops = r.peak_measured ? measure_sgemm_peak_gflops() : tc.peak_gflops;
+  r.flops_per_token = model.flops_per_token();
+  r.params = model.num_params();
+
+  out << "bench: " << cfg.source << "; " << model.num_params() << " parameters, " << std::fixed
+      << std::setprecision(2) << r.flops_per_token / 1e6
+      << " MFLOP/token (6*N + 12*L*d_model*seq_len); mode " << mode_name(tc.mode) << ", " << r.threads
+      << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T
+      << " tokens (micro-batch " << MB << "); "
+      << (r.synthetic_tokens ? "synthetic uniform tokens" : "tokens from " + cfg.data.train) << "\n"
+      << "sgemm peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
+      << (r.peak_measured ? " (measured: OpenBLAS sgemm 1024^3, same threads)" : " (configured)") << "; "
+      << opt.warmup << " warm-up + " << opt.steps << " timed steps\n";
+
+  const float dloss = 1.0f / static_cast<float>(B * T);
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms;
+  for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
+    next_batch();
+    const auto t0 = Clock::now();
+    model.zero_grad();
+    ChunkCombiner loss_sum;
+    model.forward_backward_batch(inputs.data(), targets.data(), B, MB, 0, dloss, loss_sum);
+    model.finish_grads();
+    const double fb = ms_since(t0);
+    const auto t1 = Clock::now();
+    clip_grad_norm(model, static_cast<float>(tc.grad_clip));
+    adamw.update(model, static_cast<float>(schedule.at(step)), step + 1);
+    const double op = ms_since(t1);
+    r.last_loss = loss_sum.finish() / static_cast<float>(B * T);
+
+    // The forward-only pass, outside the step: same batch, updated parameters.
+    const auto t2 = Clock::now();
+    ChunkCombiner eval_sum;
+    for (int64_t mb = 0; mb < B / MB; ++mb) {
+      model.eval_loss(inputs.data() + mb * MB * T, targets.data() + mb * MB * T, MB, eval_sum);
+    }
+    const double fw = ms_since(t2);
+    if (step < opt.warmup) continue;
+    step_ms.push_back(fb + op);
+    fb_ms.push_back(fb);
+    optim_ms.push_back(op);
+    fwd_ms.push_back(fw);
+  }
+
+  r.step_ms = stats_of(step_ms);
+  r.forward_ms = stats_of(fwd_ms);
+  r.forward_backward_ms = stats_of(fb_ms);
+  r.optimizer_ms = stats_of(optim_ms);
+  r.backward_ms = r.forward_backward_ms.median - r.forward_ms.median;
+  r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms.median / 1e3);
+  r.achieved_gflops = r.tokens_per_s * r.flops_per_token / 1e9;
+  r.mfu = r.achieved_gflops / r.peak_gflops;
+  r.peak_memory_mib = peak_memory_mib();
+
+  print_stats(out, "step", r.step_ms);
+  print_stats(out, "forward_backward", r.forward_backward_ms);
+  print_stats(out, "forward (alone)", r.forward_ms);
+  print_stats(out, "optimizer", r.optimizer_ms);
+  out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
+      << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
+      << ", communication 0, verification 0 (one process)\n"
+      << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
+      << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
+      << std::setprecision(1) << r.peak_gflops << " GFLOP/s; peak memory " << std::setprecision(0)
+      << r.peak_memory_mib << " MiB; last loss " << std::setprecision(4) << r.last_loss << "\n";
+  return r;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,63 @@
+// `lockstep bench`: the training step timed on one process — warm-up steps, then timed steps,
+// summarised as median and spread of step time, tokens/s, achieved FLOP/s, MFU against an fp32
+// sgemm peak measured in the same process with the same thread count, a per-phase breakdown and
+// the peak resident memory.
+//
+// The step is the trainer's single-process step (src/train/trainer.cpp): zero_grad,
+// forward_backward_batch over the micro-batches, finish_grads, clip_grad_norm, AdamW update.
+// Phases: "forward" is a separate forward-only pass (Gpt::eval_loss) over the same batch, timed
+// after each step and not part of the step time; "backward" is forward_backward − forward (the
+// model does not expose a timer between its forward and backward); "optimizer" is clip + AdamW.
+// Communication and verification are 0: one process, no replica checks.
+//
+// Tokens: the [data] train file through the trainer's sampler when one is configured; otherwise
+// synthetic tokens, uniformly random over the vocabulary from SplitMix64(train.seed), generated
+// in memory (the step's cost does not depend on the token values).
+// Not here: multi-rank timing, verification features, the PyTorch comparison.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+
+#include <nlohmann/json.hpp>
+
+#include "src/train/config.hpp"
+
+namespace lockstep {
+
+struct BenchOptions {
+  int64_t warmup = 2;  // untimed steps first (page faults, thread start, caches)
+  int64_t steps = 10;  // timed steps
+};
+
+// Median, quartiles and extremes of a sample (linear interpolation between order statistics).
+struct BenchStats {
+  double median = 0, q1 = 0, q3 = 0, min = 0, max = 0;
+};
+
+struct BenchResult {
+  int64_t threads = 0;
+  int64_t params = 0;
+  int64_t tokens_per_step = 0;
+  double flops_per_token = 0;  // 6·N + 12·L·C·T (Gpt::flops_per_token)
+  double peak_gflops = 0;      // sgemm peak, measured here unless [train] peak_gflops is set
+  bool peak_measured = true;
+  BenchStats step_ms;          // timed step: forward_backward + optimizer
+  BenchStats forward_ms;       // forward-only pass, separate from the step
+  BenchStats forward_backward_ms;
+  BenchStats optimizer_ms;
+  double backward_ms = 0;      // median forward_backward − median forward (derived)
+  double tokens_per_s = 0;     // at the median step time
+  double achieved_gflops = 0;  // tokens_per_s · flops_per_token
+  double mfu = 0;              // achieved / peak
+  double peak_memory_mib = 0;
+  bool synthetic_tokens = true;
+  float last_loss = 0;
+
+  nlohmann::json to_json(const RunConfig& cfg) const;
+};
+
+// Runs the benchmark for `cfg` (loaded with ConfigUse::kBench), printing a report to `out`.
+BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out);
+
+}  // namespace lockstep
