@@ -164,6 +164,24 @@ class SuperAccumulator {
   // Digits as stored (carry-save); exposed so that collectives can sum them as integers.
   LS_HOST_DEVICE const int64_t* digits() const { return digit_; }
 
+  // The non-finite values added, as bits; with digits() this is the whole state, e.g. for sending
+  // an accumulator to another rank and rebuilding it there with from_digits().
+  static constexpr uint8_t kNaN = 1, kPosInf = 2, kNegInf = 4;
+  LS_HOST_DEVICE uint8_t flags() const {
+    return static_cast<uint8_t>((nan_ ? kNaN : 0) | (pos_inf_ ? kPosInf : 0) | (neg_inf_ ? kNegInf : 0));
+  }
+
+  // The accumulator whose digits() (kDigits of them, as stored) and flags() these are.
+  LS_HOST_DEVICE static SuperAccumulator from_digits(const int64_t* digits, uint8_t flags) {
+    SuperAccumulator a;
+    for (int i = 0; i < kDigits; ++i) a.digit_[i] = digits[i];
+    a.nan_ = (flags & kNaN) != 0;
+    a.pos_inf_ = (flags & kPosInf) != 0;
+    a.neg_inf_ = (flags & kNegInf) != 0;
+    a.normalize();  // the source may have carried up to 2^30 unnormalised adds
+    return a;
+  }
+
  private:
   LS_HOST_DEVICE void normalize() {
     for (int i = 0; i < kDigits - 1; ++i) {
@@ -186,6 +204,9 @@ class SuperAccumulator {
 };
 
 // One exact running sum per element. add() is safe from several threads for distinct elements.
+// Invariant: element i's exact sum is partial_sums()[i] while !spilled(i), and spill(i) (which
+// includes the double it held when it spilled) once spilled(i); an element never un-spills until
+// zero() or reset().
 class ExactAccumulator {
  public:
   ExactAccumulator() = default;
@@ -232,6 +253,28 @@ class ExactAccumulator {
   size_t spill_count() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return spill_.size();
+  }
+
+  // Adds an exact sum held in a SuperAccumulator (e.g. another rank's spill of element i); the
+  // element spills. Safe from several threads for distinct elements, as add(i, double).
+  void add(size_t i, const SuperAccumulator& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    SuperAccumulator& acc = spill_[i];
+    if (!spilled_[i]) {
+      acc.add(sum_[i]);
+      spilled_[i] = 1;
+    }
+    acc.add(s);
+  }
+
+  // Read access to the state (e.g. to send it to other ranks); not safe while another thread
+  // adds, zeroes or resets. partial_sums()[i] is element i's exact sum where !spilled(i); where
+  // spilled(i) it is stale (already included in spill(i)) and spill(i) holds the sum.
+  const double* partial_sums() const { return sum_.data(); }
+  bool spilled(size_t i) const { return spilled_[i] != 0; }
+  const SuperAccumulator& spill(size_t i) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return spill_.at(i);
   }
 
  private:

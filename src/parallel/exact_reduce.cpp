@@ -1,7 +1,6 @@
 // Exact reduce-scatter and scalar combination across ranks (see exact_reduce.hpp).
 #include "src/parallel/exact_reduce.hpp"
 
-#include <bit>
 #include <cmath>
 
 #include "src/core/check.hpp"
@@ -10,38 +9,24 @@ namespace lockstep::parallel {
 
 namespace {
 
-constexpr int kTerms = 3;  // floats per element on the wire: enough for any double-exact sum
+// A spilled element on the wire: its shard-local index, its SuperAccumulator's flags and digits.
+constexpr int kSpillWords = 2 + SuperAccumulator::kDigits;
 
-// Extras travel as one uint64 each: shard-local index in the high half, the float's bits below.
-uint64_t pack_extra(int64_t local_index, float term) {
-  return (static_cast<uint64_t>(local_index) << 32) | std::bit_cast<uint32_t>(term);
-}
-
-// Receiving side, shared by both sources: adds every rank's terms of my shard and rounds once.
-void add_terms_and_round(const std::vector<float>& recv, int terms, int64_t shard, int parts,
-                         const std::vector<uint64_t>& extras, float* out) {
-  ExactAccumulator acc(static_cast<size_t>(shard));
+// Adds every rank's block of values for my shard (recv holds `parts` blocks of `shard`).
+template <class T>
+void add_blocks(const std::vector<T>& recv, int64_t shard, int parts, ExactAccumulator& acc) {
   for (int q = 0; q < parts; ++q) {
-    const float* block = recv.data() + static_cast<size_t>(q) * static_cast<size_t>(shard * terms);
+    const T* block = recv.data() + static_cast<size_t>(q) * static_cast<size_t>(shard);
     for (int64_t i = 0; i < shard; ++i) {
-      for (int k = 0; k < terms; ++k) {
-        const float t = block[i * terms + k];
-        if (t != 0.0f) acc.add(static_cast<size_t>(i), t);
-      }
+      if (block[i] != T{0}) acc.add(static_cast<size_t>(i), static_cast<double>(block[i]));
     }
   }
-  for (uint64_t e : extras) {
-    const auto i = static_cast<size_t>(e >> 32);
-    LS_CHECK(i < static_cast<size_t>(shard), "extra term index ", i, " outside the shard of ", shard);
-    acc.add(i, std::bit_cast<float>(static_cast<uint32_t>(e & 0xffffffffu)));
-  }
-  acc.round_to(out);
 }
 
-std::vector<int64_t> scaled(const std::vector<int64_t>& v, int64_t k) {
-  std::vector<int64_t> out(v);
-  for (auto& x : out) x *= k;
-  return out;
+std::vector<int64_t> block_displs(int parts, int64_t block) {
+  std::vector<int64_t> d(static_cast<size_t>(parts));
+  for (int q = 0; q < parts; ++q) d[static_cast<size_t>(q)] = q * block;
+  return d;
 }
 
 }  // namespace
@@ -75,75 +60,72 @@ ShardPlan make_shard_plan(const std::vector<ParamTensor>& layout, int parts) {
   return plan;
 }
 
-void exact_reduce_scatter(ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
+void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
                           float* out) {
   const int parts = comm.size(), me = comm.rank();
+  const auto np = static_cast<size_t>(parts);
   LS_CHECK(plan.parts() == parts && local.size() == static_cast<size_t>(plan.end(parts - 1)));
-  const int64_t n = plan.end(parts - 1);
-  // 1. Peel each element's exact local sum into t1 + t2 + t3 (+ extras): t = RN(rest), rest -= t.
-  std::vector<float> send(static_cast<size_t>(n * kTerms), 0.0f);
-  std::vector<std::vector<uint64_t>> extras(static_cast<size_t>(parts));
-  for (int q = 0; q < parts; ++q) {
-    LS_CHECK(plan.size(q) < (int64_t{1} << 32), "shard of ", plan.size(q), " elements");
-    for (int64_t i = plan.first(q); i < plan.end(q); ++i) {
-      const auto e = static_cast<size_t>(i);
-      for (int k = 0;; ++k) {
-        const float t = local.round(e);
-        if (t == 0.0f) break;  // the rest is a multiple of 2^-149 that rounds to 0: exactly 0
-        if (k < kTerms) {
-          send[e * kTerms + static_cast<size_t>(k)] = t;
-        } else {
-          extras[static_cast<size_t>(q)].push_back(pack_extra(i - plan.first(q), t));
-        }
-        if (!std::isfinite(t)) break;  // ±inf or NaN: sent as is, nothing left to peel
-        local.add(e, -static_cast<double>(t));  // exact: the accumulator holds the exact rest
-      }
-    }
-  }
-  local.zero();
-
-  // 2. Every rank receives the terms of its shard from every rank.
-  const std::vector<int64_t> sizes = plan.sizes();
-  const std::vector<int64_t> firsts = plan.firsts();
   const int64_t shard = plan.size(me);
-  std::vector<int64_t> recv_counts(static_cast<size_t>(parts), shard * kTerms), recv_displs(static_cast<size_t>(parts));
-  for (int q = 0; q < parts; ++q) recv_displs[static_cast<size_t>(q)] = q * shard * kTerms;
-  std::vector<float> recv(static_cast<size_t>(parts * shard * kTerms));
-  comm::Handle terms = comm.iall_to_allv(send.data(), scaled(sizes, kTerms), scaled(firsts, kTerms), recv.data(),
-                                         recv_counts, recv_displs, comm::DataType::kF32);
 
-  std::vector<int64_t> extra_send_counts(static_cast<size_t>(parts)), extra_recv_counts(static_cast<size_t>(parts));
+  // 1. Every rank's exact double of each element of my shard (stale where spilled; see 3).
+  const std::vector<int64_t> sizes = plan.sizes(), firsts = plan.firsts(), blocks(np, shard),
+                             block_firsts = block_displs(parts, shard);
+  std::vector<double> recv(np * static_cast<size_t>(shard));
+  comm::Handle doubles = comm.iall_to_allv(local.partial_sums(), sizes, firsts, recv.data(), blocks, block_firsts,
+                                           comm::DataType::kF64);
+
+  // 2. Spilled elements, grouped by owner: counts, then the records.
+  std::vector<int64_t> spill_send, send_counts(np), send_displs(np), recv_counts(np), recv_displs(np);
   for (int q = 0; q < parts; ++q) {
-    extra_send_counts[static_cast<size_t>(q)] = static_cast<int64_t>(extras[static_cast<size_t>(q)].size());
+    send_displs[static_cast<size_t>(q)] = static_cast<int64_t>(spill_send.size());
+    for (int64_t i = plan.first(q); i < plan.end(q); ++i) {
+      if (!local.spilled(static_cast<size_t>(i))) continue;
+      const SuperAccumulator& acc = local.spill(static_cast<size_t>(i));
+      spill_send.push_back(i - plan.first(q));
+      spill_send.push_back(acc.flags());
+      spill_send.insert(spill_send.end(), acc.digits(), acc.digits() + SuperAccumulator::kDigits);
+    }
+    send_counts[static_cast<size_t>(q)] = static_cast<int64_t>(spill_send.size()) - send_displs[static_cast<size_t>(q)];
   }
-  comm.all_to_all(extra_send_counts.data(), extra_recv_counts.data(), 1, comm::DataType::kI64);
-  std::vector<uint64_t> extra_send, extra_recv;
-  std::vector<int64_t> extra_send_displs(static_cast<size_t>(parts)), extra_recv_displs(static_cast<size_t>(parts));
+  comm.all_to_all(send_counts.data(), recv_counts.data(), 1, comm::DataType::kI64);
   int64_t recv_total = 0;
   for (int q = 0; q < parts; ++q) {
-    extra_send_displs[static_cast<size_t>(q)] = static_cast<int64_t>(extra_send.size());
-    extra_send.insert(extra_send.end(), extras[static_cast<size_t>(q)].begin(), extras[static_cast<size_t>(q)].end());
-    extra_recv_displs[static_cast<size_t>(q)] = recv_total;
-    recv_total += extra_recv_counts[static_cast<size_t>(q)];
+    recv_displs[static_cast<size_t>(q)] = recv_total;
+    recv_total += recv_counts[static_cast<size_t>(q)];
   }
-  extra_recv.resize(static_cast<size_t>(recv_total));
-  comm.all_to_allv(extra_send.data(), extra_send_counts, extra_send_displs, extra_recv.data(), extra_recv_counts,
-                   extra_recv_displs, comm::DataType::kU64);
-  terms.wait();
+  std::vector<int64_t> spill_recv(static_cast<size_t>(recv_total));
+  comm.all_to_allv(spill_send.data(), send_counts, send_displs, spill_recv.data(), recv_counts, recv_displs,
+                   comm::DataType::kI64);
+  doubles.wait();
 
-  // 3. Exact sum of everything received, rounded once.
-  add_terms_and_round(recv, kTerms, shard, parts, extra_recv, out);
+  // 3. A spilled element's double is already in its SuperAccumulator: drop it, add the rest exactly
+  //    (any order), round once.
+  ExactAccumulator sum(static_cast<size_t>(shard));
+  for (int q = 0; q < parts; ++q) {
+    const int64_t first = recv_displs[static_cast<size_t>(q)], end = first + recv_counts[static_cast<size_t>(q)];
+    for (int64_t r = first; r < end; r += kSpillWords) {
+      const int64_t* rec = spill_recv.data() + r;
+      LS_CHECK(rec[0] >= 0 && rec[0] < shard, "spilled element ", rec[0], " outside the shard of ", shard);
+      const auto i = static_cast<size_t>(rec[0]);
+      recv[static_cast<size_t>(q) * static_cast<size_t>(shard) + i] = 0.0;
+      sum.add(i, SuperAccumulator::from_digits(rec + 2, static_cast<uint8_t>(rec[1])));
+    }
+  }
+  add_blocks(recv, shard, parts, sum);
+  sum.round_to(out);
 }
 
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out) {
   const int parts = comm.size(), me = comm.rank();
   LS_CHECK(plan.parts() == parts);
   const int64_t shard = plan.size(me);
-  std::vector<int64_t> recv_counts(static_cast<size_t>(parts), shard), recv_displs(static_cast<size_t>(parts));
-  for (int q = 0; q < parts; ++q) recv_displs[static_cast<size_t>(q)] = q * shard;
-  std::vector<float> recv(static_cast<size_t>(parts * shard));
-  comm.all_to_allv(local, plan.sizes(), plan.firsts(), recv.data(), recv_counts, recv_displs, comm::DataType::kF32);
-  add_terms_and_round(recv, 1, shard, parts, {}, out);
+  const std::vector<int64_t> blocks(static_cast<size_t>(parts), shard);
+  std::vector<float> recv(static_cast<size_t>(parts) * static_cast<size_t>(shard));
+  comm.all_to_allv(local, plan.sizes(), plan.firsts(), recv.data(), blocks, block_displs(parts, shard),
+                   comm::DataType::kF32);
+  ExactAccumulator sum(static_cast<size_t>(shard));
+  add_blocks(recv, shard, parts, sum);
+  sum.round_to(out);
 }
 
 void combiner_terms(ChunkCombiner c, float* terms) {

@@ -7,25 +7,21 @@
 // ExactAccumulator / ChunkCombiner over all the partials.
 //
 // Gradient reduce-scatter (exact_reduce_scatter):
-//   1. each rank turns its local exact sum of every element into a float expansion, t1 + t2 + t3
-//      (= the exact value; t1 = RN(s), t2 = RN(s - t1), t3 = s - t1 - t2, all fp32). A local sum
-//      held as a double (ExactAccumulator's fast path, 53 bits) always fits three floats; the rare
-//      element that needs more (a SuperAccumulator spill) sends the rest as (index, float) extras.
-//      ExactAccumulator exposes only round()/add(), so the expansion is peeled with those: the
-//      local accumulator is consumed (left at zero).
-//   2. an all-to-all sends every rank the three terms of the elements of its shard (12 bytes per
-//      element) and the extras (an all-to-all of counts, then an all-to-allv of 8-byte entries);
-//   3. the owner adds every received term into a fresh ExactAccumulator — exact, so in any order
-//      — and rounds once.
-//   Bytes sent per rank: 12·N·(p−1)/p + 8·(extras), against 4·N·(p−1)/p for a float reduce-scatter
-//   (MPI_Reduce_scatter on fp32, not reproducible). A following fp32 all-gather (4·N·(p−1)/p) makes
-//   it an exact all-reduce: 16·N·(p−1)/p, twice a ring all-reduce of fp32.
-//   Limitation: a rank whose *local* exact sum of an element exceeds FLT_MAX sends ±inf for it
-//   (an fp32 gradient that large is already lost).
+//   1. an all-to-all(v) sends every rank each element of its shard as the sender's exact local sum
+//      held in a double (ExactAccumulator::partial_sums(), sent in place: 8 bytes per element);
+//   2. the rare element whose local sum spilled to a SuperAccumulator (its double is then stale)
+//      goes as well as a record of 14 int64 (shard-local index, flags, 12 digits: 112 bytes), after
+//      an all-to-all of the record counts;
+//   3. the owner drops the stale doubles of spilled elements, adds every received double and
+//      SuperAccumulator into a fresh ExactAccumulator — exact, so in any order — and rounds once.
+//   Non-finite local sums travel as they are (±inf and NaN in the double or the flags).
+//   Bytes sent per rank: 8·N·(p−1)/p + 112·(spilled elements) + 8·(p−1), against 4·N·(p−1)/p for a
+//   float reduce-scatter (MPI_Reduce_scatter on fp32, not reproducible). A following fp32 all-gather
+//   (4·N·(p−1)/p) makes it an exact all-reduce: 12·N·(p−1)/p, 1.5x a ring all-reduce of fp32.
 //
 // Scalar combination (combine_exact): a ChunkCombiner (loss sum, gradient sum of squares) is sent
-// as the same kind of float expansion (peeled with finish()/add(); at most kCombinerTerms floats,
-// since each term takes at least 24 bits off a value spanning at most 2^159 .. 2^-149); every rank
+// as a float expansion (peeled with finish()/add(); at most kCombinerTerms floats, since each term
+// takes at least 24 bits off a value spanning at most 2^159 .. 2^-149); every rank
 // all-gathers them and sums them in a SuperAccumulator, so every rank gets the same bits, equal to
 // one process's combiner over all the partials.
 #pragma once
@@ -60,9 +56,9 @@ struct ShardPlan {
 ShardPlan make_shard_plan(const std::vector<ParamTensor>& layout, int parts);
 
 // Exact reduce-scatter of per-element exact sums: out (plan.size(rank) floats) receives the
-// rounded exact sum over the group of elements [plan.first(rank), plan.end(rank)). `local` is
-// consumed (left zero). Collective over `comm`.
-void exact_reduce_scatter(ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
+// rounded exact sum over the group of elements [plan.first(rank), plan.end(rank)). Collective over
+// `comm`; no thread may add to `local` meanwhile.
+void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
                           float* out);
 // The same for ranks whose local sums are fp32 values (fast-mode gradients): one term each.
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out);

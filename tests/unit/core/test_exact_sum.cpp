@@ -263,6 +263,81 @@ TEST(ExactSum, ExactAccumulatorMatchesMpfrForAnyOrderAndSplit) {
   EXPECT_EQ(a.round(0), 0.0f);
 }
 
+// The read access of a data-parallel reduction: each "rank" accumulates its share of every
+// element; a receiver rebuilt from partial_sums() where not spilled and from spill()'s digits and
+// flags where spilled (add(i, SuperAccumulator)) rounds to MPFR's sum of all the values.
+TEST(ExactSum, ExactAccumulatorReadAccessRebuildsTheSumsOfSeveralAccumulators) {
+  constexpr size_t kElements = 64, kRanks = 3;
+  std::mt19937_64 rng(4242);
+  std::vector<std::vector<float>> values(kElements);
+  for (size_t i = 0; i < kElements; ++i) values[i] = random_set(rng, static_cast<int>(i));
+  std::vector<ExactAccumulator> ranks(kRanks);
+  for (ExactAccumulator& acc : ranks) acc.reset(kElements);
+  for (size_t i = 0; i < kElements; ++i) {
+    for (size_t k = 0; k < values[i].size(); ++k) ranks[k % kRanks].add(i, double{values[i][k]});
+  }
+  ExactAccumulator total(kElements);
+  size_t spilled = 0;
+  for (const ExactAccumulator& acc : ranks) {
+    size_t mine = 0;
+    for (size_t i = 0; i < kElements; ++i) {
+      if (acc.spilled(i)) {
+        ++mine;
+        const SuperAccumulator& s = acc.spill(i);
+        EXPECT_TRUE(same_bits(s.round_to_float(), acc.round(i))) << "element " << i;
+        total.add(i, SuperAccumulator::from_digits(s.digits(), s.flags()));
+      } else {
+        EXPECT_TRUE(same_bits(static_cast<float>(acc.partial_sums()[i]), acc.round(i))) << "element " << i;
+        total.add(i, acc.partial_sums()[i]);
+      }
+    }
+    EXPECT_EQ(mine, acc.spill_count());
+    spilled += mine;
+  }
+  EXPECT_GT(spilled, 0u) << "the wide-spread sets should need the slow path";
+  for (size_t i = 0; i < kElements; ++i) expect_sum(values[i], total.round(i), "rebuilt ExactAccumulator");
+}
+
+// from_digits() of digits() and flags() is the same accumulator: same value, same non-finite state.
+TEST(ExactSum, SuperAccumulatorFromDigitsKeepsValueAndFlags) {
+  std::mt19937_64 rng(99);
+  for (int set = 0; set < 40; ++set) {
+    const std::vector<float> xs = random_set(rng, set);
+    SuperAccumulator a;
+    for (float x : xs) a.add(double{x});
+    const SuperAccumulator b = SuperAccumulator::from_digits(a.digits(), a.flags());
+    EXPECT_EQ(b.flags(), 0);
+    EXPECT_TRUE(same_bits(b.round_to_float(), a.round_to_float())) << "set " << set;
+  }
+  for (const std::vector<float>& xs : std::vector<std::vector<float>>{
+           {1.0f, kInf}, {-kInf, 2.0f}, {kInf, -kInf}, {std::numeric_limits<float>::quiet_NaN(), 3.0f}}) {
+    SuperAccumulator a;
+    for (float x : xs) a.add(double{x});
+    const SuperAccumulator b = SuperAccumulator::from_digits(a.digits(), a.flags());
+    EXPECT_EQ(b.flags(), a.flags());
+    EXPECT_TRUE(same_bits(b.round_to_float(), mpfr_sum_f32(xs)));
+  }
+}
+
+// add(i, SuperAccumulator) spills the element, keeping the double it held.
+TEST(ExactSum, AddingASuperAccumulatorSpillsTheElement) {
+  ExactAccumulator acc(2);
+  acc.add(0, 1.0);
+  acc.add(1, 1.0);
+  EXPECT_FALSE(acc.spilled(0));
+  EXPECT_EQ(acc.partial_sums()[0], 1.0);
+  SuperAccumulator tiny;
+  tiny.add(std::ldexp(1.0, -149));
+  tiny.add(std::ldexp(1.0, -149));
+  acc.add(0, tiny);
+  EXPECT_TRUE(acc.spilled(0));
+  EXPECT_FALSE(acc.spilled(1));
+  EXPECT_EQ(acc.spill_count(), 1u);
+  acc.add(0, -1.0);
+  EXPECT_EQ(acc.round(0), std::ldexp(1.0f, -148));
+  EXPECT_EQ(acc.spill(0).round_to_float(), std::ldexp(1.0f, -148));
+}
+
 // Zero sums are +0 in every path (the IEEE RN sum of x and -x), even of negative zeros.
 TEST(ExactSum, ZeroSumIsPositiveZero) {
   const std::vector<float> xs = {-0.0f, -0.0f};
