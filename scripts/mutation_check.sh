@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Mutation check: proof that the kernel tests bite (issue 3, part 6).
+# Mutation check: proof that the kernel tests and `lockstep verify step` bite (issue 3, part 6).
 #
 # Copies the committed tree (git archive HEAD; --worktree: the tracked files as they are now) into
-# a temporary directory, builds test_property and the kernel unit-test binaries once (Release,
-# LOCKSTEP_CUDA=OFF, -j2), checks that they pass unmutated, then for every scripts/mutants/*.patch:
-# applies it, rebuilds (only the touched kernel files recompile), runs every binary, records which
-# tests failed, and reverts the patch. A mutant is caught when at least one test fails.
-# Prints one row per mutant and "N/M mutants caught"; exits 1 if any mutant survived, 2 if the
-# unmutated tree does not build or pass (then no mutant result would mean anything).
+# a temporary directory, builds test_property, the kernel unit-test binaries and the lockstep CLI
+# once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests pass unmutated, and trains two tiny
+# models 2 steps with the unmutated CLI (d_model 32, 2 layers, seq_len 16; "ln": LayerNorm, GELU,
+# learned positions, biases; "rms": RMSNorm, SwiGLU, RoPE, GQA, untied, no biases), checkpointing
+# after step 2. From those checkpoints the unmutated CLI must pass `verify step` in the three
+# setups canon-ln, canon-rms (canonical mode, bitwise against the CanonicalF32 emulation) and
+# fast-ln (fast mode, within the Bounded<mpfr> bounds). Between them every mutated kernel runs.
+# Then for every scripts/mutants/*.patch: applies it, rebuilds (only the touched kernel files
+# recompile), runs every test binary and records which tests failed, runs the mutant CLI's
+# `verify step` in the three setups against the unmutated checkpoints and records which setups
+# failed (and the worst tensor each names), and reverts the patch. A mutant is caught by the tests
+# when at least one test fails, by verify step when at least one setup exits non-zero.
+# Prints one row per mutant with both verdicts, "N/M mutants caught by the tests" and "N/M caught
+# by verify step"; exits 1 if any mutant escaped either, 2 if the unmutated tree does not build,
+# pass its tests or pass verify step (then no mutant result would mean anything).
 #
 # Usage: scripts/mutation_check.sh [--worktree] [--keep] [--jobs N] [mutant-name ...]
 # Environment: LS_MUTATION_DIR (work dir, default a mktemp dir), RC_PARAMS (default noshrink=1:
@@ -25,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     --worktree) source_mode=worktree ;;
     --keep) keep=1 ;;
     --jobs) jobs="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) selected+=("$1") ;;
   esac
   shift
@@ -53,7 +62,7 @@ export RC_PARAMS="${RC_PARAMS:-noshrink=1}"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 build_all() {
-  cmake --build "$build" -j"$jobs" --target "${binaries[@]}" >"$1" 2>&1
+  cmake --build "$build" -j"$jobs" --target "${binaries[@]}" lockstep_cli >"$1" 2>&1
 }
 
 # run_all LOG: runs every binary, writes "binary: FailedTest" lines to LOG.failed; returns the
@@ -85,6 +94,99 @@ if ! run_all "$logs/run.baseline"; then
 fi
 echo "baseline: all kernel tests pass"
 
+# ---- verify step: tiny checkpoints trained by the unmutated CLI ----
+vdir="$work/verify"
+rm -rf "$vdir"
+mkdir -p "$vdir"
+cli="$build/bin/lockstep"
+# write_verify_config FILE MODEL_LINES: a 2-layer d_model 32 model, 3 steps of 4 sequences of 16
+# tokens, checkpoints every step (step 2's is the one verified: its step 3 is replayed).
+write_verify_config() {
+  cat >"$1" <<TOML
+[model]
+vocab_size = 257
+seq_len = 16
+d_model = 32
+n_layers = 2
+n_heads = 4
+seed = 11
+$2
+
+[data]
+train = "$vdir/data/train.bin"
+
+[train]
+steps = 3
+batch_size = 4
+micro_batch_size = 4
+lr = 1e-3
+min_lr = 1e-4
+warmup = 1
+seed = 5
+mode = "canonical"
+threads = 2
+peak_gflops = 100
+
+[checkpoint]
+dir = "$vdir/ck-$(basename "$1" .toml)"
+every = 1
+keep = 0
+TOML
+}
+"$cli" data synth --out "$vdir/data" --order 2 --alphabet 8 --branch 3 --tokens 20000 --seed 7 \
+  >"$logs/verify.data.log" 2>&1 &&
+  "$cli" data build --input "$vdir/data/corpus.txt" --out "$vdir/data" >>"$logs/verify.data.log" 2>&1 ||
+  { echo "verify data failed: $logs/verify.data.log"; keep=1; exit 2; }
+write_verify_config "$vdir/ln.toml" 'norm = "layernorm"
+ffn = "gelu"
+pos = "learned"
+bias = true
+tie_embeddings = true'
+write_verify_config "$vdir/rms.toml" 'norm = "rmsnorm"
+ffn = "swiglu"
+ffn_hidden = 48
+pos = "rope"
+n_kv_heads = 2
+bias = false
+tie_embeddings = false'
+for cfg in ln rms; do
+  "$cli" train --config "$vdir/$cfg.toml" >"$logs/verify.train.$cfg.log" 2>&1 &&
+    [[ -d "$vdir/ck-$cfg/step_00000002" ]] ||
+    { echo "training the $cfg checkpoint failed: $logs/verify.train.$cfg.log"; keep=1; exit 2; }
+done
+# setup name, config, extra options
+setups=("canon-ln ln" "canon-rms rms" "fast-ln ln --train.mode=fast")
+
+# run_verify LOG: runs the built CLI's verify step in every setup, writes "setup: worst tensor"
+# lines (or the exit status when no summary line came) to LOG.failed; returns the number failing.
+run_verify() {
+  local log="$1" bad=0 setup name cfg extra status
+  : >"$log.failed"
+  for setup in "${setups[@]}"; do
+    read -r name cfg extra <<<"$setup"
+    status=0
+    # shellcheck disable=SC2086  # extra is empty or one option
+    timeout 900 "$cli" verify step --config "$vdir/$cfg.toml" --checkpoint "$vdir/ck-$cfg/step_00000002" \
+      $extra >"$log.$name" 2>&1 || status=$?
+    if [[ $status -ne 0 ]]; then
+      bad=$((bad + 1))
+      if grep -q '^verify step: FAIL' "$log.$name"; then
+        echo "$name: $(grep '^verify step: FAIL' "$log.$name" | sed -E 's/.*worst tensor ([^ ,;]+).*/\1/')" >>"$log.failed"
+      else
+        echo "$name: exit $status, $(tail -1 "$log.$name")" >>"$log.failed"
+      fi
+    fi
+  done
+  return $bad
+}
+if ! run_verify "$logs/verify.baseline"; then
+  echo "the unmutated CLI fails verify step; fix that first:"
+  cat "$logs/verify.baseline.failed"
+  keep=1
+  exit 2
+fi
+echo "baseline: verify step passes (${setups[*]})"
+
 mutants=()
 if [[ ${#selected[@]} -gt 0 ]]; then
   for m in "${selected[@]}"; do mutants+=("$root/scripts/mutants/$m.patch"); done
@@ -93,23 +195,32 @@ else
 fi
 
 caught=0
+vcaught=0
 total=0
 table=()
 for patch in "${mutants[@]}"; do
   name="$(basename "$patch" .patch)"
   total=$((total + 1))
   if ! (cd "$src" && patch -p1 -s --forward <"$patch"); then
-    table+=("$(printf '%-40s %s' "$name" "PATCH DOES NOT APPLY (counted as survived)")")
+    table+=("$(printf '%-40s %s' "$name" "PATCH DOES NOT APPLY (counted as survived by both)")")
     continue
   fi
   start=$(date +%s)
   if ! build_all "$logs/build.$name.log"; then
-    verdict="BUILD FAILED (counted as survived): $logs/build.$name.log"
-  elif run_all "$logs/run.$name"; then
-    verdict="SURVIVED"
+    verdict="BUILD FAILED (counted as survived by both): $logs/build.$name.log"
   else
-    caught=$((caught + 1))
-    verdict="caught by $(tr '\n' ' ' <"$logs/run.$name.failed")"
+    if run_all "$logs/run.$name"; then
+      verdict="tests: SURVIVED"
+    else
+      caught=$((caught + 1))
+      verdict="tests: caught by $(tr '\n' ' ' <"$logs/run.$name.failed")"
+    fi
+    if run_verify "$logs/verify.$name"; then
+      verdict+=" | verify step: SURVIVED (${setups[*]%% *} all pass)"
+    else
+      vcaught=$((vcaught + 1))
+      verdict+=" | verify step: caught in $(tr '\n' ' ' <"$logs/verify.$name.failed")"
+    fi
   fi
   (cd "$src" && patch -p1 -s -R <"$patch")
   row="$(printf '%-40s %4ss  %s' "$name" "$(($(date +%s) - start))" "$verdict")"
@@ -120,6 +231,7 @@ done
 echo
 echo "mutant                                   time  result"
 printf '%s\n' "${table[@]}"
-echo "$caught/$total mutants caught"
+echo "$caught/$total mutants caught by the tests"
+echo "$vcaught/$total mutants caught by verify step"
 if [[ -n "${LS_MUTATION_DIR:-}" || $keep -eq 1 ]]; then echo "logs: $logs"; fi
-[[ $caught -eq $total ]]
+[[ $caught -eq $total && $vcaught -eq $total ]]

@@ -47,4 +47,15 @@ inline double gamma_probabilistic_confidence(int64_t n, double u, double lambda)
   return 1.0 - 2.0 * static_cast<double>(n) * std::exp(-lambda * lambda * (1 - u) * (1 - u) / 2);
 }
 
+// Rounding error of a central difference D̂ = fl(fl(f̂₊ − f̂₋) / 2h) in a format with unit roundoff
+// u, where f̂± are computed values of f(x ± h) with |f̂± − f(x ± h)| <= e_plus, e_minus (e.g. the
+// error bounds a Bounded<T> evaluation carries) and 2h is a power of two (the division is exact).
+// The subtraction rounds once: fl(s) = s(1 + δ), |δ| <= u, so |fl(s) − s| <= u|s| <= γ_1·|fl(s)|;
+// hence |D̂ − (f(x+h) − f(x−h))/2h| <= (e_plus + e_minus)/2h + γ_1(u)·|D̂|, with d_abs = |D̂|.
+// Truncation (the O(h²) term) is not included: that is the finite difference's own error.
+inline double central_difference_rounding_bound(double u, double e_plus, double e_minus, double h,
+                                                double d_abs) {
+  return (e_plus + e_minus) / (2.0 * h) + gamma(1, u) * d_abs;
+}
+
 }  // namespace lockstep::bounds

@@ -1,6 +1,7 @@
 // The whole-model reference (reference/gpt.hpp):
 //  - its backward against central finite differences of its own loss in MPFR at 256 bits, along
-//    random directions in parameter space (Richardson h/2h estimate of the truncation error);
+//    random directions in parameter space (Richardson h/2h estimate of the truncation error,
+//    Bounded<Mpfr> bounds on every rounding);
 //  - CanonicalF32 equal to the canonical trainer step bit for bit, and Bounded<mpfr> bounding the
 //    fast-mode step, through the `verify step` engine on in-memory state, for model variants
 //    (GELU/SwiGLU, LayerNorm/RMSNorm, learned/RoPE, tied/untied, GQA, micro-batches);
@@ -14,6 +15,7 @@
 #include "reference/gpt.hpp"
 #include "reference/real.hpp"
 #include "src/model/gpt.hpp"
+#include "verify/bounds.hpp"
 #include "verify/step.hpp"
 
 namespace lockstep {
@@ -38,9 +40,43 @@ reference::GptDims fd_dims(bool variant) {
   return d;
 }
 
-// d/dh L(θ + h·r) at h = 0 by central differences vs Σ grad·r from the reference backward.
+// Bounded<Mpfr> charges every operation the rounding of the MPFR precision in use (u = 2^-p) and
+// every exp/log/tanh one unit (MPFR rounds them correctly); MPFR's exponent range has no
+// underflow. Its values are then MPFR's own and its bounds hold for the p-bit evaluation itself.
+class ScopedMpfrBoundedFormat {
+ public:
+  explicit ScopedMpfrBoundedFormat(int bits) : saved_(reference::bounded_format()) {
+    reference::bounded_format() = {bounds::unit_roundoff(bits), 1.0, 0.0};
+  }
+  ~ScopedMpfrBoundedFormat() { reference::bounded_format() = saved_; }
+  ScopedMpfrBoundedFormat(const ScopedMpfrBoundedFormat&) = delete;
+  ScopedMpfrBoundedFormat& operator=(const ScopedMpfrBoundedFormat&) = delete;
+
+ private:
+  reference::BoundedFormat saved_;
+};
+
+// d/dh L(θ + h·r) at h = 0 by central differences vs Σ grad·r from the reference backward, all in
+// Bounded<Mpfr> at p = 256 bits so that every rounding error in the check is bounded, not guessed:
+//  - θ and r are fp32 values (normal(0, 0.5) draws, far below 2^40; last bit >= 2^-149) and
+//    h = 2^-60, so θ_i + t·h·r_i (t = ±1, ±2) lies between 2^41 and a last bit >= 2^-210: fewer
+//    than 256 bits, the perturbed points are exact;
+//  - D̂(h) = fl(fl(L̂₊ − L̂₋)/2h) is off from (L(θ+hr) − L(θ−hr))/2h by at most
+//    r(h) = central_difference_rounding_bound(u, E₊, E₋, h, |D̂(h)|), E± the loss's Bounded errors;
+//  - truncation: D(h) = D + c·h² + O(h⁴), so D(2h) − D(h) = 3c·h² + O(h⁴) and
+//    |D(2h) − D(h)| bounds D(h)'s truncation with a factor 3 to spare for the O(h⁴) term; from the
+//    computed D̂'s that difference is at most |D̂(2h) − D̂(h)| + r(h) + r(2h);
+//  - the analytic Σ grad·r carries its own Bounded error E_a (backward and dot product).
+// Tolerance: |D̂(2h) − D̂(h)| + 2·r(h) + r(2h) + E_a.
+// The check must also resolve the gradient to many more digits than fp64 has (issue 3): the
+// tolerance must stay below u_64²·|Σ grad·r| (about 32 digits), so a backward right only to fp64
+// accuracy (an error of u_64·|Σ grad·r|) would fail it.
 void check_finite_differences(bool variant) {
-  reference::ScopedMpfrBits bits(256);
+  constexpr int kBits = 256;
+  using Real = reference::MpfrBounded;
+  reference::ScopedMpfrBits bits(kBits);
+  ScopedMpfrBoundedFormat format(kBits);
+  const double u = bounds::unit_roundoff(kBits);
   const reference::GptDims d = fd_dims(variant);
   const int64_t B = 2, BT = B * d.T;
   std::vector<float> cos_t, sin_t;
@@ -53,7 +89,7 @@ void check_finite_differences(bool variant) {
       }
     }
   }
-  reference::GptReference<Mpfr> ref(d, B, cos_t, sin_t);
+  reference::GptReference<Real> ref(d, B, cos_t, sin_t);
   std::mt19937 rng(variant ? 7 : 3);
   std::normal_distribution<float> normal(0.0f, 0.5f);
   const size_t n = ref.params.size();
@@ -63,33 +99,47 @@ void check_finite_differences(bool variant) {
   for (auto& t : inputs) t = static_cast<int32_t>(rng() % d.V);
   for (auto& t : targets) t = static_cast<int32_t>(rng() % d.V);
 
-  ref.params = theta;
+  for (size_t i = 0; i < n; ++i) ref.params[i] = Real(theta[i]);
   ref.forward_backward(inputs.data(), targets.data(), {0, BT}, 1.0f / static_cast<float>(BT));
-  const std::vector<Mpfr> grad = ref.grads();
+  const std::vector<Real> grad = ref.grads();
 
   auto loss_at = [&](const std::vector<Mpfr>& r, const Mpfr& h) {
-    for (size_t i = 0; i < n; ++i) ref.params[i] = theta[i] + h * r[i];
+    for (size_t i = 0; i < n; ++i) ref.params[i] = Real(Mpfr(theta[i] + h * r[i]));
     return ref.loss(inputs.data(), targets.data());
+  };
+  // D̂(h) and its rounding bound r(h).
+  auto central = [&](const std::vector<Mpfr>& r, const Mpfr& h, double* rounding) {
+    const Real plus = loss_at(r, h), minus = loss_at(r, -h);
+    const Mpfr D = (plus.value - minus.value) / (2 * h);
+    *rounding = bounds::central_difference_rounding_bound(
+        u, static_cast<double>(plus.err), static_cast<double>(minus.err), static_cast<double>(h),
+        static_cast<double>(abs(D)));
+    return D;
   };
   const Mpfr h = boost::multiprecision::ldexp(Mpfr(1), -60);
   for (int dir = 0; dir < 3; ++dir) {
     std::vector<Mpfr> r(n);
     for (auto& x : r) x = Mpfr(normal(rng));
-    Mpfr analytic = 0;
-    for (size_t i = 0; i < n; ++i) analytic += grad[i] * r[i];
-    const Mpfr d1 = (loss_at(r, h) - loss_at(r, -h)) / (2 * h);
-    const Mpfr d2 = (loss_at(r, 2 * h) - loss_at(r, -2 * h)) / (4 * h);
-    // Truncation error of d1 is ≈ (d2 − d1)/3 (O(h²) terms); rounding error ≈ 2^-256·|L|/h.
+    Real analytic = 0;
+    for (size_t i = 0; i < n; ++i) analytic += grad[i] * Real(r[i]);
+    double r_h = 0, r_2h = 0;
+    const Mpfr d1 = central(r, h, &r_h);
+    const Mpfr d2 = central(r, 2 * h, &r_2h);
     const Mpfr trunc = abs(d2 - d1);
-    const Mpfr rounding = boost::multiprecision::ldexp(Mpfr(1), -256 + 60 + 8);
-    const Mpfr diff = abs(d1 - analytic);
-    const double digits = static_cast<double>(-log10(diff / abs(analytic)));
+    const Mpfr tol = trunc + Mpfr(2 * r_h + r_2h) + analytic.err;
+    const Mpfr a = abs(analytic.value);
+    const Mpfr diff = abs(d1 - analytic.value);
     std::printf("variant %d direction %d: analytic %.12e, |fd - analytic| / |analytic| = %.3e "
-                "(%.1f digits), Richardson truncation estimate %.3e\n",
-                variant ? 1 : 0, dir, static_cast<double>(analytic),
-                static_cast<double>(diff / abs(analytic)), digits, static_cast<double>(trunc));
-    EXPECT_LE(diff, trunc + rounding) << "direction " << dir;
-    EXPECT_GT(digits, 30.0) << "far fewer digits than 256-bit finite differences give";
+                "(%.1f digits), tolerance / |analytic| = %.3e (Richardson truncation %.3e, "
+                "rounding %.3e), tightness %.3g\n",
+                variant ? 1 : 0, dir, static_cast<double>(analytic.value),
+                static_cast<double>(diff / a), static_cast<double>(-log10(diff / a)),
+                static_cast<double>(tol / a), static_cast<double>(trunc),
+                static_cast<double>(Mpfr(2 * r_h + r_2h) + analytic.err),
+                static_cast<double>(diff / tol));
+    EXPECT_LE(diff, tol) << "direction " << dir;
+    EXPECT_LT(tol, Mpfr(bounds::kUnitF64) * Mpfr(bounds::kUnitF64) * a)
+        << "direction " << dir << ": the check no longer resolves the gradient beyond fp64";
   }
 }
 
