@@ -19,6 +19,7 @@ commands:
   data inspect FILE                                 validate a token file and print its header
   ckpt info DIR                                     tensors, hashes and the model hash
   verify step --config FILE --checkpoint DIR        one step in trainer and reference, per tensor
+  diff A B [--json FILE] [--mode=exact|ulp:N]       compare two tensor dumps (train --dump.dir)
   bench --config FILE [--json FILE]                 time the training step: tokens/s, MFU, phases
 
 Run `lockstep <command> --help` for the options of one command.
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     if (command == "data") return cli::cmd_data(args);
     if (command == "ckpt") return cli::cmd_ckpt(args);
     if (command == "verify") return cli::cmd_verify(args);
+    if (command == "diff") return cli::cmd_diff(args);
     if (command == "bench") return cli::cmd_bench(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;

@@ -8,6 +8,7 @@
 
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
+#include "verify/dump.hpp"
 
 namespace lockstep {
 
@@ -214,6 +215,12 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("debug_rank", c.parallel.debug_rank);
   p.field("debug_step", c.parallel.debug_step);
   p.finish();
+
+  Section u = section("dump");
+  u.field("dir", c.dump.dir);
+  u.field("tensors", c.dump.tensors);
+  u.field("steps", c.dump.steps);
+  u.finish();
 }
 
 void validate(const RunConfig& c, ConfigUse use) {
@@ -261,6 +268,7 @@ void validate(const RunConfig& c, ConfigUse use) {
                  p.debug_fault == "flip",
              c.source, ": [parallel] debug_fault: expected \"none\", \"exit\", \"hang\" or \"flip\", got \"",
              p.debug_fault, "\"");
+  verify::StepSet(c.dump.steps, c.source + ": [dump] steps");  // throws on a malformed list
 }
 
 }  // namespace
@@ -286,17 +294,17 @@ RunConfig load_run_config(const std::string& path,
     throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
   }
   static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval",
-                                                  "parallel"};
+                                                  "parallel", "dump"};
   for (const auto& [k, v] : root) {
     LS_REQUIRE(kSections.count(std::string(k.str())), path, ": unknown section [", k.str(),
-               "] (known: checkpoint, data, eval, log, model, parallel, train)");
+               "] (known: checkpoint, data, dump, eval, log, model, parallel, train)");
   }
   std::map<std::string, std::string> ov;
   for (const auto& [key, value] : overrides) {
     const auto dot = key.find('.');
     LS_REQUIRE(dot != std::string::npos && kSections.count(key.substr(0, dot)), "--", key,
                ": unknown section '", key.substr(0, key.find('.')),
-               "' (known: checkpoint, data, eval, log, model, parallel, train)");
+               "' (known: checkpoint, data, dump, eval, log, model, parallel, train)");
     ov[key] = value;
   }
   nlohmann::json echo;

@@ -1,7 +1,7 @@
 // The run configuration: a TOML file with sections [model] [data] [train] [checkpoint] [log]
-// [eval] [parallel], plus command-line overrides `--section.key=value`. Every key is declared once, with its
-// type; an unknown section or key, a value of the wrong type or out of range is a ConfigError
-// naming the file (or the override), the key and the expectation.
+// [eval] [parallel] [dump], plus command-line overrides `--section.key=value`. Every key is
+// declared once, with its type; an unknown section or key, a value of the wrong type or out of
+// range is a ConfigError naming the file (or the override), the key and the expectation.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +73,13 @@ struct ParallelConfig {
   int64_t debug_step = 0;
 };
 
+// Tensor dumps for `lockstep diff` (verify/dump.hpp); off (and free: no hook) while dir is "".
+struct DumpConfig {
+  std::string dir;      // the dump directory ("" = off); must not hold a dump already
+  std::string tensors;  // comma-separated globs over hook names, '*' matching '/' too ("" = all)
+  std::string steps;    // 0-based steps, e.g. "0-20" or "3,7,10-12" ("" = every step)
+};
+
 struct RunConfig {
   std::string source;  // the config file, for messages
   ModelConfig model;
@@ -82,6 +89,7 @@ struct RunConfig {
   LogConfig log;
   EvalConfig eval;
   ParallelConfig parallel;
+  DumpConfig dump;
 
   nlohmann::json to_json() const;
 };

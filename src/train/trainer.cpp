@@ -32,6 +32,7 @@
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/mesh.hpp"
 #include "src/train/metrics.hpp"
+#include "verify/dump.hpp"
 
 namespace lockstep {
 
@@ -166,6 +167,22 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                               static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
 
+  // [dump]: the model gets a hook only while dumping, so that dumping costs nothing when off.
+  std::optional<verify::DumpWriter> dump;
+  if (!cfg.dump.dir.empty()) {
+    LS_REQUIRE(world.size() == 1, cfg.source, ": [dump] dir needs a single process (this run has ", world.size(),
+               " ranks, dp = ", dp, "): dumping the global batch of several ranks is not implemented yet");
+    dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
+                 nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"pp", pc.pp}, {"ep", pc.ep}, {"cp", pc.cp},
+                                {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}});
+    model.set_hook([&d = *dump](std::string_view name, const float* data, std::span<const int64_t> shape) {
+      d.observe(name, data, shape);
+    });
+  }
+  auto dump_params = [&](const char* prefix, const float* base) {
+    for (const auto& p : model.param_layout()) dump->add(prefix + p.name, base + p.offset, p.shape);
+  };
+
   TrainSummary summary;
   if (!cfg.checkpoint.dir.empty()) {
     std::ostringstream warnings;
@@ -250,13 +267,22 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     const float lr = static_cast<float>(schedule.at(step));
     sampler.next_batch(B, dp_rank * BL, BL, inputs.data(), targets.data());
     model.zero_grad();
+    if (dump) dump->begin_step(step);
     ChunkCombiner loss_sum;
     model.forward_backward_batch(inputs.data(), targets.data(), BL, MBL, dp_rank * BL * T, dloss,
                                  loss_sum);
     ddp.reduce_gradients();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
+    if (dump) {
+      dump->add("loss", &loss, {});
+      dump_params("grad/param/", model.grads());  // reduced, before clipping
+    }
     const float grad_norm = ddp.clip_grad_norm(static_cast<float>(tc.grad_clip));
     ddp.step(lr, step + 1);
+    if (dump) {
+      dump_params("param/", model.params());
+      dump->end_step();
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const uint64_t step_bytes = dpc.stats().total() - bytes_before;
     total_time += dt;

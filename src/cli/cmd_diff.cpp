@@ -1,0 +1,43 @@
+// `lockstep diff A B [--json FILE] [--mode=exact|ulp:N]`: compares two tensor dumps written by
+// `lockstep train --dump.dir` (verify/diff.hpp). Exit status: 0 when every common tensor agrees,
+// 1 when one does not (or none are in common), 2 on bad input (a missing or corrupt manifest or
+// .npy file is named). Not here: --bounds, bisect, plots.
+#include <iostream>
+
+#include "src/cli/commands.hpp"
+#include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
+#include "verify/diff.hpp"
+
+namespace lockstep::cli {
+namespace {
+
+constexpr const char* kDiffUsage =
+    "usage: lockstep diff A B [--json FILE] [--mode=exact|ulp:N]\n"
+    "  compares the tensors of two dump directories (lockstep train --dump.dir) in execution\n"
+    "  order: bitwise equality, max abs/rel error, max ulp distance, mismatching elements and\n"
+    "  the first mismatch; names the first divergent tensor. Exit 0: agree, 1: differ, 2: bad input\n"
+    "options:\n"
+    "  --mode=exact      an element mismatches when its bits differ (default)\n"
+    "  --mode=ulp:N      an element mismatches when the values are more than N ulps apart\n"
+    "  --json FILE       also write the report as JSON\n";
+
+}  // namespace
+
+int cmd_diff(Args& args) {
+  if (args.take_flag("help")) {
+    std::cout << kDiffUsage;
+    return 0;
+  }
+  const auto mode = verify::DiffMode::parse(args.take_or("mode", "exact"), "--mode");
+  const auto json = args.take("json");
+  args.finish("diff");
+  LS_REQUIRE(args.positionals().size() == 2, "diff: expected two dump directories, got ",
+             args.positionals().size(), " arguments\n", kDiffUsage);
+  const verify::DiffReport report = verify::diff_dumps(args.positionals()[0], args.positionals()[1], mode);
+  report.print(std::cout);
+  if (json) durable_io::write_file_atomic(*json, report.to_json().dump(1) + "\n");
+  return report.agree() ? 0 : 1;
+}
+
+}  // namespace lockstep::cli

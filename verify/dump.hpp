@@ -1,0 +1,261 @@
+// Tensor dumps: a run directory that numpy opens with no project code, and its reader.
+//
+// Layout of a dump directory:
+//   manifest.json        {"format": "lockstep-dump", "version": 1, "config": RunConfig::to_json(),
+//                         "layout": {...}, "tensors": [{name, step, dtype, shape, file, xxh64}, ...]}
+//   step_<N>/<key>.npy   one numpy file per tensor and step (format 1.0, '<f4', C order, header
+//                        padded to a multiple of 64 bytes); <key> is the hook name with '/' -> '.'
+// Names are `step/<N>/<hook name>` with N the 0-based optimizer step: activations and their
+// gradients (`step/3/layer/1/attn/qkv`, `step/3/grad/logits`) with the step's micro-batches
+// concatenated along dim 0 (the whole rank-local batch), `step/3/loss` (a scalar, the step's mean
+// loss), `step/3/grad/param/<name>` (the parameter gradient after reduction, before clipping) and
+// `step/3/param/<name>` (the parameter after the update). Tensors are listed in execution order.
+// Every file is written atomically and the manifest is rewritten after each dumped step, so a
+// killed run leaves a readable dump of the steps it finished. xxh64 covers the payload bytes only.
+//
+// The writer is header-only on purpose: the trainer (lockstep_train) uses it, and lockstep_verify
+// links lockstep_train, not the other way round. The reader is in dump.cpp.
+// Not here: data parallelism (the trainer refuses [dump] with dp > 1 until rank 0 gathers the
+// global batch), bf16/fp8 payloads (everything dumped is fp32 today), bisect.
+#pragma once
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
+#include "src/core/hash.hpp"
+
+namespace lockstep::verify {
+
+inline constexpr const char* kDumpFormat = "lockstep-dump";
+inline constexpr int kDumpVersion = 1;
+
+// The bytes of a numpy format 1.0 header for a little-endian fp32 C-order array: magic, version,
+// header length, the dict, space padding and '\n', the total a multiple of 64.
+inline std::string npy_header_f32(std::span<const int64_t> shape) {
+  std::string tuple;  // Python's repr: (), (4,), (2, 3)
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) tuple += ", ";
+    tuple += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) tuple += ",";
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + tuple + "), }";
+  const size_t unpadded = 10 + dict.size() + 1;  // magic(6) version(2) length(2) dict '\n'
+  const size_t total = (unpadded + 63) / 64 * 64;
+  dict.append(total - unpadded, ' ');
+  dict += '\n';
+  const auto len = static_cast<uint16_t>(dict.size());
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(len & 0xff);
+  out += static_cast<char>(len >> 8);
+  return out + dict;
+}
+
+// Writes `data` (shape `shape`, C order) to `path` as .npy, atomically; returns xxh64 of the payload.
+inline uint64_t write_npy_f32(const std::string& path, const float* data, std::span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const std::string header = npy_header_f32(shape);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  durable_io::AtomicFile f(path);
+  f.write(header.data(), header.size());
+  f.write(data, bytes);  // x86-64 and aarch64 Linux are little-endian: the '<f4' bytes as stored
+  f.commit();
+  return xxh64(data, bytes);
+}
+
+// "0-20", "3,7,10-12"; "" = every step. ConfigError naming `what` on anything else.
+class StepSet {
+ public:
+  StepSet() = default;
+  StepSet(const std::string& spec, const std::string& what) {
+    size_t start = 0;
+    while (start <= spec.size() && !spec.empty()) {
+      const size_t comma = std::min(spec.find(',', start), spec.size());
+      const std::string item = spec.substr(start, comma - start);
+      const size_t dash = item.find('-');
+      auto number = [&](const std::string& t) -> int64_t {
+        LS_REQUIRE(!t.empty() && t.find_first_not_of("0123456789") == std::string::npos, what,
+                   ": expected steps like \"0-20\" or \"3,7,10-12\", got \"", spec, "\"");
+        return std::stoll(t);
+      };
+      const int64_t lo = number(item.substr(0, dash));
+      const int64_t hi = dash == std::string::npos ? lo : number(item.substr(dash + 1));
+      LS_REQUIRE(lo <= hi, what, ": range ", item, " is empty (first step after last)");
+      ranges_.emplace_back(lo, hi);
+      start = comma + 1;
+    }
+  }
+  bool contains(int64_t step) const {
+    if (ranges_.empty()) return true;
+    for (const auto& [lo, hi] : ranges_) {
+      if (step >= lo && step <= hi) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+};
+
+// Comma-separated glob patterns over hook names ('*' also matches '/'); "" = every tensor.
+class NameFilter {
+ public:
+  NameFilter() = default;
+  explicit NameFilter(const std::string& spec) {
+    size_t start = 0;
+    while (start < spec.size()) {
+      const size_t comma = std::min(spec.find(',', start), spec.size());
+      if (comma > start) patterns_.push_back(spec.substr(start, comma - start));
+      start = comma + 1;
+    }
+  }
+  bool matches(std::string_view name) const {
+    if (patterns_.empty()) return true;
+    const std::string n(name);
+    for (const auto& p : patterns_) {
+      if (fnmatch(p.c_str(), n.c_str(), 0) == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<std::string> patterns_;
+};
+
+// Collects one step's tensors (micro-batches concatenated along dim 0) and writes them at end_step().
+class DumpWriter {
+ public:
+  // `dir` must not hold a dump already (ConfigError); it is created if absent.
+  DumpWriter(std::string dir, const std::string& tensors, const std::string& steps, nlohmann::json config,
+             nlohmann::json layout)
+      : dir_(std::move(dir)), filter_(tensors), steps_(steps, "[dump] steps") {
+    LS_REQUIRE(!durable_io::exists(dir_ + "/manifest.json"), "[dump] dir: ", dir_,
+               " already holds a dump (manifest.json); choose another dir or remove it");
+    durable_io::make_dirs(dir_);
+    manifest_ = {{"format", kDumpFormat}, {"version", kDumpVersion}, {"config", std::move(config)},
+                 {"layout", std::move(layout)}, {"tensors", nlohmann::json::array()}};
+  }
+
+  bool wants_step(int64_t step) const { return steps_.contains(step); }
+  bool wants(std::string_view name) const { return filter_.matches(name); }
+
+  // Between begin_step and end_step, observe() collects; outside (evaluation) it ignores.
+  void begin_step(int64_t step) {
+    step_ = step;
+    active_ = wants_step(step);
+    pending_.clear();
+    order_.clear();
+  }
+
+  // The model's hook: appends one micro-batch's tensor (B_micro, ...) to the step's tensor.
+  void observe(std::string_view name, const float* data, std::span<const int64_t> shape) {
+    if (!active_ || !wants(name)) return;
+    auto [it, fresh] = pending_.try_emplace(std::string(name));
+    Pending& p = it->second;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (fresh) {
+      order_.push_back(it->first);
+      p.shape.assign(shape.begin(), shape.end());
+    } else {
+      LS_CHECK(!shape.empty() && shape.size() == p.shape.size() &&
+                   std::equal(shape.begin() + 1, shape.end(), p.shape.begin() + 1),
+               "micro-batches of ", name, " disagree in shape");
+      p.shape[0] += shape[0];
+    }
+    p.data.insert(p.data.end(), data, data + n);
+  }
+
+  // Whole tensors known once per step (loss, parameter gradients, parameters).
+  void add(std::string_view name, const float* data, std::vector<int64_t> shape) {
+    if (!active_ || !wants(name)) return;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    auto [it, fresh] = pending_.try_emplace(std::string(name));
+    LS_CHECK(fresh, "tensor ", name, " added twice in one step");
+    order_.push_back(it->first);
+    it->second.shape = std::move(shape);
+    it->second.data.assign(data, data + n);
+  }
+
+  // Writes the step's tensors, then the manifest.
+  void end_step() {
+    if (!active_) return;
+    active_ = false;
+    if (order_.empty()) return;
+    const std::string sub = "step_" + std::to_string(step_);
+    durable_io::make_dirs(dir_ + "/" + sub);
+    for (const auto& name : order_) {
+      const Pending& p = pending_.at(name);
+      std::string key = name;
+      for (char& c : key) c = c == '/' ? '.' : c;
+      const std::string file = sub + "/" + key + ".npy";
+      const uint64_t h = write_npy_f32(dir_ + "/" + file, p.data.data(), p.shape);
+      manifest_["tensors"].push_back({{"name", "step/" + std::to_string(step_) + "/" + name},
+                                      {"step", step_},
+                                      {"dtype", "float32"},
+                                      {"shape", p.shape},
+                                      {"file", file},
+                                      {"xxh64", hex64(h)}});
+    }
+    pending_.clear();
+    order_.clear();
+    durable_io::write_file_atomic(dir_ + "/manifest.json", manifest_.dump(1) + "\n");
+  }
+
+ private:
+  struct Pending {
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+  };
+  std::string dir_;
+  NameFilter filter_;
+  StepSet steps_;
+  nlohmann::json manifest_;
+  int64_t step_ = 0;
+  bool active_ = false;
+  std::map<std::string, Pending> pending_;
+  std::vector<std::string> order_;  // first-seen (execution) order
+};
+
+// One tensor of a dump as the manifest lists it.
+struct DumpEntry {
+  std::string name;  // step/17/layer/3/attn/qkv
+  int64_t step = 0;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string file;  // relative to the dump directory
+  std::string xxh64;
+};
+
+struct Dump {
+  std::string dir;
+  nlohmann::json manifest;
+  std::vector<DumpEntry> entries;  // execution order
+};
+
+// Reads `dir`/manifest.json; DataError naming the file if it is missing, not JSON, of another
+// format or version, or lacks a field.
+Dump read_dump(const std::string& dir);
+
+// Reads a '<f4' C-order .npy file; DataError naming the file on a bad magic, version, dtype, order
+// or a truncated payload. Returns the data and stores the shape.
+std::vector<float> read_npy_f32(const std::string& path, std::vector<int64_t>& shape);
+
+// An entry's data, checked against the manifest (shape and xxh64): DataError naming the file.
+std::vector<float> load_entry(const Dump& dump, const DumpEntry& e);
+
+}  // namespace lockstep::verify
