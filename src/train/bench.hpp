@@ -40,7 +40,8 @@ struct BenchResult {
   int64_t params = 0;
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;  // 6·N + 12·L·C·T (Gpt::flops_per_token)
-  double peak_gflops = 0;      // sgemm peak, measured here unless [train] peak_gflops is set
+  double peak_gflops = 0;      // sgemm peak: the higher of two measurements (before and after the
+                               // timed steps) unless [train] peak_gflops is set
   bool peak_measured = true;
   BenchStats step_ms;          // timed step: forward_backward + optimizer
   BenchStats forward_ms;       // forward-only pass, separate from the step

@@ -30,4 +30,7 @@ expect_error "bench.steps: expected a non-negative integer" \
   "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.steps=x
 expect_error "bench.steps \\(0\\) must be >= 1" \
   "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.steps=0
+# Only bench may run without [data] train; training still requires a token file.
+expect_error "\\[data\\] train: a token file is required" \
+  "$LOCKSTEP" train --config "$SRC/scripts/configs/bench_small.toml"
 echo "bench_smoke: ok"
