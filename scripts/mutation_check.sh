@@ -185,7 +185,7 @@ if ! run_verify "$logs/verify.baseline"; then
   keep=1
   exit 2
 fi
-echo "baseline: verify step passes (${setups[*]})"
+echo "baseline: verify step passes (${setups[*]%% *})"
 
 mutants=()
 if [[ ${#selected[@]} -gt 0 ]]; then
