@@ -64,6 +64,7 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"flops_per_token", flops_per_token},
           {"flops_formula", "6*N + 12*L*d_model*seq_len per token (N: parameters in matmuls, tied head once)"},
           {"peak_gflops", peak_gflops},
+          {"openblas_core", openblas_get_corename()},
           {"peak_source", peak_measured ? "measured: OpenBLAS sgemm 1024^3, same process and threads, "
                                           "the higher of before and after the timed steps"
                                         : "configured: [train] peak_gflops"},
@@ -151,6 +152,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << "sgemm peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
       << (r.peak_measured ? " (measured: OpenBLAS sgemm 1024^3, same threads; measured again after the steps)"
                           : " (configured)")
+      << "; OpenBLAS kernel " << openblas_get_corename()
       << "; " << opt.warmup << " warm-up + " << opt.steps << " timed steps\n";
 
   const float dloss = 1.0f / static_cast<float>(B * T);

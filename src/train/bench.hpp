@@ -10,6 +10,9 @@
 // model does not expose a timer between its forward and backward); "optimizer" is clip + AdamW.
 // Communication and verification are 0: one process, no replica checks.
 //
+// The peak is only as good as the OpenBLAS kernel behind it: the report names it (a DYNAMIC_ARCH
+// build that does not recognise the CPU falls back to an old core such as Prescott; pin one with
+// OPENBLAS_CORETYPE), and MFU above 1 means the model's own kernels outrun that sgemm.
 // Tokens: the [data] train file through the trainer's sampler when one is configured; otherwise
 // synthetic tokens, uniformly random over the vocabulary from SplitMix64(train.seed), generated
 // in memory (the step's cost does not depend on the token values).

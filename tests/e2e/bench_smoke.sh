@@ -17,6 +17,7 @@ for key in ("tokens_per_s", "mfu", "step_ms_median", "peak_gflops", "flops_per_t
 assert r["tokens_per_step"] == 8 * 128, r["tokens_per_step"]
 assert r["synthetic_tokens"] is True
 assert r["mode"] == "canonical"
+assert isinstance(r["openblas_core"], str) and r["openblas_core"], r["openblas_core"]
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
 assert phases["communication"] == 0 and phases["verification"] == 0, phases
