@@ -1,5 +1,6 @@
 #include "src/optim/adamw.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops/optim.hpp"
@@ -27,15 +28,22 @@ float adamw_bias_correction(float beta, int64_t t) {
   return static_cast<float>(1.0 - r);
 }
 
-void AdamW::update(Gpt& model, float lr, int64_t t) {
-  const float bc1 = adamw_bias_correction(cfg_.beta1, t);
-  const float bc2 = adamw_bias_correction(cfg_.beta2, t);
+void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
+                        int64_t end, float* m, float* v) {
+  const float bc1 = adamw_bias_correction(cfg.beta1, t);
+  const float bc2 = adamw_bias_correction(cfg.beta2, t);
   for (const auto& p : model.param_layout()) {
-    const cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, p.decay ? cfg_.weight_decay : 0.0f,
+    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
+    if (a >= b) continue;
+    const cpu::AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f,
                              bc1, bc2};
-    cpu::adamw_update(p.numel, h, model.params() + p.offset, m_.data() + p.offset,
-                      v_.data() + p.offset, model.grads() + p.offset);
+    cpu::adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
+                      model.grads() + a);
   }
+}
+
+void AdamW::update(Gpt& model, float lr, int64_t t) {
+  adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), m_.data(), v_.data());
 }
 
 float clip_grad_norm(Gpt& model, float max_norm) {

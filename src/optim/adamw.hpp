@@ -32,6 +32,12 @@ struct LrSchedule {
 // double: the same bits on every machine, which std::pow does not promise across libms.
 float adamw_bias_correction(float beta, int64_t t);
 
+// AdamW on the elements [first, end) of the model's flat parameter buffer (a ZeRO shard, or the
+// whole model): m and v hold the moments of exactly those elements (m[0] is element `first`).
+// Weight decay follows each ParamTensor's `decay`; a tensor cut by the range is updated in part.
+void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
+                        int64_t end, float* m, float* v);
+
 class AdamW {
  public:
   AdamW(const Gpt& model, AdamWConfig cfg);

@@ -96,16 +96,7 @@ float DataParallel::clip_grad_norm(float max_norm) {
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {
-  const float bc1 = adamw_bias_correction(adam_.beta1, t);
-  const float bc2 = adamw_bias_correction(adam_.beta2, t);
-  const int64_t first = shard_first(), end = shard_end();
-  for (const auto& p : model_.param_layout()) {
-    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
-    if (a >= b) continue;
-    const cpu::AdamWParams h{lr, adam_.beta1, adam_.beta2, adam_.eps, p.decay ? adam_.weight_decay : 0.0f, bc1, bc2};
-    cpu::adamw_update(b - a, h, model_.params() + a, m_.data() + (a - first), v_.data() + (a - first),
-                      model_.grads() + a);
-  }
+  adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), m_.data(), v_.data());
 }
 
 void DataParallel::step(float lr, int64_t t) {
