@@ -140,7 +140,7 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
   opt.v() = s.v;
 
   std::map<std::string, Observed> seen;
-  model.set_hook([&](std::string_view name, const float* data, std::span<const int64_t> shape) {
+  model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
     auto [it, fresh] = seen.try_emplace(std::string(name));
     Observed& o = it->second;
     if (fresh) {

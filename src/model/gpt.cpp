@@ -184,7 +184,31 @@ double Gpt::flops_per_token() const {
          12.0 * cfg_.n_layers * static_cast<double>(cfg_.d_model) * cfg_.seq_len;
 }
 
-void Gpt::observe(const char* prefix, int64_t layer, const char* name, const float* data,
+bool Gpt::is_op_site(std::string_view site) {
+  static constexpr std::string_view kTop[] = {"embed/out", "lnf/out", "logits"};
+  static constexpr std::string_view kLayer[] = {"ln1/out", "attn/qkv", "attn/att", "attn/res",
+                                                "ln2/out", "mlp/fc",   "mlp/act",  "mlp/res"};
+  for (auto op : kTop)
+    if (site == op) return true;
+  if (!site.starts_with("layer/")) return false;
+  const size_t slash = site.find('/', 6);
+  if (slash == std::string_view::npos || slash == 6) return false;
+  for (char ch : site.substr(6, slash - 6))
+    if (ch < '0' || ch > '9') return false;
+  for (auto op : kLayer)
+    if (site.substr(slash + 1) == op) return true;
+  return false;
+}
+
+Mode Gpt::mode_of(int64_t layer, const char* name) const {
+  if (op_modes_.empty()) return mode_;
+  const std::string full = (layer >= 0 ? "layer/" + std::to_string(layer) + "/" : "") + name;
+  for (const auto& [op, mode] : op_modes_)
+    if (op == full) return mode;
+  return mode_;
+}
+
+void Gpt::observe(const char* prefix, int64_t layer, const char* name, float* data,
                   std::initializer_list<int64_t> shape) const {
   if (!hook_) return;
   std::string full = prefix;
@@ -211,13 +235,13 @@ void Gpt::finish_grads() {
   if (mode_ == Mode::kCanonical) exact_grads_.round_to(grads_.data());
 }
 
-void Gpt::norm_forward(int64_t rows, float* out, float* mean, float* rstd, const float* inp,
-                       const ParamTensor* w, const ParamTensor* b) {
+void Gpt::norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,
+                       const float* inp, const ParamTensor* w, const ParamTensor* b) {
   const cpu::NormShape s{rows, cfg_.d_model, cfg_.norm_eps};
   if (cfg_.norm == NormKind::kLayerNorm) {
-    cpu::layernorm_forward(mode_, s, out, mean, rstd, inp, p(w), p(b));
+    cpu::layernorm_forward(mode, s, out, mean, rstd, inp, p(w), p(b));
   } else {
-    cpu::rmsnorm_forward(mode_, s, out, rstd, inp, p(w));
+    cpu::rmsnorm_forward(mode, s, out, rstd, inp, p(w));
   }
 }
 
@@ -239,7 +263,7 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
   const cpu::AttentionShape as{B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_size()};
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
 
-  cpu::embedding_forward(mode_, {B, T, C, cfg_.vocab_size}, encoded_.data(), inputs, p(wte_),
+  cpu::embedding_forward(mode_of(-1, "embed/out"), {B, T, C, cfg_.vocab_size}, encoded_.data(), inputs, p(wte_),
                          p(wpe_));
   observe("", -1, "embed/out", encoded_.data(), {B, T, C});
   const float* residual = encoded_.data();
@@ -248,39 +272,39 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
     LayerActs& a = acts_[l];
     const LayerParams& w = layers_[l];
     // x = x + attn(norm1(x))
-    norm_forward(BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, w.ln1_w, w.ln1_b);
+    norm_forward(mode_of(l, "ln1/out"), BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, w.ln1_w, w.ln1_b);
     observe("", l, "ln1/out", a.ln1.data(), {B, T, C});
-    cpu::linear_forward(mode_, {BT, C, cfg_.qkv_width()}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
+    cpu::linear_forward(mode_of(l, "attn/qkv"), {BT, C, cfg_.qkv_width()}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
                         p(w.qkv_b));
     if (cfg_.pos == PosKind::kRope) cpu::rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
     observe("", l, "attn/qkv", a.qkv.data(), {B, T, cfg_.qkv_width()});
-    cpu::attention_forward(mode_, as, a.atty.data(), a.att.data(), a.qkv.data());
+    cpu::attention_forward(mode_of(l, "attn/att"), as, a.atty.data(), a.att.data(), a.qkv.data());
     observe("", l, "attn/att", a.att.data(), {B, NH, T, T});
     observe("", l, "attn/out", a.atty.data(), {B, T, C});
-    cpu::linear_forward(mode_, {BT, C, C}, a.res_attn.data(), a.atty.data(), p(w.proj_w), p(w.proj_b));
+    cpu::linear_forward(mode_of(l, "attn/res"), {BT, C, C}, a.res_attn.data(), a.atty.data(), p(w.proj_w), p(w.proj_b));
     cpu::residual_forward(BT * C, a.res_attn.data(), a.res_attn.data(), residual);
     observe("", l, "attn/res", a.res_attn.data(), {B, T, C});
     // x = x + mlp(norm2(x))
-    norm_forward(BT, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), w.ln2_w,
+    norm_forward(mode_of(l, "ln2/out"), BT, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), w.ln2_w,
                  w.ln2_b);
     observe("", l, "ln2/out", a.ln2.data(), {B, T, C});
-    cpu::linear_forward(mode_, {BT, C, fc_out}, a.fch.data(), a.ln2.data(), p(w.fc_w), p(w.fc_b));
+    cpu::linear_forward(mode_of(l, "mlp/fc"), {BT, C, fc_out}, a.fch.data(), a.ln2.data(), p(w.fc_w), p(w.fc_b));
     observe("", l, "mlp/fc", a.fch.data(), {B, T, fc_out});
     if (cfg_.ffn == FfnKind::kGelu) {
-      cpu::gelu_forward(mode_, BT * F, a.fch_act.data(), a.fch.data());
+      cpu::gelu_forward(mode_of(l, "mlp/act"), BT * F, a.fch_act.data(), a.fch.data());
     } else {
-      cpu::swiglu_forward(mode_, BT, F, a.fch_act.data(), a.fch.data());
+      cpu::swiglu_forward(mode_of(l, "mlp/act"), BT, F, a.fch_act.data(), a.fch.data());
     }
     observe("", l, "mlp/act", a.fch_act.data(), {B, T, F});
-    cpu::linear_forward(mode_, {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), p(w.fcproj_w),
+    cpu::linear_forward(mode_of(l, "mlp/res"), {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), p(w.fcproj_w),
                         p(w.fcproj_b));
     cpu::residual_forward(BT * C, a.res_mlp.data(), a.res_mlp.data(), a.res_attn.data());
     observe("", l, "mlp/res", a.res_mlp.data(), {B, T, C});
     residual = a.res_mlp.data();
   }
-  norm_forward(BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_, lnf_b_);
+  norm_forward(mode_of(-1, "lnf/out"), BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_, lnf_b_);
   observe("", -1, "lnf/out", lnf_.data(), {B, T, C});
-  cpu::linear_forward(mode_, {BT, C, cfg_.vocab_size}, logits_.data(), lnf_.data(), p(head_), nullptr);
+  cpu::linear_forward(mode_of(-1, "logits"), {BT, C, cfg_.vocab_size}, logits_.data(), lnf_.data(), p(head_), nullptr);
   observe("", -1, "logits", logits_.data(), {B, T, cfg_.vocab_size});
 }
 
@@ -333,7 +357,6 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
   norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
                 lnf_rstd_.data(), lnf_w_, lnf_b_);
-  const int64_t NH = cfg_.n_heads;
 
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops/canonical.hpp"
@@ -41,7 +42,9 @@ struct ParamTensor {
 // `logits`, `losses`; backward the same names prefixed `grad/` for the gradient of the loss with
 // respect to that tensor (`grad/logits`, `grad/layer/3/mlp/act`, ..., `grad/embed/out`).
 // Parameter gradients are observed after finish_grads() through grads() and param_layout().
-using TensorHook = std::function<void(std::string_view name, const float* data,
+// The data is the model's own buffer: observers only read it; fault injection (verify/inject)
+// edits it in place, and the model continues from the edited tensor.
+using TensorHook = std::function<void(std::string_view name, float* data,
                                       std::span<const int64_t> shape)>;
 
 class Gpt {
@@ -65,6 +68,15 @@ class Gpt {
   // Installs (or, with an empty function, removes) the tensor observer. Without one, observing
   // costs one branch per tensor.
   void set_hook(TensorHook hook) { hook_ = std::move(hook); }
+  // Runs one op's forward in `mode` instead of the model's mode: a different but valid
+  // accumulation order for that op's forward (divergence injection and bisect tests; the backward
+  // keeps the model's mode, whose gradient sinks it needs). The op is named by its forward output's
+  // hook name, e.g. `layer/1/attn/att` or `logits`.
+  void set_op_mode(std::string op, Mode mode) { op_modes_.emplace_back(std::move(op), mode); }
+  void clear_op_modes() { op_modes_.clear(); }
+  // Whether `site` names an op set_op_mode can switch (`layer/N/attn/att`, `logits`, ...): the
+  // forward output of a norm, linear, attention, activation or embedding.
+  static bool is_op_site(std::string_view site);
 
   // Deterministic initialisation from cfg.seed: each element is a function of (seed, tensor name,
   // element index) only (GPT-2 scheme: N(0, init_std), residual projections scaled by
@@ -102,15 +114,17 @@ class Gpt {
     const ParamTensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
 
-  void observe(const char* prefix, int64_t layer, const char* name, const float* data,
+  void observe(const char* prefix, int64_t layer, const char* name, float* data,
                std::initializer_list<int64_t> shape) const;
+  // The mode op `name` of `layer` (-1: outside the layers) runs in: mode_ unless set_op_mode.
+  Mode mode_of(int64_t layer, const char* name) const;
   void build_layout();
   void allocate_activations();
   void forward(const int32_t* inputs, int64_t B);
   float* p(const ParamTensor* t) { return t ? params_.data() + t->offset : nullptr; }
   GradSink sink(const ParamTensor* t);
-  void norm_forward(int64_t rows, float* out, float* mean, float* rstd, const float* inp,
-                    const ParamTensor* w, const ParamTensor* b);
+  void norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,
+                    const float* inp, const ParamTensor* w, const ParamTensor* b);
   void norm_backward(int64_t rows, int64_t token_offset, float* dinp, const float* dout,
                      const float* inp, const float* mean, const float* rstd,
                      const ParamTensor* w, const ParamTensor* b);
@@ -133,6 +147,7 @@ class Gpt {
   // Backward scratch.
   std::vector<float> dres_, dbuf_c_, dqkv_, datty_, datt_, dfch_, dfch_act_;
   TensorHook hook_;
+  std::vector<std::pair<std::string, Mode>> op_modes_;
 };
 
 }  // namespace lockstep

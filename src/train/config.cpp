@@ -8,6 +8,7 @@
 
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
+#include "src/train/inject.hpp"
 #include "verify/dump.hpp"
 
 namespace lockstep {
@@ -207,6 +208,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("pp", c.parallel.pp);
   p.field("ep", c.parallel.ep);
   p.field("cp", c.parallel.cp);
+  p.field("sp", c.parallel.sp);
   p.field("zero", c.parallel.zero);
   p.field("reduce", c.parallel.reduce);
   p.field("timeout_s", c.parallel.timeout_s);
@@ -221,6 +223,12 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   u.field("tensors", c.dump.tensors);
   u.field("steps", c.dump.steps);
   u.finish();
+
+  Section j = section("inject");
+  j.field("site", c.inject.site);
+  j.field("step", c.inject.step);
+  j.field("kind", c.inject.kind);
+  j.finish();
 }
 
 void validate(const RunConfig& c, ConfigUse use) {
@@ -269,6 +277,7 @@ void validate(const RunConfig& c, ConfigUse use) {
              c.source, ": [parallel] debug_fault: expected \"none\", \"exit\", \"hang\" or \"flip\", got \"",
              p.debug_fault, "\"");
   verify::StepSet(c.dump.steps, c.source + ": [dump] steps");  // throws on a malformed list
+  parse_injection(c.inject, c.source);
 }
 
 }  // namespace
@@ -294,17 +303,17 @@ RunConfig load_run_config(const std::string& path,
     throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
   }
   static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval",
-                                                  "parallel", "dump"};
+                                                  "parallel", "dump", "inject"};
   for (const auto& [k, v] : root) {
     LS_REQUIRE(kSections.count(std::string(k.str())), path, ": unknown section [", k.str(),
-               "] (known: checkpoint, data, dump, eval, log, model, parallel, train)");
+               "] (known: checkpoint, data, dump, eval, inject, log, model, parallel, train)");
   }
   std::map<std::string, std::string> ov;
   for (const auto& [key, value] : overrides) {
     const auto dot = key.find('.');
     LS_REQUIRE(dot != std::string::npos && kSections.count(key.substr(0, dot)), "--", key,
                ": unknown section '", key.substr(0, key.find('.')),
-               "' (known: checkpoint, data, dump, eval, log, model, parallel, train)");
+               "' (known: checkpoint, data, dump, eval, inject, log, model, parallel, train)");
     ov[key] = value;
   }
   nlohmann::json echo;

@@ -1,5 +1,5 @@
 // The run configuration: a TOML file with sections [model] [data] [train] [checkpoint] [log]
-// [eval] [parallel] [dump], plus command-line overrides `--section.key=value`. Every key is
+// [eval] [parallel] [dump] [inject], plus command-line overrides `--section.key=value`. Every key is
 // declared once, with its type; an unknown section or key, a value of the wrong type or out of
 // range is a ConfigError naming the file (or the override), the key and the expectation.
 #pragma once
@@ -62,6 +62,7 @@ struct EvalConfig {
 struct ParallelConfig {
   int64_t dp = 0;  // data-parallel ranks (0 = all ranks left by the other axes)
   int64_t tp = 1, pp = 1, ep = 1, cp = 1;  // only 1 is implemented so far
+  bool sp = false;                  // sequence parallel: norms and residuals split over tp by tokens
   int64_t zero = 0;                 // 0: replicated AdamW; 1: sharded AdamW state; 2: + sharded gradients
   std::string reduce = "exact";     // gradient reduction: "exact" (rank-count independent) | "fast"
   double timeout_s = 300;           // watchdog: a collective waiting longer ends the job
@@ -80,6 +81,13 @@ struct DumpConfig {
   std::string steps;    // 0-based steps, e.g. "0-20" or "3,7,10-12" ("" = every step)
 };
 
+// One planted divergence or fault (src/train/inject.hpp); off while site and kind are "".
+struct InjectConfig {
+  std::string site;  // hook name, e.g. layer/2/mlp/res
+  int64_t step = 0;  // 0-based optimizer step
+  std::string kind;  // bitflip:bit=B[,index=I] | order | cast:bf16|f16|e4m3|e5m2
+};
+
 struct RunConfig {
   std::string source;  // the config file, for messages
   ModelConfig model;
@@ -90,6 +98,7 @@ struct RunConfig {
   EvalConfig eval;
   ParallelConfig parallel;
   DumpConfig dump;
+  InjectConfig inject;
 
   nlohmann::json to_json() const;
 };

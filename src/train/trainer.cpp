@@ -31,6 +31,7 @@
 #include "src/optim/adamw.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/mesh.hpp"
+#include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "verify/dump.hpp"
 
@@ -167,7 +168,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                               static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
 
-  // [dump]: the model gets a hook only while dumping, so that dumping costs nothing when off.
+  // [dump] and [inject]: the model gets a hook only while one of them is on, so that both cost
+  // nothing when off. The injection acts first, so a dump records the tensor as the model uses it.
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     LS_REQUIRE(world.size() == 1, cfg.source, ": [dump] dir needs a single process (this run has ", world.size(),
@@ -175,8 +177,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
                  nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"pp", pc.pp}, {"ep", pc.ep}, {"cp", pc.cp},
                                 {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}});
-    model.set_hook([&d = *dump](std::string_view name, const float* data, std::span<const int64_t> shape) {
-      d.observe(name, data, shape);
+  }
+  Injector injector(parse_injection(cfg.inject, cfg.source));
+  if (dump || injector.active()) {
+    model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
+      injector.on_tensor(name, data, shape);
+      if (dump) dump->observe(name, data, shape);
     });
   }
   auto dump_params = [&](const char* prefix, const float* base) {
@@ -268,9 +274,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     sampler.next_batch(B, dp_rank * BL, BL, inputs.data(), targets.data());
     model.zero_grad();
     if (dump) dump->begin_step(step);
+    injector.begin_step(model, step);
     ChunkCombiner loss_sum;
     model.forward_backward_batch(inputs.data(), targets.data(), BL, MBL, dp_rank * BL * T, dloss,
                                  loss_sum);
+    injector.end_step(model);
     ddp.reduce_gradients();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
     if (dump) {

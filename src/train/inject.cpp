@@ -1,0 +1,120 @@
+#include "src/train/inject.hpp"
+
+#include <bit>
+#include <charconv>
+#include <cstring>
+
+#include "src/core/check.hpp"
+#include "src/core/formats.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// "key=value,key=value" after the kind's colon.
+int64_t option(std::string_view opts, std::string_view key, int64_t fallback, const std::string& where) {
+  while (!opts.empty()) {
+    const size_t comma = opts.find(',');
+    const std::string_view item = opts.substr(0, comma);
+    const size_t eq = item.find('=');
+    LS_REQUIRE(eq != std::string_view::npos, where, ": [inject] kind: expected key=value, got \"", item, "\"");
+    if (item.substr(0, eq) == key) {
+      int64_t v = 0;
+      const std::string_view text = item.substr(eq + 1);
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      LS_REQUIRE(ec == std::errc() && end == text.data() + text.size(), where, ": [inject] kind: ", key,
+                 " expects an integer, got \"", text, "\"");
+      return v;
+    }
+    LS_REQUIRE(item.substr(0, eq) == "bit" || item.substr(0, eq) == "index", where,
+               ": [inject] kind: unknown option \"", item.substr(0, eq), "\" (known: bit, index)");
+    opts = comma == std::string_view::npos ? std::string_view() : opts.substr(comma + 1);
+  }
+  return fallback;
+}
+
+float round_through(const std::string& format, float x) {
+  if (format == "bf16") return bf16_to_f32(bf16_from_f32(x));
+  if (format == "f16") return f16_to_f32(f16_from_f32(x));
+  if (format == "e4m3") return e4m3_to_f32(e4m3_from_f32(x, Saturation::kSaturate));
+  return e5m2_to_f32(e5m2_from_f32(x, Saturation::kSaturate));
+}
+
+}  // namespace
+
+Injection parse_injection(const InjectConfig& c, const std::string& where) {
+  Injection inj;
+  if (c.kind.empty() && c.site.empty()) return inj;
+  LS_REQUIRE(!c.kind.empty() && !c.site.empty(), where,
+             ": [inject] needs both site (a tensor name such as layer/1/attn/att) and kind");
+  LS_REQUIRE(c.step >= 0, where, ": [inject] step (", c.step, ") must be >= 0");
+  inj.site = c.site;
+  inj.step = c.step;
+  const std::string_view kind = c.kind;
+  const size_t colon = kind.find(':');
+  const std::string_view head = kind.substr(0, colon);
+  const std::string_view opts = colon == std::string_view::npos ? std::string_view() : kind.substr(colon + 1);
+  if (head == "bitflip") {
+    inj.kind = Injection::Kind::kBitflip;
+    const int64_t bit = option(opts, "bit", -1, where);
+    LS_REQUIRE(bit >= 0 && bit < 32, where, ": [inject] kind bitflip: bit=B with 0 <= B < 32 is required");
+    inj.bit = static_cast<int>(bit);
+    inj.index = option(opts, "index", 0, where);
+    LS_REQUIRE(inj.index >= 0, where, ": [inject] kind bitflip: index must be >= 0");
+  } else if (head == "order") {
+    LS_REQUIRE(opts.empty(), where, ": [inject] kind order takes no options");
+    LS_REQUIRE(Gpt::is_op_site(c.site), where, ": [inject] kind order: site must be an op's forward output ",
+               "(embed/out, lnf/out, logits or layer/N/ one of ln1/out, attn/qkv, attn/att, attn/res, ln2/out, ",
+               "mlp/fc, mlp/act, mlp/res), got \"", c.site, "\"");
+    inj.kind = Injection::Kind::kOrder;
+  } else if (head == "cast") {
+    inj.kind = Injection::Kind::kCast;
+    inj.format = std::string(opts);
+    LS_REQUIRE(inj.format == "bf16" || inj.format == "f16" || inj.format == "e4m3" || inj.format == "e5m2",
+               where, ": [inject] kind cast: expected cast:bf16, cast:f16, cast:e4m3 or cast:e5m2, got \"",
+               c.kind, "\"");
+  } else {
+    throw ConfigError(str_cat(where, ": [inject] kind: expected bitflip:bit=B[,index=I], order or cast:FORMAT, got \"",
+                              c.kind, "\""));
+  }
+  return inj;
+}
+
+void Injector::begin_step(Gpt& model, int64_t step) {
+  now_ = active() && step == inj_.step;
+  applied_ = false;
+  if (now_ && inj_.kind == Injection::Kind::kOrder) {
+    model.set_op_mode(inj_.site, model.mode() == Mode::kCanonical ? Mode::kFast : Mode::kCanonical);
+  }
+}
+
+void Injector::on_tensor(std::string_view name, float* data, std::span<const int64_t> shape) {
+  if (!now_ || name != inj_.site) return;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  switch (inj_.kind) {
+    case Injection::Kind::kBitflip:
+      if (applied_) return;  // one element of the step's first micro-batch
+      LS_REQUIRE(inj_.index < n, "[inject] bitflip index ", inj_.index, " is outside ", name, " (",
+                 n, " elements)");
+      data[inj_.index] = std::bit_cast<float>(std::bit_cast<uint32_t>(data[inj_.index]) ^ (1u << inj_.bit));
+      break;
+    case Injection::Kind::kCast:
+      for (int64_t i = 0; i < n; ++i) data[i] = round_through(inj_.format, data[i]);
+      break;
+    case Injection::Kind::kOrder:  // the op ran in the other mode; its output is seen here
+    case Injection::Kind::kNone:
+      break;
+  }
+  applied_ = true;
+}
+
+void Injector::end_step(Gpt& model) {
+  if (!now_) return;
+  if (inj_.kind == Injection::Kind::kOrder) model.clear_op_modes();
+  LS_REQUIRE(applied_, "[inject] site \"", inj_.site, "\" is not a tensor of this model (hook names look like ",
+             "layer/0/attn/qkv, layer/0/mlp/fc, grad/layer/0/ln1/out, logits; see `lockstep train --dump.dir`)");
+  now_ = false;
+}
+
+}  // namespace lockstep

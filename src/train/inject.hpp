@@ -1,0 +1,59 @@
+// Divergence and fault injection for tests and demos of `lockstep diff` / `lockstep bisect`:
+// one planted change at one step and one site of the model, chosen by name on the command line,
+//
+//   --inject.site=layer/2/mlp/res --inject.step=7 --inject.kind=bitflip:bit=27[,index=N]
+//   --inject.site=layer/1/attn/att --inject.step=7 --inject.kind=order
+//   --inject.site=layer/3/mlp/fc --inject.step=7 --inject.kind=cast:bf16
+//
+// bitflip: flips one bit of one element of the tensor (the first micro-batch's), as silent data
+//   corruption would;
+// order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
+//   accumulation order, the kind of change a new kernel or library brings;
+// cast:F:  rounds every element of the tensor to F (bf16, f16, e4m3, e5m2) and back, as running
+//   that op in a narrower format would.
+// Sites are the model's hook names (src/model/gpt.hpp); `grad/...` sites act on the backward.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/model/gpt.hpp"
+#include "src/train/config.hpp"
+
+namespace lockstep {
+
+struct Injection {
+  enum class Kind { kNone, kBitflip, kOrder, kCast };
+  Kind kind = Kind::kNone;
+  std::string site;
+  int64_t step = 0;
+  int bit = 0;          // bitflip
+  int64_t index = 0;    // bitflip: element of the tensor
+  std::string format;   // cast
+};
+
+// Parses and checks the [inject] section; `where` names the config for messages.
+Injection parse_injection(const InjectConfig& c, const std::string& where);
+
+// Applies an Injection to a model step by step. The trainer calls begin_step() before each step's
+// forward/backward, on_tensor() from the model's hook, and end_step() after it; end_step() of the
+// injection step fails if the site never appeared (a misspelt name must not pass silently).
+class Injector {
+ public:
+  explicit Injector(Injection injection) : inj_(std::move(injection)) {}
+
+  bool active() const { return inj_.kind != Injection::Kind::kNone; }
+  void begin_step(Gpt& model, int64_t step);
+  void on_tensor(std::string_view name, float* data, std::span<const int64_t> shape);
+  void end_step(Gpt& model);
+
+ private:
+  Injection inj_;
+  bool now_ = false;      // this step is the injection step
+  bool applied_ = false;  // the site was seen (bitflip: already flipped)
+};
+
+}  // namespace lockstep
