@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy python3-matplotlib
+  python3-torch
 )
 
 missing=()

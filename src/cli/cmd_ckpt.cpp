@@ -1,22 +1,35 @@
 // `lockstep ckpt info DIR`: load and verify a checkpoint, print what it holds and its model hash.
+// `lockstep ckpt export (DIR | --config FILE) OUT`: write the model's parameters as safetensors —
+// a checkpoint's (verified first), or the initial parameters a config's [model] seed gives, so that
+// another framework can start from exactly the parameters Lockstep starts from.
 // DIR is a checkpoint (step_* directory) or a checkpoint root, meaning its newest valid checkpoint.
-// This command only reads; it does not repair, convert or delete checkpoints.
+// These commands only read checkpoints; they do not repair, convert in place or delete them.
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
+#include <map>
 
 #include "src/ckpt/checkpoint.hpp"
+#include "src/ckpt/safetensors.hpp"
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "src/model/gpt.hpp"
+#include "src/train/config.hpp"
 
 namespace lockstep::cli {
 namespace {
 
 constexpr const char* kCkptUsage =
     "usage: lockstep ckpt info DIR\n"
+    "       lockstep ckpt export DIR OUT\n"
+    "       lockstep ckpt export --config FILE [--section.key=value ...] OUT\n"
     "  DIR: a checkpoint directory (step_XXXXXXXX) or a checkpoint root (its newest valid one)\n"
-    "  prints step, layout, one line per tensor (name dtype shape xxh64), then `model hash H`\n";
+    "  info prints step, layout, one line per tensor (name dtype shape xxh64), then `model hash H`\n"
+    "  export writes the model parameters to OUT in safetensors format (names without the\n"
+    "  checkpoint's 'model/' prefix, e.g. layer/0/attn/qkv/weight); with --config, the initial\n"
+    "  parameters of the config's [model] (its seed); __metadata__ holds the model config and the\n"
+    "  model hash\n";
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -57,6 +70,63 @@ void print_info(const ckpt::Checkpoint& c, std::ostream& out) {
   out << "model hash " << hex64(ckpt::model_hash(c)) << "\n";
 }
 
+// The [model] fields a reader needs to rebuild the model, as safetensors metadata (string values).
+std::map<std::string, std::string> model_metadata(const ModelConfig& m) {
+  return {{"format", "pt"},
+          {"producer", "lockstep"},
+          {"vocab_size", std::to_string(m.vocab_size)},
+          {"seq_len", std::to_string(m.seq_len)},
+          {"d_model", std::to_string(m.d_model)},
+          {"n_layers", std::to_string(m.n_layers)},
+          {"n_heads", std::to_string(m.n_heads)},
+          {"n_kv_heads", std::to_string(m.n_kv_heads)},
+          {"ffn_hidden", std::to_string(m.ffn_width())},
+          {"ffn", ffn_name(m.ffn)},
+          {"norm", norm_name(m.norm)},
+          {"pos", pos_name(m.pos)},
+          {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
+          {"bias", m.bias ? "true" : "false"},
+          {"norm_eps", str_cat(std::setprecision(9), m.norm_eps)},
+          {"seed", std::to_string(m.seed)}};
+}
+
+// Parameters of checkpoint DIR: its "model/" tensors with the prefix removed.
+void export_checkpoint(const std::string& dir, const std::string& out_path) {
+  const ckpt::Checkpoint c = load_dir_or_root(dir);
+  std::vector<ckpt::TensorRef> refs;
+  const std::string prefix = ckpt::kModelPrefix;
+  for (const auto& t : c.tensors) {
+    if (t.name.compare(0, prefix.size(), prefix) != 0) continue;
+    refs.push_back({t.name.substr(prefix.size()), t.dtype, t.shape, t.bytes.data()});
+  }
+  LS_REQUIRE(!refs.empty(), c.dir, ": no model parameters ('", prefix, "*' tensors) to export");
+  std::map<std::string, std::string> meta{{"format", "pt"}, {"producer", "lockstep"},
+                                          {"checkpoint", c.dir}, {"step", std::to_string(c.step)},
+                                          {"model_hash", hex64(ckpt::model_hash(c))}};
+  ckpt::save_safetensors(out_path, refs, meta);
+  std::cout << "exported " << refs.size() << " tensors of " << c.dir << " (model hash "
+            << meta["model_hash"] << ") to " << out_path << "\n";
+}
+
+// The initial parameters of a config's model (Gpt::init_parameters from [model] seed).
+void export_initial(const RunConfig& cfg, const std::string& out_path) {
+  Gpt model(cfg.model, cfg.train.mode, 1);
+  model.init_parameters();
+  std::vector<ckpt::TensorRef> refs, hashed;
+  const std::string prefix = ckpt::kModelPrefix;
+  for (const auto& t : model.param_layout()) {
+    refs.push_back({t.name, DType::kF32, t.shape, model.params() + t.offset});
+    hashed.push_back({prefix + t.name, DType::kF32, t.shape, model.params() + t.offset});
+  }
+  // The hash the trainer's checkpoint of these parameters would carry (names with the prefix).
+  auto meta = model_metadata(cfg.model);
+  meta["model_hash"] = hex64(ckpt::model_hash(hashed));
+  meta["config"] = cfg.source;
+  ckpt::save_safetensors(out_path, refs, meta);
+  std::cout << "exported " << refs.size() << " initial tensors of " << cfg.source << " (model hash "
+            << meta["model_hash"] << ") to " << out_path << "\n";
+}
+
 }  // namespace
 
 int cmd_ckpt(Args& args) {
@@ -65,8 +135,26 @@ int cmd_ckpt(Args& args) {
     return 0;
   }
   const auto& pos = args.positionals();
-  LS_REQUIRE(!pos.empty(), "lockstep ckpt: missing verb (usage: lockstep ckpt info DIR)");
-  LS_REQUIRE(pos[0] == "info", "lockstep ckpt: unknown verb '", pos[0], "' (expected: info)");
+  LS_REQUIRE(!pos.empty(), "lockstep ckpt: missing verb (usage: lockstep ckpt info|export ...)");
+  LS_REQUIRE(pos[0] == "info" || pos[0] == "export", "lockstep ckpt: unknown verb '", pos[0],
+             "' (expected: info, export)");
+  if (pos[0] == "export") {
+    const auto config = args.take("config");
+    const auto overrides = args.take_dotted();
+    args.finish("ckpt export");
+    if (config) {
+      LS_REQUIRE(pos.size() == 2, "lockstep ckpt export --config FILE: expected one OUT, got ",
+                 pos.size() - 1, " arguments");
+      export_initial(load_run_config(*config, overrides, ConfigUse::kBench), pos[1]);
+    } else {
+      LS_REQUIRE(overrides.empty(), "lockstep ckpt export DIR OUT: --", overrides[0].first,
+                 " is a config override; it needs --config FILE");
+      LS_REQUIRE(pos.size() == 3, "lockstep ckpt export: expected DIR OUT (or --config FILE OUT), got ",
+                 pos.size() - 1, " arguments");
+      export_checkpoint(pos[1], pos[2]);
+    }
+    return 0;
+  }
   args.finish("ckpt info");
   LS_REQUIRE(pos.size() == 2, "lockstep ckpt info: expected one DIR, got ", pos.size() - 1,
              " arguments");

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/isa.hpp"
 #include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
 #include "src/data/sampler.hpp"
 #include "src/data/splitmix64.hpp"
 #include "src/data/token_file.hpp"
@@ -86,7 +87,10 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
           {"peak_memory_mib", peak_memory_mib},
-          {"last_loss", last_loss}};
+          {"last_loss", last_loss},
+          {"losses", losses},
+          {"lrs", lrs},
+          {"tokens_shape", {static_cast<int64_t>(losses.size()), 2, cfg.train.batch_size, cfg.model.seq_len}}};
 }
 
 BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out) {
@@ -155,10 +159,17 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << "; OpenBLAS kernel " << openblas_get_corename()
       << "; " << opt.warmup << " warm-up + " << opt.steps << " timed steps\n";
 
+  std::optional<durable_io::AtomicFile> tokens_file;
+  if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
+
   const float dloss = 1.0f / static_cast<float>(B * T);
   std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms;
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
     next_batch();
+    if (tokens_file) {
+      tokens_file->write(inputs.data(), inputs.size() * sizeof(int32_t));
+      tokens_file->write(targets.data(), targets.size() * sizeof(int32_t));
+    }
     const auto t0 = Clock::now();
     model.zero_grad();
     ChunkCombiner loss_sum;
@@ -167,9 +178,12 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const double fb = ms_since(t0);
     const auto t1 = Clock::now();
     clip_grad_norm(model, static_cast<float>(tc.grad_clip));
-    adamw.update(model, static_cast<float>(schedule.at(step)), step + 1);
+    const auto lr = static_cast<float>(schedule.at(step));
+    adamw.update(model, lr, step + 1);
     const double op = ms_since(t1);
     r.last_loss = loss_sum.finish() / static_cast<float>(B * T);
+    r.losses.push_back(r.last_loss);
+    r.lrs.push_back(lr);
 
     // The forward-only pass, outside the step: same batch, updated parameters.
     const auto t2 = Clock::now();
@@ -185,6 +199,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     fwd_ms.push_back(fw);
   }
 
+  if (tokens_file) tokens_file->commit();
   if (r.peak_measured) r.peak_gflops = std::max(r.peak_gflops, measure_sgemm_peak_gflops());
   r.step_ms = stats_of(step_ms);
   r.forward_ms = stats_of(fwd_ms);

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +33,11 @@ namespace lockstep {
 struct BenchOptions {
   int64_t warmup = 2;  // untimed steps first (page faults, thread start, caches)
   int64_t steps = 10;  // timed steps
+  // When set, every step's batch (warm-up steps included) is written there, so that another
+  // trainer can be fed exactly the same tokens (scripts/compare_pytorch.sh): int32 little-endian,
+  // shape (warmup + steps, 2, batch_size, seq_len), [s][0] the inputs and [s][1] the targets of
+  // step s. No header: the shape is in the JSON report ("tokens_shape").
+  std::string tokens_out;
 };
 
 // Median, quartiles and extremes of a sample (linear interpolation between order statistics).
@@ -57,6 +64,8 @@ struct BenchResult {
   double peak_memory_mib = 0;
   bool synthetic_tokens = true;
   float last_loss = 0;
+  std::vector<float> losses;  // every step's mean loss, warm-up steps included, in step order
+  std::vector<float> lrs;     // the learning rate each step used (warm-up + cosine schedule)
 
   nlohmann::json to_json(const RunConfig& cfg) const;
 };
