@@ -13,6 +13,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
+#include "src/core/hash.hpp"
 #include "src/data/sampler.hpp"
 #include "src/data/splitmix64.hpp"
 #include "src/data/token_file.hpp"
@@ -79,15 +80,25 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
             {"backward", backward_ms},
             {"optimizer", optimizer_ms.median},
             {"communication", 0.0},
-            {"verification", 0.0}}},
+            {"verification", replica_hash_ms.median}}},
           {"phase_notes",
            "forward: separate forward-only pass (eval_loss), not part of the step; backward: median "
-           "forward_backward - median forward; communication and verification: 0 on one process"},
+           "forward_backward - median forward; communication: 0 on one process; verification: the "
+           "periodic checks at their default interval, timed outside the step (see verification)"},
+          {"verification",
+           {{"replica_hash",
+             {{"feature", "[parallel] check_replicas: xxh64 of the parameters, then an all-gather of the "
+                          "8-byte hash over data-parallel ranks (not timed here: needs ranks)"},
+              {"default", "off (scripts/run.sh turns it on)"},
+              {"interval_steps", 1},
+              {"ms", stats_json(replica_hash_ms)},
+              {"fraction_of_step", replica_hash_ms.median / step_ms.median}}}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
           {"peak_memory_mib", peak_memory_mib},
           {"last_loss", last_loss},
+          {"params_xxh64", hex64(params_xxh64)},
           {"losses", losses},
           {"lrs", lrs},
           {"tokens_shape", {static_cast<int64_t>(losses.size()), 2, cfg.train.batch_size, cfg.model.seq_len}}};
@@ -163,7 +174,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
   const float dloss = 1.0f / static_cast<float>(B * T);
-  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms;
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms;
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
     next_batch();
     if (tokens_file) {
@@ -192,11 +203,17 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       model.eval_loss(inputs.data() + mb * MB * T, targets.data() + mb * MB * T, MB, eval_sum);
     }
     const double fw = ms_since(t2);
+
+    // Verification, outside the step: what --parallel.check_replicas computes on each rank.
+    const auto t3 = Clock::now();
+    r.params_xxh64 = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
+    const double hs = ms_since(t3);
     if (step < opt.warmup) continue;
     step_ms.push_back(fb + op);
     fb_ms.push_back(fb);
     optim_ms.push_back(op);
     fwd_ms.push_back(fw);
+    hash_ms.push_back(hs);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -205,6 +222,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.forward_ms = stats_of(fwd_ms);
   r.forward_backward_ms = stats_of(fb_ms);
   r.optimizer_ms = stats_of(optim_ms);
+  r.replica_hash_ms = stats_of(hash_ms);
   r.backward_ms = r.forward_backward_ms.median - r.forward_ms.median;
   r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms.median / 1e3);
   r.achieved_gflops = r.tokens_per_s * r.flops_per_token / 1e9;
@@ -215,9 +233,15 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   print_stats(out, "forward_backward", r.forward_backward_ms);
   print_stats(out, "forward (alone)", r.forward_ms);
   print_stats(out, "optimizer", r.optimizer_ms);
+  print_stats(out, "replica hash", r.replica_hash_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
-      << ", communication 0, verification 0 (one process)\n"
+      << ", communication 0 (one process), verification " << r.replica_hash_ms.median << "\n"
+      << "verification at default intervals, outside the step: replica check ([parallel] check_replicas,"
+         " off by default, every step when on) hashes the parameters in "
+      << r.replica_hash_ms.median << " ms = " << std::setprecision(2)
+      << 100.0 * r.replica_hash_ms.median / r.step_ms.median
+      << "% of the step (plus an all-gather of 8 bytes per rank, not timed on one process)\n"
       << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s (higher of the two peaks); peak memory "

@@ -8,7 +8,12 @@
 // Phases: "forward" is a separate forward-only pass (Gpt::eval_loss) over the same batch, timed
 // after each step and not part of the step time; "backward" is forward_backward − forward (the
 // model does not expose a timer between its forward and backward); "optimizer" is clip + AdamW.
-// Communication and verification are 0: one process, no replica checks.
+// Communication is 0 (one process). Verification: the periodic checks the trainer has, each timed
+// at its default interval outside the step, as the cost a run that turns it on adds per step. The
+// only one so far is [parallel] check_replicas (off by default; scripts/run.sh turns it on): every
+// step, each data-parallel rank hashes its parameters (xxh64) and all-gathers the 8-byte hash. The
+// hash is timed here on the model's parameters; the all-gather of one word per rank is latency
+// only and needs ranks, so it is not (its cost shows in multi-rank runs).
 //
 // The peak is only as good as the OpenBLAS kernel behind it: the report names it (a DYNAMIC_ARCH
 // build that does not recognise the CPU falls back to an old core such as Prescott; pin one with
@@ -16,7 +21,7 @@
 // Tokens: the [data] train file through the trainer's sampler when one is configured; otherwise
 // synthetic tokens, uniformly random over the vocabulary from SplitMix64(train.seed), generated
 // in memory (the step's cost does not depend on the token values).
-// Not here: multi-rank timing, verification features, the PyTorch comparison.
+// Not here: multi-rank timing, the PyTorch comparison (scripts/compare_pytorch.sh).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +62,7 @@ struct BenchResult {
   BenchStats forward_ms;       // forward-only pass, separate from the step
   BenchStats forward_backward_ms;
   BenchStats optimizer_ms;
+  BenchStats replica_hash_ms;  // verification: the replica check's parameter hash (every step)
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
@@ -64,6 +70,7 @@ struct BenchResult {
   double peak_memory_mib = 0;
   bool synthetic_tokens = true;
   float last_loss = 0;
+  uint64_t params_xxh64 = 0;  // the parameters after the last step (the replica check's hash)
   std::vector<float> losses;  // every step's mean loss, warm-up steps included, in step order
   std::vector<float> lrs;     // the learning rate each step used (warm-up + cosine schedule)
 

@@ -1,14 +1,16 @@
 # `lockstep bench` on bench_small: two timed steps after one warm-up, on synthetic tokens (the
-# config has no [data] section); the JSON report carries the documented fields with sane values.
+# config has no [data] section); the JSON report carries the documented fields with sane values,
+# and --tokens-out writes the three batches the steps used.
 # No timing assertions: only that the figures are finite and positive.
 source "$(dirname "$0")/lib.sh"
 
 "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.steps=2 --bench.warmup=1 \
-  --json out.json > bench.log || fail "lockstep bench failed: $(cat bench.log)"
+  --json out.json --tokens-out tokens.bin > bench.log || fail "lockstep bench failed: $(cat bench.log)"
+[ "$(stat -c %s tokens.bin)" -eq $((3 * 2 * 8 * 128 * 4)) ] || fail "tokens.bin is $(stat -c %s tokens.bin) bytes"
 grep -q '^throughput: ' bench.log || fail "no throughput line: $(cat bench.log)"
 grep -q 'synthetic uniform tokens' bench.log || fail "synthetic tokens not reported: $(cat bench.log)"
 
-/usr/bin/python3 - out.json <<'PY' || fail "bad JSON report: $(cat out.json)"
+/usr/bin/python3 - out.json tokens.bin <<'PY' || fail "bad JSON report: $(cat out.json)"
 import json, math, sys
 r = json.load(open(sys.argv[1]))
 for key in ("tokens_per_s", "mfu", "step_ms_median", "peak_gflops", "flops_per_token", "peak_memory_mib"):
@@ -20,7 +22,22 @@ assert r["mode"] == "canonical"
 assert isinstance(r["openblas_core"], str) and r["openblas_core"], r["openblas_core"]
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
-assert phases["communication"] == 0 and phases["verification"] == 0, phases
+assert phases["communication"] == 0, phases
+# Verification: the replica check's hash, timed at its default interval (every step when on).
+rh = r["verification"]["replica_hash"]
+assert rh["interval_steps"] == 1 and phases["verification"] == rh["ms"]["median"] > 0, rh
+assert 0 < rh["fraction_of_step"] < 1, rh
+assert len(r["params_xxh64"]) == 16, r["params_xxh64"]
+# One loss and one learning rate per step, warm-up included; the token file's shape.
+assert r["tokens_shape"] == [3, 2, 8, 128], r["tokens_shape"]
+assert len(r["losses"]) == len(r["lrs"]) == 3 and r["losses"][-1] == r["last_loss"], r["losses"]
+assert all(0 < lr <= 3e-4 * (1 + 2**-23) for lr in r["lrs"]), r["lrs"]
+toks = open(sys.argv[2], "rb").read()
+ids = [int.from_bytes(toks[i:i + 4], "little", signed=True) for i in range(0, len(toks), 4)]
+assert all(0 <= t < 4096 for t in ids), "token outside the vocabulary"
+# targets are the inputs shifted by one (a window of seq_len + 1 tokens)
+step0_in, step0_tg = ids[0:1024], ids[1024:2048]
+assert all(step0_in[b * 128 + t + 1] == step0_tg[b * 128 + t] for b in range(8) for t in range(127))
 s = r["step_ms"]
 assert s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"], s
 assert math.isfinite(r["last_loss"]) and r["last_loss"] > 0
