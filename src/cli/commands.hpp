@@ -11,6 +11,7 @@ int cmd_data(Args& args);   // lockstep data build|synth ...
 int cmd_ckpt(Args& args);   // lockstep ckpt info DIR
 int cmd_verify(Args& args); // lockstep verify step --config FILE --checkpoint DIR
 int cmd_diff(Args& args);   // lockstep diff A B [--json FILE] [--mode=exact|ulp:N]
+int cmd_bisect(Args& args); // lockstep bisect --a='ARGS' --b='ARGS' --steps=N [...]
 int cmd_bench(Args& args);  // lockstep bench --config FILE [--json FILE]
 
 }  // namespace lockstep::cli

@@ -20,6 +20,7 @@ commands:
   ckpt info DIR                                     tensors, hashes and the model hash
   verify step --config FILE --checkpoint DIR        one step in trainer and reference, per tensor
   diff A B [--json FILE] [--mode=exact|ulp:N]       compare two tensor dumps (train --dump.dir)
+  bisect --a='ARGS' --b='ARGS' --steps=N [...]     first step and op where two runs diverge
   bench --config FILE [--json FILE]                 time the training step: tokens/s, MFU, phases
 
 Run `lockstep <command> --help` for the options of one command.
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
     if (command == "ckpt") return cli::cmd_ckpt(args);
     if (command == "verify") return cli::cmd_verify(args);
     if (command == "diff") return cli::cmd_diff(args);
+    if (command == "bisect") return cli::cmd_bisect(args);
     if (command == "bench") return cli::cmd_bench(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
