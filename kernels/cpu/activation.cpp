@@ -2,14 +2,16 @@
 //
 // Elementwise only: no reductions, so threads split elements freely. Both modes evaluate the same
 // expressions in the same order (kernels/ops/activation.hpp), one fp32 rounding per operation and
-// no FMA; they differ only in tanh/exp: canonical uses ls_tanhf / ls_expf (transcendental.hpp,
-// identical on every machine), fast uses libm's std::tanh / std::exp.
+// no FMA. GELU uses ls_tanhf (transcendental.hpp) in both modes, 8 elements at a time with AVX2
+// (simd_math.hpp, the same bits as the scalar code, which handles the tail): libm's tanhf does not
+// vectorise and made fast mode the slower one. SwiGLU: canonical ls_expf, fast libm's std::exp.
 //
 // Not here: GELU's erf form; fused bias+activation variants.
 #include "kernels/ops/activation.hpp"
 
 #include <cmath>
 
+#include "kernels/cpu/simd_math.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "src/core/check.hpp"
 
@@ -25,7 +27,6 @@ struct CanonicalMath {
   static float exp(float x) { return ls_expf(x); }
 };
 struct LibmMath {
-  static float tanh(float x) { return std::tanh(x); }
   static float exp(float x) { return std::exp(x); }
 };
 
@@ -56,16 +57,45 @@ float silu(float g) {
   return g / (1.0f + M::exp(-g));
 }
 
-template <class M>
-void gelu_forward_impl(int64_t n, float* out, const float* inp) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = gelu<M>(inp[i]);
+// The same two functions on 8 lanes: each lane runs gelu / gelu_grad's operations in order.
+inline simd::V8 gelu8(simd::V8 x) {
+  using namespace simd;
+  const V8 arg = _mm256_mul_ps(set1(kGeluK0),
+                               _mm256_add_ps(x, _mm256_mul_ps(set1(kGeluK1), _mm256_mul_ps(_mm256_mul_ps(x, x), x))));
+  return _mm256_mul_ps(_mm256_mul_ps(set1(0.5f), x), _mm256_add_ps(set1(1.0f), tanhf8(arg)));
 }
 
-template <class M>
-void gelu_backward_impl(int64_t n, float* dinp, const float* inp, const float* dout) {
+inline simd::V8 gelu_grad8(simd::V8 x) {
+  using namespace simd;
+  const V8 one = set1(1.0f), half = set1(0.5f);
+  const V8 x2 = _mm256_mul_ps(x, x);
+  const V8 arg = _mm256_mul_ps(set1(kGeluK0), _mm256_add_ps(x, _mm256_mul_ps(set1(kGeluK1), _mm256_mul_ps(x2, x))));
+  const V8 th = tanhf8(arg);
+  const V8 sech2 = _mm256_mul_ps(_mm256_sub_ps(one, th), _mm256_add_ps(one, th));
+  const V8 term = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2),
+                                _mm256_mul_ps(set1(kGeluK0), _mm256_add_ps(one, _mm256_mul_ps(set1(kGeluK1x3), x2))));
+  const V8 term0 = select(_mm256_cmp_ps(sech2, _mm256_setzero_ps(), _CMP_EQ_OQ), _mm256_setzero_ps(), term);
+  return _mm256_add_ps(_mm256_mul_ps(half, _mm256_add_ps(one, th)), term0);
+}
+
+// Threads take blocks of whole vectors; the scalar code finishes the last n % 8 elements.
+constexpr int64_t kLanes = 8;
+
+void gelu_forward_simd(int64_t n, float* out, const float* inp) {
+  const int64_t nv = n / kLanes;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dinp[i] = gelu_grad<M>(inp[i]) * dout[i];
+  for (int64_t v = 0; v < nv; ++v) _mm256_storeu_ps(out + v * kLanes, gelu8(_mm256_loadu_ps(inp + v * kLanes)));
+  for (int64_t i = nv * kLanes; i < n; ++i) out[i] = gelu<CanonicalMath>(inp[i]);
+}
+
+void gelu_backward_simd(int64_t n, float* dinp, const float* inp, const float* dout) {
+  const int64_t nv = n / kLanes;
+#pragma omp parallel for schedule(static)
+  for (int64_t v = 0; v < nv; ++v) {
+    const float* x = inp + v * kLanes;
+    _mm256_storeu_ps(dinp + v * kLanes, _mm256_mul_ps(gelu_grad8(_mm256_loadu_ps(x)), _mm256_loadu_ps(dout + v * kLanes)));
+  }
+  for (int64_t i = nv * kLanes; i < n; ++i) dinp[i] = gelu_grad<CanonicalMath>(inp[i]) * dout[i];
 }
 
 template <class M>
@@ -106,20 +136,12 @@ void swiglu_backward_impl(int64_t N, int64_t F, float* dinp, const float* inp, c
 
 void gelu_forward(Mode mode, int64_t n, float* out, const float* inp) {
   LS_REQUIRE(n >= 0, "gelu_forward: n (", n, ") must be >= 0");
-  if (mode == Mode::kCanonical) {
-    gelu_forward_impl<CanonicalMath>(n, out, inp);
-  } else {
-    gelu_forward_impl<LibmMath>(n, out, inp);
-  }
+  gelu_forward_simd(n, out, inp);  // both modes: see the file header
 }
 
 void gelu_backward(Mode mode, int64_t n, float* dinp, const float* inp, const float* dout) {
   LS_REQUIRE(n >= 0, "gelu_backward: n (", n, ") must be >= 0");
-  if (mode == Mode::kCanonical) {
-    gelu_backward_impl<CanonicalMath>(n, dinp, inp, dout);
-  } else {
-    gelu_backward_impl<LibmMath>(n, dinp, inp, dout);
-  }
+  gelu_backward_simd(n, dinp, inp, dout);  // both modes: see the file header
 }
 
 void swiglu_forward(Mode mode, int64_t N, int64_t F, float* out, const float* inp) {

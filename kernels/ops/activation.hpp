@@ -4,8 +4,10 @@
 //   out = 0.5·x·(1 + tanh(k0·(x + k1·x³))), k0 = sqrt(2/π), k1 = 0.044715 (fp32 constants)
 // SwiGLU on a fused (N, 2F) input holding [gate | up] per row:
 //   out = silu(gate)·up, silu(g) = g / (1 + exp(-g))
-// Elementwise, no reductions; canonical mode uses transcendental.hpp's tanh/exp, fast mode libm's;
-// both evaluate exactly this order, one fp32 rounding per operation, no FMA:
+// Elementwise, no reductions. GELU uses transcendental.hpp's tanh in both modes (it vectorises,
+// libm's does not), so its two modes give the same bits; SwiGLU uses transcendental.hpp's exp in
+// canonical mode and libm's in fast mode. All evaluate exactly this order, one fp32 rounding per
+// operation, no FMA:
 //   GELU fwd    out = (0.5·x)·(1 + tanh(k0·(x + k1·((x·x)·x))))
 //   GELU bwd    x2 = x·x;  th = tanh(k0·(x + k1·(x2·x)));  sech2 = (1 - th)·(1 + th);
 //               term = ((0.5·x)·sech2)·(k0·(1 + k3·x2)), k3 = 3·k1 rounded to fp32, and
