@@ -7,10 +7,11 @@
 // 64 reduction indices ends with its HS partials going into HS exact combiners (canonical.hpp).
 // Threads take whole (b, h) pairs — (b, g) pairs for dk/dv — never part of a reduction, so the
 // bits do not depend on the thread count.
-// Fast mode: plain fp32 loops in whatever order is convenient, libm expf.
+// Fast mode: OpenBLAS sgemm over blocks of rows, softmax with the 8-lane ls_expf (forward_fast).
 //
 // Not here: RoPE (rope.cpp), the QKV and output projections (linear.cpp), flash-style tiling
 // (the (B, NH, T, T) probabilities are materialised and cached for backward, as in llm.c).
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/simd_math.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/transcendental.hpp"
@@ -150,73 +152,122 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
   }
 }
 
+// Fast mode: per (b, h) the products run as OpenBLAS sgemm on blocks of kBlock query rows, each
+// over the keys it can see. Inside the diagonal block a row t also meets keys t' > t: their scores
+// are computed and then overwritten by the masked 0, but products that would multiply those zeros
+// into sums (att·v, ds·k, ds·q, att·dout) run as explicit loops over t' <= t only, so a non-finite
+// value in a masked position never reaches a result (0·inf would be NaN). Threads take (b, h)
+// pairs with OpenBLAS single-threaded inside (see BlasSerial); softmax is 8 lanes wide (simd_math).
+constexpr int64_t kBlock = 64;
+
+// OpenBLAS runs single-threaded for the duration of a scope: the caller's threads already split
+// the (b, h) pairs, and OpenBLAS's own pool on top would oversubscribe the cores.
+class BlasSerial {
+ public:
+  BlasSerial() : threads_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~BlasSerial() { openblas_set_num_threads(threads_); }
+  BlasSerial(const BlasSerial&) = delete;
+  BlasSerial& operator=(const BlasSerial&) = delete;
+
+ private:
+  int threads_;
+};
+
+// C (M, N) = alpha·A·op(B) + beta·C, row-major, B transposed or not.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+}
+
+// y[d] += w·x[d] for d < n (the diagonal-block terms of the fast products).
+inline void axpy(float* y, float w, const float* x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
+}
+
+// Row t of the scores, a[0..t] on entry: a = softmax(a) over [0, t], a[t'] = 0 beyond (to T).
+void softmax_row_fast(float* a, int64_t t, int64_t T) {
+  const int64_t n = t + 1, nv = n / 8 * 8;
+  float m = -INFINITY;
+  for (int64_t u = 0; u < n; ++u) m = a[u] > m ? a[u] : m;
+  const simd::V8 mv = simd::set1(m);
+  simd::V8 zv = _mm256_setzero_ps();
+  for (int64_t u = 0; u < nv; u += 8) {
+    const simd::V8 e = simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), mv));
+    _mm256_storeu_ps(a + u, e);
+    zv = _mm256_add_ps(zv, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, zv);
+  float Z = 0.0f;
+  for (float l : lanes) Z += l;
+  for (int64_t u = nv; u < n; ++u) {
+    a[u] = ls_expf(a[u] - m);
+    Z += a[u];
+  }
+  const simd::V8 Zv = simd::set1(Z);
+  for (int64_t u = 0; u < nv; u += 8) _mm256_storeu_ps(a + u, _mm256_div_ps(_mm256_loadu_ps(a + u), Zv));
+  for (int64_t u = nv; u < n; ++u) a[u] = a[u] / Z;
+  for (int64_t u = n; u < T; ++u) a[u] = 0.0f;
+}
+
 void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
   const Layout L = layout_of(s);
-  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
+  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS, ldo = s.NH * HS;
   const float scale = attention_scale(HS);
+  BlasSerial serial;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.NH; ++h) {
       const int64_t g = h / group;
       const float* base = qkv + b * T * L.row;
-      for (int64_t t = 0; t < T; ++t) {
-        float* a = att + ((b * s.NH + h) * T + t) * T;
-        const float* q = base + t * L.row + L.q(h);
-        float m = -INFINITY;
-        for (int64_t u = 0; u <= t; ++u) {
-          const float* k = base + u * L.row + L.k(g);
-          float dot = 0.0f;
-          for (int64_t d = 0; d < HS; ++d) dot += q[d] * k[d];
-          a[u] = dot * scale;
-          m = a[u] > m ? a[u] : m;
+      float* A = att + (b * s.NH + h) * T * T;
+      float* o = out + b * T * ldo + h * HS;
+      for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
+        const int64_t r1 = std::min(r0 + kBlock, T);
+        // s[t, t'] = (q[t]·k[t'])·scale for t' < r1 (the masked ones are overwritten below)
+        gemm(false, true, r1 - r0, r1, HS, scale, base + r0 * L.row + L.q(h), L.row,
+             base + L.k(g), L.row, 0.0f, A + r0 * T, T);
+        for (int64_t t = r0; t < r1; ++t) softmax_row_fast(A + t * T, t, T);
+        // out[t] = Σ_{t' <= t} att[t, t']·v[t']: keys before the block by sgemm, then the diagonal
+        if (r0 > 0) {
+          gemm(false, false, r1 - r0, HS, r0, 1.0f, A + r0 * T, T, base + L.v(g), L.row, 0.0f,
+               o + r0 * ldo, ldo);
+        } else {
+          for (int64_t t = r0; t < r1; ++t) std::fill(o + t * ldo, o + t * ldo + HS, 0.0f);
         }
-        float Z = 0.0f;
-        for (int64_t u = 0; u <= t; ++u) {
-          a[u] = std::exp(a[u] - m);
-          Z += a[u];
-        }
-        for (int64_t u = 0; u <= t; ++u) a[u] = a[u] / Z;
-        for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
-        float* o = out + (b * T + t) * s.NH * HS + h * HS;
-        for (int64_t d = 0; d < HS; ++d) o[d] = 0.0f;
-        for (int64_t u = 0; u <= t; ++u) {
-          const float* v = base + u * L.row + L.v(g);
-          for (int64_t d = 0; d < HS; ++d) o[d] += a[u] * v[d];
+        for (int64_t t = r0; t < r1; ++t) {
+          for (int64_t u = r0; u <= t; ++u) axpy(o + t * ldo, A[t * T + u], base + u * L.row + L.v(g), HS);
         }
       }
     }
   }
 }
 
-// ds = att·(datt − D) into scratch, per (b, h) row; shared by both modes up to the reductions.
-// `dot` is the reduction used for D (canonical_dot, or a plain fp32 loop); canonical mode
-// computes the rows of datt with dot_rows (the same chains as canonical_dot), fast mode with `dot`.
-template <class Dot>
-void softmax_backward_rows(AttentionShape s, float* scratch, const float* dout, const float* qkv,
-                           const float* att, bool canonical, Dot dot) {
+// Canonical: ds = att·(datt − D) into scratch, per (b, h) row; the rows of datt by dot_rows (the
+// chains of canonical_dot), D by canonical_dot.
+void softmax_backward_rows_canonical(AttentionShape s, float* scratch, const float* dout,
+                                     const float* qkv, const float* att) {
   const Layout L = layout_of(s);
   const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
 #pragma omp parallel
   {
-    std::vector<float> vt(canonical ? HS * T : 0);
+    std::vector<float> vt(HS * T);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s.B; ++b) {
       for (int64_t h = 0; h < s.NH; ++h) {
         const int64_t g = h / group;
         const float* base = qkv + b * T * L.row;
-        if (canonical) transpose_head(base, L.row, L.v(g), T, HS, vt.data());
+        transpose_head(base, L.row, L.v(g), T, HS, vt.data());
         for (int64_t t = 0; t < T; ++t) {
           const float* a = att + ((b * s.NH + h) * T + t) * T;
           float* ds = scratch + ((b * s.NH + h) * T + t) * T;
           const float* dy = dout + (b * T + t) * s.NH * HS + h * HS;
           // datt[t,t'] = dot over HS of dout[t]·v[t']     (forward: out[t] = Σ att[t']·v[t'])
-          if (canonical) {
-            dot_rows(dy, vt.data(), T, t + 1, HS, base, L.row, L.v(g), ds);
-          } else {
-            for (int64_t u = 0; u <= t; ++u) ds[u] = dot(dy, base + u * L.row + L.v(g), HS);
-          }
+          dot_rows(dy, vt.data(), T, t + 1, HS, base, L.row, L.v(g), ds);
           // D[t] = dot over t' of att[t,t']·datt[t,t']
-          const float D = dot(a, ds, t + 1);
+          const float D = canonical_dot(a, 1, ds, 1, t + 1);
           // ds[t,t'] = att[t,t']·(datt[t,t'] − D[t])      (forward: att = exp(s − m) / Z)
           for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D);
           for (int64_t u = t + 1; u < T; ++u) ds[u] = 0.0f;
@@ -231,10 +282,7 @@ void backward_canonical(AttentionShape s, float* dqkv, float* scratch, const flo
   const Layout L = layout_of(s);
   const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
   const float scale = attention_scale(HS);
-  softmax_backward_rows(s, scratch, dout, qkv, att, /*canonical=*/true,
-                        [](const float* x, const float* y, int64_t n) {
-                          return canonical_dot(x, 1, y, 1, n);
-                        });
+  softmax_backward_rows_canonical(s, scratch, dout, qkv, att);
 #pragma omp parallel
   {
     VectorReduction red_k(HS), red_v(HS);
@@ -291,50 +339,72 @@ void backward_canonical(AttentionShape s, float* dqkv, float* scratch, const flo
 void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* dout,
                    const float* qkv, const float* att) {
   const Layout L = layout_of(s);
-  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
+  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS, ldo = s.NH * HS;
   const float scale = attention_scale(HS);
-  softmax_backward_rows(s, scratch, dout, qkv, att, /*canonical=*/false, [](const float* x, const float* y, int64_t n) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
-    return acc;
-  });
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < s.B; ++b) {
-    for (int64_t h = 0; h < s.NH; ++h) {
-      const int64_t g = h / group;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* ds = scratch + ((b * s.NH + h) * T + t) * T;
-        float* dq = dqkv + (b * T + t) * L.row + L.q(h);
-        for (int64_t d = 0; d < HS; ++d) dq[d] = 0.0f;
-        for (int64_t u = 0; u <= t; ++u) {
-          const float* k = qkv + (b * T + u) * L.row + L.k(g);
-          for (int64_t d = 0; d < HS; ++d) dq[d] += ds[u] * k[d];
-        }
-        for (int64_t d = 0; d < HS; ++d) dq[d] *= scale;
-      }
-    }
-  }
-  // dk, dv: each (b, g) pair owns its rows, so the (j, t) sums run on one thread.
+  BlasSerial serial;
+  // Every (b, g) pair owns its k/v gradient rows, so threads split (b, g); its query heads run in
+  // turn, the first overwriting dk/dv (beta 0), the others adding.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t g = 0; g < s.NKV; ++g) {
-      for (int64_t u = 0; u < T; ++u) {
-        float* dk = dqkv + (b * T + u) * L.row + L.k(g);
-        float* dv = dqkv + (b * T + u) * L.row + L.v(g);
-        for (int64_t d = 0; d < HS; ++d) dk[d] = dv[d] = 0.0f;
-        for (int64_t j = 0; j < group; ++j) {
-          const int64_t h = g * group + j;
-          for (int64_t t = u; t < T; ++t) {
-            const int64_t at = ((b * s.NH + h) * T + t) * T + u;
-            const float* q = qkv + (b * T + t) * L.row + L.q(h);
-            const float* dy = dout + (b * T + t) * s.NH * HS + h * HS;
-            for (int64_t d = 0; d < HS; ++d) {
-              dk[d] += scratch[at] * q[d];
-              dv[d] += att[at] * dy[d];
+      const float* base = qkv + b * T * L.row;
+      float* dbase = dqkv + b * T * L.row;
+      for (int64_t j = 0; j < group; ++j) {
+        const int64_t h = g * group + j;
+        const float* A = att + (b * s.NH + h) * T * T;
+        float* dS = scratch + (b * s.NH + h) * T * T;
+        const float* dy = dout + b * T * ldo + h * HS;
+        const float beta = j == 0 ? 0.0f : 1.0f;
+        for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
+          const int64_t r1 = std::min(r0 + kBlock, T);
+          // datt[t, t'] = dout[t]·v[t'] for t' < r1   (forward: out[t] = Σ att[t, t']·v[t'])
+          gemm(false, true, r1 - r0, r1, HS, 1.0f, dy + r0 * ldo, ldo, base + L.v(g), L.row, 0.0f,
+               dS + r0 * T, T);
+          // ds = att·(datt − D), D[t] = Σ_{t' <= t} att·datt   (forward: att = exp(s − m) / Z)
+          for (int64_t t = r0; t < r1; ++t) {
+            const float* a = A + t * T;
+            float* ds = dS + t * T;
+            float D = 0.0f;
+            for (int64_t u = 0; u <= t; ++u) D += a[u] * ds[u];
+            for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D);
+            for (int64_t u = t + 1; u < T; ++u) ds[u] = 0.0f;
+          }
+          // dq[t] = scale·Σ_{t' <= t} ds[t, t']·k[t']   (forward: s = (q·k)·scale)
+          float* dq = dbase + L.q(h);
+          if (r0 > 0) {
+            gemm(false, false, r1 - r0, HS, r0, scale, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
+                 dq + r0 * L.row, L.row);
+          } else {
+            for (int64_t t = r0; t < r1; ++t) std::fill(dq + t * L.row, dq + t * L.row + HS, 0.0f);
+          }
+          for (int64_t t = r0; t < r1; ++t) {
+            for (int64_t u = r0; u <= t; ++u) axpy(dq + t * L.row, scale * dS[t * T + u], base + u * L.row + L.k(g), HS);
+          }
+        }
+        // dk[t'] = scale·Σ_{t >= t'} ds[t, t']·q[t] and dv[t'] = Σ_{t >= t'} att[t, t']·dout[t], by
+        // blocks of keys [c0, c1): queries after the block by sgemm, then the diagonal block.
+        float* dk = dbase + L.k(g);
+        float* dv = dbase + L.v(g);
+        for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
+          const int64_t c1 = std::min(c0 + kBlock, T);
+          if (c1 < T) {
+            gemm(true, false, c1 - c0, HS, T - c1, scale, dS + c1 * T + c0, T, base + c1 * L.row + L.q(h),
+                 L.row, beta, dk + c0 * L.row, L.row);
+            gemm(true, false, c1 - c0, HS, T - c1, 1.0f, A + c1 * T + c0, T, dy + c1 * ldo, ldo, beta,
+                 dv + c0 * L.row, L.row);
+          } else if (j == 0) {
+            for (int64_t u = c0; u < c1; ++u) {
+              std::fill(dk + u * L.row, dk + u * L.row + HS, 0.0f);
+              std::fill(dv + u * L.row, dv + u * L.row + HS, 0.0f);
+            }
+          }
+          for (int64_t u = c0; u < c1; ++u) {
+            for (int64_t t = u; t < c1; ++t) {
+              axpy(dk + u * L.row, scale * dS[t * T + u], base + t * L.row + L.q(h), HS);
+              axpy(dv + u * L.row, A[t * T + u], dy + t * ldo, HS);
             }
           }
         }
-        for (int64_t d = 0; d < HS; ++d) dk[d] *= scale;
       }
     }
   }
