@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, makes the synthetic data set (a Markov source
-# with a known entropy rate), and trains the tiny GPT on it with two data-parallel MPI ranks,
-# checking every step that both replicas hold bitwise equal parameters (canonical mode with exact
-# gradient reduction: the model is bit for bit the one a single process would train). Prints
-# progress and a summary, and plots the loss curve to runs/tiny/loss.png.
+# with a known entropy rate), and trains the tiny GPT on it with four MPI ranks: two data-parallel
+# replicas, each split over two tensor-parallel ranks (Megatron style), ZeRO-1, checking every step
+# that the replicas hold bitwise equal parameters (canonical mode with exact collectives: the model
+# is bit for bit the one a single process would train). Prints progress and a summary, and plots
+# the loss curve to runs/tiny/loss.png.
 # Re-running resumes from the newest checkpoint in runs/tiny/ckpt (delete runs/tiny to start over).
 # Extra arguments are passed to `lockstep train` (e.g. --train.steps=100).
 set -euo pipefail
@@ -18,7 +19,7 @@ fi
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-mpirun --oversubscribe -np 2 "$bin" train --config scripts/configs/tiny.toml \
-  --parallel.dp=2 --parallel.check_replicas=true --train.threads=1 "$@"
+mpirun --oversubscribe -np 4 "$bin" train --config scripts/configs/tiny.toml \
+  --parallel.dp=2 --parallel.tp=2 --parallel.zero=1 --parallel.check_replicas=true --train.threads=1 "$@"
 /usr/bin/python3 scripts/plot_metrics.py runs/tiny/metrics.jsonl runs/tiny/loss.png \
   --source data/markov/source.json

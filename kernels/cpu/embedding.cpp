@@ -7,7 +7,8 @@
 // fast mode, `+=` straight into the fp32 gradient in token order.
 // Threads split the columns C, never the tokens, so the bits do not depend on the thread count.
 //
-// Not here: vocabulary-parallel sharding (src/parallel), rotary positions (attention).
+// A vocabulary-parallel shard (rows > 0) skips the tokens it does not hold (ops/embedding.hpp).
+// Not here: the collective that combines the shards' outputs (src/parallel), rotary positions.
 #include "kernels/ops/embedding.hpp"
 
 #include <omp.h>
@@ -23,6 +24,16 @@ namespace {
 void check_shape(EmbeddingShape s, const char* op) {
   LS_REQUIRE(s.B >= 0 && s.T > 0 && s.C > 0 && s.V > 0, op,
              ": need B >= 0 and T, C, V > 0, got B=", s.B, " T=", s.T, " C=", s.C, " V=", s.V);
+  LS_REQUIRE(s.rows >= 0 && s.rows_first >= 0 && s.rows_first + s.rows <= s.V, op, ": rows [", s.rows_first,
+             ", ", s.rows_first + s.rows, ") outside the vocabulary [0, ", s.V, ")");
+}
+
+int64_t held_rows(EmbeddingShape s) { return s.rows > 0 ? s.rows : s.V; }
+
+// Row of wte holding token `tok`, or -1 where this shard does not hold it.
+int64_t held_row(EmbeddingShape s, int32_t tok) {
+  const int64_t r = static_cast<int64_t>(tok) - s.rows_first;
+  return r >= 0 && r < held_rows(s) ? r : -1;
 }
 
 // Every token must index a row of wte; the message names the first bad one.
@@ -40,7 +51,8 @@ void thread_columns(int64_t C, int64_t& c0, int64_t& c1) {
   c1 = C * (t + 1) / nt;
 }
 
-// sink[key(n) * C + c] += Σ over tokens n with that key of dout[n, c], for all keys and columns.
+// sink[key(n) * C + c] += Σ over tokens n with that key of dout[n, c], for all keys and columns;
+// tokens with a negative key (not held by this shard) add nothing.
 // Canonical: inside each chunk of tokens, tokens with equal keys form one chain in increasing
 // token order (next[] links each token to the next one with its key); each chain's value is one
 // chunk partial. Fast: `+=` per token into the fp32 gradient.
@@ -54,6 +66,7 @@ void reduce_grouped_over_tokens(Mode mode, int64_t N, int64_t C, const GradSink&
     thread_columns(C, c0, c1);
     if (mode == Mode::kFast) {
       for (int64_t n = 0; n < N; ++n) {
+        if (key(n) < 0) continue;
         float* g = sink.f32 + key(n) * C;
         const float* dy = dout + n * C;
         for (int64_t c = c0; c < c1; ++c) g[c] += dy[c];
@@ -76,7 +89,7 @@ void reduce_grouped_over_tokens(Mode mode, int64_t N, int64_t C, const GradSink&
           }
         }
         for (int64_t k = 0; k < len; ++k) {
-          if (!first[k]) continue;
+          if (!first[k] || key(n0 + k) < 0) continue;
           const size_t row = static_cast<size_t>(sink.offset + key(n0 + k) * C);
           for (int64_t cb = c0; cb < c1; cb += detail::kColumnBlock) {
             const int64_t width = std::min(detail::kColumnBlock, c1 - cb);
@@ -105,8 +118,13 @@ void embedding_forward(Mode mode, EmbeddingShape s, float* out, const int32_t* t
   const int64_t C = s.C;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < s.B * s.T; ++i) {
-    const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
+    const int64_t row = held_row(s, tokens[i]);
     float* o = out + i * C;
+    if (row < 0) {
+      for (int64_t c = 0; c < C; ++c) o[c] = -0.0f;
+      continue;
+    }
+    const float* e = wte + row * C;
     if (wpe == nullptr) {
       for (int64_t c = 0; c < C; ++c) o[c] = e[c];
     } else {
@@ -121,12 +139,12 @@ void embedding_backward(Mode mode, EmbeddingShape s, int64_t token_offset, GradS
   check_shape(s, "embedding_backward");
   check_tokens(s, tokens, "embedding_backward");
   detail::require_token_offset(mode, token_offset, "embedding_backward");
-  detail::check_grad_sink(mode, dwte, s.V * s.C, "embedding_backward dwte");
+  detail::check_grad_sink(mode, dwte, held_rows(s) * s.C, "embedding_backward dwte");
   detail::check_grad_sink(mode, dwpe, s.T * s.C, "embedding_backward dwpe");
   const int64_t N = s.B * s.T;
   // Forward: out[n,:] = wte[tokens[n],:] + wpe[n % T,:]  ->  dwte[tokens[n],:] += dout[n,:]
   reduce_grouped_over_tokens(mode, N, s.C, dwte, dout,
-                             [&](int64_t n) { return static_cast<int64_t>(tokens[n]); });
+                             [&](int64_t n) { return held_row(s, tokens[n]); });
   //                                                        ->  dwpe[n % T,:] += dout[n,:]
   reduce_grouped_over_tokens(mode, N, s.C, dwpe, dout, [&](int64_t n) { return n % s.T; });
 }

@@ -1,6 +1,7 @@
 // Linear layer on the CPU (kernels/ops/linear.hpp): fast mode through OpenBLAS sgemm, canonical
 // mode through the canonical matrix products of matmul.hpp.
-// Not here: the GEMM kernels themselves (matmul.isa.cpp), tensor-parallel splitting (src/parallel).
+// Not here: the GEMM kernels themselves (matmul.isa.cpp), the collectives that combine tensor-
+// parallel partials (src/parallel).
 #include <cblas.h>
 
 #include <algorithm>
@@ -121,6 +122,20 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
       for (int64_t o = 0; o < s.OC; ++o) dbias.f32[o] += row[o];
     }
   }
+}
+
+void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* inp,
+                             const float* weight) {
+  check_shape(s);
+  // out[n,o] = Σ_i inp[n,i]·weight[o,i]: B[i,o] = weight[o,i].
+  matmul_chunks_exact(s.N, s.OC, s.IC, out, 0, inp, s.IC, 1, weight, 1, s.IC);
+}
+
+void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const float* dout,
+                                   const float* weight) {
+  check_shape(s);
+  // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
+  matmul_chunks_exact(s.N, s.IC, s.OC, dinp, 0, dout, s.OC, 1, weight, s.IC, 1);
 }
 
 }  // namespace lockstep::cpu

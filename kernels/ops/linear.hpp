@@ -9,11 +9,21 @@
 //                  token); one FMA chain per chunk; each chunk partial added to the GradSink
 //   dbias[o]    += Σ over tokens n of dout[n,o], same chunking (plain-add chain)
 // Fast: cblas_sgemm with beta = 1 for the accumulating outputs.
+//
+// Tensor-parallel pieces (canonical only): a rank that holds a slice of the reduced index (the
+// input features of a row-parallel layer, the output features of a column-parallel one) computes
+// the very chunk partials the unsplit op would, and adds them to one exact sum per output element
+// instead of rounding; the caller combines the ranks' exact sums and rounds once, which gives the
+// unsplit op's bits. The slice must start on a global chunk boundary (a multiple of 64).
+//   linear_forward_partials:       out[n,o]  += Σ over this slice's chunks of inp[n,i]·weight[o,i]
+//                                  (no bias: it is added once, after the rounding)
+//   linear_backward_dinp_partials: dinp[n,i] += Σ over this slice's chunks of dout[n,o]·weight[o,i]
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/ops/mode.hpp"
+#include "src/core/exact_sum.hpp"
 
 namespace lockstep::cpu {
 
@@ -36,6 +46,16 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset,
                      const float* dout,                          // (N, OC)
                      const float* inp,                           // (N, IC)
                      const float* weight);                       // (OC, IC)
+
+void linear_forward_partials(LinearShape s,
+                             ExactAccumulator& out,              // (N, OC) +=
+                             const float* inp,                   // (N, IC) this rank's IC slice
+                             const float* weight);               // (OC, IC) this rank's columns
+
+void linear_backward_dinp_partials(LinearShape s,
+                                   ExactAccumulator& dinp,       // (N, IC) +=
+                                   const float* dout,            // (N, OC) this rank's OC slice
+                                   const float* weight);         // (OC, IC) this rank's rows
 
 // General canonical matrix product used by linear and attention:
 //   C[m,n] = canonical_dot over k of A[m*sam + k*sak] · B[k*sbk + n*sbn]      (overwrites C)

@@ -40,10 +40,20 @@ double normal_at(uint64_t key, uint64_t i) {
 
 }  // namespace
 
-Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch)
-    : cfg_(cfg), mode_(mode), max_batch_(micro_batch) {
+Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp)
+    : cfg_(cfg), mode_(mode), max_batch_(micro_batch), tp_(tp) {
   cfg_.validate();
   LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
+  const int64_t p = tp_ ? tp_->size() : 1, r = tp_ ? tp_->rank() : 0, HS = cfg_.head_size();
+  LS_CHECK(cfg_.n_heads % p == 0 && cfg_.n_kv_heads % p == 0 && cfg_.ffn_width() % p == 0 &&
+               cfg_.vocab_size % p == 0, "tensor-parallel split over ", p, " ranks (checked by src/parallel)");
+  local_.NH = cfg_.n_heads / p;
+  local_.NKV = cfg_.n_kv_heads / p;
+  local_.qkv = (local_.NH + 2 * local_.NKV) * HS;
+  local_.attn = local_.NH * HS;
+  local_.F = cfg_.ffn_width() / p;
+  local_.V = cfg_.vocab_size / p;
+  local_.v0 = r * local_.V;
   build_layout();
   params_.assign(layout_.back().offset + layout_.back().numel, 0.0f);
   grads_.assign(params_.size(), 0.0f);
@@ -52,39 +62,8 @@ Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch)
 }
 
 void Gpt::build_layout() {
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, T = cfg_.seq_len, F = cfg_.ffn_width();
-  const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
-  const bool ln = cfg_.norm == NormKind::kLayerNorm;
-  int64_t offset = 0;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    layout_.push_back({name, std::move(shape), offset, n, decay});
-    offset += n;
-  };
-  // Canonical order: the order of the forward pass. Pointers into layout_ are taken after it is
-  // complete (the vector no longer reallocates).
-  add("wte", {V, C}, true);
-  if (cfg_.pos == PosKind::kLearned) add("wpe", {T, C}, true);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    const std::string p = "layer/" + std::to_string(l) + "/";
-    add(p + "ln1/weight", {C}, false);
-    if (ln) add(p + "ln1/bias", {C}, false);
-    add(p + "attn/qkv/weight", {cfg_.qkv_width(), C}, true);
-    if (cfg_.bias) add(p + "attn/qkv/bias", {cfg_.qkv_width()}, false);
-    add(p + "attn/proj/weight", {C, C}, true);
-    if (cfg_.bias) add(p + "attn/proj/bias", {C}, false);
-    add(p + "ln2/weight", {C}, false);
-    if (ln) add(p + "ln2/bias", {C}, false);
-    add(p + "mlp/fc/weight", {fc_out, C}, true);
-    if (cfg_.bias) add(p + "mlp/fc/bias", {fc_out}, false);
-    add(p + "mlp/proj/weight", {C, F}, true);
-    if (cfg_.bias) add(p + "mlp/proj/bias", {C}, false);
-  }
-  add("lnf/weight", {C}, false);
-  if (ln) add("lnf/bias", {C}, false);
-  if (!cfg_.tie_embeddings) add("lm_head/weight", {V, C}, true);
-
+  layout_ = build_param_layout(cfg_, {tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0});
+  // Pointers into layout_ are taken now that it is complete (the vector no longer reallocates).
   auto find = [&](const std::string& name) -> const ParamTensor* {
     for (const auto& t : layout_)
       if (t.name == name) return &t;
@@ -112,19 +91,19 @@ const ParamTensor& Gpt::param(const std::string& name) const {
 }
 
 void Gpt::allocate_activations() {
-  const int64_t BT = max_batch_ * cfg_.seq_len, C = cfg_.d_model, V = cfg_.vocab_size;
-  const int64_t T = cfg_.seq_len, F = cfg_.ffn_width();
+  const int64_t BT = max_batch_ * cfg_.seq_len, C = cfg_.d_model, V = local_.V;
+  const int64_t T = cfg_.seq_len, F = local_.F, A = local_.attn;
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
-  const int64_t att = max_batch_ * cfg_.n_heads * T * T;
+  const int64_t att = max_batch_ * local_.NH * T * T;
   encoded_.resize(BT * C);
   acts_.resize(cfg_.n_layers);
   for (auto& a : acts_) {
     a.ln1.resize(BT * C);
     a.ln1_mean.resize(BT);
     a.ln1_rstd.resize(BT);
-    a.qkv.resize(BT * cfg_.qkv_width());
+    a.qkv.resize(BT * local_.qkv);
     a.att.resize(att);
-    a.atty.resize(BT * C);
+    a.atty.resize(BT * A);
     a.res_attn.resize(BT * C);
     a.ln2.resize(BT * C);
     a.ln2_mean.resize(BT);
@@ -140,11 +119,17 @@ void Gpt::allocate_activations() {
   losses_.resize(BT);
   dres_.resize(BT * C);
   dbuf_c_.resize(BT * C);
-  dqkv_.resize(BT * cfg_.qkv_width());
-  datty_.resize(BT * C);
+  dqkv_.resize(BT * local_.qkv);
+  datty_.resize(BT * A);
   datt_.resize(att);
   dfch_.resize(BT * fc_out);
   dfch_act_.resize(BT * F);
+  if (tp_) {
+    tp_buf_.resize(BT * C);
+    ce_max_.resize(BT);
+    ce_z_.resize(BT);
+    ce_target_.resize(BT);
+  }
   if (cfg_.pos == PosKind::kRope) {
     const int64_t half = cfg_.head_size() / 2;
     rope_cos_.resize(T * half);
@@ -168,16 +153,18 @@ void Gpt::init_parameters() {
       const bool residual_proj = t.name.find("/proj/weight") != std::string::npos;
       const double stddev = static_cast<double>(cfg_.init_std) * (residual_proj ? residual_scale : 1.0f);
       const uint64_t key = xxh64(t.name.data(), t.name.size(), cfg_.seed);
-      for (int64_t i = 0; i < t.numel; ++i) w[i] = static_cast<float>(stddev * normal_at(key, i));
+      for (int64_t i = 0; i < t.numel; ++i) {
+        w[i] = static_cast<float>(stddev * normal_at(key, static_cast<uint64_t>(t.global_index(i))));
+      }
     }
   }
 }
 
 double Gpt::flops_per_token() const {
-  double matmul_params = 0;
+  double matmul_params = 0;  // of the whole model, whatever this rank holds
   for (const auto& t : layout_) {
     if (t.shape.size() == 2 && t.name != "wpe" && !(t.name == "wte" && !cfg_.tie_embeddings)) {
-      matmul_params += static_cast<double>(t.numel);
+      matmul_params += static_cast<double>(t.global_numel());
     }
   }
   return 6.0 * matmul_params +
@@ -257,31 +244,112 @@ void Gpt::norm_backward(int64_t rows, int64_t token_offset, float* dinp, const f
   }
 }
 
+void Gpt::linear_forward_row(Mode mode, cpu::LinearShape s, float* out, const float* inp,
+                             const ParamTensor* w, const ParamTensor* b) {
+  if (!tp_) {
+    cpu::linear_forward(mode, s, out, inp, p(w), p(b));
+    return;
+  }
+  // out[n,o] = Σ over the input features, split across the group.
+  const int64_t n = s.N * s.OC;
+  if (mode == Mode::kCanonical) {
+    tp_sum_.reset(static_cast<size_t>(n));
+    cpu::linear_forward_partials(s, tp_sum_, inp, p(w));
+    tp_->all_reduce_exact(tp_sum_, out);
+  } else {
+    cpu::linear_forward(mode, s, out, inp, p(w), nullptr);
+    tp_->all_reduce_sum(out, n);
+  }
+  // The replicated bias, once, after the rounding: linear_forward's epilogue `dot + bias[o]`.
+  if (const float* bias = p(b)) {
+    for (int64_t i = 0; i < s.N; ++i) {
+      float* row = out + i * s.OC;
+      for (int64_t o = 0; o < s.OC; ++o) row[o] = row[o] + bias[o];
+    }
+  }
+}
+
+void Gpt::linear_backward_column(cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw,
+                                 GradSink db, const float* dout, const float* inp, const ParamTensor* w) {
+  if (!tp_) {
+    cpu::linear_backward(mode_, s, token_offset, dinp, dw, db, dout, inp, p(w));
+    return;
+  }
+  // Weight and bias gradients are this rank's rows; dinp sums over the output features, split
+  // across the group, and then accumulates like linear_backward's `dinp +=`.
+  cpu::linear_backward(mode_, s, token_offset, nullptr, dw, db, dout, inp, p(w));
+  const int64_t n = s.N * s.IC;
+  if (mode_ == Mode::kCanonical) {
+    tp_sum_.reset(static_cast<size_t>(n));
+    cpu::linear_backward_dinp_partials(s, tp_sum_, dout, p(w));
+    tp_->all_reduce_exact(tp_sum_, tp_buf_.data());
+  } else {
+    std::fill_n(tp_buf_.begin(), n, 0.0f);
+    cpu::linear_backward(mode_, s, token_offset, tp_buf_.data(), {}, {}, dout, inp, p(w));
+    tp_->all_reduce_sum(tp_buf_.data(), n);
+  }
+  for (int64_t i = 0; i < n; ++i) dinp[i] = dinp[i] + tp_buf_[static_cast<size_t>(i)];
+}
+
+void Gpt::crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward) {
+  if (!tp_) {
+    const cpu::CrossEntropyShape cs{BT, cfg_.vocab_size};
+    if (backward) {
+      cpu::crossentropy_forward_backward(mode_, cs, dloss, losses_.data(), logits_.data(), targets);
+    } else {
+      cpu::crossentropy_forward(mode_, cs, losses_.data(), logits_.data(), targets);
+    }
+    return;
+  }
+  // Vocabulary-parallel: the row max, the softmax denominator and the target's logit are
+  // combined across the group (kernels/ops/crossentropy.hpp), then each rank finishes its columns.
+  const cpu::CrossEntropyShard s{BT, local_.V, local_.v0, cfg_.vocab_size};
+  cpu::crossentropy_shard_max(s, ce_max_.data(), logits_.data());
+  tp_->all_reduce_max(ce_max_.data(), BT);
+  tp_sum_.reset(static_cast<size_t>(BT));
+  cpu::crossentropy_shard_partition(mode_, s, tp_sum_, ce_target_.data(), logits_.data(), ce_max_.data(),
+                                    targets);
+  tp_->all_reduce_exact(tp_sum_, ce_z_.data());
+  tp_->all_reduce_sum(ce_target_.data(), BT);
+  cpu::crossentropy_shard_finish(mode_, s, dloss, losses_.data(), backward ? logits_.data() : nullptr,
+                                 logits_.data(), ce_max_.data(), ce_z_.data(), ce_target_.data(), targets);
+}
+
+cpu::EmbeddingShape Gpt::embedding_shape(int64_t B) const {
+  cpu::EmbeddingShape es{B, cfg_.seq_len, cfg_.d_model, cfg_.vocab_size};
+  if (tp_) {
+    es.rows_first = local_.v0;
+    es.rows = local_.V;
+  }
+  return es;
+}
+
 void Gpt::forward(const int32_t* inputs, int64_t B) {
   LS_CHECK(B >= 1 && B <= max_batch_, "micro batch ", B, " exceeds ", max_batch_);
-  const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = cfg_.ffn_width();
-  const cpu::AttentionShape as{B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_size()};
+  const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = local_.F, A = local_.attn;
+  const cpu::AttentionShape as{B, T, local_.NH, local_.NKV, cfg_.head_size()};
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
 
-  cpu::embedding_forward(mode_of(-1, "embed/out"), {B, T, C, cfg_.vocab_size}, encoded_.data(), inputs, p(wte_),
-                         p(wpe_));
+  cpu::embedding_forward(mode_of(-1, "embed/out"), embedding_shape(B), encoded_.data(), inputs, p(wte_), p(wpe_));
+  // Vocabulary-parallel: one rank holds each token's row, the others give -0.0f: an exact sum.
+  if (tp_) tp_->all_reduce_sum(encoded_.data(), BT * C);
   observe("", -1, "embed/out", encoded_.data(), {B, T, C});
   const float* residual = encoded_.data();
-  const int64_t NH = cfg_.n_heads;
+  const int64_t NH = local_.NH;
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts_[l];
     const LayerParams& w = layers_[l];
     // x = x + attn(norm1(x))
     norm_forward(mode_of(l, "ln1/out"), BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, w.ln1_w, w.ln1_b);
     observe("", l, "ln1/out", a.ln1.data(), {B, T, C});
-    cpu::linear_forward(mode_of(l, "attn/qkv"), {BT, C, cfg_.qkv_width()}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
+    cpu::linear_forward(mode_of(l, "attn/qkv"), {BT, C, local_.qkv}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
                         p(w.qkv_b));
     if (cfg_.pos == PosKind::kRope) cpu::rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
-    observe("", l, "attn/qkv", a.qkv.data(), {B, T, cfg_.qkv_width()});
+    observe("", l, "attn/qkv", a.qkv.data(), {B, T, local_.qkv});
     cpu::attention_forward(mode_of(l, "attn/att"), as, a.atty.data(), a.att.data(), a.qkv.data());
     observe("", l, "attn/att", a.att.data(), {B, NH, T, T});
-    observe("", l, "attn/out", a.atty.data(), {B, T, C});
-    cpu::linear_forward(mode_of(l, "attn/res"), {BT, C, C}, a.res_attn.data(), a.atty.data(), p(w.proj_w), p(w.proj_b));
+    observe("", l, "attn/out", a.atty.data(), {B, T, A});
+    linear_forward_row(mode_of(l, "attn/res"), {BT, A, C}, a.res_attn.data(), a.atty.data(), w.proj_w, w.proj_b);
     cpu::residual_forward(BT * C, a.res_attn.data(), a.res_attn.data(), residual);
     observe("", l, "attn/res", a.res_attn.data(), {B, T, C});
     // x = x + mlp(norm2(x))
@@ -296,16 +364,16 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
       cpu::swiglu_forward(mode_of(l, "mlp/act"), BT, F, a.fch_act.data(), a.fch.data());
     }
     observe("", l, "mlp/act", a.fch_act.data(), {B, T, F});
-    cpu::linear_forward(mode_of(l, "mlp/res"), {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), p(w.fcproj_w),
-                        p(w.fcproj_b));
+    linear_forward_row(mode_of(l, "mlp/res"), {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), w.fcproj_w,
+                       w.fcproj_b);
     cpu::residual_forward(BT * C, a.res_mlp.data(), a.res_mlp.data(), a.res_attn.data());
     observe("", l, "mlp/res", a.res_mlp.data(), {B, T, C});
     residual = a.res_mlp.data();
   }
   norm_forward(mode_of(-1, "lnf/out"), BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_, lnf_b_);
   observe("", -1, "lnf/out", lnf_.data(), {B, T, C});
-  cpu::linear_forward(mode_of(-1, "logits"), {BT, C, cfg_.vocab_size}, logits_.data(), lnf_.data(), p(head_), nullptr);
-  observe("", -1, "logits", logits_.data(), {B, T, cfg_.vocab_size});
+  cpu::linear_forward(mode_of(-1, "logits"), {BT, C, local_.V}, logits_.data(), lnf_.data(), p(head_), nullptr);
+  observe("", -1, "logits", logits_.data(), {B, T, local_.V});
 }
 
 // Adds a micro-batch's per-token losses to the running loss sum in canonical chunks of tokens.
@@ -318,7 +386,7 @@ static void add_losses(ChunkCombiner& loss_sum, const float* losses, int64_t n) 
 void Gpt::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum) {
   forward(inputs, B);
   const int64_t BT = B * cfg_.seq_len;
-  cpu::crossentropy_forward(mode_, {BT, cfg_.vocab_size}, losses_.data(), logits_.data(), targets);
+  crossentropy(BT, targets, 0.0f, false);
   observe("", -1, "losses", losses_.data(), {B, cfg_.seq_len});
   add_losses(loss_sum, losses_.data(), BT);
 }
@@ -336,13 +404,13 @@ void Gpt::forward_backward_batch(const int32_t* inputs, const int32_t* targets, 
 void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t B,
                            int64_t token_offset, float dloss, ChunkCombiner& loss_sum) {
   forward(inputs, B);
-  const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = cfg_.ffn_width();
-  const int64_t V = cfg_.vocab_size;
-  const cpu::AttentionShape as{B, T, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_size()};
+  const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = local_.F, A = local_.attn;
+  const int64_t V = local_.V;
+  const cpu::AttentionShape as{B, T, local_.NH, local_.NKV, cfg_.head_size()};
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
 
   // Loss and dlogits (in place over the logits).
-  cpu::crossentropy_forward_backward(mode_, {BT, V}, dloss, losses_.data(), logits_.data(), targets);
+  crossentropy(BT, targets, dloss, true);
   observe("", -1, "losses", losses_.data(), {B, T});
   observe("grad/", -1, "logits", logits_.data(), {B, T, V});
   add_losses(loss_sum, losses_.data(), BT);
@@ -350,8 +418,8 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   // Head and final norm. dres_ carries d(residual stream); activation-gradient outputs that
   // accumulate (+=) are zeroed first.
   std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
-  cpu::linear_backward(mode_, {BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {},
-                       logits_.data(), lnf_.data(), p(head_));
+  linear_backward_column({BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {}, logits_.data(),
+                         lnf_.data(), head_);
   observe("grad/", -1, "lnf/out", dbuf_c_.data(), {B, T, C});
   std::fill_n(dres_.begin(), BT * C, 0.0f);
   const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
@@ -375,31 +443,30 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     }
     observe("grad/", l, "mlp/fc", dfch_.data(), {B, T, fc_out});
     std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
-    cpu::linear_backward(mode_, {BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w),
-                         sink(w.fc_b), dfch_.data(), a.ln2.data(), p(w.fc_w));
+    linear_backward_column({BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w), sink(w.fc_b),
+                           dfch_.data(), a.ln2.data(), w.fc_w);
     observe("grad/", l, "ln2/out", dbuf_c_.data(), {B, T, C});
     norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), a.res_attn.data(),
                   a.ln2_mean.data(), a.ln2_rstd.data(), w.ln2_w, w.ln2_b);
     observe("grad/", l, "attn/res", dres_.data(), {B, T, C});
     // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
-    std::fill_n(datty_.begin(), BT * C, 0.0f);
-    cpu::linear_backward(mode_, {BT, C, C}, token_offset, datty_.data(), sink(w.proj_w),
+    std::fill_n(datty_.begin(), BT * A, 0.0f);
+    cpu::linear_backward(mode_, {BT, A, C}, token_offset, datty_.data(), sink(w.proj_w),
                          sink(w.proj_b), dres_.data(), a.atty.data(), p(w.proj_w));
-    observe("grad/", l, "attn/out", datty_.data(), {B, T, C});
+    observe("grad/", l, "attn/out", datty_.data(), {B, T, A});
     cpu::attention_backward(mode_, as, dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(),
                             a.att.data());
-    observe("grad/", l, "attn/qkv", dqkv_.data(), {B, T, cfg_.qkv_width()});
+    observe("grad/", l, "attn/qkv", dqkv_.data(), {B, T, local_.qkv});
     if (cfg_.pos == PosKind::kRope) cpu::rope_backward(as, dqkv_.data(), rope_cos_.data(), rope_sin_.data());
     std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
-    cpu::linear_backward(mode_, {BT, C, cfg_.qkv_width()}, token_offset, dbuf_c_.data(),
-                         sink(w.qkv_w), sink(w.qkv_b), dqkv_.data(), a.ln1.data(), p(w.qkv_w));
+    linear_backward_column({BT, C, local_.qkv}, token_offset, dbuf_c_.data(), sink(w.qkv_w), sink(w.qkv_b),
+                           dqkv_.data(), a.ln1.data(), w.qkv_w);
     observe("grad/", l, "ln1/out", dbuf_c_.data(), {B, T, C});
     norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
                   a.ln1_rstd.data(), w.ln1_w, w.ln1_b);
   }
   observe("grad/", -1, "embed/out", dres_.data(), {B, T, C});
-  cpu::embedding_backward(mode_, {B, T, C, V}, token_offset, sink(wte_), sink(wpe_), dres_.data(),
-                          inputs);
+  cpu::embedding_backward(mode_, embedding_shape(B), token_offset, sink(wte_), sink(wpe_), dres_.data(), inputs);
 }
 
 }  // namespace lockstep

@@ -9,6 +9,16 @@
 // Gradients: fast mode accumulates into the fp32 gradient buffer; canonical mode accumulates every
 // chunk partial exactly (ExactAccumulator) across micro-batches and rounds once in finish_grads(),
 // so the gradient does not depend on how the batch was split.
+//
+// Tensor parallelism: given a TpGroup, the object holds one rank's shards (param_layout.hpp) and
+// runs Megatron's split: column-parallel QKV and MLP-in and row-parallel attention-out and
+// MLP-out (heads split across ranks), vocabulary-parallel embedding and cross-entropy with the
+// head (no rank forms full-vocabulary logits). Where a reduction is split across ranks — the
+// row-parallel outputs, the activation gradients of column-parallel layers and of the head, the
+// softmax denominator — each rank computes the unsplit op's canonical chunk partials for its slice
+// and the group combines them exactly (TpGroup::all_reduce_exact), so canonical mode gives the
+// bits of one device. Replicated tensors (norms, row-parallel biases, wpe) get identical full
+// gradients on every rank. Hooks see this rank's shards.
 #pragma once
 
 #include <cstdint>
@@ -21,19 +31,15 @@
 #include <vector>
 
 #include "kernels/ops/canonical.hpp"
+#include "kernels/ops/embedding.hpp"
+#include "kernels/ops/linear.hpp"
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
 #include "src/model/config.hpp"
+#include "src/model/param_layout.hpp"
+#include "src/model/tp_group.hpp"
 
 namespace lockstep {
-
-struct ParamTensor {
-  std::string name;            // e.g. "layer/0/attn/qkv/weight"
-  std::vector<int64_t> shape;
-  int64_t offset = 0;          // first element in the flat buffer
-  int64_t numel = 0;
-  bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
-};
 
 // Observer of named tensors as the model computes them (verify/, dumps): called with the stable
 // hook name, the data and the shape. Names: forward `embed/out`, `layer/3/ln1/out`,
@@ -50,7 +56,9 @@ using TensorHook = std::function<void(std::string_view name, float* data,
 class Gpt {
  public:
   // micro_batch: the largest number of sequences passed to one forward_backward call.
-  Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch);
+  // tp: the tensor-parallel group this rank's shards belong to (nullptr: the whole model here);
+  // it must outlive the model.
+  Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   Mode mode() const { return mode_; }
@@ -79,7 +87,7 @@ class Gpt {
   static bool is_op_site(std::string_view site);
 
   // Deterministic initialisation from cfg.seed: each element is a function of (seed, tensor name,
-  // element index) only (GPT-2 scheme: N(0, init_std), residual projections scaled by
+  // element index in the global tensor) only (GPT-2 scheme: N(0, init_std), residual projections scaled by
   // 1/sqrt(2·n_layers), biases 0, norm weights 1).
   void init_parameters();
 
@@ -109,6 +117,14 @@ class Gpt {
     std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn;
     std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_act, res_mlp;
   };
+  // This rank's share of the dims split by tensor parallelism (all of them on one device).
+  struct LocalDims {
+    int64_t NH, NKV;  // heads
+    int64_t qkv;      // (NH + 2·NKV)·HS: QKV output features
+    int64_t attn;     // NH·HS: attention output features (attn/proj input)
+    int64_t F;        // MLP hidden features
+    int64_t V, v0;    // vocabulary rows held, the first of them
+  };
   struct LayerParams {
     const ParamTensor *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
     const ParamTensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
@@ -128,10 +144,22 @@ class Gpt {
   void norm_backward(int64_t rows, int64_t token_offset, float* dinp, const float* dout,
                      const float* inp, const float* mean, const float* rstd,
                      const ParamTensor* w, const ParamTensor* b);
+  // out = inp · wᵀ + b for a row-parallel linear (inp: this rank's input features; out and b whole).
+  void linear_forward_row(Mode mode, cpu::LinearShape s, float* out, const float* inp,
+                          const ParamTensor* w, const ParamTensor* b);
+  // linear_backward for a column-parallel linear (dout: this rank's output features; dinp whole).
+  void linear_backward_column(cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw,
+                              GradSink db, const float* dout, const float* inp, const ParamTensor* w);
+  // The embedding's shape for B sequences (this rank's vocabulary rows on TP).
+  cpu::EmbeddingShape embedding_shape(int64_t B) const;
+  // Per-token losses of logits_ (and, with backward, dlogits in place), vocabulary-parallel on TP.
+  void crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward);
 
   ModelConfig cfg_;
   Mode mode_;
   int64_t max_batch_;
+  TpGroup* tp_;
+  LocalDims local_;
   std::vector<ParamTensor> layout_;
   std::vector<float> params_, grads_;
   ExactAccumulator exact_grads_;  // canonical mode only
@@ -146,6 +174,9 @@ class Gpt {
   std::vector<float> rope_cos_, rope_sin_;
   // Backward scratch.
   std::vector<float> dres_, dbuf_c_, dqkv_, datty_, datt_, dfch_, dfch_act_;
+  // Tensor-parallel scratch: exact partial sums, their rounded combination, cross-entropy row stats.
+  ExactAccumulator tp_sum_;
+  std::vector<float> tp_buf_, ce_max_, ce_z_, ce_target_;
   TensorHook hook_;
   std::vector<std::pair<std::string, Mode>> op_modes_;
 };

@@ -31,8 +31,9 @@ DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp,
   return b;
 }
 
-DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, int zero, ReduceMode reduce, AdamWConfig adam)
-    : model_(model), dp_(dp), zero_(zero), reduce_(reduce), adam_(adam),
+DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp,
+                           int zero, ReduceMode reduce, AdamWConfig adam)
+    : model_(model), dp_(dp), tp_(tp), dp_tp_(dp_tp), zero_(zero), reduce_(reduce), adam_(adam),
       plan_(make_shard_plan(model.param_layout(), dp.size())) {
   LS_CHECK(zero >= 0 && zero <= 2, "zero ", zero);
   if (zero_ == 0 || dp_.size() == 1) {
@@ -77,17 +78,21 @@ void DataParallel::reduce_gradients() {
 }
 
 float DataParallel::clip_grad_norm(float max_norm) {
-  if (zero_ < 2 || dp_.size() == 1) return lockstep::clip_grad_norm(model_, max_norm);
-  // Sum of squares of this shard, tensor piece by tensor piece; shard cuts are chunk starts of
-  // their tensor (make_shard_plan), so each piece starts on a chunk boundary as the op requires.
-  const int64_t first = shard_first(), end = shard_end();
+  const bool sharded = zero_ == 2 && dp_.size() > 1;
+  if (!sharded && tp_.size() == 1) return lockstep::clip_grad_norm(model_, max_norm);
+  // Sum of squares of this rank's part, tensor piece by tensor piece: its ZeRO-2 shard (else all of
+  // its buffer), tensors replicated across tp only on tp rank 0, so that every element of the
+  // global gradient counts once. Shard cuts are chunk starts of their tensor (make_shard_plan) and
+  // tp shards are runs of global chunks, so each piece's chunks are those of one process.
+  const int64_t first = sharded ? shard_first() : 0, end = sharded ? shard_end() : model_.num_params();
   float* grads = model_.grads();
   ChunkCombiner sumsq;
   for (const auto& p : model_.param_layout()) {
+    if (p.replicated() && tp_.rank() != 0) continue;
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
     if (a < b) cpu::grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grads + a);
   }
-  const float norm = std::sqrt(combine_exact(sumsq, dp_));
+  const float norm = std::sqrt(combine_exact(sumsq, sharded ? dp_tp_ : tp_));
   if (max_norm > 0.0f && norm > max_norm) {
     const float scale = max_norm / (norm + 1e-6f);  // as optim's clip_grad_norm
     cpu::scale_inplace(end - first, grads + first, scale);

@@ -10,15 +10,20 @@
 //                       only its shard (the rest of grads() is zeroed, never used).
 //                       (A float all-reduce would be one call, but MPI may round differently on
 //                       different ranks; reduce-scatter + all-gather gives every replica the same bits.)
-//   clip_grad_norm()    zero 0/1: the model's clip_grad_norm on the full gradient (same on every
-//                       rank); zero 2: canonical chunk partials of this shard (shards cut on chunk
-//                       starts, exact_reduce.hpp), combined exactly across ranks — the same bits as
-//                       one process.
+//   clip_grad_norm()    zero 0/1 without tp: the model's clip_grad_norm on the full gradient (same
+//                       on every rank); otherwise canonical chunk partials of this rank's part
+//                       (zero 2: its shard, cut on chunk starts, exact_reduce.hpp; tp: tensors
+//                       replicated across tp counted on tp rank 0 only), combined exactly over the
+//                       ranks that hold different parts — the same bits as one process.
 //   step()              zero 0: AdamW on every element, on every rank; zero 1/2: AdamW on this rank's
 //                       shard only (m and v exist for the shard only), then an fp32 all-gather of
 //                       the parameters.
 // In canonical mode with reduce = exact the parameters after every step are bitwise those of the
 // single-process run, for any dp and zero.
+//
+// Under tensor parallelism the model's flat buffer holds this rank's tp shards; every dp member
+// of the group holds the same shards, so all of the above works on that local buffer unchanged
+// (shard cuts on local chunk starts are global chunk starts: tensor_parallel.hpp's alignment).
 //
 // Not here: bucketing and overlapping the reduction with the backward pass (the reduction runs
 // after the last micro-batch's backward); ZeRO-3; the loop itself (src/train/trainer.cpp).
@@ -53,7 +58,10 @@ DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp,
 
 class DataParallel {
  public:
-  DataParallel(Gpt& model, comm::Communicator& dp, int zero, ReduceMode reduce, AdamWConfig adam);
+  // tp: the model's tensor-parallel group; dp_tp: every rank holding a part of one model copy's
+  // gradient (dp × tp; a group of one of each without parallelism).
+  DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp, int zero,
+               ReduceMode reduce, AdamWConfig adam);
 
   int zero() const { return zero_; }
   const ShardPlan& plan() const { return plan_; }
@@ -82,6 +90,8 @@ class DataParallel {
 
   Gpt& model_;
   comm::Communicator& dp_;
+  comm::Communicator& tp_;
+  comm::Communicator& dp_tp_;
   int zero_;
   ReduceMode reduce_;
   AdamWConfig adam_;

@@ -20,8 +20,10 @@ Mesh::Mesh(MeshShape shape, comm::Communicator& world, const std::string& source
   const int64_t world_size = world.size();
   for (auto [name, v] : {std::pair{"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}}) {
     LS_REQUIRE(v >= 1, source, ": [parallel] ", name, " (", v, ") must be >= 1");
+  }
+  for (auto [name, v] : {std::pair{"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}}) {
     LS_REQUIRE(v == 1, source, ": [parallel] ", name, " = ", v,
-               ": only data parallelism is implemented so far (tensor, sequence, pipeline, expert and context "
+               ": only data and tensor parallelism are implemented so far (pipeline, expert and context "
                "parallelism are not); use ", name, " = 1");
   }
   const int64_t others = shape.tp * shape.cp * shape.ep * shape.pp;

@@ -31,6 +31,7 @@
 #include "src/optim/adamw.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/mesh.hpp"
+#include "src/parallel/tensor_parallel.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "verify/dump.hpp"
@@ -42,15 +43,16 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-// Parameters and (if m and v are given: full, unsharded) optimizer state as checkpoint tensors,
-// in the model's canonical order.
-std::vector<ckpt::TensorRef> state_tensors(const Gpt& model, const float* m, const float* v) {
+// Parameters and (if m and v are given) optimizer state as checkpoint tensors, in canonical order:
+// whole (global) tensors laid out as `layout` (the tp = 1 layout).
+std::vector<ckpt::TensorRef> state_tensors(const std::vector<ParamTensor>& layout, const float* params,
+                                           const float* m, const float* v) {
   std::vector<ckpt::TensorRef> refs;
-  for (const auto& p : model.param_layout()) {
-    refs.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.shape, model.params() + p.offset});
+  for (const auto& p : layout) {
+    refs.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.shape, params + p.offset});
   }
   if (m != nullptr) {
-    for (const auto& p : model.param_layout()) {
+    for (const auto& p : layout) {
       refs.push_back({"optim/m/" + p.name, DType::kF32, p.shape, m + p.offset});
       refs.push_back({"optim/v/" + p.name, DType::kF32, p.shape, v + p.offset});
     }
@@ -144,7 +146,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
 
   parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
+  parallel::check_tp_layout(cfg.model, pc.tp, pc.sp, tc.mode, cfg.source);
   comm::Communicator& dpc = mesh.dp();
+  comm::Communicator& tpc = mesh.group(parallel::Axis::kTp);
+  const int64_t tp = tpc.size();
   const int64_t dp = dpc.size(), dp_rank = dpc.rank();
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
@@ -161,9 +166,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::optional<data::EvalReader> val_reader;
   if (val_file) val_reader.emplace(*val_file, T);
 
-  Gpt model(cfg.model, tc.mode, MBL);
+  // Tensor parallelism: the model holds this rank's shards and reduces over the tp group.
+  std::optional<parallel::CommTpGroup> tp_group;
+  if (tp > 1) tp_group.emplace(tpc);
+  Gpt model(cfg.model, tc.mode, MBL, tp_group ? &*tp_group : nullptr);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
-  parallel::DataParallel ddp(model, dpc, static_cast<int>(pc.zero), reduce,
+  // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
+  parallel::DataParallel ddp(model, dpc, tpc, world, static_cast<int>(pc.zero), reduce,
                              {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
                               static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
@@ -189,6 +198,14 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     for (const auto& p : model.param_layout()) dump->add(prefix + p.name, base + p.offset, p.shape);
   };
 
+  // Checkpoints and the model hash hold whole tensors: the tp = 1 layout, gathered from the shards.
+  const std::vector<ParamTensor> global_layout = build_param_layout(cfg.model);
+  const int64_t global_params = global_layout.back().offset + global_layout.back().numel;
+  auto gather = [&](const float* local) {
+    return tp > 1 ? parallel::gather_global(cfg.model, model.param_layout(), local, tpc)
+                  : std::vector<float>(local, local + model.num_params());
+  };
+
   TrainSummary summary;
   if (!cfg.checkpoint.dir.empty()) {
     std::ostringstream warnings;
@@ -196,14 +213,19 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     if (!warnings.str().empty()) out << "warning: " << warnings.str() << std::flush;
     if (ck) {
       check_resumable(*ck, cfg);
-      // Checkpoints hold whole tensors; every rank reads them and keeps its part of m and v.
-      std::vector<float> m(static_cast<size_t>(model.num_params())), v(m.size());
-      for (const auto& p : model.param_layout()) {
-        ck->copy_to(ckpt::kModelPrefix + p.name, DType::kF32, p.shape, model.params() + p.offset);
+      // Checkpoints hold whole tensors; every rank reads them and keeps its tp shards and its part
+      // of m and v.
+      std::vector<float> w(static_cast<size_t>(global_params)), m(w.size()), v(w.size());
+      for (const auto& p : global_layout) {
+        ck->copy_to(ckpt::kModelPrefix + p.name, DType::kF32, p.shape, w.data() + p.offset);
         ck->copy_to("optim/m/" + p.name, DType::kF32, p.shape, m.data() + p.offset);
         ck->copy_to("optim/v/" + p.name, DType::kF32, p.shape, v.data() + p.offset);
       }
-      ddp.load_optimizer_state(m.data(), v.data());
+      std::vector<float> m_local(static_cast<size_t>(model.num_params())), v_local(m_local.size());
+      parallel::take_local(cfg.model, model.param_layout(), w.data(), model.params());
+      parallel::take_local(cfg.model, model.param_layout(), m.data(), m_local.data());
+      parallel::take_local(cfg.model, model.param_layout(), v.data(), v_local.data());
+      ddp.load_optimizer_state(m_local.data(), v_local.data());
       sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
       summary.first_step = ck->state.at("step").get<int64_t>();
       out << "resumed from " << ck->dir << " (step " << summary.first_step << ")\n";
@@ -213,20 +235,24 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 
   const double peak = tc.peak_gflops > 0 ? tc.peak_gflops : measure_sgemm_peak_gflops();
   const double flops_per_token = model.flops_per_token();
-  out << "model: " << model.num_params() << " parameters, " << std::fixed << std::setprecision(2)
+  out << "model: " << global_params << " parameters, " << std::fixed << std::setprecision(2)
       << flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << threads
       << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
       << std::setprecision(1) << peak << " GFLOP/s sgemm peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured)") << "\n";
-  // The least a rank must send per step to sum fp32 gradients (a ring all-reduce, or ZeRO's
-  // reduce-scatter + parameter all-gather): 2 · 4N · (p-1)/p bytes.
-  const uint64_t min_bytes = static_cast<uint64_t>(model.num_params()) * 8 * static_cast<uint64_t>(dp - 1) /
-                             static_cast<uint64_t>(dp);
+  // The least a rank must send per step: to sum its N fp32 gradients over dp (a ring all-reduce,
+  // or ZeRO's reduce-scatter + parameter all-gather) 2 · 4N · (dp-1)/dp bytes, plus tensor
+  // parallelism's activation all-reduces (tensor_parallel.hpp).
+  const uint64_t dp_min_bytes = static_cast<uint64_t>(model.num_params()) * 8 * static_cast<uint64_t>(dp - 1) /
+                                static_cast<uint64_t>(dp);
+  const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, tp, BL * T);
+  const uint64_t min_bytes = dp_min_bytes + tp_min_bytes;
   if (world.size() > 1) {
     out << "parallel: " << mesh.describe() << ", zero " << pc.zero << ", reduce " << pc.reduce << "; rank batch "
-        << BL << " (micro-batch " << MBL << "); optimizer state " << ddp.optimizer_state_bytes()
-        << " bytes per rank (replicated: " << 8 * model.num_params() << "); gradient sync minimum "
-        << min_bytes << " bytes sent per rank per step\n";
+        << BL << " (micro-batch " << MBL << "); " << model.num_params() << " parameters per rank; optimizer state "
+        << ddp.optimizer_state_bytes() << " bytes per rank (replicated: " << 8 * model.num_params()
+        << "); minimum sent per rank per step " << min_bytes << " bytes (gradient sync " << dp_min_bytes
+        << ", tensor parallel " << tp_min_bytes << ")\n";
   }
 
   MetricsWriter metrics;
@@ -241,7 +267,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   double total_time = 0;
   int64_t steps_this_run = 0;
 
-  // Rank 0 evaluates (replicas are equal); the same windows as one process, MBL at a time.
+  // The first dp replica evaluates (replicas are equal; its tp ranks together); the same windows as
+  // one process, MBL at a time.
   auto evaluate = [&]() -> float {
     ChunkCombiner loss_sum;
     for (int64_t s = 0; s < cfg.eval.batches * MB; s += MBL) {
@@ -250,18 +277,24 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
     return loss_sum.finish() / static_cast<float>(cfg.eval.batches * MB * T);
   };
-  // Collective: ZeRO-1/2 gather m and v; rank 0 writes whole tensors.
+  // Collective: ZeRO-1/2 gather m and v over dp, tensor parallelism gathers the shards over tp;
+  // rank 0 writes whole tensors. The state records the layout that trained them and where each
+  // tp shard lies in its global tensor.
   auto save = [&](int64_t step_done, float loss) {
     if (cfg.checkpoint.dir.empty()) return;
     std::vector<float> m, v;
     ddp.gather_optimizer_state(m, v);
+    const std::vector<float> w = gather(model.params()), mg = gather(m.data()), vg = gather(v.data());
     if (world.rank() != 0) return;
+    nlohmann::json layout = {{"dp", dp}, {"tp", tp}, {"sp", pc.sp}, {"zero", pc.zero}, {"reduce", pc.reduce}};
+    if (tp > 1) layout["tp_shards"] = parallel::describe_shards(cfg.model, tp);
     nlohmann::json state = {{"step", step_done},
                             {"sampler", sampler.state()},
                             {"config", cfg.to_json()},
-                            {"layout", {{"dp", dp}, {"zero", pc.zero}, {"reduce", pc.reduce}}},
+                            {"layout", layout},
                             {"loss", loss}};
-    const auto dir = ckpt::save(cfg.checkpoint.dir, step_done, state_tensors(model, m.data(), v.data()), state,
+    const auto dir = ckpt::save(cfg.checkpoint.dir, step_done,
+                                state_tensors(global_layout, w.data(), mg.data(), vg.data()), state,
                                 static_cast<int>(cfg.checkpoint.keep));
     out << "checkpoint " << dir << "\n";
   };
@@ -269,7 +302,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   int64_t step = summary.first_step;
   for (; step < tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    const uint64_t bytes_before = dpc.stats().total();
+    const uint64_t bytes_before = dpc.stats().total() + (tp > 1 ? tpc.stats().total() : 0);
     const float lr = static_cast<float>(schedule.at(step));
     sampler.next_batch(B, dp_rank * BL, BL, inputs.data(), targets.data());
     model.zero_grad();
@@ -292,7 +325,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
       dump->end_step();
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const uint64_t step_bytes = dpc.stats().total() - bytes_before;
+    const uint64_t step_bytes = dpc.stats().total() + (tp > 1 ? tpc.stats().total() : 0) - bytes_before;
     total_time += dt;
     ++steps_this_run;
     summary.last_loss = loss;
@@ -327,7 +360,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     metrics.write(record);
 
     const bool last = done == tc.steps;
-    if (val_reader && ((cfg.eval.every > 0 && done % cfg.eval.every == 0) || last) && world.rank() == 0) {
+    if (val_reader && ((cfg.eval.every > 0 && done % cfg.eval.every == 0) || last) && dp_rank == 0) {
       summary.val_loss = evaluate();
       out << "eval step " << done << " | val loss " << std::setprecision(4) << summary.val_loss << "\n";
       metrics.write({{"step", done}, {"val_loss", summary.val_loss}});
@@ -352,7 +385,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 
   summary.steps_done = step;
   summary.tokens_per_s = steps_this_run > 0 ? static_cast<double>(steps_this_run * B * T) / total_time : 0;
-  summary.model_hash = hex64(ckpt::model_hash(state_tensors(model, nullptr, nullptr)));
+  const std::vector<float> final_params = gather(model.params());
+  summary.model_hash = hex64(ckpt::model_hash(state_tensors(global_layout, final_params.data(), nullptr, nullptr)));
   out << "done: " << summary.steps_done << " steps";
   if (steps_this_run > 0) {
     out << ", last loss " << std::setprecision(4) << summary.last_loss << ", " << std::setprecision(0)

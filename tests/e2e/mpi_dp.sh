@@ -58,7 +58,7 @@ expect_mpi_error() {
   grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
 }
 expect_mpi_error "dp \(3\) x tp \(1\).* = 3 must equal the number of ranks \(2\)" 2 --parallel.dp=3
-expect_mpi_error "tp = 2: only data parallelism is implemented" 2 --parallel.tp=2
+expect_mpi_error "pp = 2: only data and tensor parallelism are implemented" 2 --parallel.pp=2
 expect_mpi_error "batch_size \(8\) must be a multiple of \[parallel\] dp \(3\)" 3
 expect_mpi_error "micro-batch of 1 sequences x seq_len 32 = 32 tokens is not a multiple of 64" 4 \
   --model.seq_len=32 --train.batch_size=4 --train.micro_batch_size=4

@@ -1,0 +1,54 @@
+// The model's parameter tensors: names, shapes, places in the flat buffer, and under tensor
+// parallelism the part of each global tensor a rank holds.
+//
+// Tensor-parallel split (Megatron-LM's), for tp ranks, rank r:
+//   column-parallel, split along the output features (dim 0 of the weight, and the bias):
+//     attn/qkv   the q, k and v rows of this rank's heads: three row ranges of [q | k | v]
+//     mlp/fc     GELU: rows [r·F/tp, (r+1)·F/tp); SwiGLU: those rows of the gate and of the up half
+//   row-parallel, split along the input features (dim 1 of the weight):
+//     attn/proj, mlp/proj   columns [r·C/tp, ...) and [r·F/tp, ...); their biases are replicated
+//   vocabulary-parallel: wte (and an untied lm_head): rows [r·V/tp, (r+1)·V/tp)
+//   replicated: norm weights and biases, wpe, the row-parallel biases.
+// A rank's local tensor is the concatenation, along the split dim, of its ranges of the global
+// tensor; local tensors follow the canonical order of the global layout, so the flat buffer of
+// one rank is that rank's shard of every tensor, back to back.
+// Not here: checking that a split is valid for a config (src/parallel/tensor_parallel.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/model/config.hpp"
+
+namespace lockstep {
+
+struct ParamTensor {
+  std::string name;            // e.g. "layer/0/attn/qkv/weight"
+  std::vector<int64_t> shape;  // this rank's tensor
+  int64_t offset = 0;          // first element in the flat buffer
+  int64_t numel = 0;
+  bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
+  // Tensor parallelism: the global tensor, and the split dim (-1: replicated on every tp rank,
+  // shape == global_shape) with the global index ranges [first, end) this rank holds along it.
+  std::vector<int64_t> global_shape;
+  int split_dim = -1;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+
+  bool replicated() const { return split_dim < 0; }
+  int64_t global_numel() const;
+  // Row-major index in the global tensor of local element i.
+  int64_t global_index(int64_t i) const;
+};
+
+struct TpCoord {
+  int64_t size = 1;
+  int64_t rank = 0;
+};
+
+// The tensors of tp rank tp.rank, in the canonical order (that of the forward pass). The config's
+// dims must divide as src/parallel/tensor_parallel.hpp checks.
+std::vector<ParamTensor> build_param_layout(const ModelConfig& cfg, TpCoord tp = {});
+
+}  // namespace lockstep

@@ -1,0 +1,27 @@
+// The reductions the tensor-parallel model needs across the ranks that share one replica's shards,
+// as the model sees them: no ranks' transport, only what each reduction must give.
+// Implemented over a Communicator in src/parallel/tensor_parallel.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "src/core/exact_sum.hpp"
+
+namespace lockstep {
+
+class TpGroup {
+ public:
+  virtual ~TpGroup() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t rank() const = 0;
+  // x[i] = the exact sum over the group of every rank's exact sum acc[i], rounded once to fp32 (for
+  // i < acc.size()): the same bits on every rank, and those one device gets from all the partials.
+  virtual void all_reduce_exact(const ExactAccumulator& acc, float* x) = 0;
+  // x[i] = fp32 sum over the group, in an order of the backend's choosing but the same bits on
+  // every rank. Exact where at most one rank holds a value other than -0.0f.
+  virtual void all_reduce_sum(float* x, int64_t n) = 0;
+  // x[i] = maximum over the group (exact).
+  virtual void all_reduce_max(float* x, int64_t n) = 0;
+};
+
+}  // namespace lockstep
