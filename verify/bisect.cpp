@@ -234,19 +234,27 @@ void check_options(const BisectOptions& o) {
   }
 }
 
-// The dumps of step `step` from both sides, diffed; fills op, op_note, op_detail.
+// The dumps of step `step` from both sides, diffed bitwise and, with `bounds` (the checkpoints
+// the step started from), against op-local bounds; fills op, op_note, op_detail.
 void name_op(const std::string& dump_a, const std::string& dump_b, int64_t step, int64_t n_layers,
-             BisectResult& r) {
-  const DiffReport d = diff_dumps(dump_a, dump_b, DiffMode{});
-  const std::string prefix = "step/" + std::to_string(step) + "/";
-  std::map<std::string, const TensorDiff*> by_name;
-  for (const auto& t : d.tensors) by_name[t.name.substr(prefix.size())] = &t;
-  if (!d.first_divergent) {
-    r.op_note = str_cat("the dumps of step ", step, " agree bitwise in all ", d.tensors.size(),
+             const BoundsInputs* bounds, BisectResult& r) {
+  const DiffReport bitwise = diff_dumps(dump_a, dump_b, DiffMode{});
+  if (!bitwise.first_divergent) {
+    r.op_note = str_cat("the dumps of step ", step, " agree bitwise in all ", bitwise.tensors.size(),
                         " tensors: the difference is outside the dumped tensors (data, optimizer state)");
     return;
   }
-  const TensorDiff& first = d.tensors[*d.first_divergent];
+  std::optional<DiffReport> bounded;
+  if (bounds) bounded = diff_dumps(dump_a, dump_b, DiffMode{}, bounds);
+  // With bounds, the op is the first one outside its bound; if none is, every difference is one a
+  // valid fp32 kernel may make, and the first bitwise difference is shown as such.
+  const bool out_of_bounds = bounded && bounded->first_divergent.has_value();
+  const DiffReport& d = out_of_bounds ? *bounded : bitwise;
+  const size_t index = *d.first_divergent;
+  const std::string prefix = "step/" + std::to_string(step) + "/";
+  std::map<std::string, const TensorDiff*> by_name;
+  for (const auto& t : d.tensors) by_name[t.name.substr(prefix.size())] = &t;
+  const TensorDiff& first = d.tensors[index];
   r.op = first.name.substr(prefix.size());
   const OpInputs in = op_inputs(r.op, n_layers);
   nlohmann::json inputs = nlohmann::json::array();
@@ -254,16 +262,37 @@ void name_op(const std::string& dump_a, const std::string& dump_b, int64_t step,
   std::string listed;
   for (const auto& name : in.tensors) {
     const auto it = by_name.find(name);
-    const char* status = it == by_name.end() ? "not dumped" : it->second->ok() ? "bitwise equal" : "DIFFERS";
-    if (it != by_name.end() && !it->second->ok()) bad.push_back(name);
+    std::string status = "not dumped";
+    if (it != by_name.end()) {
+      const TensorDiff& t = *it->second;
+      status = !t.ok() ? "DIFFERS" : t.bitwise_equal ? "bitwise equal"
+                                                     : str_cat("within bounds (A/bound ", t.tight_a, ", B/bound ",
+                                                               t.tight_b, ")");
+      if (!t.ok()) bad.push_back(name);
+    }
     listed += str_cat(listed.empty() ? "" : ", ", name, " (", status, ")");
     inputs.push_back({{"name", name}, {"status", status}});
   }
-  r.op_detail = {{"op", in.op}, {"output", d.to_json()["tensors"][*d.first_divergent]},
-                 {"inputs", inputs}, {"other_inputs", in.other}};
+  r.op_detail = {{"op", in.op}, {"output", d.to_json()["tensors"][index]}, {"inputs", inputs},
+                 {"other_inputs", in.other}, {"agreement", bounds ? "op-local bounds" : "bitwise"}};
+  std::string verdict;
+  if (bounds && out_of_bounds) {
+    verdict = str_cat("; output outside its op-local bound on ",
+                      first.outside_a > 0 && first.outside_b > 0 ? "both sides" : first.outside_a > 0 ? "side A" : "side B",
+                      " (A/bound ", first.tight_a, ", B/bound ", first.tight_b, ")");
+  } else if (bounds) {
+    const TensorDiff* t = nullptr;
+    for (const auto& x : bounded->tensors) {
+      if (x.name == first.name) t = &x;
+    }
+    verdict = str_cat("; every tensor of the step is within its op-local bound on both sides, so this first bitwise "
+                      "difference is one a valid fp32 kernel may make (A/bound ", t ? t->tight_a : 0, ", B/bound ",
+                      t ? t->tight_b : 0, ", |A-B|/combined bound ", t ? t->tight_diff : 0, ")");
+    r.op_detail["within_bounds"] = true;
+  }
   r.op_note = str_cat(in.op, "; inputs ", listed.empty() ? "none dumped" : listed,
                       in.other.empty() ? "" : "; also " + in.other,
-                      "; parameters and optimizer state before the step: equal (checkpoint digests)");
+                      "; parameters and optimizer state before the step: equal (checkpoint digests)", verdict);
   if (!bad.empty()) r.warnings.push_back("inputs of " + r.op + " differ: " + list_text(bad));
 }
 
@@ -362,9 +391,10 @@ BisectResult bisect(const BisectOptions& opt, std::ostream& progress) {
     const std::string db = runner.run(opt.b, "dump", root_b, d, 0, d, d);
     const Dump dump = read_dump(da + "/dump");
     const int64_t n_layers = dump.manifest.at("config").at("model").at("n_layers").get<int64_t>();
-    name_op(da + "/dump", db + "/dump", d, n_layers, r);
+    const BoundsInputs ckpts{da + "/ckpt", db + "/ckpt"};
+    name_op(da + "/dump", db + "/dump", d, n_layers, opt.bounds ? &ckpts : nullptr, r);
   } catch (const DataError& e) {
-    r.op_note = str_cat("no op named: the dump runs failed: ", e.what());
+    r.op_note = str_cat("no op named: ", e.what());
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.steps_reexecuted = r.steps_executed - 2 * S;

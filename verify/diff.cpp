@@ -7,6 +7,7 @@
 #include <map>
 
 #include "verify/compare.hpp"
+#include "verify/op_bounds.hpp"
 
 namespace lockstep::verify {
 
@@ -49,12 +50,54 @@ TensorDiff diff_arrays(const float* a, const float* b, int64_t n, DiffMode mode)
   return d;
 }
 
-DiffReport diff_dumps(const std::string& dir_a, const std::string& dir_b, DiffMode mode) {
+namespace {
+
+// Re-judges d (a bitwise/ulp comparison of a and b) against both sides' op-local bounds.
+void judge_within_bounds(const float* a, const float* b, int64_t n, const OpLocalBound& ra, const OpLocalBound& rb,
+                         TensorDiff& d) {
+  d.bounded = true;
+  d.mismatches = 0;
+  d.first_index = -1;
+  auto outside = [](float x, double y, double bound, double& tight) {
+    if (!std::isfinite(x) || !std::isfinite(y)) return !((std::isnan(x) && std::isnan(y)) || double(x) == y);
+    const double err = std::fabs(double(x) - y);
+    if (err > 0) tight = std::max(tight, bound > 0 ? err / bound : INFINITY);
+    return !(err <= bound);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const bool out_a = outside(a[i], ra.value[i], ra.bound[i], d.tight_a);
+    const bool out_b = outside(b[i], rb.value[i], rb.bound[i], d.tight_b);
+    const double combined = ra.bound[i] + rb.bound[i] + std::fabs(ra.value[i] - rb.value[i]);
+    d.max_bound = std::max(d.max_bound, combined);
+    const double diff = std::fabs(double(a[i]) - double(b[i]));
+    if (diff > 0) d.tight_diff = std::max(d.tight_diff, combined > 0 ? diff / combined : INFINITY);
+    d.outside_a += out_a ? 1 : 0;
+    d.outside_b += out_b ? 1 : 0;
+    if (out_a || out_b) {
+      if (d.mismatches == 0) d.first_index = i, d.first_a = a[i], d.first_b = b[i];
+      ++d.mismatches;
+    }
+  }
+}
+
+}  // namespace
+
+DiffReport diff_dumps(const std::string& dir_a, const std::string& dir_b, DiffMode mode, const BoundsInputs* bounds) {
   const Dump a = read_dump(dir_a), b = read_dump(dir_b);
   DiffReport r;
   r.dir_a = dir_a;
   r.dir_b = dir_b;
   r.mode = mode;
+  r.bounds = bounds != nullptr;
+  // Op-local references per dumped step and side.
+  std::map<int64_t, std::map<std::string, OpLocalBound>> ref_a, ref_b;
+  if (bounds) {
+    for (const auto& e : a.entries) {
+      if (ref_a.count(e.step)) continue;
+      ref_a[e.step] = op_local_bounds(a, e.step, bounds->ckpt_a);
+      ref_b[e.step] = op_local_bounds(b, e.step, bounds->ckpt_b);
+    }
+  }
   std::map<std::string, const DumpEntry*> in_b;
   for (const auto& e : b.entries) in_b[e.name] = &e;
   std::map<std::string, bool> seen;
@@ -69,7 +112,16 @@ DiffReport diff_dumps(const std::string& dir_a, const std::string& dir_b, DiffMo
     const std::vector<float> da = load_entry(a, ea), db = load_entry(b, eb);
     TensorDiff d;
     if (ea.shape == eb.shape) {
-      d = diff_arrays(da.data(), db.data(), static_cast<int64_t>(da.size()), mode);
+      const auto n = static_cast<int64_t>(da.size());
+      d = diff_arrays(da.data(), db.data(), n, mode);
+      if (bounds) {
+        const std::string key = ea.name.substr(ea.name.find('/', 5) + 1);  // after step/N/
+        const auto ia = ref_a[ea.step].find(key), ib = ref_b[ea.step].find(key);
+        if (ia != ref_a[ea.step].end() && ib != ref_b[ea.step].end() &&
+            static_cast<int64_t>(ia->second.value.size()) == n && static_cast<int64_t>(ib->second.value.size()) == n) {
+          judge_within_bounds(da.data(), db.data(), n, ia->second, ib->second, d);
+        }
+      }
     } else {
       d.count = static_cast<int64_t>(std::max(da.size(), db.size()));
       d.mismatches = d.count;
@@ -135,6 +187,12 @@ nlohmann::json DiffReport::to_json() const {
                         {"max_abs_err", std::isfinite(d.max_abs_err) ? nlohmann::json(d.max_abs_err) : "inf"},
                         {"max_rel_err", std::isfinite(d.max_rel_err) ? nlohmann::json(d.max_rel_err) : "inf"},
                         {"max_ulp", d.max_ulp == UINT64_MAX ? nlohmann::json("nan") : nlohmann::json(d.max_ulp)}};
+    if (d.bounded) {
+      auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf"); };
+      j["bounds"] = {{"outside_a", d.outside_a}, {"outside_b", d.outside_b}, {"tightness_a", num(d.tight_a)},
+                     {"tightness_b", num(d.tight_b)}, {"tightness_diff", num(d.tight_diff)},
+                     {"max_bound", num(d.max_bound)}};
+    }
     if (d.first_index >= 0) {
       j["first_mismatch"] = {{"flat_index", d.first_index},
                              {"index", unravel(d.first_index, d.shape_a)},
@@ -145,7 +203,7 @@ nlohmann::json DiffReport::to_json() const {
   }
   return {{"a", dir_a},
           {"b", dir_b},
-          {"mode", mode.name()},
+          {"mode", bounds ? "bounds (op-local)" : mode.name()},
           {"agree", agree()},
           {"first_divergent", first_divergent ? nlohmann::json(tensors[*first_divergent].name) : nlohmann::json()},
           {"compared", tensors.size()},
@@ -155,7 +213,7 @@ nlohmann::json DiffReport::to_json() const {
 }
 
 void DiffReport::print(std::ostream& os) const {
-  os << "diff " << dir_a << " " << dir_b << " (mode " << mode.name() << "): ";
+  os << "diff " << dir_a << " " << dir_b << " (mode " << (bounds ? "bounds" : mode.name()) << "): ";
   if (tensors.empty()) {
     os << "no tensors in common\n";
   } else if (first_divergent) {
@@ -172,13 +230,26 @@ void DiffReport::print(std::ostream& os) const {
   for (const auto& d : tensors) w = std::max(w, d.name.size());
   os << std::left << std::setw(static_cast<int>(w)) << "tensor" << std::right << "  bits  " << std::setw(12)
      << "mismatch" << std::setw(10) << "fraction" << std::setw(12) << "max|err|" << std::setw(12) << "max rel"
-     << std::setw(12) << "max ulp" << "  first mismatch\n";
+     << std::setw(12) << "max ulp";
+  if (bounds) os << std::setw(10) << "A/bound" << std::setw(10) << "B/bound" << std::setw(10) << "diff/bnd";
+  os << "  first mismatch\n";
   for (const auto& d : tensors) {
     os << std::left << std::setw(static_cast<int>(w)) << d.name << std::right << "  "
        << (d.bitwise_equal ? "same" : "diff") << "  " << std::setw(12) << d.mismatches << std::setw(10)
        << std::setprecision(4) << d.fraction() << std::setw(12) << std::setprecision(3) << d.max_abs_err
-       << std::setw(12) << d.max_rel_err << std::setw(12) << ulp_text(d.max_ulp) << "  "
-       << (d.ok() ? "" : first_text(d)) << "\n";
+       << std::setw(12) << d.max_rel_err << std::setw(12) << ulp_text(d.max_ulp);
+    if (bounds && d.bounded) {
+      os << std::setprecision(2) << std::setw(10) << d.tight_a << std::setw(10) << d.tight_b << std::setw(10)
+         << d.tight_diff;
+    } else if (bounds) {
+      os << std::setw(30) << "(no bound: bitwise)";
+    }
+    os << "  " << (d.ok() ? "" : first_text(d)) << "\n";
+  }
+  if (bounds) {
+    os << "bounds are op-local: each side's tensor against the exact op on that side's own dumped inputs "
+          "(Bounded<double> reference from the side's checkpoint, any fp32 summation order); diff/bnd is |A-B| "
+          "over boundA + boundB + |exactA - exactB|\n";
   }
   for (const auto& n : only_a) os << "only in " << dir_a << ": " << n << "\n";
   for (const auto& n : only_b) os << "only in " << dir_b << ": " << n << "\n";

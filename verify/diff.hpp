@@ -5,7 +5,12 @@
 // verify/compare.hpp's policy); ulp:N when the two values are more than N ulps apart. Tensors of
 // different shapes mismatch entirely. The first tensor with a mismatch is the first divergent one.
 // Tensors present in one dump only are listed and do not count as a disagreement.
-// Not here: --bounds (derived error bounds), bisect, plots.
+// With bounds (--bounds), an element mismatches when either side's value lies outside its op-local
+// bound (verify/op_bounds.hpp: the exact op on that side's own dumped inputs, and what any fp32
+// kernel may produce from them); each row also gives the tightness of A, of B, and of |A − B|
+// against bound_A + bound_B + |y*_A − y*_B| (the input difference propagated exactly through the
+// op). Tensors the reference does not produce (none today) are compared bitwise.
+// Not here: bisect, plots.
 #pragma once
 
 #include <cstdint>
@@ -39,14 +44,25 @@ struct TensorDiff {
   uint64_t max_ulp = 0;    // UINT64_MAX when a NaN meets a number
   int64_t first_index = -1;  // flat index of the first mismatch (C order); -1 if none
   float first_a = 0, first_b = 0;
+  // --bounds only (bounded = true): elements outside their op-local bound on each side, the largest
+  // err/bound of each side and of |A − B| against the combined bound, the largest combined bound.
+  bool bounded = false;
+  int64_t outside_a = 0, outside_b = 0;
+  double tight_a = 0, tight_b = 0, tight_diff = 0, max_bound = 0;
 
   bool ok() const { return mismatches == 0; }
   double fraction() const { return count > 0 ? static_cast<double>(mismatches) / static_cast<double>(count) : 0.0; }
 };
 
+// Checkpoints the dumped steps started from, one root per side (`step_<N>` under it): --bounds.
+struct BoundsInputs {
+  std::string ckpt_a, ckpt_b;
+};
+
 struct DiffReport {
   std::string dir_a, dir_b;
   DiffMode mode;
+  bool bounds = false;
   std::vector<TensorDiff> tensors;          // A's order
   std::vector<std::string> only_a, only_b;  // names present in one dump only
   std::optional<size_t> first_divergent;    // index into tensors
@@ -60,6 +76,9 @@ struct DiffReport {
 TensorDiff diff_arrays(const float* a, const float* b, int64_t n, DiffMode mode);
 
 // Reads both dumps and compares every common tensor; DataError naming the file on bad input.
-DiffReport diff_dumps(const std::string& dir_a, const std::string& dir_b, DiffMode mode);
+// With `bounds`, each dumped step is checked against op-local bounds (slow: one Bounded<double>
+// reference step per side and dumped step).
+DiffReport diff_dumps(const std::string& dir_a, const std::string& dir_b, DiffMode mode,
+                      const BoundsInputs* bounds = nullptr);
 
 }  // namespace lockstep::verify

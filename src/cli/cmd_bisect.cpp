@@ -24,6 +24,8 @@ constexpr const char* kBisectUsage =
     "  --steps=N           the run's [train] steps (bisect sets it on both sides)\n"
     "  --out=DIR           work directory for checkpoints, dumps, logs, report (default bisect-out)\n"
     "  --every=K           scan checkpoint interval (default round(sqrt(N)))\n"
+    "  --bounds            ops agree when each side is within its op-local derived bound (lockstep\n"
+    "                      diff --bounds) instead of bitwise: names the first op outside its bound\n"
     "  --a-bin=PATH        executable for side A (default: this lockstep); --b-bin likewise\n"
     "  --a-np=N            run side A on N ranks under the launcher; --b-np likewise\n"
     "  --launcher='WORDS'  command before the executable for N > 1 ranks, {np} = N\n"
@@ -65,6 +67,7 @@ int cmd_bisect(Args& args) {
   opt.steps = count("steps", *steps);
   opt.every = count("every", args.take_or("every", "0"));
   opt.out = args.take_or("out", "bisect-out");
+  opt.bounds = args.take_flag("bounds");
   opt.launcher = args.take_or("launcher", "mpirun --oversubscribe -np {np}");
   args.finish("bisect");
   LS_REQUIRE(args.positionals().empty(), "bisect: unexpected argument '",

@@ -1,0 +1,164 @@
+// Op-local bounds of a dumped step (op_bounds.hpp): the Bounded<double> whole-step reference,
+// re-anchored on the side's dumped tensors, from the side's checkpoint before the step.
+// The setup mirrors verify/step.cpp (which runs the trainer itself; here the trainer's tensors come
+// from a dump).
+#include "verify/op_bounds.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/ops/attention.hpp"
+#include "reference/bounded.hpp"
+#include "reference/gpt.hpp"
+#include "src/ckpt/checkpoint.hpp"
+#include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
+#include "src/data/sampler.hpp"
+#include "src/data/token_file.hpp"
+#include "src/model/gpt.hpp"
+#include "src/optim/adamw.hpp"
+#include "src/train/config.hpp"
+#include "verify/step.hpp"
+
+namespace lockstep::verify {
+
+namespace {
+
+using Real = reference::Bounded<double>;
+
+// The double evaluation's own error, relative to the fp32 bound (op_bounds.hpp).
+constexpr double kDoubleSlack = 1.0 + 0x1p-28;
+
+// The run's configuration as the dump's manifest records it (RunConfig::to_json): every key as an
+// override of an empty file, so that it is validated exactly as the trainer validated it.
+RunConfig config_of(const Dump& dump) {
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (const auto& [section, keys] : dump.manifest.at("config").items()) {
+    for (const auto& [key, value] : keys.items()) {
+      overrides.emplace_back(section + "." + key, value.is_string() ? value.get<std::string>() : value.dump());
+    }
+  }
+  RunConfig cfg = load_run_config("/dev/null", overrides);
+  cfg.source = dump.dir + "/manifest.json";
+  return cfg;
+}
+
+reference::GptDims dims_of(const ModelConfig& m) {
+  reference::GptDims d;
+  d.V = m.vocab_size;
+  d.T = m.seq_len;
+  d.C = m.d_model;
+  d.L = m.n_layers;
+  d.NH = m.n_heads;
+  d.NKV = m.n_kv_heads;
+  d.F = m.ffn_width();
+  d.swiglu = m.ffn == FfnKind::kSwiglu;
+  d.rmsnorm = m.norm == NormKind::kRmsNorm;
+  d.rope = m.pos == PosKind::kRope;
+  d.tie_embeddings = m.tie_embeddings;
+  d.bias = m.bias;
+  d.norm_eps = m.norm_eps;
+  return d;
+}
+
+void record(const Real* x, int64_t n, OpLocalBound& out) {
+  out.value.resize(static_cast<size_t>(n));
+  out.bound.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    out.value[i] = x[i].value;
+    out.bound[i] = std::nextafter(x[i].err * kDoubleSlack, std::numeric_limits<double>::infinity());
+  }
+}
+
+}  // namespace
+
+std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t step, const std::string& ckpt_root) {
+  const RunConfig cfg = config_of(dump);
+  const std::string step_dir = ckpt_root + "/" + ckpt::step_dir_name(step);
+  const std::string dir = durable_io::exists(step_dir + "/" + ckpt::kManifestFile) ? step_dir : ckpt_root;
+  StepState s;
+  if (step == 0 && !durable_io::exists(dir + "/" + ckpt::kManifestFile)) {
+    // The initial state is a function of the config: parameters from [model] seed, zero moments,
+    // the sampler at its start.
+    s.cfg = cfg;
+    Gpt model(cfg.model, cfg.train.mode, 1);
+    model.init_parameters();
+    s.params.assign(model.params(), model.params() + model.num_params());
+    s.m.assign(s.params.size(), 0.0f);
+    s.v.assign(s.params.size(), 0.0f);
+    data::TokenFile train_file(cfg.data.train);
+    data::TrainSampler sampler(train_file, cfg.model.seq_len, cfg.train.seed);
+    const int64_t BT = cfg.train.batch_size * cfg.model.seq_len;
+    s.inputs.resize(BT);
+    s.targets.resize(BT);
+    sampler.next_batch(cfg.train.batch_size, 0, cfg.train.batch_size, s.inputs.data(), s.targets.data());
+  } else {
+    LS_REQUIRE(!ckpt_root.empty() && durable_io::exists(dir + "/" + ckpt::kManifestFile), dump.dir,
+               ": --bounds needs the checkpoint written before step ", step, " (--ckpt-a/--ckpt-b DIR holding ",
+               ckpt::step_dir_name(step), ", or that checkpoint itself", ckpt_root.empty() ? "" : "; not found in " + ckpt_root,
+               "): it holds the parameters, AdamW moments and data position the step started from");
+    s = load_step_state(cfg, dir);
+  }
+  LS_REQUIRE(s.step == step, dir, ": a checkpoint of step ", s.step, ", but the dump's step is ", step,
+             " (--bounds needs the state the dumped step started from)");
+
+  // What the dump holds for this step, by hook name.
+  const std::string prefix = "step/" + std::to_string(step) + "/";
+  std::map<std::string, std::vector<float>> dumped;
+  for (const auto& e : dump.entries) {
+    if (e.step == step) dumped[e.name.substr(prefix.size())] = load_entry(dump, e);
+  }
+
+  const TrainConfig& tc = cfg.train;
+  const reference::GptDims dims = dims_of(cfg.model);
+  const int64_t B = tc.batch_size, MB = tc.micro_batch(), T = cfg.model.seq_len;
+  std::vector<int64_t> segments;
+  for (int64_t mb = 0; mb <= B / MB; ++mb) segments.push_back(mb * MB * T);
+  std::vector<float> rope_cos, rope_sin;
+  if (dims.rope) {
+    rope_cos.resize(T * dims.HS() / 2);
+    rope_sin.resize(T * dims.HS() / 2);
+    cpu::rope_tables(T, dims.HS(), cfg.model.rope_theta, rope_cos.data(), rope_sin.data());
+  }
+  reference::StepHyper h;
+  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
+  h.lr = static_cast<float>(schedule.at(step));
+  h.beta1 = static_cast<float>(tc.beta1);
+  h.beta2 = static_cast<float>(tc.beta2);
+  h.eps = static_cast<float>(tc.eps);
+  h.weight_decay = static_cast<float>(tc.weight_decay);
+  h.bc1 = adamw_bias_correction(h.beta1, step + 1);
+  h.bc2 = adamw_bias_correction(h.beta2, step + 1);
+  h.grad_clip = static_cast<float>(tc.grad_clip);
+
+  reference::GptReference<Real> ref(dims, B, rope_cos, rope_sin);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    ref.params[i] = Real(s.params[i]);
+    ref.m[i] = Real(s.m[i]);
+    ref.v[i] = Real(s.v[i]);
+  }
+  std::map<std::string, OpLocalBound> out;
+  // Records the reference's tensor, then continues from the side's dumped one where there is one.
+  auto anchor = [&](const std::string& key, Real* data, int64_t n) {
+    record(data, n, out[key]);
+    const auto it = dumped.find(key);
+    if (it == dumped.end()) return;
+    LS_REQUIRE(static_cast<int64_t>(it->second.size()) == n, dump.dir, ": ", prefix, key, " has ",
+               it->second.size(), " elements, the model of the dump's config ", n);
+    for (int64_t i = 0; i < n; ++i) data[i] = Real(it->second[i]);
+  };
+  const Real loss = ref.forward_backward(
+      s.inputs.data(), s.targets.data(), segments, 1.0f / static_cast<float>(B * T),
+      [&](std::string_view name, Real* data, const std::vector<int64_t>& shape) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        anchor(std::string(name), data, n);
+      });
+  record(&loss, 1, out["loss"]);
+  for (const auto& p : ref.layout()) anchor("grad/param/" + p.name, ref.grads().data() + p.offset, p.numel);
+  ref.clip_and_update(h);
+  for (const auto& p : ref.layout()) record(ref.params.data() + p.offset, p.numel, out["param/" + p.name]);
+  return out;
+}
+
+}  // namespace lockstep::verify
