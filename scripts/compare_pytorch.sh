@@ -13,7 +13,9 @@
 # Here only, OpenBLAS is pinned to SkylakeX (AVX-512) when the CPU has avx512f, for both sides, and
 # PyTorch also runs on Debian's OpenMP build of OpenBLAS (libopenblas0-openmp, through
 # LD_LIBRARY_PATH; the system default is untouched) when that is installed; the faster PyTorch
-# variant is the one compared. Tests and CI never change OPENBLAS_CORETYPE.
+# variant is the one compared. COMPARE_CORETYPE=machine keeps the environment's OPENBLAS_CORETYPE
+# instead (the out-of-the-box comparison; tests/e2e/compare_pytorch.sh uses it, since tests and CI
+# never change that variable).
 # Env: LOCKSTEP (the binary, default build/bin/lockstep), COMPARE_THREADS (default "1 2"),
 # COMPARE_ROUNDS (default 2).
 set -euo pipefail
@@ -34,14 +36,20 @@ if ! "$py" -c "import torch, numpy" 2>/dev/null; then
   "$root/scripts/setup.sh"
 fi
 
-if grep -q -w avx512f /proc/cpuinfo; then core=SkylakeX; else core=Haswell; fi
+if [ "${COMPARE_CORETYPE:-best}" = machine ]; then
+  core="${OPENBLAS_CORETYPE:-}"
+elif grep -q -w avx512f /proc/cpuinfo; then
+  core=SkylakeX
+else
+  core=Haswell
+fi
 omp_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 warmup=2
 batch="$(sed -n 's/^batch_size *= *\([0-9]*\).*/\1/p' "$config")"
 
-echo "compare_pytorch: $name, $warmup warm-up + $steps timed steps, OPENBLAS_CORETYPE=$core here (machine: ${OPENBLAS_CORETYPE:-unset}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "compare_pytorch: $name, $warmup warm-up + $steps timed steps, OPENBLAS_CORETYPE=${core:-unset} here (machine: ${OPENBLAS_CORETYPE:-unset}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$lockstep" ckpt export --config "$config" "$work/init.safetensors" >/dev/null
 
 field() {  # field FILE KEY: a top-level JSON value
@@ -55,7 +63,8 @@ best() {  # best FILE...: the file with the highest tokens_per_s
 
 fail=0
 for t in ${COMPARE_THREADS:-1 2}; do
-  export OPENBLAS_CORETYPE=$core OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t
+  export OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t
+  if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
   for round in $(seq 1 "${COMPARE_ROUNDS:-2}"); do
     "$lockstep" bench --config "$config" --train.mode=fast --train.threads="$t" --bench.warmup=$warmup \
       --bench.steps="$steps" --json "$work/ls_${t}_$round.json" --tokens-out "$work/tokens.bin" >/dev/null
