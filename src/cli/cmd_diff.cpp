@@ -8,12 +8,14 @@
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "verify/diff.hpp"
+#include "verify/diff_plot.hpp"
 
 namespace lockstep::cli {
 namespace {
 
 constexpr const char* kDiffUsage =
     "usage: lockstep diff A B [--json FILE] [--mode=exact|ulp:N] [--bounds --ckpt-a=DIR --ckpt-b=DIR]\n"
+    "                   [--plot DIR]\n"
     "  compares the tensors of two dump directories (lockstep train --dump.dir) in execution\n"
     "  order: bitwise equality, max abs/rel error, max ulp distance, mismatching elements and\n"
     "  the first mismatch; names the first divergent tensor. Exit 0: agree, 1: differ, 2: bad input\n"
@@ -27,7 +29,10 @@ constexpr const char* kDiffUsage =
     "                    checkpoints they started from: --ckpt-a/--ckpt-b DIR holding step_<N>\n"
     "                    (step 0 starts from the config's initial state). Reports A/bound, B/bound, |A-B| over\n"
     "                    boundA + boundB + |exactA - exactB| per tensor\n"
-    "  --json FILE       also write the report as JSON\n";
+    "  --json FILE       also write the report as JSON\n"
+    "  --plot DIR        also write DIR/error_vs_step.svg (max relative error per step and tensor\n"
+    "                    group) and DIR/layer_heatmap.svg (per layer and tensor kind, at the first\n"
+    "                    divergent step)\n";
 
 }  // namespace
 
@@ -39,6 +44,7 @@ int cmd_diff(Args& args) {
   const auto mode = verify::DiffMode::parse(args.take_or("mode", "exact"), "--mode");
   const auto json = args.take("json");
   const bool bounds = args.take_flag("bounds");
+  const auto plot = args.take("plot");
   verify::BoundsInputs inputs{args.take_or("ckpt-a", ""), args.take_or("ckpt-b", "")};
   args.finish("diff");
   LS_REQUIRE(args.positionals().size() == 2, "diff: expected two dump directories, got ",
@@ -48,6 +54,9 @@ int cmd_diff(Args& args) {
       verify::diff_dumps(args.positionals()[0], args.positionals()[1], mode, bounds ? &inputs : nullptr);
   report.print(std::cout);
   if (json) durable_io::write_file_atomic(*json, report.to_json().dump(1) + "\n");
+  if (plot) {
+    for (const auto& f : verify::write_diff_plots(report, *plot)) std::cout << "plot " << f << "\n";
+  }
   return report.agree() ? 0 : 1;
 }
 

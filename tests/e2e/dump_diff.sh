@@ -21,7 +21,7 @@ grep -q 'agree (' ab.txt || fail "diff runA runB does not say agree: $(head -2 a
 "$LOCKSTEP" diff runA runC > ac.txt || fail "threads 1 vs 2 differ: $(head -3 ac.txt)"
 
 status=0
-"$LOCKSTEP" diff runA runF --json af.json > af.txt || status=$?
+"$LOCKSTEP" diff runA runF --json af.json --plot plots > af.txt || status=$?
 [ "$status" -eq 1 ] || fail "canonical vs fast: expected exit 1, got $status: $(head -3 af.txt)"
 grep -Eq 'DIVERGE; first divergent tensor step/0/[a-z]' af.txt || fail "no first divergent tensor: $(head -2 af.txt)"
 
@@ -63,5 +63,19 @@ assert not j["agree"] and j["first_divergent"].startswith("step/0/")
 first = next(t for t in j["tensors"] if not t["ok"])
 assert first["name"] == j["first_divergent"] and first["mismatches"] > 0 and "first_mismatch" in first
 print("numpy: %d tensors, shapes and dtypes match the manifest" % len(names))
+PY
+
+# --plot: two SVG files that parse as XML, with what they claim to show.
+/usr/bin/python3 - plots/error_vs_step.svg plots/layer_heatmap.svg <<'PY' || fail "plot check failed"
+import sys, xml.etree.ElementTree as ET
+ns = "{http://www.w3.org/2000/svg}"
+lines, heat = (ET.parse(p).getroot() for p in sys.argv[1:3])
+assert len(lines.findall(ns + "polyline")) == 5  # activations, act. gradients, loss, param gradients, params
+titles = [t.text for t in lines.iter(ns + "title")]
+assert any(t.startswith("activations step 0: ") and not t.endswith(": 0") for t in titles), titles[:4]
+cells = [t.text for t in heat.iter(ns + "title")]
+assert any(c.startswith("layer 1 attn/qkv: ") for c in cells), cells[:4]
+assert any(c.startswith("outside layers embed/out: bitwise equal") for c in cells)
+assert any(c.startswith("layer 0 grad/mlp/act: ") and c[-1].isdigit() for c in cells)
 PY
 echo "dump_diff: canonical runs and threads 1/2 agree; fast mode first diverges at $(grep -o 'tensor step/[^ ]*' af.txt | head -1)"
