@@ -40,8 +40,8 @@ double normal_at(uint64_t key, uint64_t i) {
 
 }  // namespace
 
-Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp)
-    : cfg_(cfg), mode_(mode), max_batch_(micro_batch), tp_(tp) {
+Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp, bool sequence_parallel)
+    : cfg_(cfg), mode_(mode), max_batch_(micro_batch), tp_(tp), sp_(sequence_parallel && tp != nullptr) {
   cfg_.validate();
   LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
   const int64_t p = tp_ ? tp_->size() : 1, r = tp_ ? tp_->rank() : 0, HS = cfg_.head_size();
@@ -95,30 +95,31 @@ void Gpt::allocate_activations() {
   const int64_t T = cfg_.seq_len, F = local_.F, A = local_.attn;
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
   const int64_t att = max_batch_ * local_.NH * T * T;
-  encoded_.resize(BT * C);
+  const int64_t BS = residual_tokens(BT);  // the residual stream's tokens here
+  encoded_.resize(BS * C);
   acts_.resize(cfg_.n_layers);
   for (auto& a : acts_) {
     a.ln1.resize(BT * C);
-    a.ln1_mean.resize(BT);
-    a.ln1_rstd.resize(BT);
+    a.ln1_mean.resize(BS);
+    a.ln1_rstd.resize(BS);
     a.qkv.resize(BT * local_.qkv);
     a.att.resize(att);
     a.atty.resize(BT * A);
-    a.res_attn.resize(BT * C);
+    a.res_attn.resize(BS * C);
     a.ln2.resize(BT * C);
-    a.ln2_mean.resize(BT);
-    a.ln2_rstd.resize(BT);
+    a.ln2_mean.resize(BS);
+    a.ln2_rstd.resize(BS);
     a.fch.resize(BT * fc_out);
     a.fch_act.resize(BT * F);
-    a.res_mlp.resize(BT * C);
+    a.res_mlp.resize(BS * C);
   }
   lnf_.resize(BT * C);
-  lnf_mean_.resize(BT);
-  lnf_rstd_.resize(BT);
+  lnf_mean_.resize(BS);
+  lnf_rstd_.resize(BS);
   logits_.resize(BT * V);
   losses_.resize(BT);
-  dres_.resize(BT * C);
-  dbuf_c_.resize(BT * C);
+  dres_.resize(BS * C);
+  dbuf_c_.resize(BS * C);
   dqkv_.resize(BT * local_.qkv);
   datty_.resize(BT * A);
   datt_.resize(att);
@@ -129,6 +130,10 @@ void Gpt::allocate_activations() {
     ce_max_.resize(BT);
     ce_z_.resize(BT);
     ce_target_.resize(BT);
+  }
+  if (sp_) {
+    sp_norm_.resize(BS * C);
+    dres_full_.resize(BT * C);
   }
   if (cfg_.pos == PosKind::kRope) {
     const int64_t half = cfg_.head_size() / 2;
@@ -250,19 +255,27 @@ void Gpt::linear_forward_row(Mode mode, cpu::LinearShape s, float* out, const fl
     cpu::linear_forward(mode, s, out, inp, p(w), p(b));
     return;
   }
-  // out[n,o] = Σ over the input features, split across the group.
-  const int64_t n = s.N * s.OC;
+  // out[n,o] = Σ over the input features, split across the group; under sequence parallelism
+  // this rank keeps only its residual tokens' rows (a reduce-scatter instead of an all-reduce).
+  const int64_t n = s.N * s.OC, rows = residual_tokens(s.N);
   if (mode == Mode::kCanonical) {
     tp_sum_.reset(static_cast<size_t>(n));
     cpu::linear_forward_partials(s, tp_sum_, inp, p(w));
-    tp_->all_reduce_exact(tp_sum_, out);
+    if (sp_) {
+      tp_->reduce_scatter_exact(tp_sum_, out);
+    } else {
+      tp_->all_reduce_exact(tp_sum_, out);
+    }
+  } else if (sp_) {
+    cpu::linear_forward(mode, s, tp_buf_.data(), inp, p(w), nullptr);
+    tp_->reduce_scatter_sum(tp_buf_.data(), out, rows * s.OC);
   } else {
     cpu::linear_forward(mode, s, out, inp, p(w), nullptr);
     tp_->all_reduce_sum(out, n);
   }
   // The replicated bias, once, after the rounding: linear_forward's epilogue `dot + bias[o]`.
   if (const float* bias = p(b)) {
-    for (int64_t i = 0; i < s.N; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       float* row = out + i * s.OC;
       for (int64_t o = 0; o < s.OC; ++o) row[o] = row[o] + bias[o];
     }
@@ -276,19 +289,29 @@ void Gpt::linear_backward_column(cpu::LinearShape s, int64_t token_offset, float
     return;
   }
   // Weight and bias gradients are this rank's rows; dinp sums over the output features, split
-  // across the group, and then accumulates like linear_backward's `dinp +=`.
+  // across the group (under sequence parallelism only this rank's residual tokens' rows: the
+  // conjugate of the forward's all-gather), and then accumulates like linear_backward's `dinp +=`.
   cpu::linear_backward(mode_, s, token_offset, nullptr, dw, db, dout, inp, p(w));
-  const int64_t n = s.N * s.IC;
+  const int64_t n = s.N * s.IC, kept = residual_tokens(s.N) * s.IC;
+  float* sum = sp_ ? sp_norm_.data() : tp_buf_.data();  // kept elements
   if (mode_ == Mode::kCanonical) {
     tp_sum_.reset(static_cast<size_t>(n));
     cpu::linear_backward_dinp_partials(s, tp_sum_, dout, p(w));
-    tp_->all_reduce_exact(tp_sum_, tp_buf_.data());
+    if (sp_) {
+      tp_->reduce_scatter_exact(tp_sum_, sum);
+    } else {
+      tp_->all_reduce_exact(tp_sum_, sum);
+    }
   } else {
     std::fill_n(tp_buf_.begin(), n, 0.0f);
     cpu::linear_backward(mode_, s, token_offset, tp_buf_.data(), {}, {}, dout, inp, p(w));
-    tp_->all_reduce_sum(tp_buf_.data(), n);
+    if (sp_) {
+      tp_->reduce_scatter_sum(tp_buf_.data(), sum, kept);
+    } else {
+      tp_->all_reduce_sum(tp_buf_.data(), n);
+    }
   }
-  for (int64_t i = 0; i < n; ++i) dinp[i] = dinp[i] + tp_buf_[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < kept; ++i) dinp[i] = dinp[i] + sum[i];
 }
 
 void Gpt::crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward) {
@@ -315,6 +338,19 @@ void Gpt::crossentropy(int64_t BT, const int32_t* targets, float dloss, bool bac
                                  logits_.data(), ce_max_.data(), ce_z_.data(), ce_target_.data(), targets);
 }
 
+void Gpt::norm_forward_gathered(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp,
+                                const ParamTensor* w, const ParamTensor* b) {
+  const int64_t rows = residual_tokens(BT);
+  norm_forward(mode, rows, sp_ ? sp_norm_.data() : out, mean, rstd, inp, w, b);
+  if (sp_) tp_->all_gather(sp_norm_.data(), out, rows * cfg_.d_model);
+}
+
+const float* Gpt::gathered_dres(int64_t BT) {
+  if (!sp_) return dres_.data();
+  tp_->all_gather(dres_.data(), dres_full_.data(), residual_tokens(BT) * cfg_.d_model);
+  return dres_full_.data();
+}
+
 cpu::EmbeddingShape Gpt::embedding_shape(int64_t B) const {
   cpu::EmbeddingShape es{B, cfg_.seq_len, cfg_.d_model, cfg_.vocab_size};
   if (tp_) {
@@ -329,18 +365,27 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
   const int64_t T = cfg_.seq_len, C = cfg_.d_model, BT = B * T, F = local_.F, A = local_.attn;
   const cpu::AttentionShape as{B, T, local_.NH, local_.NKV, cfg_.head_size()};
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
+  LS_CHECK(!sp_ || BT % tp_->size() == 0, "sequence parallelism: ", BT, " tokens over ", tp_->size(), " ranks");
+  // The residual stream's tokens here, as (RB, RT): (B, T), or (1, BT / tp) under sequence parallelism.
+  const int64_t RS = residual_tokens(BT), RB = sp_ ? 1 : B, RT = sp_ ? RS : T;
 
-  cpu::embedding_forward(mode_of(-1, "embed/out"), embedding_shape(B), encoded_.data(), inputs, p(wte_), p(wpe_));
   // Vocabulary-parallel: one rank holds each token's row, the others give -0.0f: an exact sum.
-  if (tp_) tp_->all_reduce_sum(encoded_.data(), BT * C);
-  observe("", -1, "embed/out", encoded_.data(), {B, T, C});
+  float* embedded = sp_ ? tp_buf_.data() : encoded_.data();
+  cpu::embedding_forward(mode_of(-1, "embed/out"), embedding_shape(B), embedded, inputs, p(wte_), p(wpe_));
+  if (sp_) {
+    tp_->reduce_scatter_sum(embedded, encoded_.data(), RS * C);
+  } else if (tp_) {
+    tp_->all_reduce_sum(encoded_.data(), BT * C);
+  }
+  observe("", -1, "embed/out", encoded_.data(), {RB, RT, C});
   const float* residual = encoded_.data();
   const int64_t NH = local_.NH;
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts_[l];
     const LayerParams& w = layers_[l];
     // x = x + attn(norm1(x))
-    norm_forward(mode_of(l, "ln1/out"), BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, w.ln1_w, w.ln1_b);
+    norm_forward_gathered(mode_of(l, "ln1/out"), BT, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
+                          w.ln1_w, w.ln1_b);
     observe("", l, "ln1/out", a.ln1.data(), {B, T, C});
     cpu::linear_forward(mode_of(l, "attn/qkv"), {BT, C, local_.qkv}, a.qkv.data(), a.ln1.data(), p(w.qkv_w),
                         p(w.qkv_b));
@@ -350,11 +395,11 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
     observe("", l, "attn/att", a.att.data(), {B, NH, T, T});
     observe("", l, "attn/out", a.atty.data(), {B, T, A});
     linear_forward_row(mode_of(l, "attn/res"), {BT, A, C}, a.res_attn.data(), a.atty.data(), w.proj_w, w.proj_b);
-    cpu::residual_forward(BT * C, a.res_attn.data(), a.res_attn.data(), residual);
-    observe("", l, "attn/res", a.res_attn.data(), {B, T, C});
+    cpu::residual_forward(RS * C, a.res_attn.data(), a.res_attn.data(), residual);
+    observe("", l, "attn/res", a.res_attn.data(), {RB, RT, C});
     // x = x + mlp(norm2(x))
-    norm_forward(mode_of(l, "ln2/out"), BT, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), w.ln2_w,
-                 w.ln2_b);
+    norm_forward_gathered(mode_of(l, "ln2/out"), BT, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                          a.res_attn.data(), w.ln2_w, w.ln2_b);
     observe("", l, "ln2/out", a.ln2.data(), {B, T, C});
     cpu::linear_forward(mode_of(l, "mlp/fc"), {BT, C, fc_out}, a.fch.data(), a.ln2.data(), p(w.fc_w), p(w.fc_b));
     observe("", l, "mlp/fc", a.fch.data(), {B, T, fc_out});
@@ -366,11 +411,12 @@ void Gpt::forward(const int32_t* inputs, int64_t B) {
     observe("", l, "mlp/act", a.fch_act.data(), {B, T, F});
     linear_forward_row(mode_of(l, "mlp/res"), {BT, F, C}, a.res_mlp.data(), a.fch_act.data(), w.fcproj_w,
                        w.fcproj_b);
-    cpu::residual_forward(BT * C, a.res_mlp.data(), a.res_mlp.data(), a.res_attn.data());
-    observe("", l, "mlp/res", a.res_mlp.data(), {B, T, C});
+    cpu::residual_forward(RS * C, a.res_mlp.data(), a.res_mlp.data(), a.res_attn.data());
+    observe("", l, "mlp/res", a.res_mlp.data(), {RB, RT, C});
     residual = a.res_mlp.data();
   }
-  norm_forward(mode_of(-1, "lnf/out"), BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_, lnf_b_);
+  norm_forward_gathered(mode_of(-1, "lnf/out"), BT, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, lnf_w_,
+                        lnf_b_);
   observe("", -1, "lnf/out", lnf_.data(), {B, T, C});
   cpu::linear_forward(mode_of(-1, "logits"), {BT, C, local_.V}, logits_.data(), lnf_.data(), p(head_), nullptr);
   observe("", -1, "logits", logits_.data(), {B, T, local_.V});
@@ -408,6 +454,9 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   const int64_t V = local_.V;
   const cpu::AttentionShape as{B, T, local_.NH, local_.NKV, cfg_.head_size()};
   const int64_t fc_out = cfg_.ffn == FfnKind::kSwiglu ? 2 * F : F;
+  // The residual stream's tokens here (see forward) and the global index of the first of them.
+  const int64_t RS = residual_tokens(BT), RB = sp_ ? 1 : B, RT = sp_ ? RS : T;
+  const int64_t residual_offset = token_offset + residual_first(BT);
 
   // Loss and dlogits (in place over the logits).
   crossentropy(BT, targets, dloss, true);
@@ -417,24 +466,24 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
 
   // Head and final norm. dres_ carries d(residual stream); activation-gradient outputs that
   // accumulate (+=) are zeroed first.
-  std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
+  std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
   linear_backward_column({BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {}, logits_.data(),
                          lnf_.data(), head_);
-  observe("grad/", -1, "lnf/out", dbuf_c_.data(), {B, T, C});
-  std::fill_n(dres_.begin(), BT * C, 0.0f);
+  observe("grad/", -1, "lnf/out", dbuf_c_.data(), {RB, RT, C});
+  std::fill_n(dres_.begin(), RS * C, 0.0f);
   const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
-  norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
+  norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
                 lnf_rstd_.data(), lnf_w_, lnf_b_);
 
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
     const LayerParams& w = layers_[l];
     const float* residual_in = l == 0 ? encoded_.data() : acts_[l - 1].res_mlp.data();
-    observe("grad/", l, "mlp/res", dres_.data(), {B, T, C});
+    observe("grad/", l, "mlp/res", dres_.data(), {RB, RT, C});
     // MLP: x2 = x1 + proj(act(fc(norm2(x1))))
     std::fill_n(dfch_act_.begin(), BT * F, 0.0f);
     cpu::linear_backward(mode_, {BT, F, C}, token_offset, dfch_act_.data(), sink(w.fcproj_w),
-                         sink(w.fcproj_b), dres_.data(), a.fch_act.data(), p(w.fcproj_w));
+                         sink(w.fcproj_b), gathered_dres(BT), a.fch_act.data(), p(w.fcproj_w));
     observe("grad/", l, "mlp/act", dfch_act_.data(), {B, T, F});
     if (cfg_.ffn == FfnKind::kGelu) {
       cpu::gelu_backward(mode_, BT * F, dfch_.data(), a.fch.data(), dfch_act_.data());
@@ -442,31 +491,33 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
       cpu::swiglu_backward(mode_, BT, F, dfch_.data(), a.fch.data(), dfch_act_.data());
     }
     observe("grad/", l, "mlp/fc", dfch_.data(), {B, T, fc_out});
-    std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
+    std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
     linear_backward_column({BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w), sink(w.fc_b),
                            dfch_.data(), a.ln2.data(), w.fc_w);
-    observe("grad/", l, "ln2/out", dbuf_c_.data(), {B, T, C});
-    norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), a.res_attn.data(),
+    observe("grad/", l, "ln2/out", dbuf_c_.data(), {RB, RT, C});
+    norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), a.res_attn.data(),
                   a.ln2_mean.data(), a.ln2_rstd.data(), w.ln2_w, w.ln2_b);
-    observe("grad/", l, "attn/res", dres_.data(), {B, T, C});
+    observe("grad/", l, "attn/res", dres_.data(), {RB, RT, C});
     // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
     std::fill_n(datty_.begin(), BT * A, 0.0f);
     cpu::linear_backward(mode_, {BT, A, C}, token_offset, datty_.data(), sink(w.proj_w),
-                         sink(w.proj_b), dres_.data(), a.atty.data(), p(w.proj_w));
+                         sink(w.proj_b), gathered_dres(BT), a.atty.data(), p(w.proj_w));
     observe("grad/", l, "attn/out", datty_.data(), {B, T, A});
     cpu::attention_backward(mode_, as, dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(),
                             a.att.data());
     observe("grad/", l, "attn/qkv", dqkv_.data(), {B, T, local_.qkv});
     if (cfg_.pos == PosKind::kRope) cpu::rope_backward(as, dqkv_.data(), rope_cos_.data(), rope_sin_.data());
-    std::fill_n(dbuf_c_.begin(), BT * C, 0.0f);
+    std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
     linear_backward_column({BT, C, local_.qkv}, token_offset, dbuf_c_.data(), sink(w.qkv_w), sink(w.qkv_b),
                            dqkv_.data(), a.ln1.data(), w.qkv_w);
-    observe("grad/", l, "ln1/out", dbuf_c_.data(), {B, T, C});
-    norm_backward(BT, token_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
+    observe("grad/", l, "ln1/out", dbuf_c_.data(), {RB, RT, C});
+    norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
                   a.ln1_rstd.data(), w.ln1_w, w.ln1_b);
   }
-  observe("grad/", -1, "embed/out", dres_.data(), {B, T, C});
-  cpu::embedding_backward(mode_, embedding_shape(B), token_offset, sink(wte_), sink(wpe_), dres_.data(), inputs);
+  observe("grad/", -1, "embed/out", dres_.data(), {RB, RT, C});
+  // The embedding's gradients from all the tokens (the conjugate of its reduce-scatter).
+  cpu::embedding_backward(mode_, embedding_shape(B), token_offset, sink(wte_), sink(wpe_), gathered_dres(BT),
+                          inputs);
 }
 
 }  // namespace lockstep

@@ -19,6 +19,17 @@
 // and the group combines them exactly (TpGroup::all_reduce_exact), so canonical mode gives the
 // bits of one device. Replicated tensors (norms, row-parallel biases, wpe) get identical full
 // gradients on every rank. Hooks see this rank's shards.
+//
+// Sequence parallelism (with tp): the residual stream and the norms — everything between a
+// row-parallel output and the next column-parallel input — hold a contiguous 1/tp of the
+// micro-batch's tokens (block r of the flattened (B, T) token index, so that the collectives move
+// contiguous blocks); the norm outputs are all-gathered before QKV, MLP-in and the head, and the
+// row-parallel outputs (and the embedding) reduce-scattered instead of all-reduced; backward uses
+// the conjugates (reduce-scatter of the column-parallel input gradients, all-gather of the
+// residual gradient before the row-parallel layers and the embedding). Norm weight and bias
+// gradients then cover this rank's tokens only: the caller sums them over the group before the
+// gradient reduction (src/parallel/tensor_parallel.hpp). Chunks of 64 tokens stay whole on one
+// rank (micro-batch tokens / tp a multiple of 64 in canonical mode), so the bits do not change.
 #pragma once
 
 #include <cstdint>
@@ -57,8 +68,10 @@ class Gpt {
  public:
   // micro_batch: the largest number of sequences passed to one forward_backward call.
   // tp: the tensor-parallel group this rank's shards belong to (nullptr: the whole model here);
-  // it must outlive the model.
-  Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp = nullptr);
+  // it must outlive the model. sequence_parallel: split the residual stream's tokens over tp.
+  Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp = nullptr,
+      bool sequence_parallel = false);
+  bool sequence_parallel() const { return sp_; }
 
   const ModelConfig& config() const { return cfg_; }
   Mode mode() const { return mode_; }
@@ -152,6 +165,16 @@ class Gpt {
                               GradSink db, const float* dout, const float* inp, const ParamTensor* w);
   // The embedding's shape for B sequences (this rank's vocabulary rows on TP).
   cpu::EmbeddingShape embedding_shape(int64_t B) const;
+  // Tokens of a BT-token micro-batch in the residual stream here (BT / tp under sequence
+  // parallelism), and the first of them.
+  int64_t residual_tokens(int64_t BT) const { return sp_ ? BT / tp_->size() : BT; }
+  int64_t residual_first(int64_t BT) const { return sp_ ? tp_->rank() * residual_tokens(BT) : 0; }
+  // Norm of this rank's residual tokens into `out` (all BT tokens: all-gathered under sequence
+  // parallelism).
+  void norm_forward_gathered(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp,
+                             const ParamTensor* w, const ParamTensor* b);
+  // The residual gradient of all BT tokens (all-gathered under sequence parallelism).
+  const float* gathered_dres(int64_t BT);
   // Per-token losses of logits_ (and, with backward, dlogits in place), vocabulary-parallel on TP.
   void crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward);
 
@@ -159,6 +182,7 @@ class Gpt {
   Mode mode_;
   int64_t max_batch_;
   TpGroup* tp_;
+  bool sp_;
   LocalDims local_;
   std::vector<ParamTensor> layout_;
   std::vector<float> params_, grads_;
@@ -177,6 +201,8 @@ class Gpt {
   // Tensor-parallel scratch: exact partial sums, their rounded combination, cross-entropy row stats.
   ExactAccumulator tp_sum_;
   std::vector<float> tp_buf_, ce_max_, ce_z_, ce_target_;
+  // Sequence-parallel scratch: a norm's local output, the gathered residual gradient.
+  std::vector<float> sp_norm_, dres_full_;
   TensorHook hook_;
   std::vector<std::pair<std::string, Mode>> op_modes_;
 };

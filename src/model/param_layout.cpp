@@ -49,7 +49,7 @@ std::vector<ParamTensor> build_param_layout(const ModelConfig& cfg, TpCoord tp) 
   int64_t offset = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> global, bool decay, int dim = -1,
                  Ranges ranges = {}) {
-    ParamTensor t{name, global, offset, 0, decay, global, dim, std::move(ranges)};
+    ParamTensor t{name, global, offset, 0, decay, false, global, dim, std::move(ranges)};
     if (dim >= 0) {
       int64_t held = 0;
       for (const auto& [first, end] : t.ranges) held += end - first;
@@ -60,26 +60,30 @@ std::vector<ParamTensor> build_param_layout(const ModelConfig& cfg, TpCoord tp) 
     offset += t.numel;
     layout.push_back(std::move(t));
   };
+  auto add_norm = [&](const std::string& name) {
+    add(name, {C}, false);
+    layout.back().norm = true;
+  };
   // Canonical order: the order of the forward pass.
   add("wte", {V, C}, true, 0, vocab_rows);
   if (cfg.pos == PosKind::kLearned) add("wpe", {T, C}, true);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const std::string pre = "layer/" + std::to_string(l) + "/";
-    add(pre + "ln1/weight", {C}, false);
-    if (ln) add(pre + "ln1/bias", {C}, false);
+    add_norm(pre + "ln1/weight");
+    if (ln) add_norm(pre + "ln1/bias");
     add(pre + "attn/qkv/weight", {cfg.qkv_width(), C}, true, 0, qkv_rows);
     if (cfg.bias) add(pre + "attn/qkv/bias", {cfg.qkv_width()}, false, 0, qkv_rows);
     add(pre + "attn/proj/weight", {C, C}, true, 1, proj_cols);
     if (cfg.bias) add(pre + "attn/proj/bias", {C}, false);
-    add(pre + "ln2/weight", {C}, false);
-    if (ln) add(pre + "ln2/bias", {C}, false);
+    add_norm(pre + "ln2/weight");
+    if (ln) add_norm(pre + "ln2/bias");
     add(pre + "mlp/fc/weight", {fc_out, C}, true, 0, fc_rows);
     if (cfg.bias) add(pre + "mlp/fc/bias", {fc_out}, false, 0, fc_rows);
     add(pre + "mlp/proj/weight", {C, F}, true, 1, fcproj_cols);
     if (cfg.bias) add(pre + "mlp/proj/bias", {C}, false);
   }
-  add("lnf/weight", {C}, false);
-  if (ln) add("lnf/bias", {C}, false);
+  add_norm("lnf/weight");
+  if (ln) add_norm("lnf/bias");
   if (!cfg.tie_embeddings) add("lm_head/weight", {V, C}, true, 0, vocab_rows);
   // One rank holds everything: nothing is split.
   if (p == 1) {

@@ -30,6 +30,8 @@ struct ParamTensor {
   int64_t offset = 0;          // first element in the flat buffer
   int64_t numel = 0;
   bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
+  bool norm = false;           // a norm's weight or bias: under sequence parallelism each tp rank
+                               // applies it to its own tokens, so its gradient covers only those
   // Tensor parallelism: the global tensor, and the split dim (-1: replicated on every tp rank,
   // shape == global_shape) with the global index ranges [first, end) this rank holds along it.
   std::vector<int64_t> global_shape;

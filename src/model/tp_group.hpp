@@ -22,6 +22,17 @@ class TpGroup {
   virtual void all_reduce_sum(float* x, int64_t n) = 0;
   // x[i] = maximum over the group (exact).
   virtual void all_reduce_max(float* x, int64_t n) = 0;
+
+  // Sequence parallelism: a (size()·n)-element tensor cut into size() contiguous blocks of n,
+  // block r on rank r.
+  // full = the concatenation of every rank's `local` block, in rank order.
+  virtual void all_gather(const float* local, float* full, int64_t n) = 0;
+  // local = block rank() of the exact sums of acc (size()·n elements), rounded once as in
+  // all_reduce_exact.
+  virtual void reduce_scatter_exact(const ExactAccumulator& acc, float* local) = 0;
+  // local = block rank() of the fp32 sum over the group of `full`; exact where at most one rank
+  // holds a value other than -0.0f.
+  virtual void reduce_scatter_sum(const float* full, float* local, int64_t n) = 0;
 };
 
 }  // namespace lockstep

@@ -22,9 +22,20 @@ ShardPlan even_plan(int64_t n, int p) {
 
 }  // namespace
 
-void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, Mode mode, const std::string& source) {
-  LS_REQUIRE(!sp, source, ": [parallel] sp = true: sequence parallelism is not implemented yet; use sp = false");
+void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, int64_t micro_tokens, Mode mode,
+                     const std::string& source) {
+  LS_REQUIRE(!sp || tp > 1, source, ": [parallel] sp = true needs tp > 1 (sequence parallelism splits the tokens of "
+             "the norm and residual regions over the tensor-parallel ranks)");
   if (tp == 1) return;
+  if (sp) {
+    LS_REQUIRE(micro_tokens % tp == 0, source, ": sequence parallelism needs a rank's micro-batch of ", micro_tokens,
+               " tokens to be a multiple of [parallel] tp (", tp, ")");
+    LS_REQUIRE(mode != Mode::kCanonical || micro_tokens / tp % kCanonicalChunk == 0, source,
+               ": canonical mode with sequence parallelism needs a rank's micro-batch tokens / tp (", micro_tokens,
+               " / ", tp, " = ", micro_tokens / tp, ") to be a multiple of the canonical chunk ", kCanonicalChunk,
+               " (the norm weights' gradients are token reductions split across the tp ranks); choose a larger "
+               "micro_batch_size or seq_len, or sp = false");
+  }
   auto divides = [&](const char* field, int64_t value, const char* why) {
     LS_REQUIRE(value % tp == 0, source, ": [model] ", field, " (", value, ") must be a multiple of [parallel] tp (",
                tp, "): ", why);
@@ -49,11 +60,65 @@ void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, Mode mode, const
   aligned("vocab_size", m.vocab_size, "the softmax over the vocabulary");
 }
 
-uint64_t tp_min_bytes(const ModelConfig& m, int64_t tp, int64_t tokens) {
+uint64_t tp_min_bytes(const ModelConfig& m, int64_t tp, bool sp, int64_t tokens) {
   const auto p = static_cast<uint64_t>(tp);
   const uint64_t per_value = 8 * (p - 1);  // divided by p below
-  const auto values = static_cast<uint64_t>((4 * m.n_layers + 2) * tokens * m.d_model + 3 * tokens);
+  auto values = static_cast<uint64_t>((4 * m.n_layers + 2) * tokens * m.d_model + 3 * tokens);
+  if (sp) {
+    for (const auto& t : build_param_layout(m)) values += t.norm ? static_cast<uint64_t>(t.numel) : 0;
+  }
   return values * per_value / p;
+}
+
+void sum_norm_grads(Gpt& model, comm::Communicator& tp) {
+  std::vector<size_t> idx;  // the norm parameters' elements, in buffer order (the same on every rank)
+  for (const auto& t : model.param_layout()) {
+    for (int64_t i = 0; t.norm && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
+  }
+  const auto n = static_cast<int64_t>(idx.size());
+  const int p = tp.size(), me = tp.rank();
+  if (model.mode() != Mode::kCanonical) {
+    std::vector<float> sum(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) sum[j] = model.grads()[idx[j]];
+    CommTpGroup(tp).all_reduce_sum(sum.data(), n);
+    for (size_t j = 0; j < idx.size(); ++j) model.grads()[idx[j]] = sum[j];
+    return;
+  }
+  // Every rank's exact sums: the doubles (0 where spilled) and a record per spilled element
+  // (index, flags, digits), then the others' added to mine — exact in any order.
+  ExactAccumulator& acc = model.exact_grads();
+  constexpr int kWords = 2 + SuperAccumulator::kDigits;
+  std::vector<double> mine(idx.size());
+  std::vector<int64_t> records;
+  for (size_t j = 0; j < idx.size(); ++j) {
+    if (!acc.spilled(idx[j])) {
+      mine[j] = acc.partial_sums()[idx[j]];
+      continue;
+    }
+    const SuperAccumulator& s = acc.spill(idx[j]);
+    records.push_back(static_cast<int64_t>(j));
+    records.push_back(s.flags());
+    records.insert(records.end(), s.digits(), s.digits() + SuperAccumulator::kDigits);
+  }
+  std::vector<double> all(idx.size() * static_cast<size_t>(p));
+  tp.all_gather(mine.data(), all.data(), n, comm::DataType::kF64);
+  const std::vector<int64_t> counts = tp.all_gather(static_cast<int64_t>(records.size()));
+  std::vector<int64_t> displs(counts.size(), 0);
+  for (size_t q = 1; q < counts.size(); ++q) displs[q] = displs[q - 1] + counts[q - 1];
+  std::vector<int64_t> theirs(static_cast<size_t>(displs.back() + counts.back()));
+  tp.all_gatherv(records.data(), theirs.data(), counts, displs, comm::DataType::kI64);
+  for (int q = 0; q < p; ++q) {
+    if (q == me) continue;
+    const double* d = all.data() + static_cast<size_t>(q) * idx.size();
+    for (size_t j = 0; j < idx.size(); ++j) {
+      if (d[j] != 0.0) acc.add(idx[j], d[j]);
+    }
+    const auto qs = static_cast<size_t>(q);
+    for (int64_t r = displs[qs]; r < displs[qs] + counts[qs]; r += kWords) {
+      const int64_t* rec = theirs.data() + r;
+      acc.add(idx[static_cast<size_t>(rec[0])], SuperAccumulator::from_digits(rec + 2, static_cast<uint8_t>(rec[1])));
+    }
+  }
 }
 
 void CommTpGroup::all_reduce_exact(const ExactAccumulator& acc, float* x) {
@@ -72,6 +137,19 @@ void CommTpGroup::all_reduce_sum(float* x, int64_t n) {
 
 void CommTpGroup::all_reduce_max(float* x, int64_t n) {
   comm_.all_reduce(x, x, n, comm::DataType::kF32, comm::ReduceOp::kMax);
+}
+
+void CommTpGroup::all_gather(const float* local, float* full, int64_t n) {
+  comm_.all_gather(local, full, n, comm::DataType::kF32);
+}
+
+void CommTpGroup::reduce_scatter_exact(const ExactAccumulator& acc, float* local) {
+  exact_reduce_scatter(acc, even_plan(static_cast<int64_t>(acc.size()), comm_.size()), comm_, local);
+}
+
+void CommTpGroup::reduce_scatter_sum(const float* full, float* local, int64_t n) {
+  const std::vector<int64_t> counts(static_cast<size_t>(comm_.size()), n);
+  comm_.reduce_scatter(full, local, counts, comm::DataType::kF32, comm::ReduceOp::kSum);
 }
 
 std::vector<float> gather_global(const ModelConfig& model, const std::vector<ParamTensor>& local,

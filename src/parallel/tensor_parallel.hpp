@@ -23,6 +23,7 @@
 #include "kernels/ops/mode.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/model/config.hpp"
+#include "src/model/gpt.hpp"
 #include "src/model/param_layout.hpp"
 #include "src/model/tp_group.hpp"
 
@@ -31,16 +32,27 @@ namespace lockstep::parallel {
 // ConfigError naming `source`, the field and the reason if the model cannot be split over tp
 // ranks: heads, kv heads, ffn width and vocabulary must divide by tp; in canonical mode every split
 // reduction must fall on 64-element chunks (d_model/tp, kv width/tp, ffn/tp, vocab/tp multiples
-// of 64). Sequence parallelism (sp) is refused: not implemented yet.
-void check_tp_layout(const ModelConfig& model, int64_t tp, bool sp, Mode mode, const std::string& source);
+// of 64). Sequence parallelism (sp) needs tp > 1 and a rank's micro-batch of micro_tokens tokens
+// to divide by tp (in canonical mode into multiples of 64 tokens).
+void check_tp_layout(const ModelConfig& model, int64_t tp, bool sp, int64_t micro_tokens, Mode mode,
+                     const std::string& source);
 
 // The least a rank must send per step for tensor parallelism without sequence parallelism, with
 // fp32 ring all-reduces (8·n·(p−1)/p bytes for n elements), for `tokens` tokens on the rank:
 // forward, the embedding output and the two row-parallel outputs of each layer; backward, the
 // input gradients of QKV and MLP-in of each layer and of the head: (4L + 2) all-reduces of
 // tokens·d_model values; the cross-entropy's row max, softmax denominator and target logit: 3 of
-// `tokens` values. 0 for tp = 1.
-uint64_t tp_min_bytes(const ModelConfig& model, int64_t tp, int64_t tokens);
+// `tokens` values. 0 for tp = 1. Sequence parallelism moves the same volume (each all-reduce
+// becomes an all-gather and a reduce-scatter, 4·n·(p−1)/p bytes each) and adds the sum of the norm
+// weights' gradients over tp once per step (8·(p−1)/p bytes per norm parameter).
+uint64_t tp_min_bytes(const ModelConfig& model, int64_t tp, bool sp, int64_t tokens);
+
+// Sequence parallelism: each tp rank's gradients of the norm weights and biases cover its own
+// tokens; after the last micro-batch, this adds the other ranks' to each rank's, so that every rank
+// holds the gradient over all tokens — canonical: the exact sums (doubles, and the
+// SuperAccumulators of spilled elements) added exactly, still unrounded; fast: an fp32 sum with the
+// same bits on every rank. Collective over tp.
+void sum_norm_grads(Gpt& model, comm::Communicator& tp);
 
 class CommTpGroup final : public TpGroup {
  public:
@@ -50,6 +62,9 @@ class CommTpGroup final : public TpGroup {
   void all_reduce_exact(const ExactAccumulator& acc, float* x) override;
   void all_reduce_sum(float* x, int64_t n) override;
   void all_reduce_max(float* x, int64_t n) override;
+  void all_gather(const float* local, float* full, int64_t n) override;
+  void reduce_scatter_exact(const ExactAccumulator& acc, float* local) override;
+  void reduce_scatter_sum(const float* full, float* local, int64_t n) override;
 
  private:
   comm::Communicator& comm_;

@@ -146,7 +146,6 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
 
   parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
-  parallel::check_tp_layout(cfg.model, pc.tp, pc.sp, tc.mode, cfg.source);
   comm::Communicator& dpc = mesh.dp();
   comm::Communicator& tpc = mesh.group(parallel::Axis::kTp);
   const int64_t tp = tpc.size();
@@ -154,6 +153,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
   const int64_t BL = part.local_batch, MBL = part.local_micro;
+  parallel::check_tp_layout(cfg.model, tp, pc.sp, MBL * T, tc.mode, cfg.source);
 
   data::TokenFile train_file(cfg.data.train);
   train_file.check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
@@ -169,7 +169,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // Tensor parallelism: the model holds this rank's shards and reduces over the tp group.
   std::optional<parallel::CommTpGroup> tp_group;
   if (tp > 1) tp_group.emplace(tpc);
-  Gpt model(cfg.model, tc.mode, MBL, tp_group ? &*tp_group : nullptr);
+  Gpt model(cfg.model, tc.mode, MBL, tp_group ? &*tp_group : nullptr, pc.sp);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
   parallel::DataParallel ddp(model, dpc, tpc, world, static_cast<int>(pc.zero), reduce,
@@ -245,11 +245,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // parallelism's activation all-reduces (tensor_parallel.hpp).
   const uint64_t dp_min_bytes = static_cast<uint64_t>(model.num_params()) * 8 * static_cast<uint64_t>(dp - 1) /
                                 static_cast<uint64_t>(dp);
-  const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, tp, BL * T);
+  const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, tp, pc.sp, BL * T);
   const uint64_t min_bytes = dp_min_bytes + tp_min_bytes;
   if (world.size() > 1) {
-    out << "parallel: " << mesh.describe() << ", zero " << pc.zero << ", reduce " << pc.reduce << "; rank batch "
-        << BL << " (micro-batch " << MBL << "); " << model.num_params() << " parameters per rank; optimizer state "
+    out << "parallel: " << mesh.describe() << (pc.sp ? ", sequence parallel" : "") << ", zero " << pc.zero
+        << ", reduce " << pc.reduce << "; rank batch " << BL << " (micro-batch " << MBL << "); " << model.num_params() << " parameters per rank; optimizer state "
         << ddp.optimizer_state_bytes() << " bytes per rank (replicated: " << 8 * model.num_params()
         << "); minimum sent per rank per step " << min_bytes << " bytes (gradient sync " << dp_min_bytes
         << ", tensor parallel " << tp_min_bytes << ")\n";
@@ -312,6 +312,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     model.forward_backward_batch(inputs.data(), targets.data(), BL, MBL, dp_rank * BL * T, dloss,
                                  loss_sum);
     injector.end_step(model);
+    if (model.sequence_parallel()) parallel::sum_norm_grads(model, tpc);
     ddp.reduce_gradients();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
     if (dump) {

@@ -205,9 +205,9 @@ TEST(TpSplit, VocabularyParallelEmbeddingGivesTheUnsplitBits) {
 }
 
 TEST(TpSplit, LayoutsThatCannotSplitAreRefusedNamingWhy) {
-  auto message = [](const ModelConfig& m, int64_t tp, bool sp, Mode mode) -> std::string {
+  auto message = [](const ModelConfig& m, int64_t tp, bool sp, Mode mode, int64_t micro_tokens = 256) -> std::string {
     try {
-      parallel::check_tp_layout(m, tp, sp, mode, "cfg.toml");
+      parallel::check_tp_layout(m, tp, sp, micro_tokens, mode, "cfg.toml");
     } catch (const ConfigError& e) {
       return e.what();
     }
@@ -228,15 +228,24 @@ TEST(TpSplit, LayoutsThatCannotSplitAreRefusedNamingWhy) {
   m.n_kv_heads = 2;
   EXPECT_NE(message(m, 4, false, Mode::kFast).find("n_kv_heads (2) must be a multiple of [parallel] tp (4)"),
             std::string::npos);
-  EXPECT_NE(message(m, 2, true, Mode::kCanonical).find("sequence parallelism is not implemented"), std::string::npos);
+  m.n_kv_heads = 4;
+  EXPECT_EQ(message(m, 2, true, Mode::kCanonical), "");
+  EXPECT_NE(message(m, 1, true, Mode::kCanonical).find("sp = true needs tp > 1"), std::string::npos);
+  EXPECT_EQ(message(m, 4, true, Mode::kCanonical), "");  // 256 tokens: 64 per rank
+  EXPECT_NE(message(m, 4, true, Mode::kCanonical, 128).find("micro-batch tokens / tp (128 / 4 = 32) to be a "
+                                                           "multiple of the canonical chunk 64"), std::string::npos);
+  EXPECT_EQ(message(m, 4, true, Mode::kFast, 128), "");
 }
 
 TEST(TpSplit, CommunicationMinimumCountsEveryActivationAllReduce) {
   ModelConfig m = model(FfnKind::kGelu, 4, true);
-  EXPECT_EQ(parallel::tp_min_bytes(m, 1, 1024), 0u);
+  EXPECT_EQ(parallel::tp_min_bytes(m, 1, false, 1024), 0u);
   // (4 L + 2) all-reduces of tokens x C plus 3 of tokens, 8 (p-1)/p bytes per value.
-  EXPECT_EQ(parallel::tp_min_bytes(m, 2, 1024), ((4 * 2 + 2) * 1024 * 256 + 3 * 1024) * 4u);
-  EXPECT_EQ(parallel::tp_min_bytes(m, 4, 1024), ((4 * 2 + 2) * 1024 * 256 + 3 * 1024) * 6u);
+  EXPECT_EQ(parallel::tp_min_bytes(m, 2, false, 1024), ((4 * 2 + 2) * 1024 * 256 + 3 * 1024) * 4u);
+  EXPECT_EQ(parallel::tp_min_bytes(m, 4, false, 1024), ((4 * 2 + 2) * 1024 * 256 + 3 * 1024) * 6u);
+  // Sequence parallelism adds the norm gradients' sum: 2 layers x 2 LayerNorms + the final one, C
+  // weights and C biases each.
+  EXPECT_EQ(parallel::tp_min_bytes(m, 2, true, 1024), ((4 * 2 + 2) * 1024 * 256 + 3 * 1024 + 5 * 2 * 256) * 4u);
 }
 
 }  // namespace
