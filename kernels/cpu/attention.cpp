@@ -1,10 +1,12 @@
 // Causal self-attention with grouped key/value heads on the CPU: forward and backward, canonical
 // and fast modes (contract in kernels/ops/attention.hpp).
 //
-// Canonical mode follows the header's reductions literally. Reductions whose result is a vector
-// over HS (out[t], dq[t], dk[t'], dv[t']) run HS chains side by side, one chain per output
-// element, so that the compiler may vectorise across d without changing any chain; each chunk of
-// 64 reduction indices ends with its HS partials going into HS exact combiners (canonical.hpp).
+// Canonical mode follows the header's reductions. The products (scores, datt, and out, dq, dk, dv
+// where their operands are finite and, for dk/dv, each group has one query head) run as
+// matmul_canonical, the packed SIMD kernel whose every element is bitwise canonical_dot, on blocks
+// of 64 rows (forward_canonical says why the masked entries do not change a bit). Otherwise the
+// vector reductions run HS chains side by side, one chain per output element, each chunk of 64
+// reduction indices ending with its HS partials going into HS exact combiners (canonical.hpp).
 // Threads take whole (b, h) pairs — (b, g) pairs for dk/dv — never part of a reduction, so the
 // bits do not depend on the thread count.
 // Fast mode: OpenBLAS sgemm over blocks of rows, softmax with the 8-lane ls_expf (forward_fast).
@@ -21,6 +23,7 @@
 
 #include "kernels/cpu/simd_math.hpp"
 #include "kernels/ops/attention.hpp"
+#include "kernels/ops/linear.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "src/core/check.hpp"
@@ -80,72 +83,77 @@ inline void fma_link(float* acc, float w, const float* x, int64_t n) {
   for (int64_t d = 0; d < n; ++d) acc[d] = std::fma(w, x[d], acc[d]);
 }
 
-// Rows of per-thread scratch holding one head's keys (or values) transposed, (HS, T): lane u of
-// a SIMD register then reads key u, so that many dot products run side by side.
-void transpose_head(const float* base, int64_t row, int64_t offset, int64_t T, int64_t HS,
-                    float* yt) {
+// Whether rows [0, T) of one head (HS wide, row stride `row`) hold only finite values.
+bool head_finite(const float* base, int64_t row, int64_t offset, int64_t T, int64_t HS) {
   for (int64_t u = 0; u < T; ++u) {
-    for (int64_t d = 0; d < HS; ++d) yt[d * T + u] = base[u * row + offset + d];
+    for (int64_t d = 0; d < HS; ++d) {
+      if (!std::isfinite(base[u * row + offset + d])) return false;
+    }
   }
+  return true;
 }
 
-// out[u] = canonical_dot over d in [0, HS) of x[d]·y_u[d] for u in [0, rows), from yt = the rows
-// y_u transposed (HS, T). For HS <= 64 there is one chunk: each u's chain is the scalar chain of
-// canonical_dot, run for all u side by side (the compiler vectorises across u without reordering
-// any chain), and the exact combination of a single partial p is 0.0 + p, which turns −0 into +0.
-// Longer heads take canonical_dot itself.
-void dot_rows(const float* x, const float* yt, int64_t T, int64_t rows, int64_t HS,
-              const float* base, int64_t row, int64_t offset, float* out) {
-  if (HS > kCanonicalChunk) {
-    for (int64_t u = 0; u < rows; ++u) out[u] = canonical_dot(x, 1, base + u * row + offset, 1, HS);
-    return;
+// Row t of the scores, s[0..t] on entry (before the scale): att = softmax over [0, t], 0 beyond.
+//   s[t'] · scale;  m = max;  e[t'] = exp(s[t'] − m);  Z = canonical_sum of e;  att = e / Z
+void softmax_row_canonical(float* a, int64_t t, int64_t T, float scale) {
+  float m = -INFINITY;
+  for (int64_t u = 0; u <= t; ++u) {
+    a[u] = a[u] * scale;
+    m = a[u] > m ? a[u] : m;  // a NaN score is skipped here but makes Z, so the row, NaN
   }
-  for (int64_t u = 0; u < rows; ++u) out[u] = 0.0f;
-  for (int64_t d = 0; d < HS; ++d) {
-    const float xd = x[d];
-    const float* y = yt + d * T;
-    for (int64_t u = 0; u < rows; ++u) out[u] = std::fma(xd, y[u], out[u]);
+  const int64_t nv = (t + 1) / 8 * 8;
+  for (int64_t u = 0; u < nv; u += 8) {
+    _mm256_storeu_ps(a + u, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), simd::set1(m))));
   }
-  for (int64_t u = 0; u < rows; ++u) out[u] = out[u] + 0.0f;
+  for (int64_t u = nv; u <= t; ++u) a[u] = ls_expf(a[u] - m);
+  const float Z = canonical_sum(a, 1, t + 1);
+  for (int64_t u = 0; u <= t; ++u) a[u] = a[u] / Z;
+  for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
 }
 
+// Canonical products as matmul_canonical (the packed SIMD kernel, bitwise canonical_dot per
+// element) on blocks of kCanonicalChunk query rows [r0, r1), each over the keys t' < r1: the
+// scores of a row t and its masked keys t' in (t, r1) are computed and then overwritten by 0; a sum
+// over t' (out, dq) then runs over those zeros as well, which leaves each chain's value unchanged
+// (x + (±0) = x, and the exact combination turns a −0 partial into +0 just as a shorter chain
+// would end) — unless the other factor is inf or NaN, where 0·inf = NaN. Those sums therefore
+// take this path only when the head's operands are all finite, else the per-row chains below.
+// Blocks start at multiples of 64, so every chunk of a chain is the contract's chunk.
 void forward_canonical(AttentionShape s, float* out, float* att, const float* qkv) {
   const Layout L = layout_of(s);
-  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
+  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS, ldo = s.NH * HS;
   const float scale = attention_scale(HS);
 #pragma omp parallel
   {
     VectorReduction red(HS);
-    std::vector<float> kt(HS * T);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s.B; ++b) {
       for (int64_t h = 0; h < s.NH; ++h) {
         const int64_t g = h / group;
         const float* base = qkv + b * T * L.row;
-        transpose_head(base, L.row, L.k(g), T, HS, kt.data());
-        for (int64_t t = 0; t < T; ++t) {
-          float* a = att + ((b * s.NH + h) * T + t) * T;
-          const float* q = base + t * L.row + L.q(h);
-          // s[t'] = canonical_dot over HS of q[t]·k[t'], then · scale
-          dot_rows(q, kt.data(), T, t + 1, HS, base, L.row, L.k(g), a);
-          float m = -INFINITY;
-          for (int64_t u = 0; u <= t; ++u) {
-            a[u] = a[u] * scale;
-            m = a[u] > m ? a[u] : m;  // a NaN score is skipped here but makes Z, so the row, NaN
+        float* A = att + (b * s.NH + h) * T * T;
+        const bool v_finite = head_finite(base, L.row, L.v(g), T, HS);
+        for (int64_t r0 = 0; r0 < T; r0 += kCanonicalChunk) {
+          const int64_t r1 = std::min(r0 + kCanonicalChunk, T);
+          // s[t, t'] = canonical_dot over HS of q[t]·k[t'], for t' < r1
+          matmul_canonical(r1 - r0, r1, HS, A + r0 * T, T, base + r0 * L.row + L.q(h), L.row, 1,
+                           base + L.k(g), 1, L.row);
+          for (int64_t t = r0; t < r1; ++t) softmax_row_canonical(A + t * T, t, T, scale);
+          // out[t] = canonical_dot over t' in [0, t] of att[t']·v[t']
+          if (v_finite) {
+            matmul_canonical(r1 - r0, HS, r1, out + (b * T + r0) * ldo + h * HS, ldo, A + r0 * T, T, 1,
+                             base + L.v(g), L.row, 1);
+            continue;
           }
-          // e[t'] = exp(s[t'] − m);  Z = canonical_sum over t' of e
-          for (int64_t u = 0; u <= t; ++u) a[u] = ls_expf(a[u] - m);
-          const float Z = canonical_sum(a, 1, t + 1);
-          for (int64_t u = 0; u <= t; ++u) a[u] = a[u] / Z;
-          for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
-          // out[t] = canonical_dot over t' in [0, t] of att[t']·v[t'], HS chains side by side
-          red.start();
-          for (int64_t u = 0; u <= t; ++u) {
-            fma_link(red.acc(), a[u], base + u * L.row + L.v(g), HS);
-            if ((u + 1) % kCanonicalChunk == 0) red.end_chunk();
+          for (int64_t t = r0; t < r1; ++t) {
+            red.start();
+            for (int64_t u = 0; u <= t; ++u) {
+              fma_link(red.acc(), A[t * T + u], base + u * L.row + L.v(g), HS);
+              if ((u + 1) % kCanonicalChunk == 0) red.end_chunk();
+            }
+            if ((t + 1) % kCanonicalChunk != 0) red.end_chunk();
+            red.finish(out + (b * T + t) * ldo + h * HS, 1.0f);
           }
-          if ((t + 1) % kCanonicalChunk != 0) red.end_chunk();
-          red.finish(out + (b * T + t) * s.NH * HS + h * HS, 1.0f);
         }
       }
     }
@@ -245,27 +253,28 @@ void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
   }
 }
 
-// Canonical: ds = att·(datt − D) into scratch, per (b, h) row; the rows of datt by dot_rows (the
-// chains of canonical_dot), D by canonical_dot.
+// Canonical: ds = att·(datt − D) into scratch, per (b, h) row; the rows of datt by
+// matmul_canonical on blocks of rows (masked entries overwritten, as the forward's scores), D by
+// canonical_dot.
 void softmax_backward_rows_canonical(AttentionShape s, float* scratch, const float* dout,
                                      const float* qkv, const float* att) {
   const Layout L = layout_of(s);
-  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
-#pragma omp parallel
-  {
-    std::vector<float> vt(HS * T);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < s.B; ++b) {
-      for (int64_t h = 0; h < s.NH; ++h) {
-        const int64_t g = h / group;
-        const float* base = qkv + b * T * L.row;
-        transpose_head(base, L.row, L.v(g), T, HS, vt.data());
-        for (int64_t t = 0; t < T; ++t) {
-          const float* a = att + ((b * s.NH + h) * T + t) * T;
-          float* ds = scratch + ((b * s.NH + h) * T + t) * T;
-          const float* dy = dout + (b * T + t) * s.NH * HS + h * HS;
-          // datt[t,t'] = dot over HS of dout[t]·v[t']     (forward: out[t] = Σ att[t']·v[t'])
-          dot_rows(dy, vt.data(), T, t + 1, HS, base, L.row, L.v(g), ds);
+  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS, ldo = s.NH * HS;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.NH; ++h) {
+      const int64_t g = h / group;
+      const float* base = qkv + b * T * L.row;
+      const float* A = att + (b * s.NH + h) * T * T;
+      float* dS = scratch + (b * s.NH + h) * T * T;
+      for (int64_t r0 = 0; r0 < T; r0 += kCanonicalChunk) {
+        const int64_t r1 = std::min(r0 + kCanonicalChunk, T);
+        // datt[t,t'] = canonical_dot over HS of dout[t]·v[t']   (forward: out[t] = Σ att[t']·v[t'])
+        matmul_canonical(r1 - r0, r1, HS, dS + r0 * T, T, dout + (b * T + r0) * ldo + h * HS, ldo, 1,
+                         base + L.v(g), 1, L.row);
+        for (int64_t t = r0; t < r1; ++t) {
+          const float* a = A + t * T;
+          float* ds = dS + t * T;
           // D[t] = dot over t' of att[t,t']·datt[t,t']
           const float D = canonical_dot(a, 1, ds, 1, t + 1);
           // ds[t,t'] = att[t,t']·(datt[t,t'] − D[t])      (forward: att = exp(s − m) / Z)
@@ -280,27 +289,44 @@ void softmax_backward_rows_canonical(AttentionShape s, float* scratch, const flo
 void backward_canonical(AttentionShape s, float* dqkv, float* scratch, const float* dout,
                         const float* qkv, const float* att) {
   const Layout L = layout_of(s);
-  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS;
+  const int64_t group = s.NH / s.NKV, T = s.T, HS = s.HS, ldo = s.NH * HS;
   const float scale = attention_scale(HS);
   softmax_backward_rows_canonical(s, scratch, dout, qkv, att);
+  // rows[r0, r1) of a (·, HS) block at stride `row` times scale, one fp32 rounding each
+  auto scale_rows = [&](float* x, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t d = 0; d < HS; ++d) x[r * L.row + d] = x[r * L.row + d] * scale;
+    }
+  };
 #pragma omp parallel
   {
     VectorReduction red_k(HS), red_v(HS);
     // dq[t] = (canonical_dot over t' <= t of ds[t,t']·k[t']) · scale
     //   (forward: s[t'] = (q[t]·k[t']) · scale)
+    // By matmul_canonical on blocks of rows when the keys are finite (see forward_canonical).
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s.B; ++b) {
       for (int64_t h = 0; h < s.NH; ++h) {
         const int64_t g = h / group;
+        const float* base = qkv + b * T * L.row;
+        const float* dS = scratch + (b * s.NH + h) * T * T;
+        float* dq = dqkv + b * T * L.row + L.q(h);
+        if (head_finite(base, L.row, L.k(g), T, HS)) {
+          for (int64_t r0 = 0; r0 < T; r0 += kCanonicalChunk) {
+            const int64_t r1 = std::min(r0 + kCanonicalChunk, T);
+            matmul_canonical(r1 - r0, HS, r1, dq + r0 * L.row, L.row, dS + r0 * T, T, 1, base + L.k(g), L.row, 1);
+            scale_rows(dq, r0, r1);
+          }
+          continue;
+        }
         for (int64_t t = 0; t < T; ++t) {
-          const float* ds = scratch + ((b * s.NH + h) * T + t) * T;
           red_k.start();
           for (int64_t u = 0; u <= t; ++u) {
-            fma_link(red_k.acc(), ds[u], qkv + (b * T + u) * L.row + L.k(g), HS);
+            fma_link(red_k.acc(), dS[t * T + u], base + u * L.row + L.k(g), HS);
             if ((u + 1) % kCanonicalChunk == 0) red_k.end_chunk();
           }
           if ((t + 1) % kCanonicalChunk != 0) red_k.end_chunk();
-          red_k.finish(dqkv + (b * T + t) * L.row + L.q(h), scale);
+          red_k.finish(dq + t * L.row, scale);
         }
       }
     }
@@ -308,9 +334,29 @@ void backward_canonical(AttentionShape s, float* dqkv, float* scratch, const flo
     // t >= t', in the order i = j·T + t, chunk = ⌊i / 64⌋ (the header's contract). Pairs with
     // t < t' are not links of the chain; chunks that hold none of them close with a +0 partial.
     //   (forward: s[t'] = (q[t]·k[t'])·scale and out[t] = Σ att[t,t']·v[t'])
+    // One query head per group (i = t) with finite q and dout: matmul_canonical over t >= c0 for
+    // the keys [c0, c1) (c0 a multiple of 64, so the chunks are the contract's; the chunks before
+    // c0 hold no pair and would add +0; the masked ds and att entries are +0 as in the forward).
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s.B; ++b) {
       for (int64_t g = 0; g < s.NKV; ++g) {
+        const float* base = qkv + b * T * L.row;
+        float* dk = dqkv + b * T * L.row + L.k(g);
+        float* dv = dqkv + b * T * L.row + L.v(g);
+        if (group == 1 && head_finite(base, L.row, L.q(g), T, HS) &&
+            head_finite(dout + b * T * ldo, ldo, g * HS, T, HS)) {
+          const float* dS = scratch + (b * s.NH + g) * T * T;
+          const float* A = att + (b * s.NH + g) * T * T;
+          for (int64_t c0 = 0; c0 < T; c0 += kCanonicalChunk) {
+            const int64_t c1 = std::min(c0 + kCanonicalChunk, T);
+            matmul_canonical(c1 - c0, HS, T - c0, dk + c0 * L.row, L.row, dS + c0 * T + c0, 1, T,
+                             base + c0 * L.row + L.q(g), L.row, 1);
+            scale_rows(dk, c0, c1);
+            matmul_canonical(c1 - c0, HS, T - c0, dv + c0 * L.row, L.row, A + c0 * T + c0, 1, T,
+                             dout + (b * T + c0) * ldo + g * HS, ldo, 1);
+          }
+          continue;
+        }
         for (int64_t u = 0; u < T; ++u) {
           red_k.start();
           red_v.start();
@@ -322,14 +368,14 @@ void backward_canonical(AttentionShape s, float* dqkv, float* scratch, const flo
               if (t < u) continue;
               const int64_t h = g * group + j;
               const int64_t at = ((b * s.NH + h) * T + t) * T + u;
-              fma_link(red_k.acc(), scratch[at], qkv + (b * T + t) * L.row + L.q(h), HS);
-              fma_link(red_v.acc(), att[at], dout + (b * T + t) * s.NH * HS + h * HS, HS);
+              fma_link(red_k.acc(), scratch[at], base + t * L.row + L.q(h), HS);
+              fma_link(red_v.acc(), att[at], dout + (b * T + t) * ldo + h * HS, HS);
             }
             red_k.end_chunk();
             red_v.end_chunk();
           }
-          red_k.finish(dqkv + (b * T + u) * L.row + L.k(g), scale);
-          red_v.finish(dqkv + (b * T + u) * L.row + L.v(g), 1.0f);
+          red_k.finish(dk + u * L.row, scale);
+          red_v.finish(dv + u * L.row, 1.0f);
         }
       }
     }
