@@ -13,10 +13,16 @@
 // Every file is written atomically and the manifest is rewritten after each dumped step, so a
 // killed run leaves a readable dump of the steps it finished. xxh64 covers the payload bytes only.
 //
+// Data parallelism: given the dp group, each rank observes its own part of the global batch and
+// end_step() gathers every batch tensor to dp rank 0, concatenated along dim 0 in dp rank order,
+// which is global order (rank r holds the global sequences [r·B/dp, (r+1)·B/dp), as the trainer
+// samples them); rank 0 writes. So a dump of a dp run holds the same global tensors as a
+// single-process dump of the same batch.
+//
 // The writer is header-only on purpose: the trainer (lockstep_train) uses it, and lockstep_verify
 // links lockstep_train, not the other way round. The reader is in dump.cpp.
-// Not here: data parallelism (the trainer refuses [dump] with dp > 1 until rank 0 gathers the
-// global batch), bf16/fp8 payloads (everything dumped is fp32 today), bisect.
+// Not here: tensor-parallel shards (a tp group's hooks see shards; they are not gathered yet),
+// bf16/fp8 payloads (everything dumped is fp32 today), bisect.
 #pragma once
 
 #include <fnmatch.h>
@@ -33,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/comm/communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
@@ -138,13 +145,16 @@ class NameFilter {
 // Collects one step's tensors (micro-batches concatenated along dim 0) and writes them at end_step().
 class DumpWriter {
  public:
-  // `dir` must not hold a dump already (ConfigError); it is created if absent.
+  // `dir` must not hold a dump already (ConfigError, on every rank); it is created if absent.
+  // dp: the data-parallel group this rank belongs to (nullptr: one process); it must outlive the
+  // writer, and every rank of it must construct a writer with the same tensors and steps and call
+  // begin_step/end_step for the same steps (end_step is collective).
   DumpWriter(std::string dir, const std::string& tensors, const std::string& steps, nlohmann::json config,
-             nlohmann::json layout)
-      : dir_(std::move(dir)), filter_(tensors), steps_(steps, "[dump] steps") {
+             nlohmann::json layout, comm::Communicator* dp = nullptr)
+      : dir_(std::move(dir)), filter_(tensors), steps_(steps, "[dump] steps"), dp_(dp) {
     LS_REQUIRE(!durable_io::exists(dir_ + "/manifest.json"), "[dump] dir: ", dir_,
                " already holds a dump (manifest.json); choose another dir or remove it");
-    durable_io::make_dirs(dir_);
+    if (writes()) durable_io::make_dirs(dir_);
     manifest_ = {{"format", kDumpFormat}, {"version", kDumpVersion}, {"config", std::move(config)},
                  {"layout", std::move(layout)}, {"tensors", nlohmann::json::array()}};
   }
@@ -170,6 +180,7 @@ class DumpWriter {
     if (fresh) {
       order_.push_back(it->first);
       p.shape.assign(shape.begin(), shape.end());
+      p.batch = true;
     } else {
       LS_CHECK(!shape.empty() && shape.size() == p.shape.size() &&
                    std::equal(shape.begin() + 1, shape.end(), p.shape.begin() + 1),
@@ -191,11 +202,17 @@ class DumpWriter {
     it->second.data.assign(data, data + n);
   }
 
-  // Writes the step's tensors, then the manifest.
+  // Gathers the step's batch tensors over the dp group (collective), then dp rank 0 writes the
+  // step's tensors and the manifest.
   void end_step() {
     if (!active_) return;
     active_ = false;
-    if (order_.empty()) return;
+    if (dp_ != nullptr && dp_->size() > 1) gather_batch_tensors();
+    if (!writes() || order_.empty()) {
+      pending_.clear();
+      order_.clear();
+      return;
+    }
     const std::string sub = "step_" + std::to_string(step_);
     durable_io::make_dirs(dir_ + "/" + sub);
     for (const auto& name : order_) {
@@ -220,10 +237,47 @@ class DumpWriter {
   struct Pending {
     std::vector<int64_t> shape;
     std::vector<float> data;
+    bool batch = false;  // observed per micro-batch (dim 0 = sequences), not add()ed whole
   };
+
+  bool writes() const { return dp_ == nullptr || dp_->rank() == 0; }
+
+  // Rank r > 0 sends each batch tensor (in the step's execution order, the same on every rank) to
+  // rank 0, which appends them in rank order. Whole tensors (add) are equal on every rank after
+  // the gradient reduction; rank 0 keeps its own.
+  void gather_batch_tensors() {
+    const auto mine = static_cast<int64_t>(order_.size());
+    for (int64_t n : dp_->all_gather(mine)) {
+      LS_CHECK(n == mine, "[dump]: dp ranks observed different numbers of tensors in step ", step_, " (", n,
+               " vs ", mine, ")");
+    }
+    constexpr int kTag = 7301;  // dump gathers; distinct from the trainer's own point-to-point tags
+    for (const auto& name : order_) {
+      Pending& p = pending_.at(name);
+      if (!p.batch) continue;
+      const std::vector<int64_t> rows = dp_->all_gather(p.shape.empty() ? int64_t{0} : p.shape[0]);
+      const int64_t row = p.shape.empty() || p.shape[0] == 0 ? 0 : static_cast<int64_t>(p.data.size()) / p.shape[0];
+      for (int64_t r : dp_->all_gather(row)) {
+        LS_CHECK(r == row || r == 0 || row == 0, "[dump]: dp ranks disagree on the row size of ", name, " (", r,
+                 " vs ", row, " elements)");
+      }
+      if (dp_->rank() != 0) {
+        dp_->send(p.data.data(), static_cast<int64_t>(p.data.size()), comm::DataType::kF32, 0, kTag);
+        continue;
+      }
+      for (int r = 1; r < dp_->size(); ++r) {
+        const size_t at = p.data.size();
+        p.data.resize(at + static_cast<size_t>(rows[r] * row));
+        dp_->recv(p.data.data() + at, rows[r] * row, comm::DataType::kF32, r, kTag);
+        p.shape[0] += rows[r];
+      }
+    }
+  }
+
   std::string dir_;
   NameFilter filter_;
   StepSet steps_;
+  comm::Communicator* dp_ = nullptr;
   nlohmann::json manifest_;
   int64_t step_ = 0;
   bool active_ = false;
