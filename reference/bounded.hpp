@@ -30,6 +30,25 @@ inline BoundedFormat& bounded_format() {
   return f;
 }
 
+// The unit roundoff a Bounded<double> reference uses to cover its own arithmetic as well: every
+// value it computes is off from the exact one by at most one double rounding (u_64 = 2^-53) per
+// operation and γ_n(u_64)·Σ|x| per n-term sum, which the same rules with u_32 + 4·u_64 in place of
+// u_32 bound (γ_n is superadditive in u). What is left uncovered is the rounding of the bound's own
+// arithmetic, about 1e-15 of each bound.
+inline constexpr double kBoundedDoubleU = 0x1p-24 + 0x1p-51;
+
+// Sets bounded_format() for a scope (e.g. kBoundedDoubleU for a Bounded<double> reference).
+class ScopedBoundedFormat {
+ public:
+  explicit ScopedBoundedFormat(BoundedFormat f) : saved_(bounded_format()) { bounded_format() = f; }
+  ~ScopedBoundedFormat() { bounded_format() = saved_; }
+  ScopedBoundedFormat(const ScopedBoundedFormat&) = delete;
+  ScopedBoundedFormat& operator=(const ScopedBoundedFormat&) = delete;
+
+ private:
+  BoundedFormat saved_;
+};
+
 template <class T>
 struct Bounded {
   T value{};

@@ -289,30 +289,49 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   return s;
 }
 
-double estimate_reference_seconds(const RunConfig& cfg, unsigned reference_bits) {
+double estimate_reference_seconds(const RunConfig& cfg, const StepOptions& opt) {
   Gpt shape_only(cfg.model, Mode::kFast, 1);
   const double flops = shape_only.flops_per_token() *
                        static_cast<double>(cfg.train.batch_size * cfg.model.seq_len);
   double per_fma;
   if (cfg.train.mode == Mode::kCanonical) {
     per_fma = seconds_per_fma<reference::CanonicalF32>();
+  } else if (opt.reference_type == ReferenceType::kDouble) {
+    per_fma = seconds_per_fma<reference::Bounded<double>>();
   } else {
-    reference::ScopedMpfrBits bits(reference_bits);
+    reference::ScopedMpfrBits bits(opt.reference_bits);
     per_fma = seconds_per_fma<reference::MpfrBounded>();
   }
   return flops / 2 * per_fma;  // two FLOPs per multiply-add
 }
 
+namespace {
+
+std::string reference_name(const RunConfig& cfg, const StepOptions& opt) {
+  if (cfg.train.mode == Mode::kCanonical) return "CanonicalF32";
+  if (opt.reference_type == ReferenceType::kDouble) return "Bounded<double>";
+  return "Bounded<mpfr " + std::to_string(opt.reference_bits) + " bits>";
+}
+
+}  // namespace
+
 StepReport verify_step(const StepState& s, const StepOptions& opt) {
   const TrainConfig& tc = s.cfg.train;
   const bool canonical = tc.mode == Mode::kCanonical;
   if (!opt.force) {
-    const double est = estimate_reference_seconds(s.cfg, opt.reference_bits);
+    const double est = estimate_reference_seconds(s.cfg, opt);
+    std::string faster;
+    if (!canonical && opt.reference_type == ReferenceType::kMpfr) {
+      StepOptions dbl = opt;
+      dbl.reference_type = ReferenceType::kDouble;
+      faster = str_cat(", --reference.type=double (estimated ",
+                       static_cast<int64_t>(estimate_reference_seconds(s.cfg, dbl)), " s)");
+    }
     LS_REQUIRE(est <= opt.max_seconds, "the reference step of this model is estimated at ",
                static_cast<int64_t>(est), " s (", static_cast<int64_t>(est / 60), " min) in ",
-               canonical ? "CanonicalF32" : "Bounded<mpfr>",
-               ", above --verify.max_seconds=", opt.max_seconds,
-               "; use a smaller [model]/[train] batch_size, or --verify.force to run it anyway");
+               reference_name(s.cfg, opt), ", above --verify.max_seconds=", opt.max_seconds,
+               "; use a smaller [model]/[train] batch_size", faster,
+               ", or --verify.force to run it anyway");
   }
   const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -350,6 +369,12 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
   if (canonical) {
     report.reference = "CanonicalF32";
     want = run_reference<reference::CanonicalF32>(s, u, got, false);
+  } else if (opt.reference_type == ReferenceType::kDouble) {
+    reference::BoundedFormat f = reference::bounded_format();
+    f.u = reference::kBoundedDoubleU;
+    reference::ScopedBoundedFormat own_roundings(f);
+    report.reference = "Bounded<double, u = 2^-24 + 2^-51>, op-local";
+    want = run_reference<reference::Bounded<double>>(s, u, got, true);
   } else {
     reference::ScopedMpfrBits bits(opt.reference_bits);
     report.reference = "Bounded<mpfr " + std::to_string(reference::mpfr_bits()) +

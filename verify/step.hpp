@@ -5,7 +5,7 @@
 // (micro-batches, exact loss sum / tokens, finish_grads, clip_grad_norm, AdamW), observed through
 // Gpt's TensorHook. The reference side is reference/gpt.hpp on the same parameters, moments and
 // batch: canonical mode against the CanonicalF32 emulation run end to end (bitwise), fast mode
-// against Bounded<mpfr> re-anchored on the trainer's tensor at every hook point, so that each
+// against Bounded<mpfr> (or Bounded<double>) re-anchored on the trainer's tensor at every hook point, so that each
 // tensor's bound covers the ops since the previous hook point (op-local bounds: first-order
 // worst-case bounds carried through the whole model grow ~100x per layer and become vacuous);
 // tightness and ulp distance are reported.
@@ -29,7 +29,13 @@ struct StepState {
   std::vector<int32_t> inputs, targets;   // (B, T) the step's global batch
 };
 
+// The Bounded reference's scalar in fast mode: MPFR (the verification ladder's default; exact to
+// far beyond fp32) or double with its own roundings counted in the bound (reference/bounded.hpp
+// kBoundedDoubleU): a few hundred times faster, the bounds looser by 2^-27 relative.
+enum class ReferenceType { kMpfr, kDouble };
+
 struct StepOptions {
+  ReferenceType reference_type = ReferenceType::kMpfr;
   unsigned reference_bits = 256;  // MPFR precision of the Bounded reference (fast mode)
   std::vector<int64_t> layers;    // activation rows of these layers only (empty: all)
   bool force = false;             // run even when the estimate exceeds max_seconds
@@ -47,7 +53,7 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir);
 
 // Estimated seconds for the reference step of `cfg` in the mode's reference type: the model's
 // FLOPs per step times the measured cost of one multiply-add in that type.
-double estimate_reference_seconds(const RunConfig& cfg, unsigned reference_bits);
+double estimate_reference_seconds(const RunConfig& cfg, const StepOptions& opt);
 
 // Runs and compares. ConfigError when the estimate exceeds max_seconds (unless force) or perturb
 // names no tensor.

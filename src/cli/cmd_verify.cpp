@@ -19,8 +19,10 @@ constexpr const char* kVerifyUsage =
     "  runs the step after checkpoint DIR (a step_* directory or a root: its newest) in the\n"
     "  trainer and in the reference; one row per tensor, a summary naming the worst tensor;\n"
     "  exit 1 on any violation. canonical mode: bitwise vs the CanonicalF32 emulation;\n"
-    "  fast mode: within the Bounded<mpfr> bound (tightness = error/bound)\n"
+    "  fast mode: within the Bounded<mpfr> (or <double>) bound (tightness = error/bound)\n"
     "options:\n"
+    "  --reference.type=T        fast mode's Bounded reference: mpfr (default) or double (its own\n"
+    "                            roundings counted in the bound; a few hundred times faster)\n"
     "  --reference.bits=N        MPFR precision of the Bounded reference (default 256)\n"
     "  --verify.layers=0,2       activation rows of these layers only\n"
     "  --verify.max_seconds=S    refuse when the estimated reference time exceeds S (default 900)\n"
@@ -68,6 +70,11 @@ int cmd_verify(Args& args) {
   const auto json_path = args.take("json");
 
   verify::StepOptions opt;
+  if (auto type = args.take("reference.type")) {
+    LS_REQUIRE(*type == "mpfr" || *type == "double", "--reference.type: expected mpfr or double, got '",
+               *type, "'");
+    opt.reference_type = *type == "double" ? verify::ReferenceType::kDouble : verify::ReferenceType::kMpfr;
+  }
   if (auto bits = args.take("reference.bits")) {
     const int64_t b = parse_int("reference.bits", *bits);
     LS_REQUIRE(b >= 64 && b <= 4096, "--reference.bits: expected 64..4096 bits, got ", b);

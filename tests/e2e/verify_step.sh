@@ -52,6 +52,15 @@ done
 grep -q '^verify step: PASS' fast.log || fail "no PASS line in fast mode"
 grep -q 'Bounded<mpfr' fast.log || fail "fast mode did not use the Bounded reference"
 
+# The Bounded<double> reference passes the same step, and its bounds are the MPFR ones to the
+# printed digits (its own roundings add 2^-27 relative).
+"$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=fast --reference.type=double \
+  > fast_double.log || fail "fast verify (double reference) failed: $(grep -E 'VIOLATION|^verify' fast_double.log | head -5)"
+grep -q 'Bounded<double' fast_double.log || fail "--reference.type=double did not use Bounded<double>"
+diff <(grep -E '^[a-z].* ok$' fast.log | awk '{print $1, $5}') \
+     <(grep -E '^[a-z].* ok$' fast_double.log | awk '{print $1, $5}') > bounds.diff \
+  || fail "double and MPFR bounds differ: $(head -4 bounds.diff)"
+
 # --verify.layers keeps the activation rows of layer 1 only.
 "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.layers=1 > layers.log
 grep -q '^layer/0/' layers.log && fail "--verify.layers=1 printed layer 0 rows"
@@ -71,8 +80,10 @@ for mode in canonical fast; do
 done
 
 # Too large for the reference under the limit: a clear message with the estimate.
-expect_error "estimated at .* s .*--verify.force" \
+expect_error "estimated at .* s .*--reference.type=double \(estimated .*--verify.force" \
   "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=fast --verify.max_seconds=0.001
+expect_error "--reference.type: expected mpfr or double" \
+  "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --reference.type=float
 expect_error "no tensor named 'nope'" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.perturb=nope
 expect_error "layer 7 does not exist" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.layers=7
 expect_error "\[model\] d_model" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --model.d_model=64
