@@ -115,6 +115,16 @@ std::string list_text(const std::vector<std::string>& v, size_t max = 6) {
   return s;
 }
 
+// What a failed child said: its `error: ...` lines (under mpirun, each rank's), else its last lines.
+std::string failure_text(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, errors;
+  while (std::getline(in, line)) {
+    if (line.rfind("error: ", 0) == 0 && errors.find(line) == std::string::npos) errors += line + "\n";
+  }
+  return errors.empty() ? tail_of_file(log, 8) : errors;
+}
+
 std::string float_text(float x) {
   std::ostringstream os;
   os << std::setprecision(9) << x;
@@ -185,7 +195,8 @@ class Runner {
     // A stopped run executes step `stop_after` and exits before recording or checkpointing it.
     const int64_t last = stops ? stop_after : opt_.steps - 1;
     const int64_t recorded = stops ? last - from : last - from + 1;
-    r.steps_executed = static_cast<int64_t>(losses.size()) + (stops && losses.size() == size_t(recorded) ? 1 : 0);
+    const bool dumped = dump_step < 0 || durable_io::exists(dir + "/dump/manifest.json");
+    r.steps_executed = static_cast<int64_t>(losses.size()) + (stops && losses.size() == size_t(recorded) && dumped ? 1 : 0);
     progress_ << ", " << r.steps_executed << " steps in " << std::fixed << std::setprecision(1) << r.seconds
               << " s\n" << std::defaultfloat << std::flush;
     result_.runs.push_back(r);
@@ -195,8 +206,12 @@ class Runner {
     // A stopped run exits non-zero by design; any run must have recorded every step it completed.
     if ((!stops && e.status != 0) || !complete) {
       throw DataError(str_cat("side ", side.label, " ", phase, " run failed (exit status ", e.status, ", ",
-                              losses.size(), " of ", recorded, " steps recorded); its log ", r.log, " ends:\n",
-                              tail_of_file(r.log, 8), "command: ", join_shell_words(argv)));
+                              losses.size(), " of ", recorded, " steps recorded); its log ", r.log, " says:\n",
+                              failure_text(r.log), "command: ", join_shell_words(argv)));
+    }
+    if (!dumped) {
+      throw DataError(str_cat("side ", side.label, " ", phase, " run wrote no dump of step ", dump_step, " (exit status ",
+                              e.status, "); its log ", r.log, " says:\n", failure_text(r.log)));
     }
     return dir;
   }
@@ -394,7 +409,7 @@ BisectResult bisect(const BisectOptions& opt, std::ostream& progress) {
     const BoundsInputs ckpts{da + "/ckpt", db + "/ckpt"};
     name_op(da + "/dump", db + "/dump", d, n_layers, opt.bounds ? &ckpts : nullptr, r);
   } catch (const DataError& e) {
-    r.op_note = str_cat("no op named: ", e.what());
+    r.op_note = e.what();
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.steps_reexecuted = r.steps_executed - 2 * S;
@@ -429,7 +444,7 @@ void BisectResult::print_summary(std::ostream& os) const {
     os << "bisect: no divergence: losses and checkpoint states agree at every step";
   } else {
     os << "bisect: first divergent step " << step << " (" << why << ")\n";
-    os << "bisect: first divergent op " << (op.empty() ? std::string("not named") : op) << ": " << op_note;
+    os << (op.empty() ? "bisect: no op named: " : "bisect: first divergent op " + op + ": ") << op_note;
   }
   os << "\nbisect: " << steps_executed << " steps executed (" << steps_reexecuted
      << " beyond one pass of each side), " << runs.size() << " runs, " << std::fixed << std::setprecision(1)
@@ -475,7 +490,13 @@ std::string BisectResult::markdown(const BisectOptions& opt) const {
     md << "| " << run.side << " | " << run.phase << " | " << run.from_step << " | " << run.steps_executed << " | "
        << std::setprecision(1) << run.seconds << " |\n";
   }
-  md << "\n## Reproduce\n\nEach run, as started (logs next to each run's checkpoints):\n\n```sh\n";
+  md << "\n## Reproduce\n\nThe whole search (into a new directory):\n\n```sh\nlockstep bisect --a="
+     << quote_shell_word(join_shell_words(opt.a.args)) << " --b=" << quote_shell_word(join_shell_words(opt.b.args))
+     << " --steps=" << opt.steps << " --every=" << every << (opt.bounds ? " --bounds" : "")
+     << (opt.a.np > 1 ? str_cat(" --a-np=", opt.a.np) : "") << (opt.b.np > 1 ? str_cat(" --b-np=", opt.b.np) : "")
+     << " --out=" << quote_shell_word(opt.out + "-again") << "\n```\n\n"
+     << "Each run, as started (logs next to each run's checkpoints; refine and dump runs resume from a link to "
+        "the checkpoint they start from, so re-running one needs a fresh --dump.dir):\n\n```sh\n";
   for (const auto& run : runs) md << join_shell_words(run.argv) << "\n";
   md << "```\n";
   if (diverged && !op.empty()) {
