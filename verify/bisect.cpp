@@ -1,6 +1,8 @@
 // `lockstep bisect` (bisect.hpp): scan, refine and dump runs of both sides, and the report.
 #include "verify/bisect.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -242,6 +244,8 @@ void check_options(const BisectOptions& o) {
                    std::any_of(s->args.begin(), s->args.end(),
                                [](const std::string& w) { return w.rfind("--config=", 0) == 0; }),
                "bisect: side ", s->label, " has no --config FILE in its arguments");
+    LS_REQUIRE(s->bin.find('/') == std::string::npos || ::access(s->bin.c_str(), X_OK) == 0, "bisect: --",
+               s->label == "A" ? "a" : "b", "-bin ", s->bin, " is not an executable file");
     if (s->np > 1) {
       LS_REQUIRE(o.launcher.find("{np}") != std::string::npos, "bisect: --launcher \"", o.launcher,
                  "\" must contain {np} (the rank count)");

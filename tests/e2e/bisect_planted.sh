@@ -49,7 +49,8 @@ plant gradflip grad/layer/0/mlp/act 2 bitflip:bit=30,index=5
 
 # No divergence: thread counts do not change canonical bits.
 status=0
-"$LOCKSTEP" bisect --a="$a" --b='--config cfg.toml --train.threads=2' --steps=$steps --out=same > same.txt 2>&1 ||
+"$LOCKSTEP" bisect --a="$a" --b='--config cfg.toml --train.threads=2' --a-bin="$LOCKSTEP" --b-bin="$LOCKSTEP" \
+  --steps=$steps --out=same > same.txt 2>&1 ||
   status=$?
 [ "$status" -eq 0 ] || fail "threads 1 vs 2: expected exit 0 (no divergence), got $status: $(cat same.txt)"
 grep -q 'no divergence' same.txt || fail "threads 1 vs 2: $(cat same.txt)"
@@ -63,6 +64,8 @@ expect_error 'side B sets --checkpoint.dir, which bisect sets itself' \
 expect_error "--b: unterminated ' in" "$LOCKSTEP" bisect --a="$a" --b="--config 'cfg.toml" --steps=3 --out=bad2
 expect_error 'side A has no --config FILE' "$LOCKSTEP" bisect --a='--train.steps2=1' --b="$a" --steps=3 --out=bad3
 expect_error 'already holds a bisect' "$LOCKSTEP" bisect --a="$a" --b="$a" --steps=3 --out=same
+expect_error 'b-bin ./nothere is not an executable file' "$LOCKSTEP" bisect --a="$a" --b="$a" --b-bin=./nothere \
+  --steps=3 --out=bad6
 expect_error 'b-np expects a rank count' "$LOCKSTEP" bisect --a="$a" --b="$a" --b-np=0 --steps=3 --out=bad4
 # A side that cannot run: exit 2, naming the side, its log and the trainer's own error.
 status=0
