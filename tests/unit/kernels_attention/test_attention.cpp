@@ -253,25 +253,31 @@ TEST(Attention, ReferenceBackwardMatchesMpfrFiniteDifferences) {
     const auto wf = test::random_floats(out_size(s), 8);
     const std::vector<Real> x(xf.begin(), xf.end()), dir(rf.begin(), rf.end()),
         w(wf.begin(), wf.end());
-    auto loss = [&](const Real& h) {
-      std::vector<Real> p(x.size()), out(out_size(s)), att(att_size(s));
-      for (size_t i = 0; i < x.size(); ++i) p[i] = x[i] + h * dir[i];
-      reference::rope_forward(s.B, s.T, s.NH, s.NKV, s.HS, p.data(), rc.data(), rs.data());
+    auto loss = [&]<class R>(const R& h) {
+      const std::vector<R> c(rc.begin(), rc.end()), sn2(rs.begin(), rs.end());
+      std::vector<R> p(x.size()), out(out_size(s)), att(att_size(s));
+      for (size_t i = 0; i < x.size(); ++i) p[i] = R(x[i]) + h * R(dir[i]);
+      reference::rope_forward(s.B, s.T, s.NH, s.NKV, s.HS, p.data(), c.data(), sn2.data());
       reference::attention_forward(s.B, s.T, s.NH, s.NKV, s.HS, out.data(), att.data(), p.data());
-      Real l = 0;
-      for (size_t i = 0; i < out.size(); ++i) l += out[i] * w[i];
+      R l = 0;
+      for (size_t i = 0; i < out.size(); ++i) l += out[i] * R(w[i]);
       return l;
     };
     // Analytic: forward at x, then backward with dout = w.
-    std::vector<Real> p = x, out(out_size(s)), att(att_size(s)), scratch(att_size(s)), g(x.size());
-    reference::rope_forward(s.B, s.T, s.NH, s.NKV, s.HS, p.data(), rc.data(), rs.data());
-    reference::attention_forward(s.B, s.T, s.NH, s.NKV, s.HS, out.data(), att.data(), p.data());
-    reference::attention_backward(s.B, s.T, s.NH, s.NKV, s.HS, g.data(), scratch.data(), w.data(),
-                                  p.data(), att.data());
-    reference::rope_backward(s.B, s.T, s.NH, s.NKV, s.HS, g.data(), rc.data(), rs.data());
-    Real analytic = 0;
-    for (size_t i = 0; i < g.size(); ++i) analytic += g[i] * dir[i];
-    test::expect_matches_central_difference(name_of(s), loss, analytic);
+    auto analytic = [&]<class R>() {
+      const std::vector<R> c(rc.begin(), rc.end()), sn2(rs.begin(), rs.end()), dout(w.begin(), w.end());
+      std::vector<R> p(x.begin(), x.end()), out(out_size(s)), att(att_size(s)), scratch(att_size(s)),
+          g(x.size());
+      reference::rope_forward(s.B, s.T, s.NH, s.NKV, s.HS, p.data(), c.data(), sn2.data());
+      reference::attention_forward(s.B, s.T, s.NH, s.NKV, s.HS, out.data(), att.data(), p.data());
+      reference::attention_backward(s.B, s.T, s.NH, s.NKV, s.HS, g.data(), scratch.data(),
+                                    dout.data(), p.data(), att.data());
+      reference::rope_backward(s.B, s.T, s.NH, s.NKV, s.HS, g.data(), c.data(), sn2.data());
+      R d = 0;
+      for (size_t i = 0; i < g.size(); ++i) d += g[i] * R(dir[i]);
+      return d;
+    };
+    test::expect_matches_central_difference<Real>(name_of(s), loss, analytic);
   }
 }
 

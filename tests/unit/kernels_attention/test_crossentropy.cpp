@@ -166,19 +166,22 @@ TEST(CrossEntropy, ReferenceBackwardMatchesMpfrFiniteDifferences) {
   const auto targets = random_targets(N, V, 18);
   const std::vector<Real> x(xf.begin(), xf.end()), dir(rf.begin(), rf.end());
   const Real dloss = Real(0.625);
-  auto loss = [&](const Real& h) {
-    std::vector<Real> p(x.size()), l(N);
-    for (size_t i = 0; i < x.size(); ++i) p[i] = x[i] + h * dir[i];
+  auto loss = [&]<class R>(const R& h) {
+    std::vector<R> p(x.size()), l(N);
+    for (size_t i = 0; i < x.size(); ++i) p[i] = R(x[i]) + h * R(dir[i]);
     reference::crossentropy_forward(N, V, l.data(), p.data(), targets.data());
-    Real total = 0;
-    for (const auto& li : l) total += li * dloss;
+    R total = 0;
+    for (const auto& li : l) total += li * R(dloss);
     return total;
   };
-  std::vector<Real> g = x, l(N);
-  reference::crossentropy_forward_backward(N, V, dloss, l.data(), g.data(), targets.data());
-  Real analytic = 0;
-  for (size_t i = 0; i < g.size(); ++i) analytic += g[i] * dir[i];
-  test::expect_matches_central_difference("cross-entropy", loss, analytic);
+  auto analytic = [&]<class R>() {
+    std::vector<R> g(x.begin(), x.end()), l(N);
+    reference::crossentropy_forward_backward(N, V, R(dloss), l.data(), g.data(), targets.data());
+    R d = 0;
+    for (size_t i = 0; i < g.size(); ++i) d += g[i] * R(dir[i]);
+    return d;
+  };
+  test::expect_matches_central_difference<Real>("cross-entropy", loss, analytic);
 }
 
 }  // namespace

@@ -43,18 +43,7 @@ reference::GptDims fd_dims(bool variant) {
 // Bounded<Mpfr> charges every operation the rounding of the MPFR precision in use (u = 2^-p) and
 // every exp/log/tanh one unit (MPFR rounds them correctly); MPFR's exponent range has no
 // underflow. Its values are then MPFR's own and its bounds hold for the p-bit evaluation itself.
-class ScopedMpfrBoundedFormat {
- public:
-  explicit ScopedMpfrBoundedFormat(int bits) : saved_(reference::bounded_format()) {
-    reference::bounded_format() = {bounds::unit_roundoff(bits), 1.0, 0.0};
-  }
-  ~ScopedMpfrBoundedFormat() { reference::bounded_format() = saved_; }
-  ScopedMpfrBoundedFormat(const ScopedMpfrBoundedFormat&) = delete;
-  ScopedMpfrBoundedFormat& operator=(const ScopedMpfrBoundedFormat&) = delete;
-
- private:
-  reference::BoundedFormat saved_;
-};
+reference::BoundedFormat mpfr_bounded_format(int bits) { return {bounds::unit_roundoff(bits), 1.0, 0.0}; }
 
 // d/dh L(θ + h·r) at h = 0 by central differences vs Σ grad·r from the reference backward, all in
 // Bounded<Mpfr> at p = 256 bits so that every rounding error in the check is bounded, not guessed:
@@ -75,7 +64,7 @@ void check_finite_differences(bool variant) {
   constexpr int kBits = 256;
   using Real = reference::MpfrBounded;
   reference::ScopedMpfrBits bits(kBits);
-  ScopedMpfrBoundedFormat format(kBits);
+  reference::ScopedBoundedFormat format(mpfr_bounded_format(kBits));
   const double u = bounds::unit_roundoff(kBits);
   const reference::GptDims d = fd_dims(variant);
   const int64_t B = 2, BT = B * d.T;
