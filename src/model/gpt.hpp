@@ -18,7 +18,7 @@
 // softmax denominator — each rank computes the unsplit op's canonical chunk partials for its slice
 // and the group combines them exactly (TpGroup::all_reduce_exact), so canonical mode gives the
 // bits of one device. Replicated tensors (norms, row-parallel biases, wpe) get identical full
-// gradients on every rank. Hooks see this rank's shards.
+// gradients on every rank. Hooks see this rank's shards. These pieces live in gpt_parallel.cpp.
 //
 // Sequence parallelism (with tp): the residual stream and the norms — everything between a
 // row-parallel output and the next column-parallel input — hold a contiguous 1/tp of the
