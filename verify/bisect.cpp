@@ -478,6 +478,13 @@ std::string BisectResult::markdown(const BisectOptions& opt) const {
       md << "| `" << o["name"].get<std::string>() << "` | differs | " << o["mismatches"] << "/" << o["count"] << " | "
          << o["max_abs_err"] << " | " << o["max_rel_err"] << " | " << o["max_ulp"] << " | "
          << (o.contains("first_mismatch") ? o["first_mismatch"].dump() : "") << " |\n";
+      if (o.contains("bounds")) {
+        const auto& b = o["bounds"];
+        md << "| (op-local bounds) | A/bound " << b["tightness_a"] << ", B/bound " << b["tightness_b"]
+           << " | outside: A " << b["outside_a"] << ", B " << b["outside_b"] << " | abs(A-B) / (boundA + boundB + "
+           << "abs(exactA - exactB)) " << b["tightness_diff"] << " | largest combined bound " << b["max_bound"]
+           << " | | |\n";
+      }
       for (const auto& i : op_detail["inputs"]) {
         md << "| `" << i["name"].get<std::string>() << "` (input) | " << i["status"].get<std::string>()
            << " | | | | | |\n";
