@@ -6,11 +6,11 @@
 source "$(dirname "$0")/lib.sh"
 make_data
 write_config
-run() {  # run NAME [overrides...]: 4 steps, checkpoint at 3, dumps of steps 0 and 3
+run() {  # run NAME [overrides...]: 4 steps, checkpoint at 3, a dump of step 3
   local name=$1
   shift
   "$LOCKSTEP" train --config cfg.toml --train.steps=4 --checkpoint.dir="ck$name" --checkpoint.every=3 \
-    --dump.dir="d$name" --dump.steps=0,3 "$@" > "$name.log"
+    --dump.dir="d$name" --dump.steps=3 "$@" > "$name.log"
 }
 run A
 run F --train.mode=fast
