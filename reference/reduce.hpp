@@ -33,19 +33,45 @@ T gamma_n(int64_t n) {
   return nu / (T(1) - nu);
 }
 
+// The order-free rules' running parts: Σ values, Σ propagated errors, Σ(|x| + E), and the count
+// of terms (each a product or an addend) that a kernel's roundings can touch.
+template <class T>
+struct OrderFree {
+  T v = 0, e = 0, mag = 0;
+  int64_t terms = 0;
+
+  template <class Real>
+  void add(const Real& x) {
+    using std::abs;
+    v += x.value;
+    e += x.err;
+    mag += abs(x.value) + x.err;
+    ++terms;
+  }
+  template <class Real>
+  void add_product(const Real& x, const Real& y) {
+    using std::abs;
+    v += x.value * y.value;
+    e += abs(x.value) * y.err + abs(y.value) * x.err + x.err * y.err;
+    mag += (abs(x.value) + x.err) * (abs(y.value) + y.err);
+    ++terms;
+  }
+  // Whatever the order, a term passes through at most terms − 1 additions, and a product is
+  // rounded once more (none with an FMA): γ_{n−1} for a sum, γ_n for a dot product of n terms.
+  template <class Real>
+  Real finish(bool with_products) const {
+    const int64_t roundings = terms - 1 + (with_products ? 1 : 0);
+    const T under = T(bounded_format().underflow) * T(static_cast<double>(terms));
+    return Real{v, e + (roundings > 0 ? gamma_n<T>(roundings) : T(0)) * mag + under};
+  }
+};
+
 template <class Real>
 Real sum(const Real* x, int64_t stride, int64_t n) {
   if constexpr (IsBounded<Real>::value) {
-    using T = decltype(Real{}.value);
-    using std::abs;
-    T v = 0, e = 0, mag = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      v += x[i * stride].value;
-      e += x[i * stride].err;
-      mag += abs(x[i * stride].value) + x[i * stride].err;
-    }
-    const T under = T(bounded_format().underflow) * T(static_cast<double>(n));
-    return Real{v, e + (n > 1 ? gamma_n<T>(n - 1) : T(0)) * mag + under};
+    OrderFree<decltype(Real{}.value)> acc;
+    for (int64_t i = 0; i < n; ++i) acc.add(x[i * stride]);
+    return acc.template finish<Real>(false);
   } else {
     Real acc = Real(0);
     for (int64_t i = 0; i < n; ++i) acc += x[i * stride];
@@ -56,18 +82,9 @@ Real sum(const Real* x, int64_t stride, int64_t n) {
 template <class Real>
 Real dot(const Real* a, int64_t sa, const Real* b, int64_t sb, int64_t n) {
   if constexpr (IsBounded<Real>::value) {
-    using T = decltype(Real{}.value);
-    using std::abs;
-    T v = 0, e = 0, mag = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const Real& x = a[i * sa];
-      const Real& y = b[i * sb];
-      v += x.value * y.value;
-      e += abs(x.value) * y.err + abs(y.value) * x.err + x.err * y.err;
-      mag += (abs(x.value) + x.err) * (abs(y.value) + y.err);
-    }
-    const T under = T(bounded_format().underflow) * T(static_cast<double>(n));
-    return Real{v, e + gamma_n<T>(n) * mag + under};
+    OrderFree<decltype(Real{}.value)> acc;
+    for (int64_t i = 0; i < n; ++i) acc.add_product(a[i * sa], b[i * sb]);
+    return acc.template finish<Real>(true);
   } else {
     Real acc = Real(0);
     for (int64_t i = 0; i < n; ++i) acc += a[i * sa] * b[i * sb];
@@ -105,21 +122,48 @@ struct GradOut {
   explicit operator bool() const { return data != nullptr; }
 };
 
+// Parameter gradients accumulate into what the buffer holds (earlier ops, micro-batches). A fast
+// kernel may add its terms into it one by one (`+=` per token), so for Bounded types the existing
+// value is one more term of the order-free sum, not a separately rounded addend.
+template <class Real, class Terms>
+void grad_accumulate_bounded(GradOut<Real> g, int64_t i, bool with_products, Terms&& add_terms) {
+  OrderFree<decltype(Real{}.value)> acc;
+  acc.add(g.data[i]);
+  add_terms(acc);
+  g.data[i] = acc.template finish<Real>(with_products);
+}
+
 // g[i] += Σ a[k·sa]·b[k·sb] over tokens k in [0, n).
 template <class Real>
 void grad_dot(GradOut<Real> g, int64_t i, const Real* a, int64_t sa, const Real* b, int64_t sb,
               int64_t n) {
-  g.data[i] += dot(a, sa, b, sb, n);
+  if constexpr (IsBounded<Real>::value) {
+    grad_accumulate_bounded(g, i, true, [&](auto& acc) {
+      for (int64_t k = 0; k < n; ++k) acc.add_product(a[k * sa], b[k * sb]);
+    });
+  } else {
+    g.data[i] += dot(a, sa, b, sb, n);
+  }
 }
 // g[i] += Σ x[k·sx] over tokens k in [0, n).
 template <class Real>
 void grad_sum(GradOut<Real> g, int64_t i, const Real* x, int64_t sx, int64_t n) {
-  g.data[i] += sum(x, sx, n);
+  if constexpr (IsBounded<Real>::value) {
+    grad_accumulate_bounded(g, i, false, [&](auto& acc) {
+      for (int64_t k = 0; k < n; ++k) acc.add(x[k * sx]);
+    });
+  } else {
+    g.data[i] += sum(x, sx, n);
+  }
 }
 // g[i] += Σ x[k] over gathered tokens at global positions pos[k].
 template <class Real>
 void grad_sum_at(GradOut<Real> g, int64_t i, const int64_t* pos, const Real* x, int64_t n) {
-  g.data[i] += sum_at(pos, x, n);
+  if constexpr (IsBounded<Real>::value) {
+    grad_sum(g, i, x, 1, n);
+  } else {
+    g.data[i] += sum_at(pos, x, n);
+  }
 }
 
 // All parameter gradients of a model: `out(offset)` is the sink of the tensor starting at

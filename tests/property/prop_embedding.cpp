@@ -47,27 +47,12 @@ RC_GTEST_PROP(EmbeddingProperty, ForwardBackwardWithinBoundAndCanonicalBitwise, 
       sout[n * s.C + c] = with_wpe ? e + wpe[(n % s.T) * s.C + c] : e;
     }
   }
-  // Fast mode adds every token into the existing gradient (`+=` per token), so the existing value
-  // is one more term of an order-free sum: reference::sum over {dwte0, tokens' dout...}.
-  // (reference::embedding_backward sums the tokens first and adds once, which does not bound this
-  // order: an earlier run of this property found a fast-mode dwpe 1.29× beyond that bound.)
-  std::vector<BD> rdte(s.V * s.C), rdpe(s.T * s.C), terms;
-  for (int64_t v = 0; v < s.V; ++v) {
-    for (int64_t c = 0; c < s.C; ++c) {
-      terms.assign(1, BD(static_cast<double>(dwte0[v * s.C + c])));
-      for (int64_t n = 0; n < N; ++n) {
-        if (tokens[n] == v) terms.push_back(bdo[n * s.C + c]);
-      }
-      rdte[v * s.C + c] = reference::sum(terms.data(), 1, static_cast<int64_t>(terms.size()));
-    }
-  }
-  for (int64_t t = 0; t < s.T; ++t) {
-    for (int64_t c = 0; c < s.C; ++c) {
-      terms.assign(1, BD(static_cast<double>(dwpe0[t * s.C + c])));
-      for (int64_t b = 0; b < s.B; ++b) terms.push_back(bdo[(b * s.T + t) * s.C + c]);
-      rdpe[t * s.C + c] = reference::sum(terms.data(), 1, static_cast<int64_t>(terms.size()));
-    }
-  }
+  // Fast mode adds every token into the existing gradient (`+=` per token); the reference's
+  // Bounded gradients take the existing value as one more term of the order-free sum
+  // (reference/reduce.hpp), so they start from dwte0 and dwpe0.
+  std::vector<BD> rdte = bounded<double>(dwte0), rdpe = bounded<double>(dwpe0);
+  reference::embedding_backward(s.B, s.T, s.C, s.V, rdte.data(), with_wpe ? rdpe.data() : nullptr,
+                                bdo.data(), tokens.data());
   std::vector<BD> edte(s.V * s.C, BD(0.0)), edpe(s.T * s.C, BD(0.0));
   reference::embedding_backward(s.B, s.T, s.C, s.V, edte.data(), edpe.data(), bdo.data(),
                                 tokens.data());
