@@ -63,6 +63,14 @@ inline void dstore(double* p, VecD v) { _mm512_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm512_add_pd(a, b); }
 inline VecD dsub(VecD a, VecD b) { return _mm512_sub_pd(a, b); }
 inline VecD dor(VecD a, VecD b) { return _mm512_or_pd(a, b); }
+inline bool dany(VecD a) { return _mm512_test_epi64_mask(_mm512_castpd_si512(a), _mm512_castpd_si512(a)) != 0; }
+// kHalf floats: a vector of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as
+// static_cast<float>; the zero-masked form for the reason given at widen()).
+using HalfF = __m256;
+inline HalfF narrow(VecD d) { return _mm512_maskz_cvtpd_ps(0xff, d); }
+inline HalfF hloadu(const float* p) { return _mm256_loadu_ps(p); }
+inline void hstoreu(float* p, HalfF v) { _mm256_storeu_ps(p, v); }
+inline HalfF hadd(HalfF a, HalfF b) { return _mm256_add_ps(a, b); }
 #else
 constexpr int kLanes = 8;
 constexpr int kMr = 6;
@@ -80,6 +88,12 @@ inline void dstore(double* p, VecD v) { _mm256_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm256_add_pd(a, b); }
 inline VecD dsub(VecD a, VecD b) { return _mm256_sub_pd(a, b); }
 inline VecD dor(VecD a, VecD b) { return _mm256_or_pd(a, b); }
+inline bool dany(VecD a) { return !_mm256_testz_si256(_mm256_castpd_si256(a), _mm256_castpd_si256(a)); }
+using HalfF = __m128;
+inline HalfF narrow(VecD d) { return _mm256_cvtpd_ps(d); }
+inline HalfF hloadu(const float* p) { return _mm_loadu_ps(p); }
+inline void hstoreu(float* p, HalfF v) { _mm_storeu_ps(p, v); }
+inline HalfF hadd(HalfF a, HalfF b) { return _mm_add_ps(a, b); }
 #endif
 constexpr int kNr = 2 * kLanes;
 constexpr int kHalf = kLanes / 2;  // doubles per vector
@@ -146,6 +160,25 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
       }
     }
   }
+}
+
+// One full row of a tile (kNr columns) for Output::kRound: the exact double sums rounded to fp32
+// once, then + bias and the accumulation, kHalf columns at a time — the scalar epilogue's
+// operations element by element. Returns false, writing nothing, when an element of the row is
+// flagged (inexact or non-finite sum): the caller then takes the scalar path for the row.
+bool store_row_rounded(const double* sum, const double* flag, float* c, const float* bias,
+                       bool accumulate) {
+  constexpr int kParts = kNr / kHalf;
+  VecD any = dload(flag);
+  for (int h = 1; h < kParts; ++h) any = dor(any, dload(flag + h * kHalf));
+  if (dany(any)) return false;
+  for (int h = 0; h < kParts; ++h) {
+    HalfF x = narrow(dload(sum + h * kHalf));
+    if (bias != nullptr) x = hadd(x, hloadu(bias + h * kHalf));
+    if (accumulate) x = hadd(hloadu(c + h * kHalf), x);
+    hstoreu(c + h * kHalf, x);
+  }
+  return true;
 }
 
 bool flagged(double f) {
@@ -268,6 +301,14 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       tile_chunks<false>(K, ap, bp, &sums, nullptr);
       for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
+        if constexpr (kOut == Output::kRound) {
+          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+          if (cols == kNr && store_row_rounded(sums.sum + r * kNr, sums.flag + r * kNr,
+                                               sink.C + m * sink.ldc + jp * kNr, bias,
+                                               sink.epilogue.accumulate)) {
+            continue;
+          }
+        }
         for (int j = 0; j < cols; ++j) {
           const int64_t n = jp * kNr + j;
           const bool slow = flagged(sums.flag[r * kNr + j]);
