@@ -26,9 +26,6 @@ namespace {
 
 using Real = reference::Bounded<double>;
 
-// The double evaluation's own error, relative to the fp32 bound (op_bounds.hpp).
-constexpr double kDoubleSlack = 1.0 + 0x1p-28;
-
 // The run's configuration as the dump's manifest records it (RunConfig::to_json): every key as an
 // override of an empty file, so that it is validated exactly as the trainer validated it.
 RunConfig config_of(const Dump& dump) {
@@ -66,7 +63,8 @@ void record(const Real* x, int64_t n, OpLocalBound& out) {
   out.bound.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     out.value[i] = x[i].value;
-    out.bound[i] = std::nextafter(x[i].err * kDoubleSlack, std::numeric_limits<double>::infinity());
+    // Rounded up, so that the bound stays rigorous after the conversion to double.
+    out.bound[i] = std::nextafter(x[i].err, std::numeric_limits<double>::infinity());
   }
 }
 
@@ -131,6 +129,10 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
   h.bc2 = adamw_bias_correction(h.beta2, step + 1);
   h.grad_clip = static_cast<float>(tc.grad_clip);
 
+  // The reference's own double roundings are covered by counting them into u (kBoundedDoubleU).
+  reference::BoundedFormat own = reference::bounded_format();
+  own.u = reference::kBoundedDoubleU;
+  reference::ScopedBoundedFormat own_roundings(own);
   reference::GptReference<Real> ref(dims, B, rope_cos, rope_sin);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);

@@ -14,9 +14,11 @@
 //  - for two sides, |X_A − X_B| <= bound_A + bound_B + |y*_A − y*_B| follows by the triangle
 //    inequality, where |y*_A − y*_B| is the input difference propagated exactly through the op;
 //    diff reports that combined bound and the observed difference's tightness against it;
-//  - values are computed in double, not MPFR: the double evaluation's own error is below 2^-28 of
-//    the fp32 bound to first order (each double rounding is 2^-29 of the fp32 rounding the bound
-//    adds at the same operation), and every bound is widened by that factor;
+//  - values are computed in double, not MPFR: the reference's own double roundings are counted
+//    into the bound by running it with u = 2^-24 + 2^-51 (reference::kBoundedDoubleU); what is
+//    left uncovered is the rounding of the bound's own arithmetic, about 1e-15 of each bound;
+//  - the running error analysis assumes no overflow: a kernel whose fp32 result overflows where
+//    the exact value is finite (a huge planted value squared in a norm) is reported outside;
 //  - tensors that are not dumped are not anchored: the reference carries its own bound through
 //    them (still a bound, looser). AdamW moments are not dumped and not checked.
 // Not here: the comparison table (diff.cpp).
