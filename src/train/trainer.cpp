@@ -60,11 +60,12 @@ std::vector<ckpt::TensorRef> state_tensors(const std::vector<ParamTensor>& layou
   return refs;
 }
 
-// --parallel.check_replicas: every dp rank's parameter hash must be the same. The reference is the
-// most common hash (rank 0's on a tie); rank 0 ends the job naming every rank that differs.
-void check_replicas(const Gpt& model, comm::Communicator& dp, int64_t step) {
-  const uint64_t mine = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
-  const std::vector<uint64_t> all = dp.all_gather(mine);
+// --parallel.check_replicas: every member of `group` must hold the same hash `mine` of what it
+// replicates (`what`: a dp replica's parameters; under tp, the tensors every tp rank holds whole).
+// The reference is the most common hash (rank 0's on a tie); rank 0 ends the job naming every rank
+// that differs.
+void check_replicas(uint64_t mine, comm::Communicator& group, int64_t step, const char* what) {
+  const std::vector<uint64_t> all = group.all_gather(mine);
   uint64_t ref = all[0];
   int64_t best = 0;
   for (uint64_t h : all) {
@@ -74,17 +75,27 @@ void check_replicas(const Gpt& model, comm::Communicator& dp, int64_t step) {
   std::string odd;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r] != ref) {
-      odd += str_cat(odd.empty() ? "" : "; ", "dp rank ", r, " (world rank ", dp.world_ranks()[r],
-                     ") has parameter hash ", hex64(all[r]));
+      odd += str_cat(odd.empty() ? "" : "; ", group.name(), " rank ", r, " (world rank ", group.world_ranks()[r],
+                     ") has ", what, " hash ", hex64(all[r]));
     }
   }
   if (odd.empty()) return;
-  if (dp.rank() == 0) {
-    comm::abort_job(str_cat("replica check after step ", step, ": ", odd, ", the others ", hex64(ref),
-                            " (data-parallel replicas must hold bitwise equal parameters)"),
+  if (group.rank() == 0) {
+    comm::abort_job(str_cat("replica check after step ", step, ": ", odd, ", the others ", hex64(ref), " (the ",
+                            group.name(), " group's ranks must agree bitwise)"),
                     comm::kExitDiverged);
   }
-  dp.barrier();  // rank 0 is ending the job
+  group.barrier();  // rank 0 of the group is ending the job
+}
+
+// Hash of the tensors this rank holds whole although tensor parallelism splits the model (norms,
+// row-parallel biases, wpe): every tp rank computes them from the same inputs.
+uint64_t tp_replicated_hash(const Gpt& model) {
+  uint64_t h = 0;
+  for (const auto& p : model.param_layout()) {
+    if (p.replicated()) h = xxh64(model.params() + p.offset, static_cast<size_t>(p.numel) * sizeof(float), h);
+  }
+  return h;
 }
 
 // --parallel.debug_fault: test-only faults, injected after step debug_step on rank debug_rank.
@@ -97,10 +108,13 @@ void inject_fault(const ParallelConfig& p, int world_rank, int64_t step, Gpt& mo
   if (p.debug_fault == "hang") {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  uint32_t bits;  // "flip": the lowest mantissa bit of the first parameter
-  std::memcpy(&bits, model.params(), sizeof bits);
+  // "flip": the lowest mantissa bit of the final norm's first weight, which every tp rank holds
+  // whole, so that both the dp and the tp replica checks can see it.
+  float* w = model.params() + model.param("lnf/weight").offset;
+  uint32_t bits;
+  std::memcpy(&bits, w, sizeof bits);
   bits ^= 1u;
-  std::memcpy(model.params(), &bits, sizeof bits);
+  std::memcpy(w, &bits, sizeof bits);
 }
 
 // A checkpoint can continue this run only if everything that shapes the trajectory matches.
@@ -332,7 +346,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     summary.last_loss = loss;
     const int64_t done = step + 1;
     inject_fault(pc, world.rank(), done, model);
-    if (pc.check_replicas && dp > 1) check_replicas(model, dpc, done);
+    if (pc.check_replicas && dp > 1) {
+      check_replicas(xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float)), dpc, done,
+                     "parameter");
+    }
+    if (pc.check_replicas && tp > 1) check_replicas(tp_replicated_hash(model), tpc, done, "replicated-tensor");
     if (world.size() > 1 && steps_this_run == 1) {
       out << "parallel: step " << done << " sent " << step_bytes << " bytes from rank 0 (" << std::setprecision(2)
           << (min_bytes > 0 ? static_cast<double>(step_bytes) / static_cast<double>(min_bytes) : 0.0)

@@ -8,6 +8,8 @@
 #  - a dp2 x tp2 checkpoint (whole tensors gathered from the shards, the tp split recorded) resumed
 #    by dp2 x tp2 with another zero, and by one process, ends on that hash; `ckpt info` reports it;
 #  - fast mode under dp2 x tp2 runs to the end with equal replicas (no bitwise claim);
+#  - --parallel.check_replicas also compares the tensors every tp rank holds whole: a bit flipped
+#    on one tp rank ends the job naming it;
 #  - layouts that cannot be split are refused with a message saying which and why.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -89,6 +91,14 @@ for sp in false true; do
     > fast_sp$sp.log 2>&1 || fail "fast mode dp2 x tp2 sp $sp failed: $(tail -5 fast_sp$sp.log)"
   grep -q "^done: $steps steps" fast_sp$sp.log || fail "fast mode sp $sp did not finish"
 done
+
+# A tensor every tp rank holds whole that differs on one rank ends the job naming it.
+status=0
+mpi 2 --parallel.tp=2 --parallel.check_replicas=true --parallel.debug_fault=flip --parallel.debug_rank=1 \
+  --parallel.debug_step=2 > flipped.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "flipped bit under tp2: expected exit 6 (replicas differ), got $status: $(tail -3 flipped.log)"
+grep -q "replica check after step 2: tp rank 1 (world rank 1) has replicated-tensor hash" flipped.log \
+  || fail "the tp replica check did not name tp rank 1: $(tail -3 flipped.log)"
 
 # Refused layouts (every rank prints the same one-line error).
 expect_mpi_error() {
