@@ -195,11 +195,17 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // nothing when off. The injection acts first, so a dump records the tensor as the model uses it.
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
-    LS_REQUIRE(world.size() == 1, cfg.source, ": [dump] dir needs a single process (this run has ", world.size(),
-               " ranks, dp = ", dp, "): dumping the global batch of several ranks is not implemented yet");
+    // Data-parallel ranks' batch tensors are gathered to dp rank 0 (global token order), so a dump
+    // compares directly with a single process's. Tensor-parallel hooks see shards, and ZeRO-2
+    // leaves each rank only its shard of the gradients: neither is gathered yet.
+    LS_REQUIRE(tp == 1, cfg.source, ": [dump] dir with tp = ", tp,
+               " is not implemented yet (the model's hooks see tensor-parallel shards); dump a tp = 1 run");
+    LS_REQUIRE(pc.zero < 2 || dp == 1, cfg.source, ": [dump] dir with zero = 2 is not implemented yet ",
+               "(each rank holds only its shard of grad/param); use zero 0 or 1");
     dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
                  nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"pp", pc.pp}, {"ep", pc.ep}, {"cp", pc.cp},
-                                {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}});
+                                {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}},
+                 &dpc);
   }
   Injector injector(parse_injection(cfg.inject, cfg.source));
   if (dump || injector.active()) {
