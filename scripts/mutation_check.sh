@@ -3,15 +3,16 @@
 #
 # Copies the committed tree (git archive HEAD; --worktree: the tracked files as they are now) into
 # a temporary directory, builds test_property, the kernel unit-test binaries and the lockstep CLI
-# once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests pass unmutated, and trains two tiny
+# once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests pass unmutated, and trains three tiny
 # models 2 steps with the unmutated CLI (d_model 32, 2 layers, seq_len 16; "ln": LayerNorm, GELU,
-# learned positions, biases; "rms": RMSNorm, SwiGLU, RoPE, GQA, untied, no biases), checkpointing
-# after step 2. From those checkpoints the unmutated CLI must pass `verify step` in the three
-# setups canon-ln, canon-rms (canonical mode, bitwise against the CanonicalF32 emulation) and
-# fast-ln (fast mode, within the Bounded<mpfr> bounds). Between them every mutated kernel runs.
+# learned positions, biases; "rms": RMSNorm, SwiGLU, RoPE, GQA, untied, no biases; "hot": ln with
+# init_std 2, attention scores in the hundreds), checkpointing after step 2. From those checkpoints
+# the unmutated CLI must pass `verify step` in the four setups canon-ln, canon-rms (canonical mode,
+# bitwise against the CanonicalF32 emulation), fast-ln and fast-hot (fast mode, within the
+# Bounded<mpfr> bounds). Between them every mutated kernel runs.
 # Then for every scripts/mutants/*.patch: applies it, rebuilds (only the touched kernel files
 # recompile), runs every test binary and records which tests failed, runs the mutant CLI's
-# `verify step` in the three setups against the unmutated checkpoints and records which setups
+# `verify step` in the four setups against the unmutated checkpoints and records which setups
 # failed (and the worst tensor each names), and reverts the patch. A mutant is caught by the tests
 # when at least one test fails, by verify step when at least one setup exits non-zero.
 # Prints one row per mutant with both verdicts, "N/M mutants caught by the tests" and "N/M caught
@@ -142,6 +143,14 @@ ffn = "gelu"
 pos = "learned"
 bias = true
 tie_embeddings = true'
+# "hot": the ln model with init_std 2, whose attention scores reach a few hundred: exp overflows
+# there unless softmax subtracts the row maximum (a healthy early model never shows that).
+write_verify_config "$vdir/hot.toml" 'norm = "layernorm"
+ffn = "gelu"
+pos = "learned"
+bias = true
+tie_embeddings = true
+init_std = 2.0'
 write_verify_config "$vdir/rms.toml" 'norm = "rmsnorm"
 ffn = "swiglu"
 ffn_hidden = 48
@@ -149,13 +158,13 @@ pos = "rope"
 n_kv_heads = 2
 bias = false
 tie_embeddings = false'
-for cfg in ln rms; do
+for cfg in ln rms hot; do
   "$cli" train --config "$vdir/$cfg.toml" >"$logs/verify.train.$cfg.log" 2>&1 &&
     [[ -d "$vdir/ck-$cfg/step_00000002" ]] ||
     { echo "training the $cfg checkpoint failed: $logs/verify.train.$cfg.log"; keep=1; exit 2; }
 done
 # setup name, config, extra options
-setups=("canon-ln ln" "canon-rms rms" "fast-ln ln --train.mode=fast")
+setups=("canon-ln ln" "canon-rms rms" "fast-ln ln --train.mode=fast" "fast-hot hot --train.mode=fast")
 
 # run_verify LOG: runs the built CLI's verify step in every setup, writes "setup: worst tensor"
 # lines (or the exit status when no summary line came) to LOG.failed; returns the number failing.
