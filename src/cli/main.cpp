@@ -18,9 +18,10 @@ commands:
   data build --input PATH --out DIR [...]           text files -> llm.c token files
   data inspect FILE                                 validate a token file and print its header
   ckpt info DIR                                     tensors, hashes and the model hash
+  ckpt export DIR|--config FILE OUT                 parameters as safetensors
   verify step --config FILE --checkpoint DIR        one step in trainer and reference, per tensor
-  diff A B [--json FILE] [--mode=exact|ulp:N]       compare two tensor dumps (train --dump.dir)
-  bisect --a='ARGS' --b='ARGS' --steps=N [...]     first step and op where two runs diverge
+  diff A B [--bounds] [--plot DIR] [--json FILE]    compare two tensor dumps (train --dump.dir)
+  bisect --a='ARGS' --b='ARGS' --steps=N [...]      first step and op where two runs diverge
   bench --config FILE [--json FILE]                 time the training step: tokens/s, MFU, phases
 
 Run `lockstep <command> --help` for the options of one command.
