@@ -18,6 +18,7 @@
 #include "src/model/gpt.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/train/config.hpp"
+#include "verify/reference_dims.hpp"
 #include "verify/step.hpp"
 
 namespace lockstep::verify {
@@ -38,24 +39,6 @@ RunConfig config_of(const Dump& dump) {
   RunConfig cfg = load_run_config("/dev/null", overrides);
   cfg.source = dump.dir + "/manifest.json";
   return cfg;
-}
-
-reference::GptDims dims_of(const ModelConfig& m) {
-  reference::GptDims d;
-  d.V = m.vocab_size;
-  d.T = m.seq_len;
-  d.C = m.d_model;
-  d.L = m.n_layers;
-  d.NH = m.n_heads;
-  d.NKV = m.n_kv_heads;
-  d.F = m.ffn_width();
-  d.swiglu = m.ffn == FfnKind::kSwiglu;
-  d.rmsnorm = m.norm == NormKind::kRmsNorm;
-  d.rope = m.pos == PosKind::kRope;
-  d.tie_embeddings = m.tie_embeddings;
-  d.bias = m.bias;
-  d.norm_eps = m.norm_eps;
-  return d;
 }
 
 void record(const Real* x, int64_t n, OpLocalBound& out) {
@@ -108,7 +91,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
   }
 
   const TrainConfig& tc = cfg.train;
-  const reference::GptDims dims = dims_of(cfg.model);
+  const reference::GptDims dims = reference_dims(cfg.model);
   const int64_t B = tc.batch_size, MB = tc.micro_batch(), T = cfg.model.seq_len;
   std::vector<int64_t> segments;
   for (int64_t mb = 0; mb <= B / MB; ++mb) segments.push_back(mb * MB * T);

@@ -24,6 +24,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/gpt.hpp"
 #include "src/optim/adamw.hpp"
+#include "verify/reference_dims.hpp"
 
 namespace lockstep::verify {
 
@@ -32,24 +33,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-reference::GptDims dims_of(const ModelConfig& m) {
-  reference::GptDims d;
-  d.V = m.vocab_size;
-  d.T = m.seq_len;
-  d.C = m.d_model;
-  d.L = m.n_layers;
-  d.NH = m.n_heads;
-  d.NKV = m.n_kv_heads;
-  d.F = m.ffn_width();
-  d.swiglu = m.ffn == FfnKind::kSwiglu;
-  d.rmsnorm = m.norm == NormKind::kRmsNorm;
-  d.rope = m.pos == PosKind::kRope;
-  d.tie_embeddings = m.tie_embeddings;
-  d.bias = m.bias;
-  d.norm_eps = m.norm_eps;
-  return d;
 }
 
 // A tensor as observed: fp32 data of the whole batch (micro-batches concatenated on dim 0).
@@ -96,7 +79,7 @@ struct StepSetup {
 StepSetup setup_of(const StepState& s) {
   const TrainConfig& tc = s.cfg.train;
   StepSetup u;
-  u.dims = dims_of(s.cfg.model);
+  u.dims = reference_dims(s.cfg.model);
   u.B = tc.batch_size;
   u.MB = tc.micro_batch();
   u.T = s.cfg.model.seq_len;

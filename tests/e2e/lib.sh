@@ -65,4 +65,15 @@ expect_error() {
   grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
 }
 
+# expect_mpi_error PATTERN ARGS...: the script's own `mpi` launcher run with ARGS must exit 2 and
+# every rank's error line match PATTERN.
+expect_mpi_error() {
+  local pattern=$1
+  shift
+  local status=0
+  mpi "$@" > err.log 2>&1 || status=$?
+  [ "$status" -eq 2 ] || fail "expected exit 2 from '$*', got $status: $(cat err.log)"
+  grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
+}
+
 model_hash() { grep '^model hash ' "$1" | awk '{print $3}'; }

@@ -49,14 +49,6 @@ mpi 4 --parallel.reduce=fast --parallel.zero=2 --parallel.check_replicas=true > 
 grep -q '^done: 8 steps' fastred.log || fail "reduce=fast did not finish"
 
 # Refused layouts (every rank prints the same one-line error).
-expect_mpi_error() {
-  local pattern=$1
-  shift
-  local status=0
-  mpi "$@" > err.log 2>&1 || status=$?
-  [ "$status" -eq 2 ] || fail "expected exit 2 from '$*', got $status: $(cat err.log)"
-  grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
-}
 expect_mpi_error "dp \(3\) x tp \(1\).* = 3 must equal the number of ranks \(2\)" 2 --parallel.dp=3
 expect_mpi_error "pp = 2: only data and tensor parallelism are implemented" 2 --parallel.pp=2
 expect_mpi_error "batch_size \(8\) must be a multiple of \[parallel\] dp \(3\)" 3

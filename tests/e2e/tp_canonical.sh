@@ -101,14 +101,6 @@ grep -q "replica check after step 2: tp rank 1 (world rank 1) has replicated-ten
   || fail "the tp replica check did not name tp rank 1: $(tail -3 flipped.log)"
 
 # Refused layouts (every rank prints the same one-line error).
-expect_mpi_error() {
-  local pattern=$1
-  shift
-  local status=0
-  mpi "$@" > err.log 2>&1 || status=$?
-  [ "$status" -eq 2 ] || fail "expected exit 2 from '$*', got $status: $(cat err.log)"
-  grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
-}
 expect_mpi_error "vocab_size \(257\) must be a multiple of \[parallel\] tp \(2\)" 2 --parallel.tp=2 --model.vocab_size=257
 expect_mpi_error "n_heads \(6\) must be a multiple of \[parallel\] tp \(4\)" 4 --parallel.tp=4 --model.n_heads=6 \
   --model.d_model=384
