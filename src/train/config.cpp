@@ -228,6 +228,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   j.field("site", c.inject.site);
   j.field("step", c.inject.step);
   j.field("kind", c.inject.kind);
+  j.field("rank", c.inject.rank);
   j.finish();
 }
 

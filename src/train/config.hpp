@@ -86,6 +86,7 @@ struct InjectConfig {
   std::string site;  // hook name, e.g. layer/2/mlp/res
   int64_t step = 0;  // 0-based optimizer step
   std::string kind;  // bitflip:bit=B[,index=I] | order | cast:bf16|f16|e4m3|e5m2
+  int64_t rank = -1; // world rank that injects (-1 = every rank)
 };
 
 struct RunConfig {

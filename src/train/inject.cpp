@@ -48,8 +48,10 @@ Injection parse_injection(const InjectConfig& c, const std::string& where) {
   LS_REQUIRE(!c.kind.empty() && !c.site.empty(), where,
              ": [inject] needs both site (a tensor name such as layer/1/attn/att) and kind");
   LS_REQUIRE(c.step >= 0, where, ": [inject] step (", c.step, ") must be >= 0");
+  LS_REQUIRE(c.rank >= -1, where, ": [inject] rank (", c.rank, ") must be a world rank or -1 (every rank)");
   inj.site = c.site;
   inj.step = c.step;
+  inj.rank = c.rank;
   const std::string_view kind = c.kind;
   const size_t colon = kind.find(':');
   const std::string_view head = kind.substr(0, colon);

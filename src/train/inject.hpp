@@ -12,6 +12,8 @@
 // cast:F:  rounds every element of the tensor to F (bf16, f16, e4m3, e5m2) and back, as running
 //   that op in a narrower format would.
 // Sites are the model's hook names (src/model/gpt.hpp); `grad/...` sites act on the backward.
+// --inject.rank=R restricts the injection to world rank R (silent corruption on one device); by
+// default every rank injects at its own micro-batches.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@ struct Injection {
   Kind kind = Kind::kNone;
   std::string site;
   int64_t step = 0;
+  int64_t rank = -1;    // world rank that injects (-1: every rank)
   int bit = 0;          // bitflip
   int64_t index = 0;    // bitflip: element of the tensor
   std::string format;   // cast
@@ -43,15 +46,18 @@ Injection parse_injection(const InjectConfig& c, const std::string& where);
 // injection step fails if the site never appeared (a misspelt name must not pass silently).
 class Injector {
  public:
-  explicit Injector(Injection injection) : inj_(std::move(injection)) {}
+  // world_rank: this process's rank; an injection restricted to another rank does nothing here.
+  Injector(Injection injection, int64_t world_rank)
+      : inj_(std::move(injection)), here_(inj_.rank < 0 || inj_.rank == world_rank) {}
 
-  bool active() const { return inj_.kind != Injection::Kind::kNone; }
+  bool active() const { return inj_.kind != Injection::Kind::kNone && here_; }
   void begin_step(Gpt& model, int64_t step);
   void on_tensor(std::string_view name, float* data, std::span<const int64_t> shape);
   void end_step(Gpt& model);
 
  private:
   Injection inj_;
+  bool here_ = true;      // this rank injects
   bool now_ = false;      // this step is the injection step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
 };

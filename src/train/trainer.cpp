@@ -207,7 +207,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                 {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}},
                  &dpc);
   }
-  Injector injector(parse_injection(cfg.inject, cfg.source));
+  Injector injector(parse_injection(cfg.inject, cfg.source), world.rank());
+  LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
+             ") is not a rank of this run (", world.size(), " ranks)");
   if (dump || injector.active()) {
     model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
       injector.on_tensor(name, data, shape);

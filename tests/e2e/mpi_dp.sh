@@ -54,4 +54,15 @@ expect_mpi_error "pp = 2: only data and tensor parallelism are implemented" 2 --
 expect_mpi_error "batch_size \(8\) must be a multiple of \[parallel\] dp \(3\)" 3
 expect_mpi_error "micro-batch of 1 sequences x seq_len 32 = 32 tokens is not a multiple of 64" 4 \
   --model.seq_len=32 --train.batch_size=4 --train.micro_batch_size=4
+expect_mpi_error "\[inject\] rank \(2\) is not a rank of this run \(2 ranks\)" 2 \
+  --inject.site=layer/0/mlp/res --inject.step=1 --inject.kind=bitflip:bit=27 --inject.rank=2
+
+# An injection on one rank (silent corruption on one device) changes the reduced gradient, so the
+# replicas stay equal but the model differs both from the clean run and from every rank injecting.
+flip="--inject.site=layer/0/mlp/res --inject.step=1 --inject.kind=bitflip:bit=27"
+mpi 2 --parallel.check_replicas=true $flip --inject.rank=1 > inj_one.log || fail "dp2 inject rank 1: $(tail -3 inj_one.log)"
+mpi 2 $flip > inj_all.log || fail "dp2 inject every rank: $(tail -3 inj_all.log)"
+one=$(model_hash inj_one.log)
+[ -n "$one" ] && [ "$one" != "$want" ] && [ "$one" != "$(model_hash inj_all.log)" ] ||
+  fail "inject.rank=1: hash $one vs clean $want and every-rank $(model_hash inj_all.log)"
 echo "mpi_dp: dp2/dp4 x zero 0/1/2 model hash $want = single process; resume across layouts; fast mode ok"
