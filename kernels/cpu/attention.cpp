@@ -389,7 +389,10 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
   const float scale = attention_scale(HS);
   BlasSerial serial;
   // Every (b, g) pair owns its k/v gradient rows, so threads split (b, g); its query heads run in
-  // turn, the first overwriting dk/dv (beta 0), the others adding.
+  // turn, the first overwriting dk/dv (beta 0), the others adding. dq and dk are summed unscaled
+  // and multiplied by the scale once at the end, as the reference evaluates (Σ ds·k)·scale:
+  // scaling each ds first would add a rounding per term, which the bound does not allow for where
+  // the terms are subnormal (attention scores in the hundreds).
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t g = 0; g < s.NKV; ++g) {
@@ -418,13 +421,14 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
           // dq[t] = scale·Σ_{t' <= t} ds[t, t']·k[t']   (forward: s = (q·k)·scale)
           float* dq = dbase + L.q(h);
           if (r0 > 0) {
-            gemm(false, false, r1 - r0, HS, r0, scale, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
+            gemm(false, false, r1 - r0, HS, r0, 1.0f, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
                  dq + r0 * L.row, L.row);
           } else {
             for (int64_t t = r0; t < r1; ++t) std::fill(dq + t * L.row, dq + t * L.row + HS, 0.0f);
           }
           for (int64_t t = r0; t < r1; ++t) {
-            for (int64_t u = r0; u <= t; ++u) axpy(dq + t * L.row, scale * dS[t * T + u], base + u * L.row + L.k(g), HS);
+            for (int64_t u = r0; u <= t; ++u) axpy(dq + t * L.row, dS[t * T + u], base + u * L.row + L.k(g), HS);
+            for (int64_t d = 0; d < HS; ++d) dq[t * L.row + d] *= scale;
           }
         }
         // dk[t'] = scale·Σ_{t >= t'} ds[t, t']·q[t] and dv[t'] = Σ_{t >= t'} att[t, t']·dout[t], by
@@ -434,7 +438,7 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
         for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
           const int64_t c1 = std::min(c0 + kBlock, T);
           if (c1 < T) {
-            gemm(true, false, c1 - c0, HS, T - c1, scale, dS + c1 * T + c0, T, base + c1 * L.row + L.q(h),
+            gemm(true, false, c1 - c0, HS, T - c1, 1.0f, dS + c1 * T + c0, T, base + c1 * L.row + L.q(h),
                  L.row, beta, dk + c0 * L.row, L.row);
             gemm(true, false, c1 - c0, HS, T - c1, 1.0f, A + c1 * T + c0, T, dy + c1 * ldo, ldo, beta,
                  dv + c0 * L.row, L.row);
@@ -446,11 +450,15 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
           }
           for (int64_t u = c0; u < c1; ++u) {
             for (int64_t t = u; t < c1; ++t) {
-              axpy(dk + u * L.row, scale * dS[t * T + u], base + t * L.row + L.q(h), HS);
+              axpy(dk + u * L.row, dS[t * T + u], base + t * L.row + L.q(h), HS);
               axpy(dv + u * L.row, A[t * T + u], dy + t * ldo, HS);
             }
           }
         }
+      }
+      float* dk = dbase + L.k(g);
+      for (int64_t u = 0; u < T; ++u) {
+        for (int64_t d = 0; d < HS; ++d) dk[u * L.row + d] *= scale;
       }
     }
   }
