@@ -7,18 +7,12 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/ops/attention.hpp"
 #include "reference/bounded.hpp"
 #include "reference/gpt.hpp"
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
-#include "src/data/sampler.hpp"
-#include "src/data/token_file.hpp"
-#include "src/model/gpt.hpp"
-#include "src/optim/adamw.hpp"
 #include "src/train/config.hpp"
-#include "verify/reference_dims.hpp"
 #include "verify/step.hpp"
 
 namespace lockstep::verify {
@@ -59,20 +53,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
   const std::string dir = durable_io::exists(step_dir + "/" + ckpt::kManifestFile) ? step_dir : ckpt_root;
   StepState s;
   if (step == 0 && !durable_io::exists(dir + "/" + ckpt::kManifestFile)) {
-    // The initial state is a function of the config: parameters from [model] seed, zero moments,
-    // the sampler at its start.
-    s.cfg = cfg;
-    Gpt model(cfg.model, cfg.train.mode, 1);
-    model.init_parameters();
-    s.params.assign(model.params(), model.params() + model.num_params());
-    s.m.assign(s.params.size(), 0.0f);
-    s.v.assign(s.params.size(), 0.0f);
-    data::TokenFile train_file(cfg.data.train);
-    data::TrainSampler sampler(train_file, cfg.model.seq_len, cfg.train.seed);
-    const int64_t BT = cfg.train.batch_size * cfg.model.seq_len;
-    s.inputs.resize(BT);
-    s.targets.resize(BT);
-    sampler.next_batch(cfg.train.batch_size, 0, cfg.train.batch_size, s.inputs.data(), s.targets.data());
+    s = initial_step_state(cfg);  // a function of the config
   } else {
     LS_REQUIRE(!ckpt_root.empty() && durable_io::exists(dir + "/" + ckpt::kManifestFile), dump.dir,
                ": --bounds needs the checkpoint written before step ", step, " (--ckpt-a/--ckpt-b DIR holding ",
@@ -90,33 +71,13 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
     if (e.step == step) dumped[e.name.substr(prefix.size())] = load_entry(dump, e);
   }
 
-  const TrainConfig& tc = cfg.train;
-  const reference::GptDims dims = reference_dims(cfg.model);
-  const int64_t B = tc.batch_size, MB = tc.micro_batch(), T = cfg.model.seq_len;
-  std::vector<int64_t> segments;
-  for (int64_t mb = 0; mb <= B / MB; ++mb) segments.push_back(mb * MB * T);
-  std::vector<float> rope_cos, rope_sin;
-  if (dims.rope) {
-    rope_cos.resize(T * dims.HS() / 2);
-    rope_sin.resize(T * dims.HS() / 2);
-    cpu::rope_tables(T, dims.HS(), cfg.model.rope_theta, rope_cos.data(), rope_sin.data());
-  }
-  reference::StepHyper h;
-  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
-  h.lr = static_cast<float>(schedule.at(step));
-  h.beta1 = static_cast<float>(tc.beta1);
-  h.beta2 = static_cast<float>(tc.beta2);
-  h.eps = static_cast<float>(tc.eps);
-  h.weight_decay = static_cast<float>(tc.weight_decay);
-  h.bc1 = adamw_bias_correction(h.beta1, step + 1);
-  h.bc2 = adamw_bias_correction(h.beta2, step + 1);
-  h.grad_clip = static_cast<float>(tc.grad_clip);
+  const StepSetup setup = step_setup(s);
 
   // The reference's own double roundings are covered by counting them into u (kBoundedDoubleU).
   reference::BoundedFormat own = reference::bounded_format();
   own.u = reference::kBoundedDoubleU;
   reference::ScopedBoundedFormat own_roundings(own);
-  reference::GptReference<Real> ref(dims, B, rope_cos, rope_sin);
+  reference::GptReference<Real> ref(setup.dims, setup.B, setup.rope_cos, setup.rope_sin);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);
@@ -133,7 +94,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
     for (int64_t i = 0; i < n; ++i) data[i] = Real(it->second[i]);
   };
   const Real loss = ref.forward_backward(
-      s.inputs.data(), s.targets.data(), segments, 1.0f / static_cast<float>(B * T),
+      s.inputs.data(), s.targets.data(), setup.loss_segments, setup.dloss,
       [&](std::string_view name, Real* data, const std::vector<int64_t>& shape) {
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
@@ -141,7 +102,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
       });
   record(&loss, 1, out["loss"]);
   for (const auto& p : ref.layout()) anchor("grad/param/" + p.name, ref.grads().data() + p.offset, p.numel);
-  ref.clip_and_update(h);
+  ref.clip_and_update(setup.hyper);
   for (const auto& p : ref.layout()) record(ref.params.data() + p.offset, p.numel, out["param/" + p.name]);
   return out;
 }

@@ -67,42 +67,6 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-struct StepSetup {
-  reference::GptDims dims;
-  reference::StepHyper hyper;
-  float dloss = 0;
-  std::vector<int64_t> loss_segments;
-  std::vector<float> rope_cos, rope_sin;
-  int64_t B = 0, MB = 0, T = 0;
-};
-
-StepSetup setup_of(const StepState& s) {
-  const TrainConfig& tc = s.cfg.train;
-  StepSetup u;
-  u.dims = reference_dims(s.cfg.model);
-  u.B = tc.batch_size;
-  u.MB = tc.micro_batch();
-  u.T = s.cfg.model.seq_len;
-  u.dloss = 1.0f / static_cast<float>(u.B * u.T);  // as trainer.cpp
-  for (int64_t mb = 0; mb <= u.B / u.MB; ++mb) u.loss_segments.push_back(mb * u.MB * u.T);
-  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
-  u.hyper.lr = static_cast<float>(schedule.at(s.step));
-  u.hyper.beta1 = static_cast<float>(tc.beta1);
-  u.hyper.beta2 = static_cast<float>(tc.beta2);
-  u.hyper.eps = static_cast<float>(tc.eps);
-  u.hyper.weight_decay = static_cast<float>(tc.weight_decay);
-  u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
-  u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
-  u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
-  if (u.dims.rope) {
-    const int64_t half = u.dims.HS() / 2;
-    u.rope_cos.resize(u.T * half);
-    u.rope_sin.resize(u.T * half);
-    cpu::rope_tables(u.T, u.dims.HS(), s.cfg.model.rope_theta, u.rope_cos.data(), u.rope_sin.data());
-  }
-  return u;
-}
-
 // The trainer's step (src/train/trainer.cpp's loop body), every tensor observed.
 std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup& u,
                                             std::vector<std::string>& order) {
@@ -230,6 +194,61 @@ double seconds_per_fma() {
 
 }  // namespace
 
+namespace {
+
+// The step's global batch from a sampler at the step's position.
+void read_batch(const RunConfig& cfg, data::TrainSampler& sampler, StepState& s) {
+  const int64_t BT = cfg.train.batch_size * cfg.model.seq_len;
+  s.inputs.resize(BT);
+  s.targets.resize(BT);
+  sampler.next_batch(cfg.train.batch_size, 0, cfg.train.batch_size, s.inputs.data(), s.targets.data());
+}
+
+}  // namespace
+
+StepSetup step_setup(const StepState& s) {
+  const TrainConfig& tc = s.cfg.train;
+  StepSetup u;
+  u.dims = reference_dims(s.cfg.model);
+  u.B = tc.batch_size;
+  u.MB = tc.micro_batch();
+  u.T = s.cfg.model.seq_len;
+  u.dloss = 1.0f / static_cast<float>(u.B * u.T);  // as trainer.cpp
+  for (int64_t mb = 0; mb <= u.B / u.MB; ++mb) u.loss_segments.push_back(mb * u.MB * u.T);
+  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
+  u.hyper.lr = static_cast<float>(schedule.at(s.step));
+  u.hyper.beta1 = static_cast<float>(tc.beta1);
+  u.hyper.beta2 = static_cast<float>(tc.beta2);
+  u.hyper.eps = static_cast<float>(tc.eps);
+  u.hyper.weight_decay = static_cast<float>(tc.weight_decay);
+  u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
+  u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
+  u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
+  if (u.dims.rope) {
+    const int64_t half = u.dims.HS() / 2;
+    u.rope_cos.resize(u.T * half);
+    u.rope_sin.resize(u.T * half);
+    cpu::rope_tables(u.T, u.dims.HS(), s.cfg.model.rope_theta, u.rope_cos.data(), u.rope_sin.data());
+  }
+  return u;
+}
+
+
+StepState initial_step_state(const RunConfig& cfg) {
+  StepState s;
+  s.cfg = cfg;
+  Gpt model(cfg.model, cfg.train.mode, 1);
+  model.init_parameters();
+  s.params.assign(model.params(), model.params() + model.num_params());
+  s.m.assign(s.params.size(), 0.0f);
+  s.v.assign(s.params.size(), 0.0f);
+  data::TokenFile train_file(cfg.data.train);
+  train_file.check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
+  data::TrainSampler sampler(train_file, cfg.model.seq_len, cfg.train.seed);
+  read_batch(cfg, sampler, s);
+  return s;
+}
+
 StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   std::optional<ckpt::Checkpoint> ck;
   if (!ckpt::list_checkpoints(dir).empty()) {
@@ -264,11 +283,7 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   train_file.check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
   data::TrainSampler sampler(train_file, cfg.model.seq_len, cfg.train.seed);
   sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
-  const int64_t BT = cfg.train.batch_size * cfg.model.seq_len;
-  s.inputs.resize(BT);
-  s.targets.resize(BT);
-  sampler.next_batch(cfg.train.batch_size, 0, cfg.train.batch_size, s.inputs.data(),
-                     s.targets.data());
+  read_batch(cfg, sampler, s);
   return s;
 }
 
@@ -322,7 +337,7 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
   openblas_set_num_threads(threads);
   if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
 
-  const StepSetup u = setup_of(s);
+  const StepSetup u = step_setup(s);
   StepReport report;
   report.mode = std::string(mode_name(tc.mode));
   report.step = s.step;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/gpt.hpp"
 #include "src/train/config.hpp"
 #include "verify/report.hpp"
 
@@ -44,6 +45,22 @@ struct StepOptions {
   int perturb_bit = 0;            // trainer tensor before comparing (bit 0: a one-ulp error,
                                   // which canonical mode must catch; fast mode needs a larger one)
 };
+
+// What the reference needs besides the state: dimensions, hyper-parameters of this step (the
+// learning rate and AdamW bias corrections at s.step), loss segments per micro-batch, RoPE tables.
+struct StepSetup {
+  reference::GptDims dims;
+  reference::StepHyper hyper;
+  float dloss = 0;
+  std::vector<int64_t> loss_segments;
+  std::vector<float> rope_cos, rope_sin;
+  int64_t B = 0, MB = 0, T = 0;
+};
+StepSetup step_setup(const StepState& s);
+
+// The state before step 0: parameters initialised from [model] seed, zero moments, the sampler's
+// first batch (what a run without a checkpoint starts from).
+StepState initial_step_state(const RunConfig& cfg);
 
 // Reads the checkpoint in `dir` (a step_* directory, or a root: its newest valid checkpoint):
 // parameters, AdamW moments, step and sampler position, then the batch of that step from
