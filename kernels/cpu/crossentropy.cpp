@@ -1,9 +1,15 @@
 // Softmax cross-entropy on the CPU, fused with its backward, and forward only (contract in
 // kernels/ops/crossentropy.hpp).
 //
-// Canonical: Z = canonical_sum over v of e[v] = ls_expf(logits[v] − m), computed chunk by chunk
-// (the chain of a chunk adds the e[v] as they are made, which is exactly chunk_sum over the
-// stored values), log from ls_logf. Fast: libm expf/logf and one fp32 chain over the row.
+// Both modes evaluate every exp(x − m) with ls_expf, eight at a time (simd_math.hpp's expf8, the
+// scalar function's bits; the scalar code does the tail): libm's expf does not vectorise and was
+// the largest non-GEMM cost of a training step. Canonical: Z = canonical_sum over v of the e[v],
+// computed chunk by chunk (a chunk's exps are made eight at a time into a buffer, then added in
+// index order by one fp32 chain: exactly chunk_sum over the stored values), log from ls_logf.
+// Fast: Z in sixteen lanes of fp32 partial sums (any order is within the fast bound), libm's logf.
+// dlogits[v] = (e[v] / Z − [v == y])·dloss is elementwise in both modes: the vector code computes
+// (e[v] / Z)·dloss, which is the formula's value wherever v ≠ y (subtracting +0 changes nothing,
+// e[v] / Z being ≥ +0 or NaN), and the target's element is written afterwards by the scalar formula.
 // Both: rows are independent and threads take whole rows, so no reduction is split.
 // A NaN logit makes its row's loss and dlogits NaN (m skips it, but exp(NaN − m) poisons Z).
 // The vocabulary-parallel pieces use the same chains and formulas on a slice of the row.
@@ -14,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/simd_math.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/crossentropy.hpp"
 #include "kernels/ops/transcendental.hpp"
@@ -30,19 +37,44 @@ void check_inputs(CrossEntropyShape s, const int32_t* targets, const char* op) {
   }
 }
 
+// The first maximal element in index order, NaN skipped, as the scalar loop
+//   m = -inf; for v: m = x[v] > m ? x[v] : m
+// finds it. Eight lanes keep their own maxima (max_ps returns its second operand, the running
+// maximum, when x[v] is NaN: skipped as in the loop). Equal non-zero values have equal bits, so
+// the lanes' combination is the loop's value unless the maximum is a zero, whose sign is the first
+// zero's: that row is rescanned by the loop.
 float row_max(const float* x, int64_t V) {
+  __m256 lanes = _mm256_set1_ps(-INFINITY);
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(x + v), lanes);
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, lanes);
   float m = -INFINITY;
-  for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
+  for (float l : lane) m = l > m ? l : m;
+  for (; v < V; ++v) m = x[v] > m ? x[v] : m;
+  if (m != 0.0f) return m;
+  m = -INFINITY;
+  for (v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
   return m;
+}
+
+// e[i] = ls_expf(x[i] − m) for i in [0, n).
+void exp_shifted(const float* x, int64_t n, float m, float* e) {
+  const simd::V8 mv = simd::set1(m);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(e + i, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+  for (; i < n; ++i) e[i] = ls_expf(x[i] - m);
 }
 
 // The chunk partials of Σ ls_expf(x[v] − m) over v in [0, V), each passed to add().
 template <class Add>
 void partition_chunks(const float* x, int64_t V, float m, Add add) {
+  alignas(32) float e[kCanonicalChunk];
   for (int64_t v0 = 0; v0 < V; v0 += kCanonicalChunk) {
-    const int64_t v1 = std::min(v0 + kCanonicalChunk, V);
+    const int64_t len = std::min(kCanonicalChunk, V - v0);
+    exp_shifted(x + v0, len, m, e);
     float acc = 0.0f;
-    for (int64_t v = v0; v < v1; ++v) acc = acc + ls_expf(x[v] - m);
+    for (int64_t i = 0; i < len; ++i) acc = acc + e[i];
     add(acc);
   }
 }
@@ -54,22 +86,36 @@ float canonical_partition(const float* x, int64_t V, float m) {
   return comb.finish();
 }
 
+// Z = Σ ls_expf(x[v] − m) in sixteen fp32 lanes (two vectors, so that two exps are in flight).
 float plain_partition(const float* x, int64_t V, float m) {
-  float Z = 0.0f;
-  for (int64_t v = 0; v < V; ++v) Z += std::exp(x[v] - m);
+  const simd::V8 mv = simd::set1(m);
+  simd::V8 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps();
+  int64_t v = 0;
+  for (; v + 16 <= V; v += 16) {
+    z0 = _mm256_add_ps(z0, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v), mv)));
+    z1 = _mm256_add_ps(z1, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v + 8), mv)));
+  }
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, _mm256_add_ps(z0, z1));
+  float Z = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; v < V; ++v) Z += ls_expf(x[v] - m);
   return Z;
 }
 
-// losses[n] = (m + log Z) − logits[y]; with dlogits, logits[v] becomes
-// (exp(logits[v] − m) / Z − [v == y]) · dloss.
-// The shard's dlogits row: (exp(x[v] − m) / Z − [v0 + v == y]) · dloss, read before written.
-template <bool kCanonical>
+// The shard's dlogits row: (exp(x[v] − m) / Z − [v0 + v == y]) · dloss, in place (x may be d):
+// the target's logit is read before the row is overwritten (see the file header).
 void dlogits_row(float* d, const float* x, int64_t V, int64_t v0, int32_t y, float m, float Z, float dloss) {
-  for (int64_t v = 0; v < V; ++v) {
-    const float e = kCanonical ? ls_expf(x[v] - m) : std::exp(x[v] - m);
-    const float indicator = v0 + v == y ? 1.0f : 0.0f;
-    d[v] = (e / Z - indicator) * dloss;
+  const int64_t yl = y - v0;
+  const bool owns_target = yl >= 0 && yl < V;
+  const float x_target = owns_target ? x[yl] : 0.0f;
+  const simd::V8 mv = simd::set1(m), zv = simd::set1(Z), dv = simd::set1(dloss);
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) {
+    const simd::V8 e = simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v), mv));
+    _mm256_storeu_ps(d + v, _mm256_mul_ps(_mm256_div_ps(e, zv), dv));
   }
+  for (; v < V; ++v) d[v] = (ls_expf(x[v] - m) / Z) * dloss;
+  if (owns_target) d[yl] = (ls_expf(x_target - m) / Z - 1.0f) * dloss;
 }
 
 template <bool kCanonical>
@@ -86,7 +132,7 @@ void crossentropy_rows(CrossEntropyShape s, float dloss, float* losses, float* d
     if (dlogits == nullptr) continue;
     // Differentiates losses[n] = (m + log Z) − logits[y], Z = Σ exp(logits[v] − m); in place, so
     // read x[v] before writing the same element.
-    dlogits_row<kCanonical>(dlogits + n * s.V, x, s.V, 0, y, m, Z, dloss);
+    dlogits_row(dlogits + n * s.V, x, s.V, 0, y, m, Z, dloss);
   }
 }
 
@@ -134,11 +180,7 @@ void crossentropy_shard_finish(Mode mode, CrossEntropyShard s, float dloss, floa
     const float log_z = canonical ? ls_logf(Z[n]) : std::log(Z[n]);
     losses[n] = (m[n] + log_z) - target[n];
     if (dlogits == nullptr) continue;
-    if (canonical) {
-      dlogits_row<true>(dlogits + n * s.V, logits + n * s.V, s.V, s.v0, targets[n], m[n], Z[n], dloss);
-    } else {
-      dlogits_row<false>(dlogits + n * s.V, logits + n * s.V, s.V, s.v0, targets[n], m[n], Z[n], dloss);
-    }
+    dlogits_row(dlogits + n * s.V, logits + n * s.V, s.V, s.v0, targets[n], m[n], Z[n], dloss);
   }
 }
 
