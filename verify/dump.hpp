@@ -13,16 +13,21 @@
 // Every file is written atomically and the manifest is rewritten after each dumped step, so a
 // killed run leaves a readable dump of the steps it finished. xxh64 covers the payload bytes only.
 //
+// Tensor parallelism: given the tp group (and the model config and sequence-parallel flag that
+// say how each hook tensor is split, src/model/hook_layout.hpp), end_step() first gathers every
+// batch tensor's shards to tp rank 0, which assembles the global tensor one device observes.
+// Whole tensors (loss, parameters, parameter gradients) are add()ed global by the caller.
+//
 // Data parallelism: given the dp group, each rank observes its own part of the global batch and
 // end_step() gathers every batch tensor to dp rank 0, concatenated along dim 0 in dp rank order,
 // which is global order (rank r holds the global sequences [r·B/dp, (r+1)·B/dp), as the trainer
-// samples them); rank 0 writes. So a dump of a dp run holds the same global tensors as a
-// single-process dump of the same batch.
+// samples them); under tensor parallelism the tp rank 0 of each replica takes part. The rank that
+// is rank 0 of both groups writes. So a dump of a dp × tp (× sp) run holds the same global tensors,
+// in the same order and shapes, as a single-process dump of the same batch.
 //
 // The writer is header-only on purpose: the trainer (lockstep_train) uses it, and lockstep_verify
 // links lockstep_train, not the other way round. The reader is in dump.cpp.
-// Not here: tensor-parallel shards (a tp group's hooks see shards; they are not gathered yet),
-// bf16/fp8 payloads (everything dumped is fp32 today), bisect.
+// Not here: bf16/fp8 payloads (everything dumped is fp32 today), bisect.
 #pragma once
 
 #include <fnmatch.h>
@@ -43,6 +48,8 @@
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
+#include "src/model/config.hpp"
+#include "src/model/hook_layout.hpp"
 
 namespace lockstep::verify {
 
@@ -142,16 +149,23 @@ class NameFilter {
   std::vector<std::string> patterns_;
 };
 
+// Tensor parallelism as the dump needs it: the group, and what says how hook tensors split over it.
+struct DumpTp {
+  comm::Communicator* group = nullptr;  // nullptr or a group of one: no tensor parallelism
+  ModelConfig model;
+  bool sequence_parallel = false;
+};
+
 // Collects one step's tensors (micro-batches concatenated along dim 0) and writes them at end_step().
 class DumpWriter {
  public:
   // `dir` must not hold a dump already (ConfigError, on every rank); it is created if absent.
   // dp: the data-parallel group this rank belongs to (nullptr: one process); it must outlive the
   // writer, and every rank of it must construct a writer with the same tensors and steps and call
-  // begin_step/end_step for the same steps (end_step is collective).
+  // begin_step/end_step for the same steps (end_step is collective). tp: likewise for the tp group.
   DumpWriter(std::string dir, const std::string& tensors, const std::string& steps, nlohmann::json config,
-             nlohmann::json layout, comm::Communicator* dp = nullptr)
-      : dir_(std::move(dir)), filter_(tensors), steps_(steps, "[dump] steps"), dp_(dp) {
+             nlohmann::json layout, comm::Communicator* dp = nullptr, DumpTp tp = {})
+      : dir_(std::move(dir)), filter_(tensors), steps_(steps, "[dump] steps"), dp_(dp), tp_(std::move(tp)) {
     LS_REQUIRE(!durable_io::exists(dir_ + "/manifest.json"), "[dump] dir: ", dir_,
                " already holds a dump (manifest.json); choose another dir or remove it");
     if (writes()) durable_io::make_dirs(dir_);
@@ -161,6 +175,11 @@ class DumpWriter {
 
   bool wants_step(int64_t step) const { return steps_.contains(step); }
   bool wants(std::string_view name) const { return filter_.matches(name); }
+  // Whether step `step` dumps any of `names` (the same answer on every rank: a caller may base a
+  // collective on it).
+  bool wants_any(int64_t step, const std::vector<std::string>& names) const {
+    return wants_step(step) && std::any_of(names.begin(), names.end(), [&](const auto& n) { return wants(n); });
+  }
 
   // Between begin_step and end_step, observe() collects; outside (evaluation) it ignores.
   void begin_step(int64_t step) {
@@ -202,12 +221,13 @@ class DumpWriter {
     it->second.data.assign(data, data + n);
   }
 
-  // Gathers the step's batch tensors over the dp group (collective), then dp rank 0 writes the
-  // step's tensors and the manifest.
+  // Gathers the step's batch tensors over the tp group, then over the dp group (collectives), then
+  // the writing rank writes the step's tensors and the manifest.
   void end_step() {
     if (!active_) return;
     active_ = false;
-    if (dp_ != nullptr && dp_->size() > 1) gather_batch_tensors();
+    if (tp_size() > 1) gather_tp_shards();
+    if (dp_ != nullptr && dp_->size() > 1 && tp_rank() == 0) gather_batch_tensors();
     if (!writes() || order_.empty()) {
       pending_.clear();
       order_.clear();
@@ -240,7 +260,44 @@ class DumpWriter {
     bool batch = false;  // observed per micro-batch (dim 0 = sequences), not add()ed whole
   };
 
-  bool writes() const { return dp_ == nullptr || dp_->rank() == 0; }
+  int tp_size() const { return tp_.group == nullptr ? 1 : tp_.group->size(); }
+  int tp_rank() const { return tp_.group == nullptr ? 0 : tp_.group->rank(); }
+  bool writes() const { return (dp_ == nullptr || dp_->rank() == 0) && tp_rank() == 0; }
+
+  // Every tp rank's shard of each batch tensor goes to tp rank 0, which places it in the global
+  // tensor where hook_shard says it lies (each rank's shard has the same local shape, so rank 0
+  // works out every rank's place itself). Tensors every rank holds whole stay as they are.
+  void gather_tp_shards() {
+    comm::Communicator& tp = *tp_.group;
+    const auto mine = static_cast<int64_t>(order_.size());
+    for (int64_t n : tp.all_gather(mine)) {
+      LS_CHECK(n == mine, "[dump]: tp ranks observed different numbers of tensors in step ", step_, " (", n,
+               " vs ", mine, ")");
+    }
+    constexpr int kTag = 7302;  // tp shard gathers; distinct from the dp gather's tag
+    std::vector<float> shard;
+    for (const auto& name : order_) {
+      Pending& p = pending_.at(name);
+      if (!p.batch) continue;
+      const HookShard own = hook_shard(tp_.model, {tp.size(), tp.rank()}, tp_.sequence_parallel, name, p.shape);
+      if (own.whole()) continue;
+      if (tp.rank() != 0) {
+        tp.send(p.data.data(), static_cast<int64_t>(p.data.size()), comm::DataType::kF32, 0, kTag);
+        continue;
+      }
+      const std::vector<int64_t> global_shape = global_hook_shape(own, p.shape);
+      std::vector<float> global(p.data.size() * static_cast<size_t>(tp.size()));
+      place_hook_shard(own, p.shape, p.data.data(), global.data());
+      shard.resize(p.data.size());
+      for (int r = 1; r < tp.size(); ++r) {
+        tp.recv(shard.data(), static_cast<int64_t>(shard.size()), comm::DataType::kF32, r, kTag);
+        place_hook_shard(hook_shard(tp_.model, {tp.size(), r}, tp_.sequence_parallel, name, p.shape), p.shape,
+                         shard.data(), global.data());
+      }
+      p.data = std::move(global);
+      p.shape = global_shape;
+    }
+  }
 
   // Rank r > 0 sends each batch tensor (in the step's execution order, the same on every rank) to
   // rank 0, which appends them in rank order. Whole tensors (add) are equal on every rank after
@@ -278,6 +335,7 @@ class DumpWriter {
   NameFilter filter_;
   StepSet steps_;
   comm::Communicator* dp_ = nullptr;
+  DumpTp tp_;
   nlohmann::json manifest_;
   int64_t step_ = 0;
   bool active_ = false;

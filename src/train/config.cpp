@@ -169,6 +169,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
 
   Section t = section("train");
   t.field("steps", c.train.steps);
+  t.field("stop_after", c.train.stop_after);
   t.field("batch_size", c.train.batch_size);
   t.field("micro_batch_size", c.train.micro_batch_size);
   t.field("lr", c.train.lr);
@@ -238,6 +239,9 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(use == ConfigUse::kBench || !c.data.train.empty(), c.source,
              ": [data] train: a token file is required");
   LS_REQUIRE(t.steps >= 1, c.source, ": [train] steps (", t.steps, ") must be >= 1");
+  LS_REQUIRE(t.stop_after == -1 || (t.stop_after >= 0 && t.stop_after < t.steps), c.source,
+             ": [train] stop_after (", t.stop_after, ") must be a 0-based step of the run, 0 <= stop_after < steps (",
+             t.steps, "), or -1 to run every step");
   LS_REQUIRE(t.batch_size >= 1, c.source, ": [train] batch_size (", t.batch_size, ") must be >= 1");
   LS_REQUIRE(t.micro_batch_size >= 0, c.source, ": [train] micro_batch_size (", t.micro_batch_size,
              ") must be >= 0");

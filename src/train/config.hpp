@@ -23,6 +23,9 @@ struct DataConfig {
 
 struct TrainConfig {
   int64_t steps = 100;
+  // Stop after this 0-based step, as if the run ended there, of a run configured for `steps` (the
+  // LR schedule stays that of `steps`): a prefix of the full run (bisect). -1 = run every step.
+  int64_t stop_after = -1;
   int64_t batch_size = 8;        // sequences per optimizer step (global batch)
   int64_t micro_batch_size = 0;  // sequences per forward/backward (0 = batch_size)
   double lr = 3e-4;

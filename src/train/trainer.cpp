@@ -195,17 +195,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // nothing when off. The injection acts first, so a dump records the tensor as the model uses it.
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
-    // Data-parallel ranks' batch tensors are gathered to dp rank 0 (global token order), so a dump
-    // compares directly with a single process's. Tensor-parallel hooks see shards, and ZeRO-2
-    // leaves each rank only its shard of the gradients: neither is gathered yet.
-    LS_REQUIRE(tp == 1, cfg.source, ": [dump] dir with tp = ", tp,
-               " is not implemented yet (the model's hooks see tensor-parallel shards); dump a tp = 1 run");
-    LS_REQUIRE(pc.zero < 2 || dp == 1, cfg.source, ": [dump] dir with zero = 2 is not implemented yet ",
-               "(each rank holds only its shard of grad/param); use zero 0 or 1");
+    // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
+    // is rank 0 of both, so a dump compares directly with a single process's.
     dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
-                 nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"pp", pc.pp}, {"ep", pc.ep}, {"cp", pc.cp},
-                                {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}},
-                 &dpc);
+                 nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"sp", pc.sp}, {"zero", pc.zero}, {"pp", pc.pp},
+                                {"ep", pc.ep}, {"cp", pc.cp}, {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}},
+                 &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, cfg.model, pc.sp});
   }
   Injector injector(parse_injection(cfg.inject, cfg.source), world.rank());
   LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
@@ -216,9 +211,6 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
       if (dump) dump->observe(name, data, shape);
     });
   }
-  auto dump_params = [&](const char* prefix, const float* base) {
-    for (const auto& p : model.param_layout()) dump->add(prefix + p.name, base + p.offset, p.shape);
-  };
 
   // Checkpoints and the model hash hold whole tensors: the tp = 1 layout, gathered from the shards.
   const std::vector<ParamTensor> global_layout = build_param_layout(cfg.model);
@@ -226,6 +218,29 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   auto gather = [&](const float* local) {
     return tp > 1 ? parallel::gather_global(cfg.model, model.param_layout(), local, tpc)
                   : std::vector<float>(local, local + model.num_params());
+  };
+  // Dumps the whole tensors of `local` (this rank's flat buffer) as prefix + name, if `step` dumps
+  // any of them: ZeRO-2's gradient shards are gathered over dp first (dp_sharded), then the tp
+  // shards over tp. Collective; the decision is the same on every rank.
+  auto dump_params = [&](int64_t step, const std::string& prefix, const float* local, bool dp_sharded) {
+    std::vector<std::string> names;
+    for (const auto& p : global_layout) names.push_back(prefix + p.name);
+    if (!dump->wants_any(step, names)) return;
+    std::vector<float> replica;
+    if (dp_sharded) {
+      std::vector<int64_t> counts, displs;
+      for (int r = 0; r < dpc.size(); ++r) {
+        displs.push_back(ddp.plan().first(r));
+        counts.push_back(ddp.plan().end(r) - ddp.plan().first(r));
+      }
+      replica.resize(static_cast<size_t>(model.num_params()));
+      dpc.all_gatherv(local + ddp.shard_first(), replica.data(), counts, displs, comm::DataType::kF32);
+      local = replica.data();
+    }
+    const std::vector<float> global = gather(local);
+    for (size_t i = 0; i < global_layout.size(); ++i) {
+      dump->add(names[i], global.data() + global_layout[i].offset, global_layout[i].shape);
+    }
   };
 
   TrainSummary summary;
@@ -254,6 +269,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
   }
   if (summary.first_step == 0) model.init_parameters();
+  LS_REQUIRE(tc.stop_after < 0 || tc.stop_after >= summary.first_step, cfg.source, ": [train] stop_after (",
+             tc.stop_after, ") is a step before the one this run resumes from (", summary.first_step, ", ",
+             cfg.checkpoint.dir, ")");
 
   const double peak = tc.peak_gflops > 0 ? tc.peak_gflops : measure_sgemm_peak_gflops();
   const double flops_per_token = model.flops_per_token();
@@ -339,12 +357,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
     if (dump) {
       dump->add("loss", &loss, {});
-      dump_params("grad/param/", model.grads());  // reduced, before clipping
+      dump_params(step, "grad/param/", model.grads(), pc.zero == 2 && dp > 1);  // reduced, before clipping
     }
     const float grad_norm = ddp.clip_grad_norm(static_cast<float>(tc.grad_clip));
     ddp.step(lr, step + 1);
     if (dump) {
-      dump_params("param/", model.params());
+      dump_params(step, "param/", model.params(), false);
       dump->end_step();
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -369,7 +387,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     // The peak is one rank's (measured with its own threads); the job's is world.size() of them.
     const double mfu = tokens_per_s * flops_per_token / (peak * 1e9 * static_cast<double>(world.size()));
     const double mem = peak_memory_mib();
-    if (done % cfg.log.every == 0 || done == tc.steps) {
+    // [train] stop_after: this step ends the run as the last one would (evaluation, checkpoint).
+    const bool last = done == tc.steps || step == tc.stop_after;
+    if (done % cfg.log.every == 0 || last) {
       out << "step " << std::setw(6) << done << "/" << tc.steps << " | loss " << std::setprecision(4)
           << loss << " | lr " << std::scientific << std::setprecision(3) << lr << std::fixed
           << " | grad norm " << std::setprecision(3) << grad_norm << " | " << std::setprecision(0)
@@ -386,7 +406,6 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
     metrics.write(record);
 
-    const bool last = done == tc.steps;
     if (val_reader && ((cfg.eval.every > 0 && done % cfg.eval.every == 0) || last) && dp_rank == 0) {
       summary.val_loss = evaluate();
       out << "eval step " << done << " | val loss " << std::setprecision(4) << summary.val_loss << "\n";
@@ -398,6 +417,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     const bool stopping = stop_signal != 0;
     if (last || stopping || (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0)) {
       save(done, loss);
+    }
+    if (step == tc.stop_after && !stopping && done < tc.steps) {
+      out << "stopped early: " << done << " of " << tc.steps << " steps done ([train] stop_after = " << tc.stop_after
+          << "; the same command without it continues the run)\n";
+      ++step;
+      break;
     }
     if (stopping) {
       out << "stopped by signal " << stop_signal << " after step " << done
