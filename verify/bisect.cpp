@@ -33,8 +33,7 @@ using Clock = std::chrono::steady_clock;
 // search depends on them.
 constexpr const char* kManagedKeys[] = {"train.steps",          "checkpoint.dir",       "checkpoint.every",
                                         "checkpoint.keep",      "log.metrics",          "dump.dir",
-                                        "dump.steps",           "dump.tensors",         "parallel.debug_fault",
-                                        "parallel.debug_step",  "parallel.debug_rank"};
+                                        "dump.steps",           "dump.tensors",         "train.stop_after"};
 // Keys that only cost time and do not change the trajectory: set unless the side sets them.
 // Evaluation off, and a configured sgemm peak instead of measuring one at each start.
 const std::vector<std::pair<std::string, std::string>> kCheapKeys = {{"data.val", ""},
@@ -174,14 +173,9 @@ class Runner {
       argv.push_back("--dump.tensors=");
     }
     const bool stops = stop_after >= 0 && stop_after + 1 < opt_.steps;
-    if (stops) {
-      // The trainer exits after step `stop_after` (steps done = stop_after + 1), before it would
-      // record or checkpoint that step; checkpoints and metrics before it are complete. The step
-      // itself runs (its dump, if any, is written) and counts as executed.
-      argv.push_back("--parallel.debug_fault=exit");
-      argv.push_back("--parallel.debug_step=" + std::to_string(stop_after + 1));
-      argv.push_back("--parallel.debug_rank=0");
-    }
+    // The run ends after step `stop_after` as if it were the last (metrics, checkpoint), with the
+    // LR schedule of all --steps.
+    if (stops) argv.push_back("--train.stop_after=" + std::to_string(stop_after));
     for (const auto& [key, value] : kCheapKeys) {
       if (!side_sets(side, key)) argv.push_back("--" + key + "=" + value);
     }
@@ -194,19 +188,17 @@ class Runner {
     const ChildExit e = run_child(argv, r.log);
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const auto losses = read_losses(dir + "/metrics.jsonl");
-    // A stopped run executes step `stop_after` and exits before recording or checkpointing it.
     const int64_t last = stops ? stop_after : opt_.steps - 1;
-    const int64_t recorded = stops ? last - from : last - from + 1;
+    const int64_t recorded = last - from + 1;
     const bool dumped = dump_step < 0 || durable_io::exists(dir + "/dump/manifest.json");
-    r.steps_executed = static_cast<int64_t>(losses.size()) + (stops && losses.size() == size_t(recorded) && dumped ? 1 : 0);
+    r.steps_executed = static_cast<int64_t>(losses.size());
     progress_ << ", " << r.steps_executed << " steps in " << std::fixed << std::setprecision(1) << r.seconds
               << " s\n" << std::defaultfloat << std::flush;
     result_.runs.push_back(r);
     result_.steps_executed += r.steps_executed;
     const bool complete = static_cast<int64_t>(losses.size()) == recorded &&
                           (recorded == 0 || (losses.begin()->first == from && losses.rbegin()->first == from + recorded - 1));
-    // A stopped run exits non-zero by design; any run must have recorded every step it completed.
-    if ((!stops && e.status != 0) || !complete) {
+    if (e.status != 0 || !complete) {
       throw DataError(str_cat("side ", side.label, " ", phase, " run failed (exit status ", e.status, ", ",
                               losses.size(), " of ", recorded, " steps recorded); its log ", r.log, " says:\n",
                               failure_text(r.log), "command: ", join_shell_words(argv)));

@@ -17,9 +17,9 @@
 //      differs is the output of the first op whose inputs agree while its output does not (its
 //      inputs are listed and checked). With `bounds`, "agree" means each side's tensor is within
 //      the derived op-local bound of the exact op on that side's own inputs (verify/op_bounds.hpp).
-// Runs stop at a chosen step through the trainer's [parallel] debug_fault = "exit" (the trainer
-// has no stop-after-step option): the child exits after the target step, before that step's
-// checkpoint, so no step past the target runs.
+// Runs stop at a chosen step through the trainer's [train] stop_after: the child ends after the
+// target step as a run ending there would (metrics, checkpoint), with the LR schedule of all
+// steps, so no step past the target runs.
 // Not here: argument parsing (src/cli/cmd_bisect.cpp), child processes (child_process.hpp).
 #pragma once
 
