@@ -13,7 +13,6 @@
 //
 // Not here: RoPE (rope.cpp), the QKV and output projections (linear.cpp), flash-style tiling
 // (the (B, NH, T, T) probabilities are materialised and cached for backward, as in llm.c).
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/cpu/simd_math.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/linear.hpp"
@@ -168,27 +168,6 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
 // pairs with OpenBLAS single-threaded inside (see BlasSerial); softmax is 8 lanes wide (simd_math).
 constexpr int64_t kBlock = 64;
 
-// OpenBLAS runs single-threaded for the duration of a scope: the caller's threads already split
-// the (b, h) pairs, and OpenBLAS's own pool on top would oversubscribe the cores.
-class BlasSerial {
- public:
-  BlasSerial() : threads_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasSerial() { openblas_set_num_threads(threads_); }
-  BlasSerial(const BlasSerial&) = delete;
-  BlasSerial& operator=(const BlasSerial&) = delete;
-
- private:
-  int threads_;
-};
-
-// C (M, N) = alpha·A·op(B) + beta·C, row-major, B transposed or not.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
-}
-
 // y[d] += w·x[d] for d < n (the diagonal-block terms of the fast products).
 inline void axpy(float* y, float w, const float* x, int64_t n) {
   for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
@@ -235,13 +214,13 @@ void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
       for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
         const int64_t r1 = std::min(r0 + kBlock, T);
         // s[t, t'] = (q[t]·k[t'])·scale for t' < r1 (the masked ones are overwritten below)
-        gemm(false, true, r1 - r0, r1, HS, scale, base + r0 * L.row + L.q(h), L.row,
-             base + L.k(g), L.row, 0.0f, A + r0 * T, T);
+        sgemm_serial(false, true, r1 - r0, r1, HS, scale, base + r0 * L.row + L.q(h), L.row,
+                     base + L.k(g), L.row, 0.0f, A + r0 * T, T);
         for (int64_t t = r0; t < r1; ++t) softmax_row_fast(A + t * T, t, T);
         // out[t] = Σ_{t' <= t} att[t, t']·v[t']: keys before the block by sgemm, then the diagonal
         if (r0 > 0) {
-          gemm(false, false, r1 - r0, HS, r0, 1.0f, A + r0 * T, T, base + L.v(g), L.row, 0.0f,
-               o + r0 * ldo, ldo);
+          sgemm_serial(false, false, r1 - r0, HS, r0, 1.0f, A + r0 * T, T, base + L.v(g), L.row, 0.0f,
+                       o + r0 * ldo, ldo);
         } else {
           for (int64_t t = r0; t < r1; ++t) std::fill(o + t * ldo, o + t * ldo + HS, 0.0f);
         }
@@ -407,8 +386,8 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
         for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
           const int64_t r1 = std::min(r0 + kBlock, T);
           // datt[t, t'] = dout[t]·v[t'] for t' < r1   (forward: out[t] = Σ att[t, t']·v[t'])
-          gemm(false, true, r1 - r0, r1, HS, 1.0f, dy + r0 * ldo, ldo, base + L.v(g), L.row, 0.0f,
-               dS + r0 * T, T);
+          sgemm_serial(false, true, r1 - r0, r1, HS, 1.0f, dy + r0 * ldo, ldo, base + L.v(g), L.row, 0.0f,
+                       dS + r0 * T, T);
           // ds = att·(datt − D), D[t] = Σ_{t' <= t} att·datt   (forward: att = exp(s − m) / Z)
           for (int64_t t = r0; t < r1; ++t) {
             const float* a = A + t * T;
@@ -421,8 +400,8 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
           // dq[t] = scale·Σ_{t' <= t} ds[t, t']·k[t']   (forward: s = (q·k)·scale)
           float* dq = dbase + L.q(h);
           if (r0 > 0) {
-            gemm(false, false, r1 - r0, HS, r0, 1.0f, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
-                 dq + r0 * L.row, L.row);
+            sgemm_serial(false, false, r1 - r0, HS, r0, 1.0f, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
+                         dq + r0 * L.row, L.row);
           } else {
             for (int64_t t = r0; t < r1; ++t) std::fill(dq + t * L.row, dq + t * L.row + HS, 0.0f);
           }
@@ -438,10 +417,10 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
         for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
           const int64_t c1 = std::min(c0 + kBlock, T);
           if (c1 < T) {
-            gemm(true, false, c1 - c0, HS, T - c1, 1.0f, dS + c1 * T + c0, T, base + c1 * L.row + L.q(h),
-                 L.row, beta, dk + c0 * L.row, L.row);
-            gemm(true, false, c1 - c0, HS, T - c1, 1.0f, A + c1 * T + c0, T, dy + c1 * ldo, ldo, beta,
-                 dv + c0 * L.row, L.row);
+            sgemm_serial(true, false, c1 - c0, HS, T - c1, 1.0f, dS + c1 * T + c0, T, base + c1 * L.row + L.q(h),
+                         L.row, beta, dk + c0 * L.row, L.row);
+            sgemm_serial(true, false, c1 - c0, HS, T - c1, 1.0f, A + c1 * T + c0, T, dy + c1 * ldo, ldo, beta,
+                         dv + c0 * L.row, L.row);
           } else if (j == 0) {
             for (int64_t u = c0; u < c1; ++u) {
               std::fill(dk + u * L.row, dk + u * L.row + HS, 0.0f);

@@ -1,13 +1,13 @@
-// Linear layer on the CPU (kernels/ops/linear.hpp): fast mode through OpenBLAS sgemm, canonical
-// mode through the canonical matrix products of matmul.hpp.
+// Linear layer on the CPU (kernels/ops/linear.hpp): fast mode through OpenBLAS sgemm split over the
+// OpenMP threads (sgemm_threads.hpp), canonical mode through the canonical matrix products of
+// matmul.hpp.
 // Not here: the GEMM kernels themselves (matmul.isa.cpp), the collectives that combine tensor-
 // parallel partials (src/parallel).
-#include <cblas.h>
-
 #include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
@@ -70,13 +70,11 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
   }
   float beta = 0.0f;
   if (bias != nullptr) {
+#pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < s.N; ++n) std::copy(bias, bias + s.OC, out + n * s.OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(s.N),
-              static_cast<blasint>(s.OC), static_cast<blasint>(s.IC), 1.0f, inp,
-              static_cast<blasint>(s.IC), weight, static_cast<blasint>(s.IC), beta, out,
-              static_cast<blasint>(s.OC));
+  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, beta, out, s.OC);
 }
 
 void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp,
@@ -105,16 +103,11 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     if (!dbias.empty()) bias_grad_canonical(s, dbias, dout);
     return;
   }
-  const auto N = static_cast<blasint>(s.N);
-  const auto IC = static_cast<blasint>(s.IC);
-  const auto OC = static_cast<blasint>(s.OC);
   if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
-                1.0f, dinp, IC);
+    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 1.0f, dinp, s.IC);
   }
   if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f,
-                dweight.f32, IC);
+    sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC);
   }
   if (!dbias.empty()) {
     for (int64_t n = 0; n < s.N; ++n) {

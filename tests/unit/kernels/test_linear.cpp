@@ -1,6 +1,7 @@
 // Tests of the CPU linear layer (kernels/cpu/linear.cpp) and of its reference
 // (reference/linear.hpp):
-//  - both modes within the order-free bounds of reference<Bounded<double>> (tightness printed);
+//  - both modes within the order-free bounds of reference<Bounded<double>> (tightness printed),
+//    fast mode at 1 and 3 threads (its products split rows or columns over the threads);
 //  - canonical mode equal to the scalar canonical specification bit for bit, on every ISA;
 //  - canonical dweight/dbias invariant under splitting the tokens at chunk boundaries;
 //  - the reference backward against central finite differences of the reference forward in MPFR.
@@ -62,7 +63,20 @@ std::vector<float> canonical_weight_grads(const Problem& p, float* dinp) {
   return grads;
 }
 
-const LinearShape kShapes[] = {{130, 70, 50}, {64, 33, 17}, {1, 1000, 3}, {200, 5, 129}};
+// {N, IC, OC}. With more than one thread, fast mode's products split the longer side of the output
+// in slices of 64: rows (130, 200), columns of a transposed B (40 x 300), of a plain B (1 x 1000).
+const LinearShape kShapes[] = {{130, 70, 50}, {64, 33, 17}, {1, 1000, 3}, {200, 5, 129}, {40, 24, 300}};
+
+// Thread counts fast mode is checked at; omp_set_num_threads is process-wide, so it is restored.
+constexpr int kFastThreads[] = {1, 3};
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : previous_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ScopedThreads() { omp_set_num_threads(previous_); }
+
+ private:
+  int previous_;
+};
 
 TEST(Linear, ForwardWithinReferenceBounds) {
   for (const LinearShape& s : kShapes) {
@@ -70,12 +84,14 @@ TEST(Linear, ForwardWithinReferenceBounds) {
     std::vector<Bd> ref(s.N * s.OC);
     const auto inp = to_bounded(p.inp), weight = to_bounded(p.weight), bias = to_bounded(p.bias);
     reference::linear_forward(s.N, s.IC, s.OC, ref.data(), inp.data(), weight.data(), bias.data());
-    for (Mode mode : {Mode::kFast, Mode::kCanonical}) {
-      std::vector<float> out(s.N * s.OC);
-      linear_forward(mode, s, out.data(), p.inp.data(), p.weight.data(), p.bias.data());
-      expect_within("forward " + std::string(mode_name(mode)) + " N=" + std::to_string(s.N), out,
-                    ref);
+    std::vector<float> out(s.N * s.OC);
+    for (int threads : kFastThreads) {
+      ScopedThreads scope(threads);
+      linear_forward(Mode::kFast, s, out.data(), p.inp.data(), p.weight.data(), p.bias.data());
+      expect_within("forward fast N=" + std::to_string(s.N) + " threads=" + std::to_string(threads), out, ref);
     }
+    linear_forward(Mode::kCanonical, s, out.data(), p.inp.data(), p.weight.data(), p.bias.data());
+    expect_within("forward canonical N=" + std::to_string(s.N), out, ref);
   }
 }
 
@@ -96,12 +112,17 @@ TEST(Linear, BackwardWithinReferenceBounds) {
     }
     const std::string tag = " N=" + std::to_string(s.N);
 
-    std::vector<float> dinp = p.dinp0, dweight = p.dweight0, dbias = p.dbias0;
-    linear_backward(Mode::kFast, s, 0, dinp.data(), GradSink{dweight.data()}, GradSink{dbias.data()},
-                    p.dout.data(), p.inp.data(), p.weight.data());
-    expect_within("dinp fast" + tag, dinp, dinp_ref);
-    expect_within("dweight fast" + tag, dweight, dweight_ref);
-    expect_within("dbias fast" + tag, dbias, dbias_ref);
+    std::vector<float> dinp, dweight, dbias;
+    for (int threads : kFastThreads) {
+      ScopedThreads scope(threads);
+      dinp = p.dinp0, dweight = p.dweight0, dbias = p.dbias0;
+      linear_backward(Mode::kFast, s, 0, dinp.data(), GradSink{dweight.data()}, GradSink{dbias.data()},
+                      p.dout.data(), p.inp.data(), p.weight.data());
+      const std::string at = tag + " threads=" + std::to_string(threads);
+      expect_within("dinp fast" + at, dinp, dinp_ref);
+      expect_within("dweight fast" + at, dweight, dweight_ref);
+      expect_within("dbias fast" + at, dbias, dbias_ref);
+    }
 
     dinp = p.dinp0;
     const std::vector<float> grads = canonical_weight_grads(p, dinp.data());

@@ -1,0 +1,42 @@
+// Internal: OpenBLAS sgemm run on the kernels' OpenMP threads instead of OpenBLAS's own pool.
+//
+// Debian links Lockstep to the pthread build of OpenBLAS, whose worker threads spin and yield
+// between calls while the kernels' OpenMP threads spin between parallel regions: with both pools
+// as wide as the cores, a two-thread step spent about half its cycles in the two spin loops
+// (perf: libgomp's wait loop and sched_yield). So fast-mode kernels keep OpenBLAS single-threaded
+// (BlasSerial) and split each product over OpenMP themselves (sgemm_threads). One pool of threads
+// then runs the whole step.
+// Fast mode only: the split changes no result a canonical kernel computes (canonical products run
+// matmul.hpp), and fast mode promises its bounds, not bits across thread counts.
+// Not here: the canonical products (matmul.hpp), which are threaded by their own tiles.
+#pragma once
+
+#include <cstdint>
+
+namespace lockstep::cpu {
+
+// OpenBLAS runs single-threaded for the duration of a scope (the caller's threads already split
+// the work). Construct outside parallel regions: the setting is process-wide.
+class BlasSerial {
+ public:
+  BlasSerial();
+  ~BlasSerial();
+  BlasSerial(const BlasSerial&) = delete;
+  BlasSerial& operator=(const BlasSerial&) = delete;
+
+ private:
+  int threads_;
+};
+
+// C (M, N) = alpha·op(A)·op(B) + beta·C, row-major, op(X) = Xᵀ where trans_x; one single-threaded
+// OpenBLAS call, on the calling thread.
+void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// The same product with the OpenMP threads each taking a contiguous slice of the rows of C or of
+// its columns (whichever dimension is longer, in multiples of 64), each slice one single-threaded
+// OpenBLAS call. Call outside parallel regions.
+void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace lockstep::cpu
