@@ -7,7 +7,7 @@
 //                        padded to a multiple of 64 bytes); <key> is the hook name with '/' -> '.'
 // Names are `step/<N>/<hook name>` with N the 0-based optimizer step: activations and their
 // gradients (`step/3/layer/1/attn/qkv`, `step/3/grad/logits`) with the step's micro-batches
-// concatenated along dim 0 (the whole rank-local batch), `step/3/loss` (a scalar, the step's mean
+// concatenated along dim 0 (the whole global batch), `step/3/loss` (a scalar, the step's mean
 // loss), `step/3/grad/param/<name>` (the parameter gradient after reduction, before clipping) and
 // `step/3/param/<name>` (the parameter after the update). Tensors are listed in execution order.
 // Every file is written atomically and the manifest is rewritten after each dumped step, so a

@@ -12,7 +12,9 @@ int cmd_train(Args& args) {
   if (args.take_flag("help")) {
     std::cout << "usage: lockstep train --config FILE [--section.key=value ...]\n"
                  "  sections: model data train checkpoint log eval (see scripts/configs/tiny.toml)\n"
-                 "  a run with a [checkpoint] dir resumes from its newest valid checkpoint\n";
+                 "  a run with a [checkpoint] dir resumes from its newest valid checkpoint\n"
+                 "  --train.stop_after=S ends the run after 0-based step S as its last step (checkpoint,\n"
+                 "    metrics), with the LR schedule of all [train] steps; without it the run continues\n";
     return 0;
   }
   const auto config = args.take("config");

@@ -13,7 +13,9 @@
 //   that op in a narrower format would.
 // Sites are the model's hook names (src/model/gpt.hpp); `grad/...` sites act on the backward.
 // --inject.rank=R restricts the injection to world rank R (silent corruption on one device); by
-// default every rank injects at its own micro-batches.
+// default every rank injects at its own micro-batches. Under tensor parallelism a rank's tensor is
+// its shard (src/model/hook_layout.hpp says where it lies in the global one): bitflip's index is
+// an element of that shard.
 #pragma once
 
 #include <cstdint>
