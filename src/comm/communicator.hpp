@@ -10,6 +10,9 @@
 // all_reduce on dp group (world ranks 0,1) did not complete in 30 s; a peer may have died or hung"),
 // never a silent hang.
 //
+// Threads: one group's operations are started and waited for by one thread at a time; different
+// groups may be driven by different threads where concurrent_threads() says so.
+//
 // Numerics: ReduceOp::kSum on floating-point data is *not* reproducible (the backend may sum in any
 // order, and differently on different ranks). Reproducible reductions are built on top of this
 // interface from exact representations (src/parallel/exact_reduce.hpp), using kSum only on
@@ -51,6 +54,11 @@ struct CommStats {
   uint64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, all_to_all = 0, broadcast = 0,
            send = 0;
   uint64_t total() const { return all_reduce + reduce_scatter + all_gather + all_to_all + broadcast + send; }
+  CommStats& operator+=(const CommStats& o) {
+    all_reduce += o.all_reduce, reduce_scatter += o.reduce_scatter, all_gather += o.all_gather;
+    all_to_all += o.all_to_all, broadcast += o.broadcast, send += o.send;
+    return *this;
+  }
 };
 
 // A started operation. wait() returns once the operation is complete and its buffers may be
@@ -98,6 +106,10 @@ class Communicator {
   // World rank of each member, in group-rank order (for messages and tests).
   virtual const std::vector<int>& world_ranks() const = 0;
   virtual double timeout_s() const = 0;
+  // Whether a thread may run operations on this group while other threads run operations on
+  // other groups (MPI_THREAD_MULTIPLE): the gradient buckets of src/parallel/data_parallel.hpp
+  // reduce on a thread of their own, beside the backward pass's tensor-parallel collectives.
+  virtual bool concurrent_threads() const = 0;
 
   // Collective over this group: members with the same colour form a new group, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
@@ -173,6 +185,13 @@ class Communicator {
   }
 
   const CommStats& stats() const { return stats_; }
+  // Moves the bytes counted on `other` — a duplicate of this group that works for it on another
+  // thread — into this group's stats, so that per-step figures cover both. Neither group may be
+  // in use by another thread meanwhile.
+  void absorb_stats(Communicator& other) {
+    stats_ += other.stats_;
+    other.stats_ = {};
+  }
 
   // "dp group (world ranks 0,1)".
   std::string describe() const;
@@ -192,6 +211,7 @@ class SelfCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
   double timeout_s() const override { return 0; }
+  bool concurrent_threads() const override { return true; }  // no shared state between groups
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
   Handle iall_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp op) override;
   Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DataType t,

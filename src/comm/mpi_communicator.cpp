@@ -153,6 +153,11 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
   double timeout_s() const override { return timeout_s_; }
+  bool concurrent_threads() const override {
+    int provided = MPI_THREAD_SINGLE;
+    LS_MPI_CHECK(MPI_Query_thread(&provided), "querying MPI's thread level");
+    return provided == MPI_THREAD_MULTIPLE;
+  }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     MPI_Comm sub = MPI_COMM_NULL;
@@ -276,7 +281,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (initialized) return;
   int provided = 0;
-  LS_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "initialising MPI");
+  LS_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "initialising MPI");
   owns_ = true;
 }
 

@@ -18,9 +18,11 @@
 
 namespace lockstep::comm {
 
-// Initialises MPI (MPI_THREAD_FUNNELED: OpenMP threads never call MPI) unless it already is, and
-// finalises it on destruction if it initialised it. One per process; communicators made from it
-// must be destroyed first.
+// Initialises MPI unless it already is, asking for MPI_THREAD_MULTIPLE (OpenMP threads never call
+// MPI, but data parallelism reduces gradient buckets on a thread of its own while the main thread
+// runs tensor-parallel collectives; Debian 12's Open MPI 4.1 provides it), and finalises it on
+// destruction if it initialised it. Communicators report the level MPI provided
+// (concurrent_threads()). One per process; communicators made from it must be destroyed first.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc = nullptr, char*** argv = nullptr);

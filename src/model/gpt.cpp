@@ -330,9 +330,15 @@ void Gpt::forward_backward_batch(const int32_t* inputs, const int32_t* targets, 
   LS_CHECK(MB >= 1 && B % MB == 0, "batch ", B, " is not a multiple of micro-batch ", MB);
   const int64_t T = cfg_.seq_len;
   for (int64_t mb = 0; mb < B / MB; ++mb) {
+    last_micro_ = mb == B / MB - 1;
     forward_backward(inputs + mb * MB * T, targets + mb * MB * T, MB, first_token + mb * MB * T,
                      dloss, loss_sum);
   }
+  last_micro_ = false;
+}
+
+void Gpt::grads_ready(const ParamTensor* first, const ParamTensor* last) {
+  if (last_micro_ && grad_ready_) grad_ready_(first->offset, last->offset + last->numel);
 }
 
 void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t B,
@@ -357,11 +363,13 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
   linear_backward_column({BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {}, logits_.data(),
                          lnf_.data(), head_);
+  if (head_ != wte_) grads_ready(head_, head_);
   observe("grad/", -1, "lnf/out", dbuf_c_.data(), {RB, RT, C});
   std::fill_n(dres_.begin(), RS * C, 0.0f);
   const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
   norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
                 lnf_rstd_.data(), lnf_w_, lnf_b_);
+  grads_ready(lnf_w_, lnf_b_ ? lnf_b_ : lnf_w_);
 
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
@@ -401,11 +409,13 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     observe("grad/", l, "ln1/out", dbuf_c_.data(), {RB, RT, C});
     norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
                   a.ln1_rstd.data(), w.ln1_w, w.ln1_b);
+    grads_ready(w.ln1_w, w.fcproj_b ? w.fcproj_b : w.fcproj_w);  // the layer's first and last tensors
   }
   observe("grad/", -1, "embed/out", dres_.data(), {RB, RT, C});
   // The embedding's gradients from all the tokens (the conjugate of its reduce-scatter).
   cpu::embedding_backward(mode_, embedding_shape(B), token_offset, sink(wte_), sink(wpe_), gathered_dres(BT),
                           inputs);
+  grads_ready(wte_, wpe_ ? wpe_ : wte_);
 }
 
 }  // namespace lockstep

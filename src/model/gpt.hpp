@@ -122,6 +122,17 @@ class Gpt {
                               ChunkCombiner& loss_sum);
   // Canonical mode: rounds the exact gradient sums into grads(). Fast mode: nothing to do.
   void finish_grads();
+
+  // Called during the last micro-batch of forward_backward_batch each time a contiguous range
+  // [first, end) of the flat gradient buffer has received its last contribution of the step
+  // (canonical mode: its ExactAccumulator entries are complete), so that data parallelism can
+  // start reducing it while the backward pass goes on: the untied head, then lnf, then each layer
+  // from the last to the first, then wte and wpe (a tied wte is final only after the embedding's
+  // backward). Every element is reported once per step. Under sequence parallelism the norm
+  // tensors are reported with their layer although they still need the caller's sum over tp
+  // (sum_norm_grads). An empty function removes the hook.
+  using GradReadyHook = std::function<void(int64_t first, int64_t end)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
   // Forward only; adds the per-token losses to loss_sum.
   void eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum);
 
@@ -175,6 +186,8 @@ class Gpt {
                              const ParamTensor* w, const ParamTensor* b);
   // The residual gradient of all BT tokens (all-gathered under sequence parallelism).
   const float* gathered_dres(int64_t BT);
+  // Reports [first->offset, last's end) to the grad-ready hook in the last micro-batch of a step.
+  void grads_ready(const ParamTensor* first, const ParamTensor* last);
   // Per-token losses of logits_ (and, with backward, dlogits in place), vocabulary-parallel on TP.
   void crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward);
 
@@ -205,6 +218,8 @@ class Gpt {
   std::vector<float> sp_norm_, dres_full_;
   TensorHook hook_;
   std::vector<std::pair<std::string, Mode>> op_modes_;
+  GradReadyHook grad_ready_;
+  bool last_micro_ = false;  // forward_backward runs the step's last micro-batch (grad_ready_ fires)
 };
 
 }  // namespace lockstep

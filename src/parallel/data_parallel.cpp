@@ -32,16 +32,31 @@ DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp,
 }
 
 DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp,
-                           int zero, ReduceMode reduce, AdamWConfig adam)
+                           int zero, ReduceMode reduce, AdamWConfig adam, DpOptions options)
     : model_(model), dp_(dp), tp_(tp), dp_tp_(dp_tp), zero_(zero), reduce_(reduce), adam_(adam),
       plan_(make_shard_plan(model.param_layout(), dp.size())) {
   LS_CHECK(zero >= 0 && zero <= 2, "zero ", zero);
+  LS_CHECK(options.bucket_bytes >= 1, "bucket_bytes ", options.bucket_bytes);
   if (zero_ == 0 || dp_.size() == 1) {
     replicated_ = std::make_unique<AdamW>(model_, adam_);
   } else {
     m_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
     v_.assign(m_.size(), 0.0f);
   }
+  if (dp_.size() == 1) return;
+  shard_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
+  // Every rank decides alike: the thread level is the job's.
+  const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
+  if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
+  const int64_t bucket_elems = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  buckets_ = std::make_unique<BucketScheduler>(
+      plan_grad_buckets(model_.param_layout(), bucket_elems, model_.sequence_parallel()),
+      [this](const GradBucket& b) { reduce_bucket(b); }, threaded);
+  model_.set_grad_ready_hook([this](int64_t first, int64_t end) { on_grads_ready(first, end); });
+}
+
+DataParallel::~DataParallel() {
+  if (buckets_) model_.set_grad_ready_hook({});
 }
 
 void DataParallel::all_gather_shards(float* buf) {
@@ -50,31 +65,54 @@ void DataParallel::all_gather_shards(float* buf) {
   dp_.all_gatherv(mine.data(), buf, plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
 }
 
+void DataParallel::on_grads_ready(int64_t first, int64_t end) {
+  if (!model_.sequence_parallel()) {
+    buckets_->mark_ready(first, end);
+    return;
+  }
+  for (const auto& t : model_.param_layout()) {
+    const int64_t a = std::max(first, t.offset), b = std::min(end, t.offset + t.numel);
+    if (a < b && !t.norm) buckets_->mark_ready(a, b);
+  }
+}
+
+void DataParallel::reduce_bucket(const GradBucket& bucket) {
+  comm::Communicator& comm = grad_comm_ ? *grad_comm_ : dp_;
+  const ShardPlan window = plan_.window(bucket.first, bucket.end);
+  const std::vector<int64_t> sizes = window.sizes();
+  // This rank's part of the bucket, [mine, mine + n), and where it goes in shard_.
+  const int64_t mine = bucket.first + window.first(comm.rank()), n = window.size(comm.rank());
+  float* part = n > 0 ? shard_.data() + (mine - shard_first()) : shard_.data();
+  float* grads = model_.grads() + bucket.first;
+  if (reduce_ == ReduceMode::kExact) {
+    if (model_.mode() == Mode::kCanonical) {
+      exact_reduce_scatter(model_.exact_grads(), window, comm, part, bucket.first);
+    } else {
+      exact_reduce_scatter(grads, window, comm, part);
+    }
+  } else {
+    if (model_.mode() == Mode::kCanonical) {  // this rank's exact sums rounded once (finish_grads)
+      const ExactAccumulator& exact = model_.exact_grads();
+      for (int64_t i = bucket.first; i < bucket.end; ++i) model_.grads()[i] = exact.round(static_cast<size_t>(i));
+    }
+    comm.reduce_scatter(grads, part, sizes, comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  if (zero_ < 2) {
+    comm.all_gatherv(part, grads, sizes, window.firsts(), comm::DataType::kF32);
+  } else {
+    std::copy(part, part + n, model_.grads() + mine);
+    std::fill(grads, model_.grads() + mine, 0.0f);
+    std::fill(model_.grads() + mine + n, model_.grads() + bucket.end, 0.0f);
+  }
+}
+
 void DataParallel::reduce_gradients() {
   if (dp_.size() == 1) {
     model_.finish_grads();
     return;
   }
-  float* grads = model_.grads();
-  const int64_t first = shard_first(), n = shard_end() - first;
-  shard_.resize(static_cast<size_t>(n));
-  if (reduce_ == ReduceMode::kExact) {
-    if (model_.mode() == Mode::kCanonical) {
-      exact_reduce_scatter(model_.exact_grads(), plan_, dp_, shard_.data());
-    } else {
-      exact_reduce_scatter(grads, plan_, dp_, shard_.data());
-    }
-  } else {
-    model_.finish_grads();  // canonical: this rank's exact sums rounded once; fast: nothing
-    dp_.reduce_scatter(grads, shard_.data(), plan_.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
-  }
-  std::copy(shard_.begin(), shard_.end(), grads + first);
-  if (zero_ < 2) {
-    all_gather_shards(grads);
-  } else {
-    std::fill(grads, grads + first, 0.0f);
-    std::fill(grads + shard_end(), grads + model_.num_params(), 0.0f);
-  }
+  buckets_->finish();
+  if (grad_comm_) dp_.absorb_stats(*grad_comm_);  // the trainer counts bytes on dp
 }
 
 float DataParallel::clip_grad_norm(float max_norm) {

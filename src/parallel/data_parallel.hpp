@@ -3,11 +3,33 @@
 //
 // Every rank runs the single-device model on its own part of the global batch (plan_dp_batch),
 // then:
-//   reduce_gradients()  exact: exact_reduce_scatter of the per-element exact sums (canonical mode:
+//   backward            the gradient buffer is cut into buckets of about DpOptions::bucket_bytes
+//                       (grad_buckets.hpp); during the last micro-batch's backward the model
+//                       reports each range whose gradient is final (Gpt::set_grad_ready_hook:
+//                       head, lnf, the layers from the last, the embeddings), and each bucket
+//                       whose elements are all final is reduced at once on a worker thread,
+//                       overlapped with the rest of the backward. A bucket's reduction is its part
+//                       of the reduce-scatter below (buckets are cut on shard-plan cuts, so shards,
+//                       the gradient norm and AdamW's ranges do not change), then its part of the
+//                       all-gather (zero 0/1).
+//   reduce_gradients()  replaces model.finish_grads(): starts the buckets not reported yet (all of
+//                       them if the backward did not report; under sequence parallelism the norm
+//                       buckets, whose gradients sum_norm_grads finished after the backward) and
+//                       waits for every bucket. Per bucket —
+//                       exact: exact_reduce_scatter of the per-element exact sums (canonical mode:
 //                       the model's ExactAccumulator; fast mode: its fp32 gradients), one rounding;
-//                       fast: MPI_Reduce_scatter on fp32. Then for zero 0 and 1 an fp32 all-gather
-//                       of the reduced shards, so every rank holds the full gradient; zero 2 keeps
-//                       only its shard (the rest of grads() is zeroed, never used).
+//                       the result is the rounded exact sum whatever the bucketing;
+//                       fast: MPI_Reduce_scatter on fp32 (canonical mode rounds the bucket's exact
+//                       sums first). Bucketing does not change the sum of an element as long as MPI
+//                       reduces every element with the same tree for any message size, as Open
+//                       MPI's libnbc reduce-scatter does (binomial reduction, then scatter; the
+//                       mpi grad_buckets test checks it); an MPI that picked its algorithm by
+//                       message size could round differently per bucket size, yet every replica
+//                       still gets the same bits: each element is summed once, by its owner, and
+//                       all-gathered.
+//                       Then for zero 0 and 1 an fp32 all-gather of the reduced parts, so every
+//                       rank holds the full gradient; zero 2 keeps only its shard (the rest of
+//                       grads() is zeroed, never used).
 //                       (A float all-reduce would be one call, but MPI may round differently on
 //                       different ranks; reduce-scatter + all-gather gives every replica the same bits.)
 //   clip_grad_norm()    zero 0/1 without tp: the model's clip_grad_norm on the full gradient (same
@@ -19,14 +41,27 @@
 //                       shard only (m and v exist for the shard only), then an fp32 all-gather of
 //                       the parameters.
 // In canonical mode with reduce = exact the parameters after every step are bitwise those of the
-// single-process run, for any dp and zero.
+// single-process run, for any dp, zero and bucket size.
+//
+// Overlap: the worker thread owns a duplicate of the dp group and drives its collectives to
+// completion by polling (Open MPI progresses non-blocking collectives only inside MPI calls); its
+// waits are the communicator's, so the watchdog ends a job whose peer died or hung with the
+// usual message. It needs MPI_THREAD_MULTIPLE (Communicator::concurrent_threads()): without it,
+// or with DpOptions::overlap off, the buckets are reduced one after the other in
+// reduce_gradients(). overlap_stats() gives the last step's reduction time, the part of it the
+// main thread waited for after the backward, and the share hidden behind the backward.
+//
+// ZeRO-2 memory: zero 2 saves the optimizer state (as zero 1) and the gradient all-gather; it does
+// not save gradient memory, because the model accumulates every micro-batch's gradient into its
+// full buffers (fp32 grads, and in canonical mode the ExactAccumulator) before any bucket is final
+// — freeing the rest of a bucket after its reduce-scatter would need the model to accumulate into
+// per-bucket storage that it could hand over, which it does not.
 //
 // Under tensor parallelism the model's flat buffer holds this rank's tp shards; every dp member
 // of the group holds the same shards, so all of the above works on that local buffer unchanged
 // (shard cuts on local chunk starts are global chunk starts: tensor_parallel.hpp's alignment).
 //
-// Not here: bucketing and overlapping the reduction with the backward pass (the reduction runs
-// after the last micro-batch's backward); ZeRO-3; the loop itself (src/train/trainer.cpp).
+// Not here: ZeRO-3; the loop itself (src/train/trainer.cpp).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +72,7 @@
 #include "src/comm/communicator.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/parallel/exact_reduce.hpp"
+#include "src/parallel/grad_buckets.hpp"
 
 namespace lockstep::parallel {
 
@@ -56,12 +92,26 @@ struct DpBatch {
 DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode,
                       const std::string& source);
 
+struct DpOptions {
+  // Gradient bytes (fp32) per bucket; PyTorch DDP's default. The exact reduction sends twice as
+  // many (a double per element).
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // Reduce buckets during the backward on a worker thread (where MPI provides
+  // MPI_THREAD_MULTIPLE); off: one after the other in reduce_gradients().
+  bool overlap = true;
+};
+
 class DataParallel {
  public:
   // tp: the model's tensor-parallel group; dp_tp: every rank holding a part of one model copy's
-  // gradient (dp × tp; a group of one of each without parallelism).
+  // gradient (dp × tp; a group of one of each without parallelism). Installs the model's
+  // grad-ready hook (removed by the destructor) and, with overlap, duplicates the dp group:
+  // collective over dp.
   DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp, int zero,
-               ReduceMode reduce, AdamWConfig adam);
+               ReduceMode reduce, AdamWConfig adam, DpOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   int zero() const { return zero_; }
   const ShardPlan& plan() const { return plan_; }
@@ -70,6 +120,11 @@ class DataParallel {
 
   // Replaces model.finish_grads() after the last micro-batch (see the header comment).
   void reduce_gradients();
+  // The buckets (none without data parallelism) and whether they overlap the backward.
+  std::vector<GradBucket> buckets() const { return buckets_ ? buckets_->buckets() : std::vector<GradBucket>{}; }
+  bool overlapped() const { return buckets_ && buckets_->threaded(); }
+  // The last reduce_gradients()'s reduction time, exposed wait and hidden share (zeros without dp).
+  OverlapStats overlap_stats() const { return buckets_ ? buckets_->last_step() : OverlapStats{}; }
   // The global loss sum over the group (exact; same bits as one process's combiner).
   float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_); }
   // Global gradient norm before clipping (same on every rank); clips like optim's clip_grad_norm.
@@ -87,6 +142,11 @@ class DataParallel {
  private:
   void adamw_shard(float lr, int64_t t);
   void all_gather_shards(float* buf);
+  // The model reports [first, end) final: under sequence parallelism its norm tensors wait for
+  // reduce_gradients() (sum_norm_grads finishes them after the backward).
+  void on_grads_ready(int64_t first, int64_t end);
+  // One bucket's part of the reduce-scatter (and all-gather, zero 0/1), on the worker's group.
+  void reduce_bucket(const GradBucket& bucket);
 
   Gpt& model_;
   comm::Communicator& dp_;
@@ -98,7 +158,9 @@ class DataParallel {
   ShardPlan plan_;
   std::unique_ptr<AdamW> replicated_;  // zero 0
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
-  std::vector<float> shard_;           // reduced gradient shard (scratch)
+  std::vector<float> shard_;           // reduced gradient shard (scratch; buckets write disjoint parts)
+  std::unique_ptr<comm::Communicator> grad_comm_;  // the worker's duplicate of dp (overlap only)
+  std::unique_ptr<BucketScheduler> buckets_;       // after grad_comm_: its worker goes first
 };
 
 }  // namespace lockstep::parallel

@@ -1,6 +1,7 @@
 // Exact reduce-scatter and scalar combination across ranks (see exact_reduce.hpp).
 #include "src/parallel/exact_reduce.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "src/core/check.hpp"
@@ -39,48 +40,55 @@ std::vector<int64_t> ShardPlan::sizes() const {
 
 std::vector<int64_t> ShardPlan::firsts() const { return {begin.begin(), begin.end() - 1}; }
 
+ShardPlan ShardPlan::window(int64_t first, int64_t end) const {
+  ShardPlan w;
+  for (int64_t b : begin) w.begin.push_back(std::clamp(b, first, end) - first);
+  return w;
+}
+
+int64_t first_valid_cut(const std::vector<ParamTensor>& layout, int64_t x) {
+  for (const auto& p : layout) {
+    if (x >= p.offset && x < p.offset + p.numel) {
+      const int64_t c = p.offset + (x - p.offset + kCanonicalChunk - 1) / kCanonicalChunk * kCanonicalChunk;
+      return std::min(c, p.offset + p.numel);
+    }
+  }
+  return layout.back().offset + layout.back().numel;
+}
+
 ShardPlan make_shard_plan(const std::vector<ParamTensor>& layout, int parts) {
   LS_CHECK(parts >= 1 && !layout.empty());
   const int64_t n = layout.back().offset + layout.back().numel;
-  // The first valid cut at or after x: a chunk start inside the tensor holding x, else its end.
-  auto snap = [&](int64_t x) {
-    for (const auto& p : layout) {
-      if (x >= p.offset && x < p.offset + p.numel) {
-        const int64_t c = p.offset + (x - p.offset + kCanonicalChunk - 1) / kCanonicalChunk * kCanonicalChunk;
-        return std::min(c, p.offset + p.numel);
-      }
-    }
-    return n;
-  };
   ShardPlan plan;
   plan.begin.resize(static_cast<size_t>(parts) + 1);
   for (int r = 0; r <= parts; ++r) {
-    plan.begin[static_cast<size_t>(r)] = r == parts ? n : snap(n * r / parts);
+    plan.begin[static_cast<size_t>(r)] = r == parts ? n : first_valid_cut(layout, n * r / parts);
   }
   return plan;
 }
 
 void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
-                          float* out) {
+                          float* out, int64_t offset) {
   const int parts = comm.size(), me = comm.rank();
   const auto np = static_cast<size_t>(parts);
-  LS_CHECK(plan.parts() == parts && local.size() == static_cast<size_t>(plan.end(parts - 1)));
+  LS_CHECK(plan.parts() == parts && offset >= 0 &&
+           static_cast<size_t>(offset + plan.end(parts - 1)) <= local.size());
   const int64_t shard = plan.size(me);
 
   // 1. Every rank's exact double of each element of my shard (stale where spilled; see 3).
   const std::vector<int64_t> sizes = plan.sizes(), firsts = plan.firsts(), blocks(np, shard),
                              block_firsts = block_displs(parts, shard);
   std::vector<double> recv(np * static_cast<size_t>(shard));
-  comm::Handle doubles = comm.iall_to_allv(local.partial_sums(), sizes, firsts, recv.data(), blocks, block_firsts,
-                                           comm::DataType::kF64);
+  comm::Handle doubles = comm.iall_to_allv(local.partial_sums() + offset, sizes, firsts, recv.data(), blocks,
+                                           block_firsts, comm::DataType::kF64);
 
   // 2. Spilled elements, grouped by owner: counts, then the records.
   std::vector<int64_t> spill_send, send_counts(np), send_displs(np), recv_counts(np), recv_displs(np);
   for (int q = 0; q < parts; ++q) {
     send_displs[static_cast<size_t>(q)] = static_cast<int64_t>(spill_send.size());
     for (int64_t i = plan.first(q); i < plan.end(q); ++i) {
-      if (!local.spilled(static_cast<size_t>(i))) continue;
-      const SuperAccumulator& acc = local.spill(static_cast<size_t>(i));
+      if (!local.spilled(static_cast<size_t>(offset + i))) continue;
+      const SuperAccumulator& acc = local.spill(static_cast<size_t>(offset + i));
       spill_send.push_back(i - plan.first(q));
       spill_send.push_back(acc.flags());
       spill_send.insert(spill_send.end(), acc.digits(), acc.digits() + SuperAccumulator::kDigits);

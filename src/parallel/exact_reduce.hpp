@@ -50,16 +50,25 @@ struct ShardPlan {
   int64_t size(int r) const { return end(r) - first(r); }
   std::vector<int64_t> sizes() const;
   std::vector<int64_t> firsts() const;
+  // The shards' parts inside [first, end), counted from `first` (a gradient bucket's share of the
+  // global reduce-scatter; shards outside the window are empty).
+  ShardPlan window(int64_t first, int64_t end) const;
 };
+
+// The first valid cut at or after x: the first chunk start at or after x inside the tensor holding
+// x, else that tensor's end; the buffer's end for x past it.
+int64_t first_valid_cut(const std::vector<ParamTensor>& layout, int64_t x);
 
 // Near-equal shards: cut r is the first valid cut at or after r·N/parts.
 ShardPlan make_shard_plan(const std::vector<ParamTensor>& layout, int parts);
 
 // Exact reduce-scatter of per-element exact sums: out (plan.size(rank) floats) receives the
-// rounded exact sum over the group of elements [plan.first(rank), plan.end(rank)). Collective over
-// `comm`; no thread may add to `local` meanwhile.
+// rounded exact sum over the group of elements offset + [plan.first(rank), plan.end(rank)) of
+// `local` (offset: where a window's plan starts in the accumulator). Collective over `comm`. It
+// reads only those elements: other threads may add to other elements meanwhile (the gradient
+// buckets of data_parallel.hpp), never to these.
 void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
-                          float* out);
+                          float* out, int64_t offset = 0);
 // The same for ranks whose local sums are fp32 values (fast-mode gradients): one term each.
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out);
 
