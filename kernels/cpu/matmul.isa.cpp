@@ -58,6 +58,7 @@ inline VecD widen(VecF v) {
 }
 inline VecD widen_lo(VecF v) { return widen<0>(v); }
 inline VecD widen_hi(VecF v) { return widen<1>(v); }
+inline VecD dzero() { return _mm512_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm512_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm512_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm512_add_pd(a, b); }
@@ -83,6 +84,7 @@ inline VecF vset1(float x) { return _mm256_set1_ps(x); }
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecD widen_lo(VecF v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
 inline VecD widen_hi(VecF v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+inline VecD dzero() { return _mm256_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm256_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm256_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm256_add_pd(a, b); }
@@ -113,21 +115,26 @@ struct alignas(kAlign) TileSums {
 };
 
 // s += p for kLanes elements, accumulating the exactness test into flag (header comment).
+// kFirst: the first chunk, where s and flag are taken as +0.0 and 0 rather than read, so that a
+// tile's sums need no zeroing pass (the same operations as adding to stored zeros: +0.0 + p is
+// computed, turning a -0 partial into +0 as ChunkCombiner's double does).
+template <bool kFirst>
 inline void combine_exact(VecF partial, double* s, double* flag) {
   const VecD p[2] = {widen_lo(partial), widen_hi(partial)};
   for (int h = 0; h < 2; ++h) {
-    const VecD sd = dload(s + h * kHalf);
+    const VecD sd = kFirst ? dzero() : dload(s + h * kHalf);
     const VecD t = dadd(sd, p[h]);
     const VecD x = dsub(dsub(t, sd), p[h]);
     const VecD y = dsub(dsub(t, p[h]), sd);
-    dstore(flag + h * kHalf, dor(dload(flag + h * kHalf), dor(x, y)));
+    const VecD inexact = dor(x, y);
+    dstore(flag + h * kHalf, kFirst ? inexact : dor(dload(flag + h * kHalf), inexact));
     dstore(s + h * kHalf, t);
   }
 }
 
 // One kMr x kNr tile over the whole K: a (K, kMr) A micro-panel times a (K, kNr) B panel.
 // kPartials: stores the single chunk's chains into `partials`; otherwise combines every chunk
-// into `sums`.
+// into `sums`, which the first chunk initialises (K >= 1).
 template <bool kPartials>
 void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials) {
   for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
@@ -154,9 +161,12 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
       if constexpr (kPartials) {
         vstore(partials + r * kNr, c0[r]);
         vstore(partials + r * kNr + kLanes, c1[r]);
+      } else if (k0 == 0) {
+        combine_exact<true>(c0[r], sums->sum + r * kNr, sums->flag + r * kNr);
+        combine_exact<true>(c1[r], sums->sum + r * kNr + kLanes, sums->flag + r * kNr + kLanes);
       } else {
-        combine_exact(c0[r], sums->sum + r * kNr, sums->flag + r * kNr);
-        combine_exact(c1[r], sums->sum + r * kNr + kLanes, sums->flag + r * kNr + kLanes);
+        combine_exact<false>(c0[r], sums->sum + r * kNr, sums->flag + r * kNr);
+        combine_exact<false>(c1[r], sums->sum + r * kNr + kLanes, sums->flag + r * kNr + kLanes);
       }
     }
   }
@@ -296,8 +306,10 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       }
     } else {
       TileSums sums;
-      std::fill(sums.sum, sums.sum + kMr * kNr, 0.0);
-      std::fill(sums.flag, sums.flag + kMr * kNr, 0.0);
+      if (K == 0) {
+        std::fill(sums.sum, sums.sum + kMr * kNr, 0.0);
+        std::fill(sums.flag, sums.flag + kMr * kNr, 0.0);
+      }
       tile_chunks<false>(K, ap, bp, &sums, nullptr);
       for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
