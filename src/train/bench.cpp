@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +30,14 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Minor page faults of the process so far (every thread): a fault inside the step is memory the
+// step touched for the first time, i.e. an allocation or a buffer first used after warm-up.
+int64_t minor_page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_minflt);
 }
 
 BenchStats stats_of(std::vector<double> x) {
@@ -97,6 +106,7 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
           {"peak_memory_mib", peak_memory_mib},
+          {"step_page_faults", step_page_faults},
           {"last_loss", last_loss},
           {"params_xxh64", hex64(params_xxh64)},
           {"losses", losses},
@@ -181,6 +191,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       tokens_file->write(inputs.data(), inputs.size() * sizeof(int32_t));
       tokens_file->write(targets.data(), targets.size() * sizeof(int32_t));
     }
+    const int64_t faults0 = minor_page_faults();
     const auto t0 = Clock::now();
     model.zero_grad();
     ChunkCombiner loss_sum;
@@ -192,6 +203,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const auto lr = static_cast<float>(schedule.at(step));
     adamw.update(model, lr, step + 1);
     const double op = ms_since(t1);
+    const int64_t step_faults = minor_page_faults() - faults0;
     r.last_loss = loss_sum.finish() / static_cast<float>(B * T);
     r.losses.push_back(r.last_loss);
     r.lrs.push_back(lr);
@@ -209,6 +221,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     r.params_xxh64 = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
     const double hs = ms_since(t3);
     if (step < opt.warmup) continue;
+    r.step_page_faults += step_faults;
     step_ms.push_back(fb + op);
     fb_ms.push_back(fb);
     optim_ms.push_back(op);
@@ -245,7 +258,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s (higher of the two peaks); peak memory "
-      << std::setprecision(0) << r.peak_memory_mib << " MiB; last loss " << std::setprecision(4) << r.last_loss << "\n";
+      << std::setprecision(0) << r.peak_memory_mib << " MiB; last loss " << std::setprecision(4) << r.last_loss << "\n"
+      << "steady state: " << r.step_page_faults << " minor page faults in the " << opt.steps
+      << " timed steps (0: no step touches memory for the first time)\n";
   return r;
 }
 

@@ -1,7 +1,8 @@
 // `lockstep bench`: the training step timed on one process — warm-up steps, then timed steps,
 // summarised as median and spread of step time, tokens/s, achieved FLOP/s, MFU against an fp32
 // sgemm peak measured in the same process with the same thread count, a per-phase breakdown and
-// the peak resident memory.
+// the peak resident memory and the minor page faults inside the timed steps (the steady state
+// should have none: no allocation, no buffer touched for the first time).
 //
 // The step is the trainer's single-process step (src/train/trainer.cpp): zero_grad,
 // forward_backward_batch over the micro-batches, finish_grads, clip_grad_norm, AdamW update.
@@ -68,6 +69,7 @@ struct BenchResult {
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
   double mfu = 0;              // achieved / peak
   double peak_memory_mib = 0;
+  int64_t step_page_faults = 0;  // minor page faults inside the timed steps, all of them together
   bool synthetic_tokens = true;
   float last_loss = 0;
   uint64_t params_xxh64 = 0;  // the parameters after the last step (the replica check's hash)
