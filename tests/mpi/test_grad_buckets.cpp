@@ -6,6 +6,8 @@
 //    the parameters after AdamW are bitwise those of one bucket reduced after the backward (the
 //    reduction as it was before buckets);
 //  - canonical mode with exact reduction: bitwise the single-process step over the whole batch;
+//  - at dp 2 x tp 2 with sequence parallelism (4 ranks), where the norm gradients are final only
+//    after sum_norm_grads: bitwise the one bucket after the backward;
 //  - at dp 2, on the shape of scripts/configs/tiny.toml: the same equality, and the overlap
 //    figures printed for the record (communication time, the part left exposed after the
 //    backward, the share hidden; the machine's load makes them indicative only, and nothing is
@@ -17,11 +19,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
 #include "src/parallel/data_parallel.hpp"
+#include "src/parallel/tensor_parallel.hpp"
 #include "tests/mpi/mpi_env.hpp"
 
 namespace lockstep::parallel {
@@ -78,18 +82,27 @@ int32_t token(int64_t step, int64_t s, int64_t t, int64_t vocab) {
   return static_cast<int32_t>(xxh64(&t, sizeof t, static_cast<uint64_t>(step * 1000003 + s)) % static_cast<uint64_t>(vocab));
 }
 
-// `steps` steps of a global batch of `seqs_per_rank` sequences per rank of `dp` (micro-batches of
-// one sequence), this rank's share; dp 1 runs the whole batch on a group of one.
-StepsResult run(const ModelConfig& cfg, const Layout& l, comm::Communicator& dp, int world_ranks, int64_t seqs_per_rank,
-        DpOptions options, int steps = 2) {
+// Groups of a run: dp, and tp with or without sequence parallelism (none: tp = 1).
+struct Groups {
+  comm::Communicator& dp;
+  comm::Communicator* tp = nullptr;
+  bool sp = false;
+};
+
+// `steps` steps of a global batch of `seqs` sequences (micro-batches of one sequence), this dp
+// rank's share; dp 1 runs the whole batch on a group of one.
+StepsResult run(const ModelConfig& cfg, const Layout& l, Groups g, int64_t seqs, DpOptions options, int steps = 2) {
   // Ranks share the machine's cores: one compute thread each (the worker comes on top).
   omp_set_num_threads(1);
   openblas_set_num_threads(1);
-  Gpt gpt(cfg, l.mode, 1);
-  gpt.init_parameters();
-  comm::SelfCommunicator tp("tp");
-  DataParallel ddp(gpt, dp, tp, dp, l.zero, l.reduce, AdamWConfig{}, options);
-  const int64_t T = cfg.seq_len, B = seqs_per_rank * world_ranks, BL = B / dp.size(), first = dp.rank() * BL;
+  comm::SelfCommunicator alone("tp");
+  comm::Communicator& tpc = g.tp ? *g.tp : alone;
+  std::optional<CommTpGroup> tp_group;
+  if (g.tp) tp_group.emplace(*g.tp);
+  Gpt gpt(cfg, l.mode, 1, tp_group ? &*tp_group : nullptr, g.sp);
+  gpt.init_parameters();  // tp: this rank's shards of the one model
+  DataParallel ddp(gpt, g.dp, tpc, *g_world, l.zero, l.reduce, AdamWConfig{}, options);
+  const int64_t T = cfg.seq_len, B = seqs, BL = B / g.dp.size(), first = g.dp.rank() * BL;
   std::vector<int32_t> inputs(static_cast<size_t>(BL * T)), targets(inputs.size());
   StepsResult r;
   const auto t0 = std::chrono::steady_clock::now();
@@ -103,6 +116,7 @@ StepsResult run(const ModelConfig& cfg, const Layout& l, comm::Communicator& dp,
     gpt.zero_grad();
     ChunkCombiner loss;
     gpt.forward_backward_batch(inputs.data(), targets.data(), BL, 1, first * T, 1.0f / static_cast<float>(B * T), loss);
+    if (g.sp) sum_norm_grads(gpt, *g.tp);
     ddp.reduce_gradients();
     r.grads.emplace_back(gpt.grads(), gpt.grads() + gpt.num_params());
     r.stats.push_back(ddp.overlap_stats());
@@ -140,11 +154,11 @@ TEST(GradBucketsMpi, OverlappedBucketsGiveTheBitsOfOneBucketAfterTheBackward) {
     for (ReduceMode reduce : {ReduceMode::kExact, ReduceMode::kFast}) {
       for (int zero : {0, 1, 2}) {
         const Layout l{mode, reduce, zero};
-        const StepsResult want = run(cfg, l, *g_world, p, 2, kAfterBackward);
+        const StepsResult want = run(cfg, l, {*g_world}, 2 * p, kAfterBackward);
         // One chunk; four chunks (under every weight tensor: the smallest holds 4096 elements);
         // a few tensors; all.
         for (int64_t bytes : {int64_t{256}, int64_t{1} << 10, int64_t{128} << 10, kOneBucket}) {
-          const StepsResult got = run(cfg, l, *g_world, p, 2, {bytes, true});
+          const StepsResult got = run(cfg, l, {*g_world}, 2 * p, {bytes, true});
           expect_same(got, want, 0, static_cast<int64_t>(want.params.size()), describe(l, bytes));
           ASSERT_GT(got.stats.back().buckets, bytes == kOneBucket ? 0 : 1) << describe(l, bytes);
         }
@@ -159,8 +173,8 @@ TEST(GradBucketsMpi, CanonicalExactIsTheSingleProcessStep) {
   comm::SelfCommunicator alone("dp");
   for (int zero : {0, 1, 2}) {
     const Layout l{Mode::kCanonical, ReduceMode::kExact, zero};
-    const StepsResult one = run(cfg, l, alone, p, 2, {});
-    const StepsResult dp = run(cfg, l, *g_world, p, 2, {int64_t{16} << 10, true});
+    const StepsResult one = run(cfg, l, {alone}, 2 * p, {});
+    const StepsResult dp = run(cfg, l, {*g_world}, 2 * p, {int64_t{16} << 10, true});
     // zero 2: each rank holds its shard of the gradient.
     const ShardPlan plan = make_shard_plan(Gpt(cfg, l.mode, 1).param_layout(), p);
     const int me = g_world->rank();
@@ -169,13 +183,31 @@ TEST(GradBucketsMpi, CanonicalExactIsTheSingleProcessStep) {
   }
 }
 
+TEST(GradBucketsMpi, SequenceParallelNormBucketsWaitForTheTpSum) {
+  if (g_world->size() != 4) GTEST_SKIP() << "dp 2 x tp 2 needs 4 ranks";
+  ModelConfig cfg = small_model();  // every tp split on 64-element chunks, 64 tokens per tp rank
+  cfg.d_model = 128;
+  cfg.seq_len = 128;
+  const int me = g_world->rank();
+  auto tp = g_world->split(me / 2, me, "tp");
+  auto dp = g_world->split(me % 2, me, "dp");
+  for (const Layout l : {Layout{Mode::kCanonical, ReduceMode::kExact, 2}, Layout{Mode::kFast, ReduceMode::kFast, 1}}) {
+    const StepsResult want = run(cfg, l, {*dp, tp.get(), true}, 4, kAfterBackward);
+    for (int64_t bytes : {int64_t{1} << 10, DpOptions{}.bucket_bytes}) {
+      const StepsResult got = run(cfg, l, {*dp, tp.get(), true}, 4, {bytes, true});
+      expect_same(got, want, 0, static_cast<int64_t>(want.params.size()), describe(l, bytes) + ", dp 2 x tp 2 sp");
+      ASSERT_GT(got.stats.back().buckets, 1) << "norm tensors are buckets of their own";
+    }
+  }
+}
+
 TEST(GradBucketsMpi, TinyTomlShapeAtDp2) {
   if (g_world->size() != 2) GTEST_SKIP() << "measured at dp 2 only";
   const ModelConfig cfg = tiny_toml_model();
   for (const Layout l : {Layout{Mode::kCanonical, ReduceMode::kExact, 1}, Layout{Mode::kFast, ReduceMode::kFast, 1}}) {
-    const StepsResult want = run(cfg, l, *g_world, 2, 4, kAfterBackward, 3);
+    const StepsResult want = run(cfg, l, {*g_world}, 8, kAfterBackward, 3);
     for (int64_t bytes : {DpOptions{}.bucket_bytes, int64_t{256} << 10}) {
-      const StepsResult got = run(cfg, l, *g_world, 2, 4, {bytes, true}, 3);
+      const StepsResult got = run(cfg, l, {*g_world}, 8, {bytes, true}, 3);
       expect_same(got, want, 0, static_cast<int64_t>(want.params.size()), describe(l, bytes));
       if (g_world->rank() != 0) continue;
       // The first step warms up; report the last.
