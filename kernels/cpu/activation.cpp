@@ -2,25 +2,25 @@
 //
 // Elementwise only: no reductions, so threads split elements freely. Both modes evaluate the same
 // expressions in the same order (kernels/ops/activation.hpp), one fp32 rounding per operation and
-// no FMA. GELU uses ls_tanhf (transcendental.hpp) in both modes, 8 elements at a time with AVX2
-// (simd_math.hpp, the same bits as the scalar code, which handles the tail): libm's tanhf does not
-// vectorise and made fast mode the slower one. SwiGLU: canonical ls_expf, fast libm's std::exp.
+// no FMA. GELU uses ls_tanhf (transcendental.hpp) in both modes, a vector at a time
+// (activation.isa.cpp: 8 lanes with AVX2, 16 with AVX-512, chosen by active_isa(); the same bits
+// as the scalar code here, which handles the tail): libm's tanhf does not vectorise and made fast
+// mode the slower one. SwiGLU: canonical ls_expf, fast libm's std::exp.
 //
 // Not here: GELU's erf form; fused bias+activation variants.
 #include "kernels/ops/activation.hpp"
 
 #include <cmath>
 
-#include "kernels/cpu/simd_math.hpp"
+#include "kernels/cpu/activation_isa.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "src/core/check.hpp"
 
 namespace lockstep::cpu {
 namespace {
 
-constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2/π) rounded to fp32
-constexpr float kGeluK1 = 0.044715f;
-constexpr float kGeluK1x3 = 3.0f * kGeluK1;     // d(k1·x³)/dx = 3·k1·x², 3·k1 rounded once
+using namespace gelu_constants;
 
 struct CanonicalMath {
   static float tanh(float x) { return ls_tanhf(x); }
@@ -32,7 +32,7 @@ struct LibmMath {
 
 template <class M>
 float gelu(float x) {
-  const float arg = kGeluK0 * (x + kGeluK1 * ((x * x) * x));
+  const float arg = kK0 * (x + kK1 * ((x * x) * x));
   return (0.5f * x) * (1.0f + M::tanh(arg));
 }
 
@@ -44,10 +44,10 @@ float gelu(float x) {
 template <class M>
 float gelu_grad(float x) {
   const float x2 = x * x;
-  const float arg = kGeluK0 * (x + kGeluK1 * (x2 * x));
+  const float arg = kK0 * (x + kK1 * (x2 * x));
   const float th = M::tanh(arg);
   const float sech2 = (1.0f - th) * (1.0f + th);
-  const float term = sech2 == 0.0f ? 0.0f : ((0.5f * x) * sech2) * (kGeluK0 * (1.0f + kGeluK1x3 * x2));
+  const float term = sech2 == 0.0f ? 0.0f : ((0.5f * x) * sech2) * (kK0 * (1.0f + kK1x3 * x2));
   return 0.5f * (1.0f + th) + term;
 }
 
@@ -57,45 +57,18 @@ float silu(float g) {
   return g / (1.0f + M::exp(-g));
 }
 
-// The same two functions on 8 lanes: each lane runs gelu / gelu_grad's operations in order.
-inline simd::V8 gelu8(simd::V8 x) {
-  using namespace simd;
-  const V8 arg = _mm256_mul_ps(set1(kGeluK0),
-                               _mm256_add_ps(x, _mm256_mul_ps(set1(kGeluK1), _mm256_mul_ps(_mm256_mul_ps(x, x), x))));
-  return _mm256_mul_ps(_mm256_mul_ps(set1(0.5f), x), _mm256_add_ps(set1(1.0f), tanhf8(arg)));
-}
-
-inline simd::V8 gelu_grad8(simd::V8 x) {
-  using namespace simd;
-  const V8 one = set1(1.0f), half = set1(0.5f);
-  const V8 x2 = _mm256_mul_ps(x, x);
-  const V8 arg = _mm256_mul_ps(set1(kGeluK0), _mm256_add_ps(x, _mm256_mul_ps(set1(kGeluK1), _mm256_mul_ps(x2, x))));
-  const V8 th = tanhf8(arg);
-  const V8 sech2 = _mm256_mul_ps(_mm256_sub_ps(one, th), _mm256_add_ps(one, th));
-  const V8 term = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2),
-                                _mm256_mul_ps(set1(kGeluK0), _mm256_add_ps(one, _mm256_mul_ps(set1(kGeluK1x3), x2))));
-  const V8 term0 = select(_mm256_cmp_ps(sech2, _mm256_setzero_ps(), _CMP_EQ_OQ), _mm256_setzero_ps(), term);
-  return _mm256_add_ps(_mm256_mul_ps(half, _mm256_add_ps(one, th)), term0);
-}
-
-// Threads take blocks of whole vectors; the scalar code finishes the last n % 8 elements.
-constexpr int64_t kLanes = 8;
-
+// The vector loops of the active ISA write the first elements; the scalar code finishes the last
+// n % width.
 void gelu_forward_simd(int64_t n, float* out, const float* inp) {
-  const int64_t nv = n / kLanes;
-#pragma omp parallel for schedule(static)
-  for (int64_t v = 0; v < nv; ++v) _mm256_storeu_ps(out + v * kLanes, gelu8(_mm256_loadu_ps(inp + v * kLanes)));
-  for (int64_t i = nv * kLanes; i < n; ++i) out[i] = gelu<CanonicalMath>(inp[i]);
+  const int64_t done = active_isa() == Isa::kAvx512 ? avx512::gelu_forward_vectors(n, out, inp)
+                                                    : avx2::gelu_forward_vectors(n, out, inp);
+  for (int64_t i = done; i < n; ++i) out[i] = gelu<CanonicalMath>(inp[i]);
 }
 
 void gelu_backward_simd(int64_t n, float* dinp, const float* inp, const float* dout) {
-  const int64_t nv = n / kLanes;
-#pragma omp parallel for schedule(static)
-  for (int64_t v = 0; v < nv; ++v) {
-    const float* x = inp + v * kLanes;
-    _mm256_storeu_ps(dinp + v * kLanes, _mm256_mul_ps(gelu_grad8(_mm256_loadu_ps(x)), _mm256_loadu_ps(dout + v * kLanes)));
-  }
-  for (int64_t i = nv * kLanes; i < n; ++i) dinp[i] = gelu_grad<CanonicalMath>(inp[i]) * dout[i];
+  const int64_t done = active_isa() == Isa::kAvx512 ? avx512::gelu_backward_vectors(n, dinp, inp, dout)
+                                                    : avx2::gelu_backward_vectors(n, dinp, inp, dout);
+  for (int64_t i = done; i < n; ++i) dinp[i] = gelu_grad<CanonicalMath>(inp[i]) * dout[i];
 }
 
 template <class M>

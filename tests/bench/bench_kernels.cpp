@@ -8,6 +8,8 @@
 // bytes/s for memory-bound ops (each fp32 array read or written once counted at 4 bytes/element).
 // Times are wall-clock (UseRealTime: the kernels run OpenMP/OpenBLAS threads), and so are the rates.
 // Threads: OpenMP and OpenBLAS defaults (set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to pin them).
+// ISA: the widest the CPU has; --isa=avx2 or --isa=avx512 (first argument) chooses, so that one
+// binary times a kernel's two vector widths.
 // Before timing, main() checks matmul_canonical bitwise against canonical_dot and cblas_sgemm
 // against it within the dot-product bound; a mismatch exits non-zero.
 // JSON: --benchmark_out=FILE --benchmark_out_format=json.
@@ -466,6 +468,11 @@ bool results_match() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strncmp(argv[1], "--isa=", 6) == 0) {
+    cpu::set_isa(std::strcmp(argv[1] + 6, "avx2") == 0 ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+    std::copy(argv + 2, argv + argc, argv + 1);
+    --argc;
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (!results_match()) return 1;

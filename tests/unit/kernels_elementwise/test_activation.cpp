@@ -1,11 +1,16 @@
 // GELU (tanh form), SwiGLU and residual kernels: within the Bounded<double> reference's bounds in
 // both modes (the bound charges tanh/exp the documented 4u); canonical mode bitwise equal to the
-// scalar formulas with ls_tanhf / ls_expf and invariant under thread count; NaN/inf propagate.
+// scalar formulas with ls_tanhf / ls_expf and invariant under thread count; GELU bitwise equal to
+// its scalar formulas on every ISA (8 and 16 lanes) over a stride through all fp32 bit patterns;
+// NaN/inf propagate.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
+#include "kernels/cpu/isa.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "reference/activation.hpp"
@@ -99,6 +104,54 @@ TEST(Residual, WithinReferenceBoundAndOneAddPerElement) {
   std::vector<Bd> r(n);
   reference::residual_forward<Bd>(n, r.data(), ba.data(), bb.data());
   expect_within("residual", out, r);
+}
+
+// Every 4099th fp32 bit pattern (all binades, both signs, subnormals, ±0, ±inf, NaNs) and a length
+// that leaves a scalar tail after the 8- and the 16-lane vectors.
+std::vector<float> all_binades() {
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (1ull << 32); b += 4099) {
+    const auto u = static_cast<uint32_t>(b);
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+  }
+  while (x.size() % 16 != 13) x.push_back(0.5f);
+  return x;
+}
+
+// NaN matches any NaN (the vector and scalar code may return different payloads), all else bitwise.
+void expect_same_or_both_nan(const std::string& what, const std::vector<float>& got, const std::vector<float>& want) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t g, w;
+    std::memcpy(&g, &got[i], sizeof g);
+    std::memcpy(&w, &want[i], sizeof w);
+    const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : g == w;
+    if (!same && ++bad <= 5) ADD_FAILURE() << what << " at " << i << ": " << got[i] << " != " << want[i];
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(Gelu, BitwiseToContractOnEveryIsa) {
+  const std::vector<float> x = all_binades();
+  const auto n = static_cast<int64_t>(x.size());
+  const std::vector<float> dout(x.size(), 0.75f);
+  std::vector<float> want_out(x.size()), want_dinp(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    want_out[i] = gelu_contract(x[i]);
+    want_dinp[i] = gelu_grad_contract(x[i]) * dout[i];
+  }
+  for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    if (!cpu::isa_supported(isa)) continue;
+    cpu::ScopedIsa scope(isa);
+    const std::string on = " on " + std::string(cpu::isa_name(isa));
+    std::vector<float> out(x.size()), dinp(x.size());
+    cpu::gelu_forward(Mode::kFast, n, out.data(), x.data());
+    cpu::gelu_backward(Mode::kFast, n, dinp.data(), x.data(), dout.data());
+    expect_same_or_both_nan("gelu forward" + on, out, want_out);
+    expect_same_or_both_nan("gelu backward" + on, dinp, want_dinp);
+  }
 }
 
 TEST(Activations, CanonicalMatchesContractAndThreadCount) {
