@@ -168,9 +168,36 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
 // pairs with OpenBLAS single-threaded inside (see BlasSerial); softmax is 8 lanes wide (simd_math).
 constexpr int64_t kBlock = 64;
 
-// y[d] += w·x[d] for d < n (the diagonal-block terms of the fast products).
-inline void axpy(float* y, float w, const float* x, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
+// y[d] += Σ_{i < count} w[i·sw]·x[i·sx + d] for d < n: the diagonal-block terms of the fast
+// products, in increasing i, each term a multiply then an add, as `y[d] += w·x[d]` once per term.
+// The running sums of up to 64 columns stay in registers across the terms (a store and reload of y
+// per term made the loop wait on store forwarding); the operations and their order are unchanged.
+inline void add_weighted_rows(float* y, const float* w, int64_t sw, const float* x, int64_t sx, int64_t count,
+                              int64_t n) {
+  constexpr int kVectors = 8;
+  int64_t d = 0;
+  for (; d + 8 * kVectors <= n; d += 8 * kVectors) {
+    __m256 acc[kVectors];
+    for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_loadu_ps(y + d + 8 * v);
+    for (int64_t i = 0; i < count; ++i) {
+      const __m256 wv = _mm256_set1_ps(w[i * sw]);
+      const float* xi = x + i * sx + d;
+      for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wv, _mm256_loadu_ps(xi + 8 * v)));
+    }
+    for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(y + d + 8 * v, acc[v]);
+  }
+  for (; d + 8 <= n; d += 8) {
+    __m256 acc = _mm256_loadu_ps(y + d);
+    for (int64_t i = 0; i < count; ++i) {
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[i * sw]), _mm256_loadu_ps(x + i * sx + d)));
+    }
+    _mm256_storeu_ps(y + d, acc);
+  }
+  for (; d < n; ++d) {
+    float acc = y[d];
+    for (int64_t i = 0; i < count; ++i) acc += w[i * sw] * x[i * sx + d];
+    y[d] = acc;
+  }
 }
 
 // Row t of the scores, a[0..t] on entry: a = softmax(a) over [0, t], a[t'] = 0 beyond (to T).
@@ -225,7 +252,7 @@ void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
           for (int64_t t = r0; t < r1; ++t) std::fill(o + t * ldo, o + t * ldo + HS, 0.0f);
         }
         for (int64_t t = r0; t < r1; ++t) {
-          for (int64_t u = r0; u <= t; ++u) axpy(o + t * ldo, A[t * T + u], base + u * L.row + L.v(g), HS);
+          add_weighted_rows(o + t * ldo, A + t * T + r0, 1, base + r0 * L.row + L.v(g), L.row, t - r0 + 1, HS);
         }
       }
     }
@@ -406,7 +433,7 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
             for (int64_t t = r0; t < r1; ++t) std::fill(dq + t * L.row, dq + t * L.row + HS, 0.0f);
           }
           for (int64_t t = r0; t < r1; ++t) {
-            for (int64_t u = r0; u <= t; ++u) axpy(dq + t * L.row, dS[t * T + u], base + u * L.row + L.k(g), HS);
+            add_weighted_rows(dq + t * L.row, dS + t * T + r0, 1, base + r0 * L.row + L.k(g), L.row, t - r0 + 1, HS);
             for (int64_t d = 0; d < HS; ++d) dq[t * L.row + d] *= scale;
           }
         }
@@ -428,10 +455,8 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
             }
           }
           for (int64_t u = c0; u < c1; ++u) {
-            for (int64_t t = u; t < c1; ++t) {
-              axpy(dk + u * L.row, dS[t * T + u], base + t * L.row + L.q(h), HS);
-              axpy(dv + u * L.row, A[t * T + u], dy + t * ldo, HS);
-            }
+            add_weighted_rows(dk + u * L.row, dS + u * T + u, T, base + u * L.row + L.q(h), L.row, c1 - u, HS);
+            add_weighted_rows(dv + u * L.row, A + u * T + u, T, dy + u * ldo, ldo, c1 - u, HS);
           }
         }
       }
