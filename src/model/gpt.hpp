@@ -18,7 +18,9 @@
 // softmax denominator — each rank computes the unsplit op's canonical chunk partials for its slice
 // and the group combines them exactly (TpGroup::all_reduce_exact), so canonical mode gives the
 // bits of one device. Replicated tensors (norms, row-parallel biases, wpe) get identical full
-// gradients on every rank. Hooks see this rank's shards. These pieces live in gpt_parallel.cpp.
+// gradients on every rank. Hooks see this rank's shards (where each lies in the one-device tensor:
+// src/model/hook_layout.hpp; change both together — tests/unit/parallel/test_hook_layout.cpp checks
+// them against each other). These pieces live in gpt_parallel.cpp.
 //
 // Sequence parallelism (with tp): the residual stream and the norms — everything between a
 // row-parallel output and the next column-parallel input — hold a contiguous 1/tp of the

@@ -212,6 +212,8 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("sp", c.parallel.sp);
   p.field("zero", c.parallel.zero);
   p.field("reduce", c.parallel.reduce);
+  p.field("bucket_mb", c.parallel.bucket_mb);
+  p.field("overlap", c.parallel.overlap);
   p.field("timeout_s", c.parallel.timeout_s);
   p.field("check_replicas", c.parallel.check_replicas);
   p.field("debug_fault", c.parallel.debug_fault);
@@ -276,6 +278,8 @@ void validate(const RunConfig& c, ConfigUse use) {
              ") must be 0 (replicated), 1 (sharded optimizer state) or 2 (sharded state and gradients)");
   LS_REQUIRE(p.reduce == "exact" || p.reduce == "fast", c.source,
              ": [parallel] reduce: expected \"exact\" or \"fast\", got \"", p.reduce, "\"");
+  LS_REQUIRE(p.bucket_mb > 0 && p.bucket_mb <= 1 << 20, c.source, ": [parallel] bucket_mb (", p.bucket_mb,
+             ") must be > 0 and at most 1048576 (MiB of fp32 gradient per reduction bucket)");
   LS_REQUIRE(p.timeout_s > 0, c.source, ": [parallel] timeout_s (", p.timeout_s, ") must be > 0");
   LS_REQUIRE(p.debug_fault == "none" || p.debug_fault == "exit" || p.debug_fault == "hang" ||
                  p.debug_fault == "flip",

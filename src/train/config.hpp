@@ -68,6 +68,8 @@ struct ParallelConfig {
   bool sp = false;                  // sequence parallel: norms and residuals split over tp by tokens
   int64_t zero = 0;                 // 0: replicated AdamW; 1: sharded AdamW state; 2: + sharded gradients
   std::string reduce = "exact";     // gradient reduction: "exact" (rank-count independent) | "fast"
+  double bucket_mb = 25;            // gradient reduction bucket (MiB of fp32 gradient), PyTorch DDP's default
+  bool overlap = true;              // reduce buckets on a communication thread during the backward
   double timeout_s = 300;           // watchdog: a collective waiting longer ends the job
   bool check_replicas = false;      // all-gather a parameter hash every step; fail naming the odd rank
   // Test-only fault injection: after step debug_step, rank debug_rank does debug_fault:

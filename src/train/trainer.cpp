@@ -188,7 +188,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
   parallel::DataParallel ddp(model, dpc, tpc, world, static_cast<int>(pc.zero), reduce,
                              {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
-                              static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
+                              static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)},
+                             parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap});
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
 
   // [dump] and [inject]: the model gets a hook only while one of them is on, so that both cost
@@ -354,6 +355,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     injector.end_step(model);
     if (model.sequence_parallel()) parallel::sum_norm_grads(model, tpc);
     ddp.reduce_gradients();
+    const parallel::OverlapStats overlap = ddp.overlap_stats();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
     if (dump) {
       dump->add("loss", &loss, {});
@@ -380,7 +382,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     if (world.size() > 1 && steps_this_run == 1) {
       out << "parallel: step " << done << " sent " << step_bytes << " bytes from rank 0 (" << std::setprecision(2)
           << (min_bytes > 0 ? static_cast<double>(step_bytes) / static_cast<double>(min_bytes) : 0.0)
-          << " x the minimum)\n";
+          << " x the minimum)";
+      if (overlap.buckets > 0) {
+        out << "; " << overlap.buckets << " gradient buckets, " << std::setprecision(0) << 100 * overlap.hidden_share()
+            << "% of their communication hidden behind the backward";
+      }
+      out << "\n";
     }
 
     const double tokens_per_s = static_cast<double>(B * T) / dt;
@@ -403,6 +410,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     if (world.size() > 1) {
       record["comm_bytes"] = step_bytes;
       record["optimizer_state_bytes"] = ddp.optimizer_state_bytes();
+      record["grad_buckets"] = overlap.buckets;
+      record["grad_comm_ms"] = 1e3 * overlap.comm_s;
+      record["grad_exposed_ms"] = 1e3 * overlap.exposed_s;
+      record["grad_hidden"] = overlap.hidden_share();
     }
     metrics.write(record);
 
