@@ -10,6 +10,8 @@
 // dlogits[v] = (e[v] / Z − [v == y])·dloss is elementwise in both modes: the vector code computes
 // (e[v] / Z)·dloss, which is the formula's value wherever v ≠ y (subtracting +0 changes nothing,
 // e[v] / Z being ≥ +0 or NaN), and the target's element is written afterwards by the scalar formula.
+// The fused forward+backward keeps every e[v] in dlogits while it sums Z (one exp per logit); the
+// vocabulary-parallel finish, which gets Z from the other ranks, computes them again.
 // Both: rows are independent and threads take whole rows, so no reduction is split.
 // A NaN logit makes its row's loss and dlogits NaN (m skips it, but exp(NaN − m) poisons Z).
 // The vocabulary-parallel pieces use the same chains and formulas on a slice of the row.
@@ -66,12 +68,14 @@ void exp_shifted(const float* x, int64_t n, float m, float* e) {
   for (; i < n; ++i) e[i] = ls_expf(x[i] - m);
 }
 
-// The chunk partials of Σ ls_expf(x[v] − m) over v in [0, V), each passed to add().
+// The chunk partials of Σ ls_expf(x[v] − m) over v in [0, V), each passed to add(); the exps are
+// kept in keep[v] when keep is given (it may be x: each element is read before it is written).
 template <class Add>
-void partition_chunks(const float* x, int64_t V, float m, Add add) {
-  alignas(32) float e[kCanonicalChunk];
+void partition_chunks(const float* x, int64_t V, float m, float* keep, Add add) {
+  alignas(32) float buf[kCanonicalChunk];
   for (int64_t v0 = 0; v0 < V; v0 += kCanonicalChunk) {
     const int64_t len = std::min(kCanonicalChunk, V - v0);
+    float* e = keep != nullptr ? keep + v0 : buf;
     exp_shifted(x + v0, len, m, e);
     float acc = 0.0f;
     for (int64_t i = 0; i < len; ++i) acc = acc + e[i];
@@ -79,27 +83,49 @@ void partition_chunks(const float* x, int64_t V, float m, Add add) {
   }
 }
 
-// Z = canonical_sum over v of ls_expf(x[v] − m).
-float canonical_partition(const float* x, int64_t V, float m) {
+// Z = canonical_sum over v of ls_expf(x[v] − m); the exps kept as in partition_chunks.
+float canonical_partition(const float* x, int64_t V, float m, float* keep) {
   ChunkCombiner comb;
-  partition_chunks(x, V, m, [&](float partial) { comb.add(partial); });
+  partition_chunks(x, V, m, keep, [&](float partial) { comb.add(partial); });
   return comb.finish();
 }
 
-// Z = Σ ls_expf(x[v] − m) in sixteen fp32 lanes (two vectors, so that two exps are in flight).
-float plain_partition(const float* x, int64_t V, float m) {
+// Z = Σ ls_expf(x[v] − m) in sixteen fp32 lanes (two vectors, so that two exps are in flight); the
+// exps kept as in partition_chunks.
+float plain_partition(const float* x, int64_t V, float m, float* keep) {
   const simd::V8 mv = simd::set1(m);
   simd::V8 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps();
   int64_t v = 0;
   for (; v + 16 <= V; v += 16) {
-    z0 = _mm256_add_ps(z0, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v), mv)));
-    z1 = _mm256_add_ps(z1, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v + 8), mv)));
+    const simd::V8 e0 = simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v), mv));
+    const simd::V8 e1 = simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v + 8), mv));
+    if (keep != nullptr) {
+      _mm256_storeu_ps(keep + v, e0);
+      _mm256_storeu_ps(keep + v + 8, e1);
+    }
+    z0 = _mm256_add_ps(z0, e0);
+    z1 = _mm256_add_ps(z1, e1);
   }
   alignas(32) float lane[8];
   _mm256_store_ps(lane, _mm256_add_ps(z0, z1));
   float Z = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  for (; v < V; ++v) Z += ls_expf(x[v] - m);
+  for (; v < V; ++v) {
+    const float e = ls_expf(x[v] - m);
+    if (keep != nullptr) keep[v] = e;
+    Z += e;
+  }
   return Z;
+}
+
+// A whole row's dlogits from its exps, kept in d by the partition: d[v] = (e[v] / Z − [v == y])·dloss,
+// the operations of dlogits_row on the same exps.
+void dlogits_from_exps(float* d, int64_t V, int32_t y, float Z, float dloss) {
+  const float e_target = d[y];
+  const simd::V8 zv = simd::set1(Z), dv = simd::set1(dloss);
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) _mm256_storeu_ps(d + v, _mm256_mul_ps(_mm256_div_ps(_mm256_loadu_ps(d + v), zv), dv));
+  for (; v < V; ++v) d[v] = (d[v] / Z) * dloss;
+  d[y] = (e_target / Z - 1.0f) * dloss;
 }
 
 // The shard's dlogits row: (exp(x[v] − m) / Z − [v0 + v == y]) · dloss, in place (x may be d):
@@ -126,13 +152,14 @@ void crossentropy_rows(CrossEntropyShape s, float dloss, float* losses, float* d
     const float* x = logits + n * s.V;
     const int32_t y = targets[n];
     const float m = row_max(x, s.V);
-    const float Z = kCanonical ? canonical_partition(x, s.V, m) : plain_partition(x, s.V, m);
+    // With dlogits (in place over the logits) the partition keeps every exp there, read once more
+    // to differentiate losses[n] = (m + log Z) − logits[y]; logits[y] is read before.
+    const float x_target = x[y];
+    float* keep = dlogits != nullptr ? dlogits + n * s.V : nullptr;
+    const float Z = kCanonical ? canonical_partition(x, s.V, m, keep) : plain_partition(x, s.V, m, keep);
     const float log_z = kCanonical ? ls_logf(Z) : std::log(Z);
-    losses[n] = (m + log_z) - x[y];
-    if (dlogits == nullptr) continue;
-    // Differentiates losses[n] = (m + log Z) − logits[y], Z = Σ exp(logits[v] − m); in place, so
-    // read x[v] before writing the same element.
-    dlogits_row(dlogits + n * s.V, x, s.V, 0, y, m, Z, dloss);
+    losses[n] = (m + log_z) - x_target;
+    if (keep != nullptr) dlogits_from_exps(keep, s.V, y, Z, dloss);
   }
 }
 
@@ -161,9 +188,9 @@ void crossentropy_shard_partition(Mode mode, CrossEntropyShard s, ExactAccumulat
     const float* x = logits + n * s.V;
     const auto row = static_cast<size_t>(n);
     if (mode == Mode::kCanonical) {
-      partition_chunks(x, s.V, m[n], [&](float partial) { Z.add(row, partial); });
+      partition_chunks(x, s.V, m[n], nullptr, [&](float partial) { Z.add(row, partial); });
     } else {
-      Z.add(row, plain_partition(x, s.V, m[n]));
+      Z.add(row, plain_partition(x, s.V, m[n], nullptr));
     }
     const int64_t y = targets[n] - s.v0;
     target[n] = y >= 0 && y < s.V ? x[y] : -0.0f;
