@@ -110,9 +110,15 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC);
   }
   if (!dbias.empty()) {
-    for (int64_t n = 0; n < s.N; ++n) {
-      const float* row = dout + n * s.OC;
-      for (int64_t o = 0; o < s.OC; ++o) dbias.f32[o] += row[o];
+    // Threads take blocks of columns; every element still adds the tokens in order.
+    constexpr int64_t kColumns = 64;
+#pragma omp parallel for schedule(static) if (s.N * s.OC > (int64_t{1} << 16))
+    for (int64_t o0 = 0; o0 < s.OC; o0 += kColumns) {
+      const int64_t o1 = std::min(o0 + kColumns, s.OC);
+      for (int64_t n = 0; n < s.N; ++n) {
+        const float* row = dout + n * s.OC;
+        for (int64_t o = o0; o < o1; ++o) dbias.f32[o] += row[o];
+      }
     }
   }
 }
