@@ -20,6 +20,7 @@ assert r["tokens_per_step"] == 8 * 128, r["tokens_per_step"]
 assert r["synthetic_tokens"] is True
 assert r["mode"] == "canonical"
 assert isinstance(r["openblas_core"], str) and r["openblas_core"], r["openblas_core"]
+assert isinstance(r["step_page_faults"], int) and r["step_page_faults"] >= 0, r["step_page_faults"]
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
 assert phases["communication"] == 0, phases
