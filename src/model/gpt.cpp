@@ -222,8 +222,9 @@ void Gpt::zero_grad() {
   }
 }
 
-void Gpt::finish_grads() {
-  if (mode_ == Mode::kCanonical) exact_grads_.round_to(grads_.data());
+void Gpt::finish_grads(int64_t first, int64_t end) {
+  if (mode_ != Mode::kCanonical) return;
+  for (int64_t i = first; i < end; ++i) grads_[static_cast<size_t>(i)] = exact_grads_.round(static_cast<size_t>(i));
 }
 
 void Gpt::norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,

@@ -123,7 +123,9 @@ class Gpt {
                               int64_t B, int64_t MB, int64_t first_token, float dloss,
                               ChunkCombiner& loss_sum);
   // Canonical mode: rounds the exact gradient sums into grads(). Fast mode: nothing to do.
-  void finish_grads();
+  void finish_grads() { finish_grads(0, num_params()); }
+  // The same for the elements [first, end) of the flat buffer only.
+  void finish_grads(int64_t first, int64_t end);
 
   // Called during the last micro-batch of forward_backward_batch each time a contiguous range
   // [first, end) of the flat gradient buffer has received its last contribution of the step

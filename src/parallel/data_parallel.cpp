@@ -59,10 +59,13 @@ DataParallel::~DataParallel() {
   if (buckets_) model_.set_grad_ready_hook({});
 }
 
+void DataParallel::gather_shards(const float* mine, float* out) {
+  dp_.all_gatherv(mine, out, plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+}
+
 void DataParallel::all_gather_shards(float* buf) {
-  const int64_t first = shard_first(), n = shard_end() - first;
-  std::vector<float> mine(buf + first, buf + first + n);
-  dp_.all_gatherv(mine.data(), buf, plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+  const std::vector<float> mine(buf + shard_first(), buf + shard_end());  // MPI may not send from buf
+  gather_shards(mine.data(), buf);
 }
 
 void DataParallel::on_grads_ready(int64_t first, int64_t end) {
@@ -91,10 +94,7 @@ void DataParallel::reduce_bucket(const GradBucket& bucket) {
       exact_reduce_scatter(grads, window, comm, part);
     }
   } else {
-    if (model_.mode() == Mode::kCanonical) {  // this rank's exact sums rounded once (finish_grads)
-      const ExactAccumulator& exact = model_.exact_grads();
-      for (int64_t i = bucket.first; i < bucket.end; ++i) model_.grads()[i] = exact.round(static_cast<size_t>(i));
-    }
+    model_.finish_grads(bucket.first, bucket.end);  // canonical: this rank's exact sums rounded once
     comm.reduce_scatter(grads, part, sizes, comm::DataType::kF32, comm::ReduceOp::kSum);
   }
   if (zero_ < 2) {

@@ -132,6 +132,9 @@ class DataParallel {
   // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather.
   void step(float lr, int64_t t);
 
+  // Every rank's shard (`mine`: shard_end() - shard_first() floats) gathered into `out` (num_params
+  // floats, each shard at its place): e.g. the whole ZeRO-2 gradient for a dump. Collective over dp.
+  void gather_shards(const float* mine, float* out);
   // Bytes of AdamW state (m and v) held by this rank.
   uint64_t optimizer_state_bytes() const;
   // Full m and v (param_layout order) on every rank, gathered for a checkpoint. Collective.

@@ -229,13 +229,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     if (!dump->wants_any(step, names)) return;
     std::vector<float> replica;
     if (dp_sharded) {
-      std::vector<int64_t> counts, displs;
-      for (int r = 0; r < dpc.size(); ++r) {
-        displs.push_back(ddp.plan().first(r));
-        counts.push_back(ddp.plan().end(r) - ddp.plan().first(r));
-      }
       replica.resize(static_cast<size_t>(model.num_params()));
-      dpc.all_gatherv(local + ddp.shard_first(), replica.data(), counts, displs, comm::DataType::kF32);
+      ddp.gather_shards(local + ddp.shard_first(), replica.data());
       local = replica.data();
     }
     const std::vector<float> global = gather(local);
