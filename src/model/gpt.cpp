@@ -56,7 +56,7 @@ Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp, bo
   build_layout();
   params_.assign(layout_.back().offset + layout_.back().numel, 0.0f);
   grads_.assign(params_.size(), 0.0f);
-  if (mode_ == Mode::kCanonical) exact_grads_.reset(params_.size());
+  if (mode_ == Mode::kCanonical) exact_grads_->reset(params_.size());
   allocate_activations();
 }
 
@@ -210,21 +210,40 @@ void Gpt::observe(const char* prefix, int64_t layer, const char* name, float* da
 
 GradSink Gpt::sink(const ParamTensor* t) {
   if (t == nullptr) return {};
-  if (mode_ == Mode::kCanonical) return {nullptr, &exact_grads_, t->offset};
+  if (storage_) return storage_->sink(*t);
+  if (mode_ == Mode::kCanonical) return {nullptr, exact_grads_.get(), t->offset};
   return {grads_.data() + t->offset, nullptr, 0};
 }
 
+uint64_t Gpt::grad_bytes() const {
+  return grads_.capacity() * sizeof(float) + exact_grads_->size() * (sizeof(double) + 1);
+}
+
+void Gpt::set_grad_storage(GradStorage* storage) {
+  storage_ = storage;
+  if (storage_) {
+    std::vector<float>().swap(grads_);
+    exact_grads_ = std::make_unique<ExactAccumulator>();
+    return;
+  }
+  grads_.assign(params_.size(), 0.0f);
+  if (mode_ == Mode::kCanonical) exact_grads_->reset(params_.size());
+}
+
 void Gpt::zero_grad() {
-  if (mode_ == Mode::kCanonical) {
-    exact_grads_.zero();
+  if (storage_) {
+    storage_->zero();
+  } else if (mode_ == Mode::kCanonical) {
+    exact_grads_->zero();
   } else {
     std::fill(grads_.begin(), grads_.end(), 0.0f);
   }
 }
 
 void Gpt::finish_grads(int64_t first, int64_t end) {
+  LS_CHECK(storage_ == nullptr, "finish_grads: the gradients are in a GradStorage, not in the model");
   if (mode_ != Mode::kCanonical) return;
-  for (int64_t i = first; i < end; ++i) grads_[static_cast<size_t>(i)] = exact_grads_.round(static_cast<size_t>(i));
+  for (int64_t i = first; i < end; ++i) grads_[static_cast<size_t>(i)] = exact_grads_->round(static_cast<size_t>(i));
 }
 
 void Gpt::norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,
@@ -339,7 +358,8 @@ void Gpt::forward_backward_batch(const int32_t* inputs, const int32_t* targets, 
 }
 
 void Gpt::grads_ready(const ParamTensor* first, const ParamTensor* last) {
-  if (last_micro_ && grad_ready_) grad_ready_(first->offset, last->offset + last->numel);
+  if (last == nullptr) last = first;
+  if (grad_ready_) grad_ready_(first->offset, last->offset + last->numel, last_micro_);
 }
 
 void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t B,
@@ -364,13 +384,13 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
   linear_backward_column({BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {}, logits_.data(),
                          lnf_.data(), head_);
-  if (head_ != wte_) grads_ready(head_, head_);
+  if (head_ != wte_) grads_ready(head_);
   observe("grad/", -1, "lnf/out", dbuf_c_.data(), {RB, RT, C});
   std::fill_n(dres_.begin(), RS * C, 0.0f);
   const float* last = cfg_.n_layers > 0 ? acts_.back().res_mlp.data() : encoded_.data();
   norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), last, lnf_mean_.data(),
                 lnf_rstd_.data(), lnf_w_, lnf_b_);
-  grads_ready(lnf_w_, lnf_b_ ? lnf_b_ : lnf_w_);
+  grads_ready(lnf_w_, lnf_b_);
 
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
@@ -381,6 +401,7 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     std::fill_n(dfch_act_.begin(), BT * F, 0.0f);
     cpu::linear_backward(mode_, {BT, F, C}, token_offset, dfch_act_.data(), sink(w.fcproj_w),
                          sink(w.fcproj_b), gathered_dres(BT), a.fch_act.data(), p(w.fcproj_w));
+    grads_ready(w.fcproj_w, w.fcproj_b);
     observe("grad/", l, "mlp/act", dfch_act_.data(), {B, T, F});
     if (cfg_.ffn == FfnKind::kGelu) {
       cpu::gelu_backward(mode_, BT * F, dfch_.data(), a.fch.data(), dfch_act_.data());
@@ -391,14 +412,17 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
     linear_backward_column({BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w), sink(w.fc_b),
                            dfch_.data(), a.ln2.data(), w.fc_w);
+    grads_ready(w.fc_w, w.fc_b);
     observe("grad/", l, "ln2/out", dbuf_c_.data(), {RB, RT, C});
     norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), a.res_attn.data(),
                   a.ln2_mean.data(), a.ln2_rstd.data(), w.ln2_w, w.ln2_b);
+    grads_ready(w.ln2_w, w.ln2_b);
     observe("grad/", l, "attn/res", dres_.data(), {RB, RT, C});
     // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
     std::fill_n(datty_.begin(), BT * A, 0.0f);
     cpu::linear_backward(mode_, {BT, A, C}, token_offset, datty_.data(), sink(w.proj_w),
                          sink(w.proj_b), gathered_dres(BT), a.atty.data(), p(w.proj_w));
+    grads_ready(w.proj_w, w.proj_b);
     observe("grad/", l, "attn/out", datty_.data(), {B, T, A});
     cpu::attention_backward(mode_, as, dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(),
                             a.att.data());
@@ -407,16 +431,17 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
     linear_backward_column({BT, C, local_.qkv}, token_offset, dbuf_c_.data(), sink(w.qkv_w), sink(w.qkv_b),
                            dqkv_.data(), a.ln1.data(), w.qkv_w);
+    grads_ready(w.qkv_w, w.qkv_b);
     observe("grad/", l, "ln1/out", dbuf_c_.data(), {RB, RT, C});
     norm_backward(RS, residual_offset, dres_.data(), dbuf_c_.data(), residual_in, a.ln1_mean.data(),
                   a.ln1_rstd.data(), w.ln1_w, w.ln1_b);
-    grads_ready(w.ln1_w, w.fcproj_b ? w.fcproj_b : w.fcproj_w);  // the layer's first and last tensors
+    grads_ready(w.ln1_w, w.ln1_b);
   }
   observe("grad/", -1, "embed/out", dres_.data(), {RB, RT, C});
   // The embedding's gradients from all the tokens (the conjugate of its reduce-scatter).
   cpu::embedding_backward(mode_, embedding_shape(B), token_offset, sink(wte_), sink(wpe_), gathered_dres(BT),
                           inputs);
-  grads_ready(wte_, wpe_ ? wpe_ : wte_);
+  grads_ready(wte_, wpe_);
 }
 
 }  // namespace lockstep

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,6 +67,19 @@ namespace lockstep {
 using TensorHook = std::function<void(std::string_view name, float* data,
                                       std::span<const int64_t> shape)>;
 
+// Where the backward adds parameter gradients when not into the model's own full buffers (ZeRO-2
+// stages a few buckets at a time: src/parallel/zero2_grads.hpp). sink(t) is asked before every op
+// that adds to t's gradient, possibly more than once per micro-batch (a tied wte: the head, then
+// the embedding); it must give the same storage for t until the grad-ready hook has reported all
+// of t in that micro-batch, and storage it hands out first in a micro-batch holds zeros.
+class GradStorage {
+ public:
+  virtual ~GradStorage() = default;
+  virtual GradSink sink(const ParamTensor& t) = 0;
+  // The model's zero_grad(): a step begins.
+  virtual void zero() = 0;
+};
+
 class Gpt {
  public:
   // micro_batch: the largest number of sequences passed to one forward_backward call.
@@ -82,11 +96,18 @@ class Gpt {
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
+  // The model's own gradient buffers; released (grads() is nullptr) while a GradStorage is set.
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   // Canonical mode: the exact per-element gradient sums before finish_grads() rounds them (data
   // parallelism combines these across ranks exactly).
-  ExactAccumulator& exact_grads() { return exact_grads_; }
+  ExactAccumulator& exact_grads() { return *exact_grads_; }
+  // Bytes of the model's own gradient buffers (fp32, and in canonical mode the exact sums' doubles
+  // and spill flags; 0 while a GradStorage is set).
+  uint64_t grad_bytes() const;
+  // Sends every parameter gradient to `storage` (it must outlive its use) and releases the
+  // model's own buffers; nullptr takes them back (zeroed). finish_grads() needs the own buffers.
+  void set_grad_storage(GradStorage* storage);
 
   // Installs (or, with an empty function, removes) the tensor observer. Without one, observing
   // costs one branch per tensor.
@@ -127,15 +148,17 @@ class Gpt {
   // The same for the elements [first, end) of the flat buffer only.
   void finish_grads(int64_t first, int64_t end);
 
-  // Called during the last micro-batch of forward_backward_batch each time a contiguous range
-  // [first, end) of the flat gradient buffer has received its last contribution of the step
-  // (canonical mode: its ExactAccumulator entries are complete), so that data parallelism can
-  // start reducing it while the backward pass goes on: the untied head, then lnf, then each layer
-  // from the last to the first, then wte and wpe (a tied wte is final only after the embedding's
-  // backward). Every element is reported once per step. Under sequence parallelism the norm
-  // tensors are reported with their layer although they still need the caller's sum over tp
-  // (sum_norm_grads). An empty function removes the hook.
-  using GradReadyHook = std::function<void(int64_t first, int64_t end)>;
+  // Called in every micro-batch each time a contiguous range [first, end) of the flat gradient
+  // buffer has received its last contribution of the micro-batch (canonical mode: its exact sums
+  // are complete), so that data parallelism can start reducing it while the backward pass goes
+  // on; last_micro: the step's last micro-batch of forward_backward_batch, after which the range
+  // is final for the step. Ranges come op by op in backward order: the untied head, lnf, then per
+  // layer from the last to the first mlp/proj, mlp/fc, ln2, attn/proj, attn/qkv, ln1, then wte
+  // and wpe (a tied wte only after the embedding's backward, its second write). Every element is
+  // reported once per micro-batch. Under sequence parallelism the norm tensors are reported
+  // although they still need the caller's sum over tp (sum_norm_grads). An empty function
+  // removes the hook.
+  using GradReadyHook = std::function<void(int64_t first, int64_t end, bool last_micro)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
   // Forward only; adds the per-token losses to loss_sum.
   void eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum);
@@ -190,8 +213,8 @@ class Gpt {
                              const ParamTensor* w, const ParamTensor* b);
   // The residual gradient of all BT tokens (all-gathered under sequence parallelism).
   const float* gathered_dres(int64_t BT);
-  // Reports [first->offset, last's end) to the grad-ready hook in the last micro-batch of a step.
-  void grads_ready(const ParamTensor* first, const ParamTensor* last);
+  // Reports [first->offset, last's end) to the grad-ready hook (last: first, or a missing bias).
+  void grads_ready(const ParamTensor* first, const ParamTensor* last = nullptr);
   // Per-token losses of logits_ (and, with backward, dlogits in place), vocabulary-parallel on TP.
   void crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward);
 
@@ -203,7 +226,9 @@ class Gpt {
   LocalDims local_;
   std::vector<ParamTensor> layout_;
   std::vector<float> params_, grads_;
-  ExactAccumulator exact_grads_;  // canonical mode only
+  // Canonical mode only; a pointer so that set_grad_storage can free it (it does not move).
+  std::unique_ptr<ExactAccumulator> exact_grads_ = std::make_unique<ExactAccumulator>();
+  GradStorage* storage_ = nullptr;  // instead of grads_ and exact_grads_
 
   const ParamTensor *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr,
                     *head_ = nullptr;
@@ -223,7 +248,7 @@ class Gpt {
   TensorHook hook_;
   std::vector<std::pair<std::string, Mode>> op_modes_;
   GradReadyHook grad_ready_;
-  bool last_micro_ = false;  // forward_backward runs the step's last micro-batch (grad_ready_ fires)
+  bool last_micro_ = false;  // forward_backward runs the step's last micro-batch
 };
 
 }  // namespace lockstep

@@ -7,6 +7,7 @@
 
 #include "kernels/ops/optim.hpp"
 #include "src/core/check.hpp"
+#include "src/parallel/tensor_parallel.hpp"
 
 namespace lockstep::parallel {
 
@@ -44,19 +45,53 @@ DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicato
     v_.assign(m_.size(), 0.0f);
   }
   if (dp_.size() == 1) return;
-  shard_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
   // Every rank decides alike: the thread level is the job's.
   const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
   if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
   const int64_t bucket_elems = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  const bool sp = model_.sequence_parallel();
+  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems, sp, zero_ == 2);
+  if (zero_ == 2) {
+    // Budget: the largest bucket and three of the next largest (zero2_grads.hpp).
+    std::vector<int64_t> sizes;
+    for (const GradBucket& b : buckets) sizes.push_back(b.size());
+    std::sort(sizes.rbegin(), sizes.rend());
+    const int64_t budget = sizes[0] + 3 * (sizes.size() > 1 ? sizes[1] : 0);
+    const bool exact_shard = reduce_ == ReduceMode::kExact && model_.mode() == Mode::kCanonical;
+    staged_ = std::make_unique<Zero2Grads>(model_.param_layout(), buckets, model_.mode(), shard_first(),
+                                           shard_end(), exact_shard, sp, budget);
+    model_.set_grad_storage(staged_.get());
+  } else {
+    shard_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
+  }
+  // Under zero 2 the staging pool needs every complete bucket reduced during the backward: at once
+  // on this thread when there is no worker.
   buckets_ = std::make_unique<BucketScheduler>(
-      plan_grad_buckets(model_.param_layout(), bucket_elems, model_.sequence_parallel()),
-      [this](const GradBucket& b) { reduce_bucket(b); }, threaded);
-  model_.set_grad_ready_hook([this](int64_t first, int64_t end) { on_grads_ready(first, end); });
+      std::move(buckets), [this](const GradBucket& b) { reduce_bucket(b); }, threaded, zero_ == 2,
+      [this](size_t b) {
+        if (staged_) staged_->close(b);
+      });
+  model_.set_grad_ready_hook([this](int64_t first, int64_t end, bool last) { on_grads_ready(first, end, last); });
 }
 
 DataParallel::~DataParallel() {
-  if (buckets_) model_.set_grad_ready_hook({});
+  if (!buckets_) return;
+  model_.set_grad_ready_hook({});
+  if (staged_) model_.set_grad_storage(nullptr);
+}
+
+const float* DataParallel::grad_shard() const {
+  LS_CHECK(staged_ != nullptr, "grad_shard: gradients are not sharded (zero ", zero_, ", dp ", dp_.size(), ")");
+  return staged_->shard();
+}
+
+uint64_t DataParallel::grad_bytes() const {
+  const uint64_t scratch = (shard_.size() + part_.size() + rounded_.size()) * sizeof(float);
+  return model_.grad_bytes() + (staged_ ? staged_->bytes() : 0) + scratch;
+}
+
+float* DataParallel::grad_at(int64_t i) {
+  return staged_ ? staged_->shard() + (i - shard_first()) : model_.grads() + i;
 }
 
 void DataParallel::gather_shards(const float* mine, float* out) {
@@ -68,7 +103,8 @@ void DataParallel::all_gather_shards(float* buf) {
   gather_shards(mine.data(), buf);
 }
 
-void DataParallel::on_grads_ready(int64_t first, int64_t end) {
+void DataParallel::on_grads_ready(int64_t first, int64_t end, bool last) {
+  if (!staged_ && !last) return;  // zero 0/1 reduce the step's sum: only the last micro-batch's
   if (!model_.sequence_parallel()) {
     buckets_->mark_ready(first, end);
     return;
@@ -79,7 +115,42 @@ void DataParallel::on_grads_ready(int64_t first, int64_t end) {
   }
 }
 
+void DataParallel::reduce_staged(const GradBucket& bucket) {
+  comm::Communicator& comm = grad_comm_ ? *grad_comm_ : dp_;
+  const auto b = static_cast<size_t>(
+      std::lower_bound(buckets_->buckets().begin(), buckets_->buckets().end(), bucket.first,
+                       [](const GradBucket& x, int64_t first) { return x.first < first; }) -
+      buckets_->buckets().begin());
+  const GradSink g = staged_->staged(b);
+  const ShardPlan window = plan_.window(bucket.first, bucket.end);
+  const int64_t mine = bucket.first + window.first(comm.rank()), n = window.size(comm.rank());
+  const int64_t at = n > 0 ? mine - shard_first() : 0;  // where this rank's part goes in the shard
+  if (reduce_ == ReduceMode::kExact && g.exact) {
+    exact_reduce_scatter_add(*g.exact, window, comm, staged_->shard_exact(), at, g.offset);
+  } else {
+    part_.resize(static_cast<size_t>(n));
+    const float* send = g.f32;
+    if (g.exact) {  // canonical mode, fast reduction: this rank's exact sums rounded once
+      rounded_.resize(static_cast<size_t>(bucket.size()));
+      for (int64_t i = 0; i < bucket.size(); ++i) rounded_[static_cast<size_t>(i)] = g.exact->round(static_cast<size_t>(g.offset + i));
+      send = rounded_.data();
+    }
+    if (reduce_ == ReduceMode::kExact) {
+      exact_reduce_scatter(send, window, comm, part_.data());
+    } else {
+      comm.reduce_scatter(send, part_.data(), window.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
+    }
+    float* shard = staged_->shard() + at;
+    for (int64_t i = 0; i < n; ++i) shard[i] += part_[static_cast<size_t>(i)];
+  }
+  staged_->release(b);
+}
+
 void DataParallel::reduce_bucket(const GradBucket& bucket) {
+  if (staged_) {
+    reduce_staged(bucket);
+    return;
+  }
   comm::Communicator& comm = grad_comm_ ? *grad_comm_ : dp_;
   const ShardPlan window = plan_.window(bucket.first, bucket.end);
   const std::vector<int64_t> sizes = window.sizes();
@@ -97,12 +168,14 @@ void DataParallel::reduce_bucket(const GradBucket& bucket) {
     model_.finish_grads(bucket.first, bucket.end);  // canonical: this rank's exact sums rounded once
     comm.reduce_scatter(grads, part, sizes, comm::DataType::kF32, comm::ReduceOp::kSum);
   }
-  if (zero_ < 2) {
-    comm.all_gatherv(part, grads, sizes, window.firsts(), comm::DataType::kF32);
+  comm.all_gatherv(part, grads, sizes, window.firsts(), comm::DataType::kF32);
+}
+
+void DataParallel::sum_norm_grads_over_tp() {
+  if (staged_) {
+    sum_over_tp(staged_->resident_storage(), staged_->resident_indices(), tp_);
   } else {
-    std::copy(part, part + n, model_.grads() + mine);
-    std::fill(grads, model_.grads() + mine, 0.0f);
-    std::fill(model_.grads() + mine + n, model_.grads() + bucket.end, 0.0f);
+    sum_norm_grads(model_, tp_);
   }
 }
 
@@ -112,6 +185,7 @@ void DataParallel::reduce_gradients() {
     return;
   }
   buckets_->finish();
+  if (staged_) staged_->finish_shard();
   if (grad_comm_) dp_.absorb_stats(*grad_comm_);  // the trainer counts bytes on dp
 }
 
@@ -123,23 +197,34 @@ float DataParallel::clip_grad_norm(float max_norm) {
   // global gradient counts once. Shard cuts are chunk starts of their tensor (make_shard_plan) and
   // tp shards are runs of global chunks, so each piece's chunks are those of one process.
   const int64_t first = sharded ? shard_first() : 0, end = sharded ? shard_end() : model_.num_params();
-  float* grads = model_.grads();
   ChunkCombiner sumsq;
   for (const auto& p : model_.param_layout()) {
     if (p.replicated() && tp_.rank() != 0) continue;
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
-    if (a < b) cpu::grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grads + a);
+    if (a < b) cpu::grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grad_at(a));
   }
   const float norm = std::sqrt(combine_exact(sumsq, sharded ? dp_tp_ : tp_));
   if (max_norm > 0.0f && norm > max_norm) {
     const float scale = max_norm / (norm + 1e-6f);  // as optim's clip_grad_norm
-    cpu::scale_inplace(end - first, grads + first, scale);
+    cpu::scale_inplace(end - first, grad_at(first), scale);
   }
   return norm;
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {
-  adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), m_.data(), v_.data());
+  if (!staged_) {
+    adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), m_.data(), v_.data());
+    return;
+  }
+  // adamw_update_range's loop, reading the gradient from the shard (the model has no full buffer).
+  const float bc1 = adamw_bias_correction(adam_.beta1, t), bc2 = adamw_bias_correction(adam_.beta2, t);
+  const int64_t first = shard_first(), end = shard_end();
+  for (const auto& p : model_.param_layout()) {
+    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
+    if (a >= b) continue;
+    const cpu::AdamWParams h{lr, adam_.beta1, adam_.beta2, adam_.eps, p.decay ? adam_.weight_decay : 0.0f, bc1, bc2};
+    cpu::adamw_update(b - a, h, model_.params() + a, m_.data() + (a - first), v_.data() + (a - first), grad_at(a));
+  }
 }
 
 void DataParallel::step(float lr, int64_t t) {

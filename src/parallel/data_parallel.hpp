@@ -6,12 +6,13 @@
 //   backward            the gradient buffer is cut into buckets of about DpOptions::bucket_bytes
 //                       (grad_buckets.hpp); during the last micro-batch's backward the model
 //                       reports each range whose gradient is final (Gpt::set_grad_ready_hook:
-//                       head, lnf, the layers from the last, the embeddings), and each bucket
-//                       whose elements are all final is reduced at once on a worker thread,
+//                       head, lnf, the layers from the last op by op, the embeddings), and each
+//                       bucket whose elements are all final is reduced at once on a worker thread,
 //                       overlapped with the rest of the backward. A bucket's reduction is its part
-//                       of the reduce-scatter below (buckets are cut on shard-plan cuts, so shards,
-//                       the gradient norm and AdamW's ranges do not change), then its part of the
-//                       all-gather (zero 0/1).
+//                       of the reduce-scatter below (each rank's part of a bucket is the bucket's
+//                       window of its shard, so shards, the gradient norm and AdamW's ranges do
+//                       not depend on the buckets), then its part of the all-gather (zero 0/1).
+//                       Zero 2 reduces in every micro-batch instead (below, "ZeRO-2 memory").
 //   reduce_gradients()  replaces model.finish_grads(): starts the buckets not reported yet (all of
 //                       them if the backward did not report; under sequence parallelism the norm
 //                       buckets, whose gradients sum_norm_grads finished after the backward) and
@@ -51,11 +52,17 @@
 // reduce_gradients(). overlap_stats() gives the last step's reduction time, the part of it the
 // main thread waited for after the backward, and the share hidden behind the backward.
 //
-// ZeRO-2 memory: zero 2 saves the optimizer state (as zero 1) and the gradient all-gather; it does
-// not save gradient memory, because the model accumulates every micro-batch's gradient into its
-// full buffers (fp32 grads, and in canonical mode the ExactAccumulator) before any bucket is final
-// — freeing the rest of a bucket after its reduce-scatter would need the model to accumulate into
-// per-bucket storage that it could hand over, which it does not.
+// ZeRO-2 memory: zero 2 saves the optimizer state (as zero 1), the gradient all-gather and the
+// gradient memory. The model gives up its full gradient buffers (Gpt::set_grad_storage) and writes
+// into Zero2Grads (zero2_grads.hpp): buckets of whole tensors staged in a small pool; in every
+// micro-batch each bucket is reduce-scattered as soon as the backward has finished it, and this
+// rank's part accumulated into its shard (exact reduction in canonical mode: the exact sums, one
+// rounding after the last micro-batch — still the single process's bits; otherwise fp32 adds of
+// each micro-batch's reduced part). A rank holds its shard, the staging pool and (sequence
+// parallelism) the norm tensors' gradients, instead of N fp32 values (canonical: and N exact
+// sums); it sends k reduce-scatters for k micro-batches instead of one (grad_bytes() and the
+// trainer's comm_bytes show both). Without a worker thread, buckets are reduced on the main
+// thread as they complete, so that their staging returns to the pool.
 //
 // Under tensor parallelism the model's flat buffer holds this rank's tp shards; every dp member
 // of the group holds the same shards, so all of the above works on that local buffer unchanged
@@ -73,6 +80,7 @@
 #include "src/optim/adamw.hpp"
 #include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/grad_buckets.hpp"
+#include "src/parallel/zero2_grads.hpp"
 
 namespace lockstep::parallel {
 
@@ -118,8 +126,20 @@ class DataParallel {
   int64_t shard_first() const { return plan_.first(dp_.rank()); }
   int64_t shard_end() const { return plan_.end(dp_.rank()); }
 
+  // Sequence parallelism: sum_norm_grads over tp, on the model's buffers or (zero 2) on the
+  // resident norm gradients. Before reduce_gradients(); collective over tp.
+  void sum_norm_grads_over_tp();
   // Replaces model.finish_grads() after the last micro-batch (see the header comment).
   void reduce_gradients();
+  // Zero 2 with dp > 1: this rank's reduced gradient shard (shard_end() - shard_first() floats;
+  // the model then has no gradient buffer).
+  bool grads_sharded() const { return staged_ != nullptr; }
+  const float* grad_shard() const;
+  // Bytes of gradient storage this rank holds: the model's buffers, ZeRO-2's shard and staging,
+  // the reduction's scratch.
+  uint64_t grad_bytes() const;
+  // Zero 2: the most bytes the staging pool may hold (0 otherwise).
+  uint64_t staging_budget_bytes() const { return staged_ ? staged_->budget_bytes() : 0; }
   // The buckets (none without data parallelism) and whether they overlap the backward.
   std::vector<GradBucket> buckets() const { return buckets_ ? buckets_->buckets() : std::vector<GradBucket>{}; }
   bool overlapped() const { return buckets_ && buckets_->threaded(); }
@@ -147,9 +167,13 @@ class DataParallel {
   void all_gather_shards(float* buf);
   // The model reports [first, end) final: under sequence parallelism its norm tensors wait for
   // reduce_gradients() (sum_norm_grads finishes them after the backward).
-  void on_grads_ready(int64_t first, int64_t end);
+  void on_grads_ready(int64_t first, int64_t end, bool last_micro);
   // One bucket's part of the reduce-scatter (and all-gather, zero 0/1), on the worker's group.
   void reduce_bucket(const GradBucket& bucket);
+  // Zero 2: one micro-batch's bucket from its staging, reduce-scattered and added to the shard.
+  void reduce_staged(const GradBucket& bucket);
+  // Gradient element i (global index; under zero 2 inside this rank's shard).
+  float* grad_at(int64_t i);
 
   Gpt& model_;
   comm::Communicator& dp_;
@@ -161,9 +185,11 @@ class DataParallel {
   ShardPlan plan_;
   std::unique_ptr<AdamW> replicated_;  // zero 0
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
-  std::vector<float> shard_;           // reduced gradient shard (scratch; buckets write disjoint parts)
+  std::vector<float> shard_;           // zero 0/1: reduced gradient shard (scratch; buckets write disjoint parts)
+  std::vector<float> part_, rounded_;  // zero 2: a bucket's reduced part, its rounded exact sums
+  std::unique_ptr<Zero2Grads> staged_;             // zero 2 with dp > 1
   std::unique_ptr<comm::Communicator> grad_comm_;  // the worker's duplicate of dp (overlap only)
-  std::unique_ptr<BucketScheduler> buckets_;       // after grad_comm_: its worker goes first
+  std::unique_ptr<BucketScheduler> buckets_;       // last: its worker goes first
 };
 
 }  // namespace lockstep::parallel

@@ -15,11 +15,11 @@ constexpr int kSpillWords = 2 + SuperAccumulator::kDigits;
 
 // Adds every rank's block of values for my shard (recv holds `parts` blocks of `shard`).
 template <class T>
-void add_blocks(const std::vector<T>& recv, int64_t shard, int parts, ExactAccumulator& acc) {
+void add_blocks(const std::vector<T>& recv, int64_t shard, int parts, ExactAccumulator& acc, int64_t acc_offset = 0) {
   for (int q = 0; q < parts; ++q) {
     const T* block = recv.data() + static_cast<size_t>(q) * static_cast<size_t>(shard);
     for (int64_t i = 0; i < shard; ++i) {
-      if (block[i] != T{0}) acc.add(static_cast<size_t>(i), static_cast<double>(block[i]));
+      if (block[i] != T{0}) acc.add(static_cast<size_t>(acc_offset + i), static_cast<double>(block[i]));
     }
   }
 }
@@ -69,11 +69,19 @@ ShardPlan make_shard_plan(const std::vector<ParamTensor>& layout, int parts) {
 
 void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
                           float* out, int64_t offset) {
+  ExactAccumulator sum(static_cast<size_t>(plan.size(comm.rank())));
+  exact_reduce_scatter_add(local, plan, comm, sum, 0, offset);
+  sum.round_to(out);
+}
+
+void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
+                              ExactAccumulator& sum, int64_t sum_offset, int64_t offset) {
   const int parts = comm.size(), me = comm.rank();
   const auto np = static_cast<size_t>(parts);
   LS_CHECK(plan.parts() == parts && offset >= 0 &&
            static_cast<size_t>(offset + plan.end(parts - 1)) <= local.size());
   const int64_t shard = plan.size(me);
+  LS_CHECK(sum_offset >= 0 && static_cast<size_t>(sum_offset + shard) <= sum.size());
 
   // 1. Every rank's exact double of each element of my shard (stale where spilled; see 3).
   const std::vector<int64_t> sizes = plan.sizes(), firsts = plan.firsts(), blocks(np, shard),
@@ -107,8 +115,7 @@ void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, 
   doubles.wait();
 
   // 3. A spilled element's double is already in its SuperAccumulator: drop it, add the rest exactly
-  //    (any order), round once.
-  ExactAccumulator sum(static_cast<size_t>(shard));
+  //    (any order).
   for (int q = 0; q < parts; ++q) {
     const int64_t first = recv_displs[static_cast<size_t>(q)], end = first + recv_counts[static_cast<size_t>(q)];
     for (int64_t r = first; r < end; r += kSpillWords) {
@@ -116,11 +123,10 @@ void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, 
       LS_CHECK(rec[0] >= 0 && rec[0] < shard, "spilled element ", rec[0], " outside the shard of ", shard);
       const auto i = static_cast<size_t>(rec[0]);
       recv[static_cast<size_t>(q) * static_cast<size_t>(shard) + i] = 0.0;
-      sum.add(i, SuperAccumulator::from_digits(rec + 2, static_cast<uint8_t>(rec[1])));
+      sum.add(static_cast<size_t>(sum_offset) + i, SuperAccumulator::from_digits(rec + 2, static_cast<uint8_t>(rec[1])));
     }
   }
-  add_blocks(recv, shard, parts, sum);
-  sum.round_to(out);
+  add_blocks(recv, shard, parts, sum, sum_offset);
 }
 
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out) {

@@ -69,6 +69,10 @@ ShardPlan make_shard_plan(const std::vector<ParamTensor>& layout, int parts);
 // buckets of data_parallel.hpp), never to these.
 void exact_reduce_scatter(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
                           float* out, int64_t offset = 0);
+// The same, but the exact sums are added to elements sum_offset + [0, plan.size(rank)) of `sum`
+// instead of being rounded (ZeRO-2 accumulates a shard over micro-batches and rounds once).
+void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& plan, comm::Communicator& comm,
+                              ExactAccumulator& sum, int64_t sum_offset, int64_t offset = 0);
 // The same for ranks whose local sums are fp32 values (fast-mode gradients): one term each.
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out);
 

@@ -18,7 +18,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout, int64_t bucket_elems,
-                                          bool split_norms) {
+                                          bool split_norms, bool whole_tensors) {
   LS_CHECK(!layout.empty() && bucket_elems >= 1, "bucket of ", bucket_elems, " elements");
   const int64_t n = layout.back().offset + layout.back().numel;
   // Tensor starts where the buffer passes between norm and other tensors.
@@ -28,7 +28,13 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout
   }
   std::vector<GradBucket> buckets;
   for (int64_t first = 0; first < n;) {
-    int64_t end = first_valid_cut(layout, std::min(first + bucket_elems, n));
+    const int64_t target = std::min(first + bucket_elems, n);
+    int64_t end = first_valid_cut(layout, target);
+    if (whole_tensors) {  // the end of the tensor holding element target - 1
+      const auto t = std::upper_bound(layout.begin(), layout.end(), target - 1,
+                                      [](int64_t x, const ParamTensor& p) { return x < p.offset + p.numel; });
+      end = t->offset + t->numel;
+    }
     const auto next_forced = std::upper_bound(forced.begin(), forced.end(), first);
     if (next_forced != forced.end()) end = std::min(end, *next_forced);
     buckets.push_back({first, end});
@@ -38,9 +44,10 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout
 }
 
 BucketScheduler::BucketScheduler(std::vector<GradBucket> buckets, std::function<void(const GradBucket&)> reduce,
-                                 bool threaded)
-    : buckets_(std::move(buckets)), reduce_(std::move(reduce)), ready_(buckets_.size(), 0),
-      started_(buckets_.size(), 0) {
+                                 bool threaded, bool every_micro_batch, std::function<void(size_t)> complete)
+    : buckets_(std::move(buckets)), reduce_(std::move(reduce)), every_micro_batch_(every_micro_batch),
+      complete_(std::move(complete)),
+      ready_(buckets_.size(), 0), started_(buckets_.size(), 0) {
   LS_CHECK(!buckets_.empty());
   if (threaded) worker_ = std::thread([this] { run_worker(); });
 }
@@ -63,13 +70,23 @@ void BucketScheduler::mark_ready(int64_t first, int64_t end) {
     const auto b = static_cast<size_t>(it - buckets_.begin());
     ready_[b] += std::min(end, it->end) - std::max(first, it->first);
     LS_CHECK(ready_[b] <= it->size(), "gradient elements of bucket ", b, " reported final twice");
-    if (ready_[b] == it->size()) start(b);
+    if (ready_[b] == it->size()) {
+      if (every_micro_batch_) ready_[b] = 0;
+      start(b);
+    }
   }
 }
 
 void BucketScheduler::start(size_t b) {
   started_[b] = 1;
-  if (!threaded()) return;  // reduced in finish()
+  if (complete_) complete_(b);
+  if (!threaded()) {
+    if (!every_micro_batch_) return;  // reduced in finish()
+    const auto t0 = Clock::now();
+    reduce_(buckets_[b]);
+    comm_s_ += seconds_since(t0);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(b);
@@ -118,12 +135,15 @@ void BucketScheduler::finish() {
     comm_s = comm_s_;
     comm_s_ = 0;
     std::swap(error, error_);
-  } else {
+  } else if (!every_micro_batch_) {
     for (const GradBucket& bucket : buckets_) reduce_(bucket);
   }
   last_.buckets = static_cast<int>(buckets_.size());
   last_.exposed_s = seconds_since(t0);
-  last_.comm_s = threaded() ? comm_s : last_.exposed_s;
+  // Without a worker nothing overlaps: per-micro-batch reductions ran inside the backward, on its thread.
+  last_.comm_s = threaded() ? comm_s : (every_micro_batch_ ? comm_s_ : last_.exposed_s);
+  if (!threaded()) last_.exposed_s = last_.comm_s;
+  comm_s_ = 0;
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(started_.begin(), started_.end(), uint8_t{0});
   if (error) std::rethrow_exception(error);

@@ -46,8 +46,11 @@ struct GradBucket {
 // after first + bucket_elems (one 64-element chunk when bucket_elems is smaller; the whole buffer
 // when it is larger). With split_norms, also cut wherever the buffer passes between norm tensors
 // and others, so that no bucket mixes them (sequence parallelism finishes norm gradients later).
+// whole_tensors: cut only between tensors (at the first tensor end at or after first +
+// bucket_elems), so that each tensor lies in one bucket (ZeRO-2 stages a bucket as one buffer and
+// the model writes a tensor through one pointer).
 std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout, int64_t bucket_elems,
-                                          bool split_norms);
+                                          bool split_norms, bool whole_tensors = false);
 
 // Last step's figures (see the header comment).
 struct OverlapStats {
@@ -61,7 +64,12 @@ class BucketScheduler {
  public:
   // reduce(bucket) performs one bucket's reduction (collectives on a group no other thread uses
   // meanwhile). threaded: run it on the worker as buckets complete; otherwise in finish().
-  BucketScheduler(std::vector<GradBucket> buckets, std::function<void(const GradBucket&)> reduce, bool threaded);
+  // every_micro_batch (ZeRO-2: each micro-batch's gradient is reduced on its own): a bucket
+  // completes in every micro-batch, its count restarting, and without a worker it is reduced at
+  // once on the caller's thread. complete(b), if given, runs on the main thread as bucket b
+  // completes, before its reduction.
+  BucketScheduler(std::vector<GradBucket> buckets, std::function<void(const GradBucket&)> reduce, bool threaded,
+                  bool every_micro_batch = false, std::function<void(size_t)> complete = {});
   // Waits for the reductions already started (their buffers are in use), then ends the worker.
   ~BucketScheduler();
   BucketScheduler(const BucketScheduler&) = delete;
@@ -70,11 +78,12 @@ class BucketScheduler {
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   bool threaded() const { return worker_.joinable(); }
 
-  // Elements [first, end) are final for this step; each element is reported at most once per step.
-  // A bucket that becomes complete is handed to the worker. Main thread only.
+  // Elements [first, end) are ready; each element is reported at most once per step (with
+  // every_micro_batch: once before its bucket completes). A bucket that becomes complete is handed
+  // to the worker. Main thread only.
   void mark_ready(int64_t first, int64_t end);
-  // Marks every element not yet reported (buckets in buffer order), waits until every bucket is
-  // reduced, rethrows the first error of a reduction, and starts the next step's count.
+  // Starts every bucket that has not completed this step (buckets in buffer order), waits until
+  // every bucket is reduced, rethrows the first error of a reduction, and starts the next step.
   void finish();
   const OverlapStats& last_step() const { return last_; }
 
@@ -84,7 +93,9 @@ class BucketScheduler {
 
   std::vector<GradBucket> buckets_;
   std::function<void(const GradBucket&)> reduce_;
-  std::vector<int64_t> ready_;    // elements of each bucket reported this step
+  bool every_micro_batch_;
+  std::function<void(size_t)> complete_;
+  std::vector<int64_t> ready_;    // elements of each bucket reported since it last completed
   std::vector<uint8_t> started_;  // bucket handed over this step
   OverlapStats last_;
 

@@ -75,18 +75,23 @@ void sum_norm_grads(Gpt& model, comm::Communicator& tp) {
   for (const auto& t : model.param_layout()) {
     for (int64_t i = 0; t.norm && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
   }
+  const bool canonical = model.mode() == Mode::kCanonical;
+  sum_over_tp(canonical ? GradSink{nullptr, &model.exact_grads(), 0} : GradSink{model.grads(), nullptr, 0}, idx, tp);
+}
+
+void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communicator& tp) {
   const auto n = static_cast<int64_t>(idx.size());
   const int p = tp.size(), me = tp.rank();
-  if (model.mode() != Mode::kCanonical) {
+  if (grads.exact == nullptr) {
     std::vector<float> sum(idx.size());
-    for (size_t j = 0; j < idx.size(); ++j) sum[j] = model.grads()[idx[j]];
+    for (size_t j = 0; j < idx.size(); ++j) sum[j] = grads.f32[idx[j]];
     CommTpGroup(tp).all_reduce_sum(sum.data(), n);
-    for (size_t j = 0; j < idx.size(); ++j) model.grads()[idx[j]] = sum[j];
+    for (size_t j = 0; j < idx.size(); ++j) grads.f32[idx[j]] = sum[j];
     return;
   }
   // Every rank's exact sums: the doubles (0 where spilled) and a record per spilled element
   // (index, flags, digits), then the others' added to mine — exact in any order.
-  ExactAccumulator& acc = model.exact_grads();
+  ExactAccumulator& acc = *grads.exact;
   constexpr int kWords = 2 + SuperAccumulator::kDigits;
   std::vector<double> mine(idx.size());
   std::vector<int64_t> records;

@@ -53,6 +53,9 @@ uint64_t tp_min_bytes(const ModelConfig& model, int64_t tp, bool sp, int64_t tok
 // SuperAccumulators of spilled elements) added exactly, still unrounded; fast: an fp32 sum with the
 // same bits on every rank. Collective over tp.
 void sum_norm_grads(Gpt& model, comm::Communicator& tp);
+// The same for elements idx (the same on every rank) of gradient storage: grads.f32[i] (fast) or
+// grads.exact's element i (canonical); grads.offset is ignored.
+void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communicator& tp);
 
 class CommTpGroup final : public TpGroup {
  public:

@@ -221,8 +221,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                   : std::vector<float>(local, local + model.num_params());
   };
   // Dumps the whole tensors of `local` (this rank's flat buffer) as prefix + name, if `step` dumps
-  // any of them: ZeRO-2's gradient shards are gathered over dp first (dp_sharded), then the tp
-  // shards over tp. Collective; the decision is the same on every rank.
+  // any of them: ZeRO-2's gradient shards (dp_sharded: `local` is this rank's shard) are gathered
+  // over dp first, then the tp shards over tp. Collective; the decision is the same on every rank.
   auto dump_params = [&](int64_t step, const std::string& prefix, const float* local, bool dp_sharded) {
     std::vector<std::string> names;
     for (const auto& p : global_layout) names.push_back(prefix + p.name);
@@ -230,7 +230,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     std::vector<float> replica;
     if (dp_sharded) {
       replica.resize(static_cast<size_t>(model.num_params()));
-      ddp.gather_shards(local + ddp.shard_first(), replica.data());
+      ddp.gather_shards(local, replica.data());
       local = replica.data();
     }
     const std::vector<float> global = gather(local);
@@ -283,12 +283,24 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                 static_cast<uint64_t>(dp);
   const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, tp, pc.sp, BL * T);
   const uint64_t min_bytes = dp_min_bytes + tp_min_bytes;
+  // The model's own gradient buffers: fp32, and in canonical mode the exact sums (a double and a
+  // spill flag per element).
+  const uint64_t full_grad_bytes =
+      static_cast<uint64_t>(model.num_params()) *
+      (tc.mode == Mode::kCanonical ? sizeof(float) + sizeof(double) + 1 : sizeof(float));
   if (world.size() > 1) {
     out << "parallel: " << mesh.describe() << (pc.sp ? ", sequence parallel" : "") << ", zero " << pc.zero
         << ", reduce " << pc.reduce << "; rank batch " << BL << " (micro-batch " << MBL << "); " << model.num_params() << " parameters per rank; optimizer state "
         << ddp.optimizer_state_bytes() << " bytes per rank (replicated: " << 8 * model.num_params()
         << "); minimum sent per rank per step " << min_bytes << " bytes (gradient sync " << dp_min_bytes
         << ", tensor parallel " << tp_min_bytes << ")\n";
+    // Buckets as large as the model leave zero 2 nothing to save: say so rather than let a user
+    // believe the gradient is sharded in memory.
+    const uint64_t staging = ddp.staging_budget_bytes();
+    if (staging > 0 && staging >= full_grad_bytes) {
+      out << "warning: ZeRO-2 stages up to " << staging << " gradient bytes per rank, as much as a full gradient: "
+          << "[parallel] bucket_mb (" << std::setprecision(4) << pc.bucket_mb << ") is too large for this model to save gradient memory\n";
+    }
   }
 
   MetricsWriter metrics;
@@ -348,13 +360,14 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     model.forward_backward_batch(inputs.data(), targets.data(), BL, MBL, dp_rank * BL * T, dloss,
                                  loss_sum);
     injector.end_step(model);
-    if (model.sequence_parallel()) parallel::sum_norm_grads(model, tpc);
+    if (model.sequence_parallel()) ddp.sum_norm_grads_over_tp();
     ddp.reduce_gradients();
     const parallel::OverlapStats overlap = ddp.overlap_stats();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);
     if (dump) {
       dump->add("loss", &loss, {});
-      dump_params(step, "grad/param/", model.grads(), pc.zero == 2 && dp > 1);  // reduced, before clipping
+      // Reduced, before clipping.
+      dump_params(step, "grad/param/", ddp.grads_sharded() ? ddp.grad_shard() : model.grads(), ddp.grads_sharded());
     }
     const float grad_norm = ddp.clip_grad_norm(static_cast<float>(tc.grad_clip));
     ddp.step(lr, step + 1);
@@ -382,7 +395,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
         out << "; " << overlap.buckets << " gradient buckets, " << std::setprecision(0) << 100 * overlap.hidden_share()
             << "% of their communication hidden behind the backward";
       }
-      out << "\n";
+      // After a step: ZeRO-2's staging pool fills as the backward needs it.
+      out << "; gradient storage " << ddp.grad_bytes() << " bytes per rank (full buffers: " << full_grad_bytes
+          << ")\n";
     }
 
     const double tokens_per_s = static_cast<double>(B * T) / dt;
@@ -405,6 +420,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     if (world.size() > 1) {
       record["comm_bytes"] = step_bytes;
       record["optimizer_state_bytes"] = ddp.optimizer_state_bytes();
+      record["grad_bytes"] = ddp.grad_bytes();
       record["grad_buckets"] = overlap.buckets;
       record["grad_comm_ms"] = 1e3 * overlap.comm_s;
       record["grad_exposed_ms"] = 1e3 * overlap.exposed_s;

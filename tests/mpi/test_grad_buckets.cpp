@@ -5,7 +5,8 @@
 //    on the worker during the backward: gradients after reduce_gradients(), the gradient norm and
 //    the parameters after AdamW are bitwise those of one bucket reduced after the backward (the
 //    reduction as it was before buckets);
-//  - canonical mode with exact reduction: bitwise the single-process step over the whole batch;
+//  - canonical mode with exact reduction: bitwise the single-process step over the whole batch
+//    (two micro-batches per rank, which zero 2 reduces one by one; tied and untied embeddings);
 //  - at dp 2 x tp 2 with sequence parallelism (4 ranks), where the norm gradients are final only
 //    after sum_norm_grads: bitwise the one bucket after the backward;
 //  - at dp 2, on the shape of scripts/configs/tiny.toml: the same equality, and the overlap
@@ -116,9 +117,15 @@ StepsResult run(const ModelConfig& cfg, const Layout& l, Groups g, int64_t seqs,
     gpt.zero_grad();
     ChunkCombiner loss;
     gpt.forward_backward_batch(inputs.data(), targets.data(), BL, 1, first * T, 1.0f / static_cast<float>(B * T), loss);
-    if (g.sp) sum_norm_grads(gpt, *g.tp);
+    if (g.sp) ddp.sum_norm_grads_over_tp();
     ddp.reduce_gradients();
-    r.grads.emplace_back(gpt.grads(), gpt.grads() + gpt.num_params());
+    if (ddp.grads_sharded()) {  // zero 2: the shard at its place, zeros elsewhere
+      r.grads.emplace_back(static_cast<size_t>(gpt.num_params()), 0.0f);
+      std::copy(ddp.grad_shard(), ddp.grad_shard() + (ddp.shard_end() - ddp.shard_first()),
+                r.grads.back().begin() + ddp.shard_first());
+    } else {
+      r.grads.emplace_back(gpt.grads(), gpt.grads() + gpt.num_params());
+    }
     r.stats.push_back(ddp.overlap_stats());
     r.norms.push_back(ddp.clip_grad_norm(1.0f));
     ddp.step(1e-3f, step + 1);
@@ -168,10 +175,13 @@ TEST(GradBucketsMpi, OverlappedBucketsGiveTheBitsOfOneBucketAfterTheBackward) {
 }
 
 TEST(GradBucketsMpi, CanonicalExactIsTheSingleProcessStep) {
-  const ModelConfig cfg = small_model();
   const int p = g_world->size();
   comm::SelfCommunicator alone("dp");
-  for (int zero : {0, 1, 2}) {
+  // Two micro-batches per rank (zero 2 reduces each on its own); tied: wte's bucket stays open
+  // from the head's backward to the embedding's.
+  for (const auto& [zero, tied] : {std::pair{0, false}, {1, false}, {2, false}, {2, true}}) {
+    ModelConfig cfg = small_model();
+    cfg.tie_embeddings = tied;
     const Layout l{Mode::kCanonical, ReduceMode::kExact, zero};
     const StepsResult one = run(cfg, l, {alone}, 2 * p, {});
     const StepsResult dp = run(cfg, l, {*g_world}, 2 * p, {int64_t{16} << 10, true});
@@ -179,7 +189,7 @@ TEST(GradBucketsMpi, CanonicalExactIsTheSingleProcessStep) {
     const ShardPlan plan = make_shard_plan(Gpt(cfg, l.mode, 1).param_layout(), p);
     const int me = g_world->rank();
     expect_same(dp, one, zero == 2 ? plan.first(me) : 0, zero == 2 ? plan.end(me) : static_cast<int64_t>(one.params.size()),
-                describe(l, int64_t{16} << 10) + " against one process");
+                describe(l, int64_t{16} << 10) + (tied ? ", tied" : "") + " against one process");
   }
 }
 

@@ -2,8 +2,8 @@
 //  - plan_grad_buckets tiles the buffer with buckets that end on valid shard cuts, of one chunk
 //    when asked for less, of the whole buffer when asked for more, never mixing norm and other
 //    tensors with split_norms;
-//  - the model's grad-ready hook reports every element once per step, during the last micro-batch
-//    only, in the documented order, and each range is final when reported (its values then are
+//  - the model's grad-ready hook reports every element once per micro-batch, in the documented
+//    order, and in the last micro-batch each range is final when reported (its values then are
 //    the step's gradient), for tied and untied heads, learned and rotary positions, canonical and
 //    fast mode;
 //  - BucketScheduler reduces every bucket once per step, on its worker or in finish().
@@ -99,13 +99,15 @@ void check_hook(const ModelConfig& cfg, Mode mode, int64_t micro) {
   auto value = [&](int64_t i) {
     return mode == Mode::kCanonical ? gpt.exact_grads().round(static_cast<size_t>(i)) : gpt.grads()[i];
   };
-  std::vector<int> reported(static_cast<size_t>(n), 0);
+  std::vector<int> reported(static_cast<size_t>(n), 0), reported_last(static_cast<size_t>(n), 0);
   std::vector<float> at_report(static_cast<size_t>(n));
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  gpt.set_grad_ready_hook([&](int64_t first, int64_t end) {
+  gpt.set_grad_ready_hook([&](int64_t first, int64_t end, bool last) {
+    for (int64_t i = first; i < end; ++i) reported[static_cast<size_t>(i)] += 1;
+    if (!last) return;
     ranges.emplace_back(first, end);
     for (int64_t i = first; i < end; ++i) {
-      reported[static_cast<size_t>(i)] += 1;
+      reported_last[static_cast<size_t>(i)] += 1;
       at_report[static_cast<size_t>(i)] = value(i);
     }
   });
@@ -113,7 +115,8 @@ void check_hook(const ModelConfig& cfg, Mode mode, int64_t micro) {
   ChunkCombiner loss;
   gpt.forward_backward_batch(inputs.data(), targets.data(), micro, 1, 0, 1.0f / static_cast<float>(micro * T), loss);
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(reported[static_cast<size_t>(i)], 1) << "element " << i << " reported that many times";
+    ASSERT_EQ(reported[static_cast<size_t>(i)], micro) << "element " << i << " reported that many times";
+    ASSERT_EQ(reported_last[static_cast<size_t>(i)], 1) << "element " << i << " reported that many times last";
     const float now = value(i), then = at_report[static_cast<size_t>(i)];
     ASSERT_EQ(std::memcmp(&now, &then, sizeof now), 0) << "element " << i << " changed after it was reported";
   }
@@ -124,10 +127,12 @@ void check_hook(const ModelConfig& cfg, Mode mode, int64_t micro) {
   ASSERT_EQ(ranges.back(), std::make_pair(int64_t{0}, embed_end));
   for (size_t k = 1; k + 1 < ranges.size(); ++k) EXPECT_EQ(ranges[k].second, ranges[k - 1].first) << "range " << k;
   EXPECT_EQ(ranges.front().second, n);
-  // Without the batch driver (a lone forward_backward), nothing is reported.
+  // Without the batch driver (a lone forward_backward), every element is reported, not as last.
   ranges.clear();
+  std::fill(reported.begin(), reported.end(), 0);
   gpt.forward_backward(inputs.data(), targets.data(), 1, 0, 1.0f, loss);
   EXPECT_TRUE(ranges.empty());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(reported[static_cast<size_t>(i)], 1) << "element " << i;
 }
 
 TEST(GradReadyHook, ReportsEveryElementOnceWhenFinal) {
