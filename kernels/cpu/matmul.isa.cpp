@@ -8,19 +8,33 @@
 //  - A kMr x kNr output tile keeps 2·kMr vector accumulators. Each SIMD lane is one output
 //    element's sequential fp32 FMA chain over a chunk of 64 k's, started from +0.0f: exactly
 //    chunk_dot of kernels/ops/canonical.hpp, so the bits do not depend on the vector width.
-//  - At every chunk end the lane partials are widened to double and added to per-element double
-//    sums. An addition t = s + p is exact iff (t − s) − p == 0 and (t − p) − s == 0 (for the
-//    operand of larger magnitude the difference is computed exactly — Dekker's Fast2Sum lemma —
-//    and differs from the other operand iff t is not s + p; a non-finite operand yields NaN or
-//    inf). Every element whose sum was ever inexact, or met inf/NaN, is recomputed with the scalar
-//    specification canonical_dot, which is bitwise what the vector path computes when its sums
-//    are exact. Otherwise the exact double sum is rounded to fp32 once — ChunkCombiner's fast path.
+//  - At every chunk end the lane partials p_j are widened to double and added, in chunk order, to
+//    per-element double sums t_j = t_{j-1} + p_j (t_0 = +0.0) — ChunkCombiner's additions, in its
+//    order. Beside them each element keeps big = max_j |t_j| and small = min |p_j| over its
+//    nonzero partials. Exactness argument (checked once per element, after the last chunk):
+//      every finite fp32 value with biased exponent field e is an integer multiple of
+//      g(e) = 2^(max(e,1) − 150), and |p| >= small implies field(p) >= field(small); so every
+//      partial (zeros included) and every exact prefix sum S_j is a multiple of
+//      g = g(field(small)). A multiple of g below 2^53·g in magnitude is a double, so
+//      t_j = RN(t_{j−1} + p_j) equals S_j whenever t_{j−1} = S_{j−1} and |S_j| < 2^53·g; and if
+//      |S_j| >= 2^53·g then |t_j| >= 2^53·g (rounding is monotone and 2^53·g is a double). By
+//      induction: if big < 2^53·g, every t_j is exact — which big's exponent field eb shows when
+//      2^(eb − 1022) <= 2^(53 + max(field(small),1) − 150), i.e. eb − max(field(small),1) <= 925.
+//      A non-finite partial makes every later t_j inf or NaN, and finite partials cannot
+//      overflow a double, so "the last t is finite" means "every partial was finite".
+//    Such an element's scalar specification performs the same exact double additions in the same
+//    order (TwoSum finds no error) and rounds t_c to fp32 once: the vector path narrows t_c.
+//    Every other element — inexact, non-finite, or beyond what this sufficient test proves — is
+//    recomputed with the scalar specification canonical_dot itself.
+//    With a single chunk (K <= 64) there is nothing to combine: the result is RN(+0.0 + p), which
+//    for finite p is the fp32 addition p + 0.0f; non-finite partials take the scalar path.
 //  - Threads split the output into tiles (OpenMP over tile indices); no sum crosses threads, so
 //    the bits do not depend on the thread count either.
 // Not here: dispatch (matmul.cpp), fast-mode products (OpenBLAS), the linear layer (linear.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +51,10 @@
 namespace lockstep::cpu::LS_ISA_NS {
 namespace {
 
+// The exactness test of the header comment: a double sum is proven exact when the exponent field
+// of max |t_j| exceeds max(field(min nonzero |p_j|), 1) by at most this much.
+constexpr int64_t kExactWindow = 925;
+
 // Register budget: 2·kMr accumulators + 2 B vectors + 1 broadcast of A must fit the register file
 // (16 ymm for AVX2: 6 rows; 32 zmm for AVX-512: 12 rows).
 #if defined(__AVX512F__)
@@ -46,9 +64,17 @@ using VecF = __m512;
 using VecD = __m512d;
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_load_ps(p); }
+inline VecF vloadu(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm512_store_ps(p, v); }
+inline void vstoreu(float* p, VecF v) { _mm512_storeu_ps(p, v); }
 inline VecF vset1(float x) { return _mm512_set1_ps(x); }
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+// True when no lane is inf or NaN (exponent field below all ones).
+inline bool vall_finite(VecF v) {
+  const __m512i e = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
+  return _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7f800000)) == 0;
+}
 // The zero-masked forms: GCC 12 warns (-Wmaybe-uninitialized) on the unmasked ones, whose
 // pass-through operand is _mm512_undefined_*; all lanes are selected, so the result is the same.
 template <int kHalfIndex>
@@ -62,9 +88,31 @@ inline VecD dzero() { return _mm512_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm512_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm512_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm512_add_pd(a, b); }
-inline VecD dsub(VecD a, VecD b) { return _mm512_sub_pd(a, b); }
-inline VecD dor(VecD a, VecD b) { return _mm512_or_pd(a, b); }
-inline bool dany(VecD a) { return _mm512_test_epi64_mask(_mm512_castpd_si512(a), _mm512_castpd_si512(a)) != 0; }
+// max(big, |t|) (VRANGEPD: absolute maximum, sign cleared; a NaN t leaves big as it is, which the
+// finiteness test of the sum makes irrelevant).
+inline VecD dabsmax(VecD big, VecD t) { return _mm512_range_pd(big, t, 0x0B); }
+// min(small, |p|) over nonzero p: VFIXUPIMMPS maps ±0 to +inf (token ZERO -> response 5, every
+// other token -> response 1, the value itself), then VRANGEPS takes the absolute minimum.
+inline VecF vinf() { return _mm512_set1_ps(__builtin_huge_valf()); }
+inline VecF vabsmin_nonzero(VecF small, VecF p) {
+  const VecF q = _mm512_fixupimm_ps(p, p, _mm512_set1_epi32(0x11111511), 0);
+  return _mm512_range_ps(small, q, 0x0A);
+}
+// Bit i set when element i (of kHalf) passes the exactness test of the header comment:
+// eb − max(field(small), 1) <= 925 and the sum is finite.
+inline uint32_t exact_lanes(const double* sum, const double* big, const float* small) {
+  // Zero-masked shift and widening for the reason given at widen().
+  const __m512i eb = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(_mm512_load_pd(big)), 52);
+  const __m256i es32 = _mm256_max_epu32(
+      _mm256_srli_epi32(_mm256_castps_si256(_mm256_load_ps(small)), 23), _mm256_set1_epi32(1));
+  const __m512i es = _mm512_maskz_cvtepu32_epi64(0xff, es32);
+  const __mmask8 window =
+      _mm512_cmple_epi64_mask(_mm512_sub_epi64(eb, es), _mm512_set1_epi64(kExactWindow));
+  const __m512i exp = _mm512_set1_epi64(0x7ff0000000000000LL);
+  const __mmask8 finite = _mm512_cmpneq_epi64_mask(
+      _mm512_and_si512(_mm512_castpd_si512(_mm512_load_pd(sum)), exp), exp);
+  return static_cast<uint32_t>(window & finite);
+}
 // kHalf floats: a vector of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as
 // static_cast<float>; the zero-masked form for the reason given at widen()).
 using HalfF = __m256;
@@ -72,6 +120,35 @@ inline HalfF narrow(VecD d) { return _mm512_maskz_cvtpd_ps(0xff, d); }
 inline HalfF hloadu(const float* p) { return _mm256_loadu_ps(p); }
 inline void hstoreu(float* p, HalfF v) { _mm256_storeu_ps(p, v); }
 inline HalfF hadd(HalfF a, HalfF b) { return _mm256_add_ps(a, b); }
+// Stores the first n lanes of v.
+inline void vstore_first(float* p, VecF v, int n) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+}
+// r[i][j] <- r[j][i] for a 16 x 16 block (zero-masked unpacks for the reason given at widen()).
+inline void transpose(VecF r[kLanes]) {
+  VecF t[kLanes];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(0xffff, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[2 * i], r[2 * i + 1]);
+  }
+  const auto pd = [](VecF v) { return _mm512_castps_pd(v); };
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_f32x4(0xffff, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_maskz_shuffle_f32x4(0xffff, r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_maskz_shuffle_f32x4(0xffff, r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0xdd);
+  }
+}
 #else
 constexpr int kLanes = 8;
 constexpr int kMr = 6;
@@ -79,27 +156,79 @@ using VecF = __m256;
 using VecD = __m256d;
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_load_ps(p); }
+inline VecF vloadu(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm256_store_ps(p, v); }
+inline void vstoreu(float* p, VecF v) { _mm256_storeu_ps(p, v); }
 inline VecF vset1(float x) { return _mm256_set1_ps(x); }
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline bool vall_finite(VecF v) {
+  const __m256i e = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7f800000));
+  return _mm256_testz_si256(_mm256_cmpeq_epi32(e, _mm256_set1_epi32(0x7f800000)),
+                            _mm256_set1_epi32(-1)) != 0;
+}
 inline VecD widen_lo(VecF v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
 inline VecD widen_hi(VecF v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
 inline VecD dzero() { return _mm256_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm256_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm256_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm256_add_pd(a, b); }
-inline VecD dsub(VecD a, VecD b) { return _mm256_sub_pd(a, b); }
-inline VecD dor(VecD a, VecD b) { return _mm256_or_pd(a, b); }
-inline bool dany(VecD a) { return !_mm256_testz_si256(_mm256_castpd_si256(a), _mm256_castpd_si256(a)); }
+// max(big, |t|); for NaN lanes whatever MAXPD returns (the sum's finiteness test covers them).
+inline VecD dabsmax(VecD big, VecD t) {
+  return _mm256_max_pd(big, _mm256_andnot_pd(_mm256_set1_pd(-0.0), t));
+}
+// min(small, |p|) over nonzero p: ±0 becomes +inf before the minimum.
+inline VecF vinf() { return _mm256_set1_ps(__builtin_huge_valf()); }
+inline VecF vabsmin_nonzero(VecF small, VecF p) {
+  const VecF a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), p);
+  const VecF q = _mm256_blendv_ps(a, vinf(), _mm256_cmp_ps(a, vzero(), _CMP_EQ_OQ));
+  return _mm256_min_ps(small, q);
+}
+inline uint32_t exact_lanes(const double* sum, const double* big, const float* small) {
+  const __m256i eb = _mm256_srli_epi64(_mm256_castpd_si256(_mm256_load_pd(big)), 52);
+  const __m128i es32 = _mm_max_epu32(_mm_srli_epi32(_mm_castps_si128(_mm_load_ps(small)), 23),
+                                     _mm_set1_epi32(1));
+  const __m256i es = _mm256_cvtepu32_epi64(es32);
+  const __m256i wide = _mm256_cmpgt_epi64(_mm256_sub_epi64(eb, es), _mm256_set1_epi64x(kExactWindow));
+  const __m256i exp = _mm256_set1_epi64x(0x7ff0000000000000LL);
+  const __m256i nonfinite =
+      _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_castpd_si256(_mm256_load_pd(sum)), exp), exp);
+  const int bad = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_or_si256(wide, nonfinite)));
+  return static_cast<uint32_t>(~bad & 0xf);
+}
 using HalfF = __m128;
 inline HalfF narrow(VecD d) { return _mm256_cvtpd_ps(d); }
 inline HalfF hloadu(const float* p) { return _mm_loadu_ps(p); }
 inline void hstoreu(float* p, HalfF v) { _mm_storeu_ps(p, v); }
 inline HalfF hadd(HalfF a, HalfF b) { return _mm_add_ps(a, b); }
+inline void vstore_first(float* p, VecF v, int n) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane), v);
+}
+// r[i][j] <- r[j][i] for an 8 x 8 block.
+inline void transpose(VecF r[kLanes]) {
+  VecF t[kLanes], u[kLanes];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
 #endif
 constexpr int kNr = 2 * kLanes;
 constexpr int kHalf = kLanes / 2;  // doubles per vector
 constexpr int64_t kAlign = 64;     // bytes; every packed panel starts on a cache line
+static_assert(kNr <= 32, "a tile row's exactness bits fit a uint32_t");
+constexpr uint32_t kRowBits = kNr == 32 ? ~uint32_t{0} : (uint32_t{1} << kNr) - 1;
 
 // What a tile does with its results.
 enum class Output {
@@ -108,33 +237,31 @@ enum class Output {
   kExact,     // the exact sum of chunk partials added to an ExactAccumulator
 };
 
-// Per-tile double sums and "inexact or non-finite" flags, laid out like the tile (kMr x kNr).
+// Per-tile state of the chunk combination (header comment), laid out like the tile (kMr x kNr).
 struct alignas(kAlign) TileSums {
-  double sum[kMr * kNr];
-  double flag[kMr * kNr];  // nonzero bits: recompute this element with the scalar specification
+  double sum[kMr * kNr];   // t_j: the double sum of the partials so far
+  double big[kMr * kNr];   // max |t_j| so far
+  float small[kMr * kNr];  // min |p_j| over the nonzero partials so far (+inf: none yet)
 };
 
-// s += p for kLanes elements, accumulating the exactness test into flag (header comment).
-// kFirst: the first chunk, where s and flag are taken as +0.0 and 0 rather than read, so that a
-// tile's sums need no zeroing pass (the same operations as adding to stored zeros: +0.0 + p is
-// computed, turning a -0 partial into +0 as ChunkCombiner's double does).
+// Adds one chunk's partials of kLanes elements. kFirst: the first chunk, where the state is taken
+// as t = +0.0, big = +0.0, small = +inf rather than read, so that a tile needs no zeroing pass
+// (the same operations as on stored initial values: +0.0 + p is computed, turning a −0 partial
+// into +0 as ChunkCombiner's double does).
 template <bool kFirst>
-inline void combine_exact(VecF partial, double* s, double* flag) {
+inline void combine_chunk(VecF partial, double* sum, double* big, float* small) {
   const VecD p[2] = {widen_lo(partial), widen_hi(partial)};
   for (int h = 0; h < 2; ++h) {
-    const VecD sd = kFirst ? dzero() : dload(s + h * kHalf);
-    const VecD t = dadd(sd, p[h]);
-    const VecD x = dsub(dsub(t, sd), p[h]);
-    const VecD y = dsub(dsub(t, p[h]), sd);
-    const VecD inexact = dor(x, y);
-    dstore(flag + h * kHalf, kFirst ? inexact : dor(dload(flag + h * kHalf), inexact));
-    dstore(s + h * kHalf, t);
+    const VecD t = dadd(kFirst ? dzero() : dload(sum + h * kHalf), p[h]);
+    dstore(sum + h * kHalf, t);
+    dstore(big + h * kHalf, dabsmax(kFirst ? dzero() : dload(big + h * kHalf), t));
   }
+  vstore(small, vabsmin_nonzero(kFirst ? vinf() : vload(small), partial));
 }
 
 // One kMr x kNr tile over the whole K: a (K, kMr) A micro-panel times a (K, kNr) B panel.
-// kPartials: stores the single chunk's chains into `partials`; otherwise combines every chunk
-// into `sums`, which the first chunk initialises (K >= 1).
+// kPartials: stores the single chunk's chains into `partials` (K <= 64); otherwise combines every
+// chunk into `sums`, which the first chunk initialises (K >= 1).
 template <bool kPartials>
 void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials) {
   for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
@@ -158,43 +285,51 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
     }
 #pragma GCC unroll 16
     for (int r = 0; r < kMr; ++r) {
+      const int i0 = r * kNr, i1 = r * kNr + kLanes;
       if constexpr (kPartials) {
-        vstore(partials + r * kNr, c0[r]);
-        vstore(partials + r * kNr + kLanes, c1[r]);
+        vstore(partials + i0, c0[r]);
+        vstore(partials + i1, c1[r]);
       } else if (k0 == 0) {
-        combine_exact<true>(c0[r], sums->sum + r * kNr, sums->flag + r * kNr);
-        combine_exact<true>(c1[r], sums->sum + r * kNr + kLanes, sums->flag + r * kNr + kLanes);
+        combine_chunk<true>(c0[r], sums->sum + i0, sums->big + i0, sums->small + i0);
+        combine_chunk<true>(c1[r], sums->sum + i1, sums->big + i1, sums->small + i1);
       } else {
-        combine_exact<false>(c0[r], sums->sum + r * kNr, sums->flag + r * kNr);
-        combine_exact<false>(c1[r], sums->sum + r * kNr + kLanes, sums->flag + r * kNr + kLanes);
+        combine_chunk<false>(c0[r], sums->sum + i0, sums->big + i0, sums->small + i0);
+        combine_chunk<false>(c1[r], sums->sum + i1, sums->big + i1, sums->small + i1);
       }
     }
   }
 }
 
-// One full row of a tile (kNr columns) for Output::kRound: the exact double sums rounded to fp32
-// once, then + bias and the accumulation, kHalf columns at a time — the scalar epilogue's
-// operations element by element. Returns false, writing nothing, when an element of the row is
-// flagged (inexact or non-finite sum): the caller then takes the scalar path for the row.
-bool store_row_rounded(const double* sum, const double* flag, float* c, const float* bias,
-                       bool accumulate) {
-  constexpr int kParts = kNr / kHalf;
-  VecD any = dload(flag);
-  for (int h = 1; h < kParts; ++h) any = dor(any, dload(flag + h * kHalf));
-  if (dany(any)) return false;
-  for (int h = 0; h < kParts; ++h) {
+// The exactness bits of one tile row (bit j: column j's double sum is proven exact and finite).
+uint32_t row_exact_bits(const TileSums& s, int r) {
+  uint32_t bits = 0;
+  for (int h = 0; h < kNr / kHalf; ++h) {
+    const int i = r * kNr + h * kHalf;
+    bits |= exact_lanes(s.sum + i, s.big + i, s.small + i) << (h * kHalf);
+  }
+  return bits;
+}
+
+// One full row of a tile (kNr columns) whose sums are all exact, for Output::kRound: the double
+// sums rounded to fp32 once, then + bias and the accumulation, kHalf columns at a time — the scalar
+// epilogue's operations element by element.
+void store_row_rounded(const double* sum, float* c, const float* bias, bool accumulate) {
+  for (int h = 0; h < kNr / kHalf; ++h) {
     HalfF x = narrow(dload(sum + h * kHalf));
     if (bias != nullptr) x = hadd(x, hloadu(bias + h * kHalf));
     if (accumulate) x = hadd(hloadu(c + h * kHalf), x);
     hstoreu(c + h * kHalf, x);
   }
-  return true;
 }
 
-bool flagged(double f) {
-  uint64_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits != 0;
+// The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
+void store_row_single_chunk(const float* part, float* c, const float* bias, bool accumulate) {
+  for (int h = 0; h < 2; ++h) {
+    VecF x = vadd(vload(part + h * kLanes), vzero());
+    if (bias != nullptr) x = vadd(x, vloadu(bias + h * kLanes));
+    if (accumulate) x = vadd(vloadu(c + h * kLanes), x);
+    vstoreu(c + h * kLanes, x);
+  }
 }
 
 // Packing scratch of the calling thread, grown on demand and reused across calls (no allocation
@@ -208,55 +343,61 @@ float* scratch(int64_t floats) {
   return reinterpret_cast<float*>(addr);
 }
 
-// A (M, K) -> ceil(M/kMr) micro-panels of (K, kMr), zero rows past M. The loop order follows the
-// smaller stride so that reads are sequential for both A and Aᵀ.
+// dst row i (i < kLanes, stride ld_dst) <- column i of the n x kLanes block at src (row stride
+// ld_src, n <= kLanes rows, rows past n read as zeros); only the first `lanes` of each dst row are
+// written. The packing of operands whose packed index runs along their rows.
+void transpose_block(const float* src, int64_t ld_src, int n, float* dst, int64_t ld_dst,
+                     int lanes) {
+  VecF r[kLanes];
+  for (int i = 0; i < kLanes; ++i) r[i] = i < n ? vloadu(src + i * ld_src) : vzero();
+  transpose(r);
+  for (int i = 0; i < kLanes; ++i) vstore_first(dst + i * ld_dst, r[i], lanes);
+}
+
+// A (M, K) -> ceil(M/kMr) micro-panels of (K, kMr), zero rows past M. Every panel is written in
+// order (k outer); when A's rows are contiguous, kLanes k's at a time by transposing blocks.
 void pack_a(int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak, float* out,
             int64_t panels) {
-  const bool rows_contiguous = std::abs(sak) <= std::abs(sam);
 #pragma omp parallel for schedule(static) if (M * K > (int64_t{1} << 15))
   for (int64_t p = 0; p < panels; ++p) {
     float* dst = out + p * K * kMr;
     const int rows = static_cast<int>(std::min<int64_t>(kMr, M - p * kMr));
-    if (rows_contiguous) {
-      for (int r = 0; r < kMr; ++r) {
-        if (r < rows) {
-          const float* src = A + (p * kMr + r) * sam;
-          for (int64_t k = 0; k < K; ++k) dst[k * kMr + r] = src[k * sak];
-        } else {
-          for (int64_t k = 0; k < K; ++k) dst[k * kMr + r] = 0.0f;
-        }
-      }
-    } else {
-      for (int64_t k = 0; k < K; ++k) {
-        const float* src = A + p * kMr * sam + k * sak;
-        for (int r = 0; r < kMr; ++r) dst[k * kMr + r] = r < rows ? src[r * sam] : 0.0f;
-      }
+    const float* src = A + p * kMr * sam;
+    int64_t k = 0;
+    if (sak == 1) {
+      for (; k + kLanes <= K; k += kLanes) transpose_block(src + k, sam, rows, dst + k * kMr, kMr, kMr);
+    } else if (rows == kMr && sam == 1) {
+      for (; k < K; ++k) std::memcpy(dst + k * kMr, src + k * sak, sizeof(float) * kMr);
+    }
+    for (; k < K; ++k) {
+      for (int r = 0; r < kMr; ++r) dst[k * kMr + r] = r < rows ? src[r * sam + k * sak] : 0.0f;
     }
   }
 }
 
-// B (K, N) -> ceil(N/kNr) panels of (K, kNr), zero columns past N; loop order as in pack_a.
+// B (K, N) -> ceil(N/kNr) panels of (K, kNr), zero columns past N; written in order as pack_a,
+// with transposed blocks when B's columns are contiguous.
 void pack_b(int64_t N, int64_t K, const float* B, int64_t sbk, int64_t sbn, float* out,
             int64_t panels) {
-  const bool rows_contiguous = std::abs(sbn) <= std::abs(sbk);
 #pragma omp parallel for schedule(static) if (N * K > (int64_t{1} << 15))
   for (int64_t q = 0; q < panels; ++q) {
     float* dst = out + q * K * kNr;
     const int cols = static_cast<int>(std::min<int64_t>(kNr, N - q * kNr));
-    if (rows_contiguous) {
-      for (int64_t k = 0; k < K; ++k) {
-        const float* src = B + k * sbk + q * kNr * sbn;
-        for (int j = 0; j < kNr; ++j) dst[k * kNr + j] = j < cols ? src[j * sbn] : 0.0f;
-      }
-    } else {
-      for (int j = 0; j < kNr; ++j) {
-        if (j < cols) {
-          const float* src = B + (q * kNr + j) * sbn;
-          for (int64_t k = 0; k < K; ++k) dst[k * kNr + j] = src[k * sbk];
-        } else {
-          for (int64_t k = 0; k < K; ++k) dst[k * kNr + j] = 0.0f;
+    const float* src = B + q * kNr * sbn;
+    int64_t k = 0;
+    if (sbk == 1) {
+      for (; k + kLanes <= K; k += kLanes) {
+        for (int h = 0; h < 2; ++h) {
+          const int n = std::clamp(cols - h * kLanes, 0, kLanes);
+          transpose_block(src + h * kLanes * sbn + k, sbn, n, dst + k * kNr + h * kLanes, kNr,
+                          kLanes);
         }
       }
+    } else if (cols == kNr && sbn == 1) {
+      for (; k < K; ++k) std::memcpy(dst + k * kNr, src + k * sbk, sizeof(float) * kNr);
+    }
+    for (; k < K; ++k) {
+      for (int j = 0; j < kNr; ++j) dst[k * kNr + j] = j < cols ? src[j * sbn + k * sbk] : 0.0f;
     }
   }
 }
@@ -270,11 +411,20 @@ struct Sink {
   int64_t offset = 0;
 };
 
+// The scalar specification for one element of Output::kRound, then the epilogue.
+void store_element_spec(const Sink& sink, int64_t m, int64_t n, float dot) {
+  float v = dot;
+  if (sink.epilogue.col_bias != nullptr) v = v + sink.epilogue.col_bias[n];
+  float& c = sink.C[m * sink.ldc + n];
+  c = sink.epilogue.accumulate ? c + v : v;
+}
+
 template <Output kOut>
 void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
                    const float* B, int64_t sbk, int64_t sbn, const Sink& sink) {
   LS_CHECK(M >= 0 && N >= 0 && K >= 0, "M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
+  if (kOut == Output::kExact && K == 0) return;  // no chunk: nothing to add
   const int64_t a_panels = (M + kMr - 1) / kMr;
   const int64_t b_panels = (N + kNr - 1) / kNr;
   // B panels are read with aligned loads: start them on a cache line after A's panels.
@@ -284,64 +434,91 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   float* bpack = apack + a_size;
   pack_a(M, K, A, sam, sak, apack, a_panels);
   pack_b(N, K, B, sbk, sbn, bpack, b_panels);
+  // With one chunk there is nothing to combine: every mode works on the chains themselves.
+  const bool single_chunk = K <= kCanonicalChunk;
 
+  // Tiles run in blocks of nb B panels (about 512 KiB of packed B, which stays in L2): inside a
+  // block, A micro-panel by A micro-panel, each meeting the block's panels in turn while it stays
+  // in L1, so that consecutive tiles write neighbouring parts of the same output rows. Threads
+  // take contiguous ranges of this order.
+  constexpr int64_t kBlockBytes = int64_t{1} << 19;
+  const int64_t nb = std::max<int64_t>(1, kBlockBytes / (K * kNr * int64_t{sizeof(float)} + 1));
+  const int64_t block_tiles = a_panels * nb;
   const int64_t tiles = a_panels * b_panels;
-  // Tile t covers B panel t / a_panels and A micro-panel t % a_panels: a thread's contiguous range
-  // of tiles walks down one B panel, which stays in L2 while A streams past it.
 #pragma omp parallel for schedule(static) if (M * N * K > (int64_t{1} << 18))
   for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t ip = t % a_panels;
-    const int64_t jp = t / a_panels;
+    const int64_t jb = t / block_tiles;
+    const int64_t width = std::min(nb, b_panels - jb * nb);
+    const int64_t in_block = t - jb * block_tiles;
+    const int64_t ip = in_block / width;
+    const int64_t jp = jb * nb + in_block % width;
     const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
     const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
     const float* ap = apack + ip * kMr * K;
     const float* bp = bpack + jp * kNr * K;
-    if constexpr (kOut == Output::kPartials) {
+    if (kOut == Output::kPartials || single_chunk) {
       alignas(kAlign) float part[kMr * kNr];
       if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
       tile_chunks<true>(K, ap, bp, nullptr, part);
       for (int r = 0; r < rows; ++r) {
-        float* c = sink.C + (ip * kMr + r) * sink.ldc + jp * kNr;
-        for (int j = 0; j < cols; ++j) c[j] = part[r * kNr + j];
-      }
-    } else {
-      TileSums sums;
-      if (K == 0) {
-        std::fill(sums.sum, sums.sum + kMr * kNr, 0.0);
-        std::fill(sums.flag, sums.flag + kMr * kNr, 0.0);
-      }
-      tile_chunks<false>(K, ap, bp, &sums, nullptr);
-      for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
-        if constexpr (kOut == Output::kRound) {
+        const float* pr = part + r * kNr;
+        if constexpr (kOut == Output::kPartials) {
+          float* c = sink.C + m * sink.ldc + jp * kNr;
+          for (int j = 0; j < cols; ++j) c[j] = pr[j];
+        } else if constexpr (kOut == Output::kExact) {
+          // The chunk partial itself, as ChunkCombiner's contract adds it.
+          for (int j = 0; j < cols; ++j) {
+            sink.acc->add(static_cast<size_t>(sink.offset + m * N + jp * kNr + j), pr[j]);
+          }
+        } else {
           const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-          if (cols == kNr && store_row_rounded(sums.sum + r * kNr, sums.flag + r * kNr,
-                                               sink.C + m * sink.ldc + jp * kNr, bias,
-                                               sink.epilogue.accumulate)) {
+          if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
+            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias,
+                                   sink.epilogue.accumulate);
             continue;
           }
+          for (int j = 0; j < cols; ++j) {
+            const int64_t n = jp * kNr + j;
+            store_element_spec(sink, m, n,
+                               std::isfinite(pr[j]) ? pr[j] + 0.0f
+                                                    : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+          }
         }
-        for (int j = 0; j < cols; ++j) {
-          const int64_t n = jp * kNr + j;
-          const bool slow = flagged(sums.flag[r * kNr + j]);
-          if constexpr (kOut == Output::kRound) {
-            float v = slow ? canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K)
-                           : static_cast<float>(sums.sum[r * kNr + j]);
-            if (sink.epilogue.col_bias != nullptr) v = v + sink.epilogue.col_bias[n];
-            float& c = sink.C[m * sink.ldc + n];
-            c = sink.epilogue.accumulate ? c + v : v;
+      }
+      continue;
+    }
+    TileSums sums;
+    tile_chunks<false>(K, ap, bp, &sums, nullptr);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t m = ip * kMr + r;
+      const uint32_t exact = row_exact_bits(sums, r);
+      const double* sr = sums.sum + r * kNr;
+      if constexpr (kOut == Output::kRound) {
+        if (cols == kNr && exact == kRowBits) {
+          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+          store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
+          continue;
+        }
+      }
+      for (int j = 0; j < cols; ++j) {
+        const int64_t n = jp * kNr + j;
+        const bool fast = (exact >> j) & 1;
+        if constexpr (kOut == Output::kRound) {
+          store_element_spec(sink, m, n,
+                             fast ? static_cast<float>(sr[j])
+                                  : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+        } else {
+          const auto idx = static_cast<size_t>(sink.offset + m * N + n);
+          if (fast) {
+            // The double is the exact sum of this call's chunk partials: adding it at once
+            // leaves the accumulator's exact total, hence its one rounding, unchanged.
+            sink.acc->add(idx, sr[j]);
           } else {
-            const auto idx = static_cast<size_t>(sink.offset + m * N + n);
-            if (!slow) {
-              // The double is the exact sum of this call's chunk partials: adding it at once
-              // leaves the accumulator's exact total, hence its one rounding, unchanged.
-              sink.acc->add(idx, sums.sum[r * kNr + j]);
-            } else {
-              for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
-                const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-                sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak,
-                                             B + n * sbn + k0 * sbk, sbk, len));
-              }
+            for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
+              const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
+              sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
+                                           sbk, len));
             }
           }
         }

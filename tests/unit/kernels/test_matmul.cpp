@@ -8,9 +8,11 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <cmath>
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/isa.hpp"
@@ -143,6 +145,67 @@ TEST(MatmulCanonical, InexactDoubleCombinationFallsBackExactly) {
     std::vector<float> C(M * N);
     matmul_canonical(M, N, K, C.data(), N, A.data(), K, 1, B.data(), N, 1);
     for (float v : C) ASSERT_EQ(v, 1.0f) << isa_name(isa);  // a double sum would give 0
+  }
+}
+
+// The vector kernel keeps a chunk-combined double sum only where a sufficient test proves it exact
+// (matmul.isa.cpp); everywhere else it must recompute with the specification. Row s of A makes the
+// chunk partials p1 = (2^24−1)·2^(s+e0), p2 = 2^e0·(1 + n/64) (B's column n), p3 = −p1 — the last
+// in a short chunk (K = 133) — so the exact sum is p2 while the running double sum p1 + p2 needs
+// about s + 30 bits: exact for small s, rounded (and the double result then wrong) from s ≈ 24 on.
+// e0 = −143 makes p2 subnormal in fp32. Extra rows have a zero middle chunk (exact sum +0) or
+// only zero chunks. Expected values are known exactly, and must also equal canonical_dot.
+void fill_window_case(int64_t rows_s, int e0, StridedMatrix& A, StridedMatrix& B) {
+  const int64_t K = A.cols, N = B.cols;
+  for (int64_t m = 0; m < A.rows; ++m)
+    for (int64_t k = 0; k < K; ++k) A(m, k) = 0.0f;
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) B(k, n) = k == kCanonicalChunk ? 1.0f + static_cast<float>(n) / 64 : 1.0f;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int64_t s = m % rows_s;
+    const float big = std::ldexp(static_cast<float>((1 << 24) - 1), static_cast<int>(s) + e0);
+    const bool zero_middle = m >= rows_s, all_zero = m >= 2 * rows_s;
+    if (all_zero) continue;
+    A(m, 0) = big;
+    A(m, kCanonicalChunk) = zero_middle ? 0.0f : std::ldexp(1.0f, e0);
+    A(m, 2 * kCanonicalChunk) = -big;
+  }
+}
+
+TEST(MatmulCanonical, DoubleCombinationExactOrRecomputedAtTheWindowEdge) {
+  const int64_t S = 64, M = 2 * S + 3, N = 37, K = 2 * kCanonicalChunk + 5;
+  for (int e0 : {0, -143}) {
+    for (int layout = 0; layout < 2; ++layout) {
+      StridedMatrix A(M, K, layout), B(K, N, 1 - layout);
+      fill_window_case(S, e0, A, B);
+      std::vector<float> want(M * N);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          want[m * N + n] = m < S ? std::ldexp(1.0f + static_cast<float>(n) / 64, e0) : 0.0f;
+      const auto spec =
+          test::canonical_product_spec(M, N, K, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
+      const std::string what = "e0 " + std::to_string(e0) + " layout " + std::to_string(layout);
+      const auto rs = verify::compare_exact(spec.data(), want.data(), M * N);
+      ASSERT_TRUE(rs.ok()) << rs.summary("specification, " + what);
+      for (Isa isa : supported_isas()) {
+        for (int threads : {1, 2}) {
+          ScopedIsa scope(isa);
+          ScopedThreads t(threads);
+          const std::string where = what + " isa " + std::string(isa_name(isa)) + " threads " +
+                                    std::to_string(threads);
+          std::vector<float> C(M * N);
+          matmul_canonical(M, N, K, C.data(), N, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
+          const auto r = verify::compare_exact(C.data(), want.data(), M * N);
+          ASSERT_TRUE(r.ok()) << r.summary("matmul_canonical, " + where);
+          ExactAccumulator acc(M * N);
+          matmul_chunks_exact(M, N, K, acc, 0, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
+          std::vector<float> got(M * N);
+          acc.round_to(got.data());
+          const auto re = verify::compare_exact(got.data(), want.data(), M * N);
+          ASSERT_TRUE(re.ok()) << re.summary("matmul_chunks_exact, " + where);
+        }
+      }
+    }
   }
 }
 
