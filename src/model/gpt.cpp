@@ -55,8 +55,6 @@ Gpt::Gpt(const ModelConfig& cfg, Mode mode, int64_t micro_batch, TpGroup* tp, bo
   local_.v0 = r * local_.V;
   build_layout();
   params_.assign(layout_.back().offset + layout_.back().numel, 0.0f);
-  grads_.assign(params_.size(), 0.0f);
-  if (mode_ == Mode::kCanonical) exact_grads_->reset(params_.size());
   allocate_activations();
 }
 
@@ -211,6 +209,7 @@ void Gpt::observe(const char* prefix, int64_t layer, const char* name, float* da
 GradSink Gpt::sink(const ParamTensor* t) {
   if (t == nullptr) return {};
   if (storage_) return storage_->sink(*t);
+  own_grads();
   if (mode_ == Mode::kCanonical) return {nullptr, exact_grads_.get(), t->offset};
   return {grads_.data() + t->offset, nullptr, 0};
 }
@@ -224,13 +223,27 @@ void Gpt::set_grad_storage(GradStorage* storage) {
   if (storage_) {
     std::vector<float>().swap(grads_);
     exact_grads_ = std::make_unique<ExactAccumulator>();
-    return;
   }
+}
+
+void Gpt::own_grads() {
+  if (storage_ || !grads_.empty()) return;
   grads_.assign(params_.size(), 0.0f);
   if (mode_ == Mode::kCanonical) exact_grads_->reset(params_.size());
 }
 
+float* Gpt::grads() {
+  own_grads();
+  return grads_.data();
+}
+
+ExactAccumulator& Gpt::exact_grads() {
+  own_grads();
+  return *exact_grads_;
+}
+
 void Gpt::zero_grad() {
+  own_grads();
   if (storage_) {
     storage_->zero();
   } else if (mode_ == Mode::kCanonical) {
@@ -242,6 +255,7 @@ void Gpt::zero_grad() {
 
 void Gpt::finish_grads(int64_t first, int64_t end) {
   LS_CHECK(storage_ == nullptr, "finish_grads: the gradients are in a GradStorage, not in the model");
+  own_grads();
   if (mode_ != Mode::kCanonical) return;
   for (int64_t i = first; i < end; ++i) grads_[static_cast<size_t>(i)] = exact_grads_->round(static_cast<size_t>(i));
 }

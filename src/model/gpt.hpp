@@ -96,17 +96,20 @@ class Gpt {
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
-  // The model's own gradient buffers; released (grads() is nullptr) while a GradStorage is set.
-  float* grads() { return grads_.data(); }
+  // The model's own gradient buffers (zero until a backward adds to them), allocated at their
+  // first use — so that a model whose gradients go to a GradStorage from the start never holds
+  // them, not even at its peak — and released (grads() is nullptr) while a GradStorage is set.
+  float* grads();
   const float* grads() const { return grads_.data(); }
   // Canonical mode: the exact per-element gradient sums before finish_grads() rounds them (data
   // parallelism combines these across ranks exactly).
-  ExactAccumulator& exact_grads() { return *exact_grads_; }
+  ExactAccumulator& exact_grads();
   // Bytes of the model's own gradient buffers (fp32, and in canonical mode the exact sums' doubles
   // and spill flags; 0 while a GradStorage is set).
   uint64_t grad_bytes() const;
   // Sends every parameter gradient to `storage` (it must outlive its use) and releases the
-  // model's own buffers; nullptr takes them back (zeroed). finish_grads() needs the own buffers.
+  // model's own buffers; nullptr takes them back (allocated, zeroed, at their next use).
+  // finish_grads() needs the own buffers.
   void set_grad_storage(GradStorage* storage);
 
   // Installs (or, with an empty function, removes) the tensor observer. Without one, observing
@@ -186,6 +189,8 @@ class Gpt {
   // The mode op `name` of `layer` (-1: outside the layers) runs in: mode_ unless set_op_mode.
   Mode mode_of(int64_t layer, const char* name) const;
   void build_layout();
+  // Allocates the own gradient buffers, zeroed, unless they exist or a GradStorage is set.
+  void own_grads();
   void allocate_activations();
   void forward(const int32_t* inputs, int64_t B);
   float* p(const ParamTensor* t) { return t ? params_.data() + t->offset : nullptr; }
