@@ -48,9 +48,9 @@ DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicato
   // Every rank decides alike: the thread level is the job's.
   const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
   if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
-  const int64_t bucket_elems = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  bucket_elems_ = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
   const bool sp = model_.sequence_parallel();
-  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems, sp, zero_ == 2);
+  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems_, sp, zero_ == 2);
   if (zero_ == 2) {
     // Budget: the largest bucket and three of the next largest (zero2_grads.hpp).
     std::vector<int64_t> sizes;
@@ -116,34 +116,47 @@ void DataParallel::on_grads_ready(int64_t first, int64_t end, bool last) {
 }
 
 void DataParallel::reduce_staged(const GradBucket& bucket) {
-  comm::Communicator& comm = grad_comm_ ? *grad_comm_ : dp_;
   const auto b = static_cast<size_t>(
       std::lower_bound(buckets_->buckets().begin(), buckets_->buckets().end(), bucket.first,
                        [](const GradBucket& x, int64_t first) { return x.first < first; }) -
       buckets_->buckets().begin());
   const GradSink g = staged_->staged(b);
-  const ShardPlan window = plan_.window(bucket.first, bucket.end);
-  const int64_t mine = bucket.first + window.first(comm.rank()), n = window.size(comm.rank());
-  const int64_t at = n > 0 ? mine - shard_first() : 0;  // where this rank's part goes in the shard
-  if (reduce_ == ReduceMode::kExact && g.exact) {
-    exact_reduce_scatter_add(*g.exact, window, comm, staged_->shard_exact(), at, g.offset);
-  } else {
-    part_.resize(static_cast<size_t>(n));
-    const float* send = g.f32;
-    if (g.exact) {  // canonical mode, fast reduction: this rank's exact sums rounded once
-      rounded_.resize(static_cast<size_t>(bucket.size()));
-      for (int64_t i = 0; i < bucket.size(); ++i) rounded_[static_cast<size_t>(i)] = g.exact->round(static_cast<size_t>(g.offset + i));
-      send = rounded_.data();
-    }
-    if (reduce_ == ReduceMode::kExact) {
-      exact_reduce_scatter(send, window, comm, part_.data());
-    } else {
-      comm.reduce_scatter(send, part_.data(), window.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
-    }
-    float* shard = staged_->shard() + at;
-    for (int64_t i = 0; i < n; ++i) shard[i] += part_[static_cast<size_t>(i)];
+  // In pieces of about bucket_elems_ cut on valid cuts, as zero 0/1's buckets are: a whole-tensor
+  // bucket can be one large tensor (wte), and the reduction's scratch (receive buffers, the
+  // owner's exact sums) grows with what one collective reduces.
+  for (int64_t first = bucket.first; first < bucket.end;) {
+    const int64_t end = std::min(bucket.end, first_valid_cut(model_.param_layout(), std::min(first + bucket_elems_, bucket.end)));
+    reduce_staged_piece(g, first - bucket.first, first, end);
+    first = end;
   }
   staged_->release(b);
+}
+
+void DataParallel::reduce_staged_piece(const GradSink& g, int64_t lo, int64_t first, int64_t end) {
+  comm::Communicator& comm = grad_comm_ ? *grad_comm_ : dp_;
+  const ShardPlan window = plan_.window(first, end);
+  const int64_t mine = first + window.first(comm.rank()), n = window.size(comm.rank());
+  const int64_t at = n > 0 ? mine - shard_first() : 0;  // where this rank's part goes in the shard
+  if (reduce_ == ReduceMode::kExact && g.exact) {
+    exact_reduce_scatter_add(*g.exact, window, comm, staged_->shard_exact(), at, g.offset + lo);
+    return;
+  }
+  part_.resize(static_cast<size_t>(n));
+  const float* send = g.exact ? nullptr : g.f32 + lo;
+  if (g.exact) {  // canonical mode, fast reduction: this rank's exact sums rounded once
+    rounded_.resize(static_cast<size_t>(end - first));
+    for (int64_t i = 0; i < end - first; ++i) {
+      rounded_[static_cast<size_t>(i)] = g.exact->round(static_cast<size_t>(g.offset + lo + i));
+    }
+    send = rounded_.data();
+  }
+  if (reduce_ == ReduceMode::kExact) {
+    exact_reduce_scatter(send, window, comm, part_.data());
+  } else {
+    comm.reduce_scatter(send, part_.data(), window.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  float* shard = staged_->shard() + at;
+  for (int64_t i = 0; i < n; ++i) shard[i] += part_[static_cast<size_t>(i)];
 }
 
 void DataParallel::reduce_bucket(const GradBucket& bucket) {

@@ -29,8 +29,8 @@
 //                       still gets the same bits: each element is summed once, by its owner, and
 //                       all-gathered.
 //                       Then for zero 0 and 1 an fp32 all-gather of the reduced parts, so every
-//                       rank holds the full gradient; zero 2 keeps only its shard (the rest of
-//                       grads() is zeroed, never used).
+//                       rank holds the full gradient; zero 2 keeps only its shard (grad_shard();
+//                       the model has no gradient buffer), rounded once here in canonical mode.
 //                       (A float all-reduce would be one call, but MPI may round differently on
 //                       different ranks; reduce-scatter + all-gather gives every replica the same bits.)
 //   clip_grad_norm()    zero 0/1 without tp: the model's clip_grad_norm on the full gradient (same
@@ -172,6 +172,8 @@ class DataParallel {
   void reduce_bucket(const GradBucket& bucket);
   // Zero 2: one micro-batch's bucket from its staging, reduce-scattered and added to the shard.
   void reduce_staged(const GradBucket& bucket);
+  // Its elements [first, end), staged at lo.. in g.
+  void reduce_staged_piece(const GradSink& g, int64_t lo, int64_t first, int64_t end);
   // Gradient element i (global index; under zero 2 inside this rank's shard).
   float* grad_at(int64_t i);
 
@@ -183,6 +185,7 @@ class DataParallel {
   ReduceMode reduce_;
   AdamWConfig adam_;
   ShardPlan plan_;
+  int64_t bucket_elems_ = 0;  // DpOptions::bucket_bytes in fp32 elements
   std::unique_ptr<AdamW> replicated_;  // zero 0
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
   std::vector<float> shard_;           // zero 0/1: reduced gradient shard (scratch; buckets write disjoint parts)
