@@ -259,12 +259,32 @@ inline void combine_chunk(VecF partial, double* sum, double* big, float* small) 
   vstore(small, vabsmin_nonzero(kFirst ? vinf() : vload(small), partial));
 }
 
+// The rows of memory a tile's results go to (C, or the accumulator's doubles): `rows` rows of
+// `bytes` bytes, `stride` bytes apart. The sums are written only after the tile's last chunk, and
+// these lines are usually out of cache by then; fetching a few rows at each chunk end hides the
+// misses without issuing them all at once (which stalls on the fill buffers).
+struct OutputRows {
+  const char* base = nullptr;
+  int64_t stride = 0;
+  int rows = 0;
+  int64_t bytes = 0;
+};
+
 // One kMr x kNr tile over the whole K: a (K, kMr) A micro-panel times a (K, kNr) B panel.
 // kPartials: stores the single chunk's chains into `partials` (K <= 64); otherwise combines every
-// chunk into `sums`, which the first chunk initialises (K >= 1).
+// chunk into `sums`, which the first chunk initialises (K >= 1), and prefetches `out`.
 template <bool kPartials>
-void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials) {
+void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
+                 const OutputRows& out) {
+  const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
+  const int64_t rows_per_chunk = (out.rows + chunks - 1) / std::max<int64_t>(chunks, 1);
   for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
+    if constexpr (!kPartials) {
+      const int64_t r0 = k0 / kCanonicalChunk * rows_per_chunk;
+      for (int64_t r = r0; r < std::min<int64_t>(out.rows, r0 + rows_per_chunk); ++r) {
+        for (int64_t b = 0; b < out.bytes; b += kAlign) __builtin_prefetch(out.base + r * out.stride + b, 1);
+      }
+    }
     const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
     VecF c0[kMr], c1[kMr];
 #pragma GCC unroll 16
@@ -459,7 +479,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     if (kOut == Output::kPartials || single_chunk) {
       alignas(kAlign) float part[kMr * kNr];
       if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
-      tile_chunks<true>(K, ap, bp, nullptr, part);
+      tile_chunks<true>(K, ap, bp, nullptr, part, OutputRows{});
       for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
         const float* pr = part + r * kNr;
@@ -489,7 +509,18 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       continue;
     }
     TileSums sums;
-    tile_chunks<false>(K, ap, bp, &sums, nullptr);
+    OutputRows out;
+    out.rows = rows;
+    if constexpr (kOut == Output::kExact) {
+      out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
+      out.stride = N * static_cast<int64_t>(sizeof(double));
+      out.bytes = cols * static_cast<int64_t>(sizeof(double));
+    } else {
+      out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
+      out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
+      out.bytes = cols * static_cast<int64_t>(sizeof(float));
+    }
+    tile_chunks<false>(K, ap, bp, &sums, nullptr, out);
     for (int r = 0; r < rows; ++r) {
       const int64_t m = ip * kMr + r;
       const uint32_t exact = row_exact_bits(sums, r);

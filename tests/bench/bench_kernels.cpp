@@ -3,7 +3,8 @@
 // OpenBLAS cblas_sgemm next to our canonical GEMM at the same shapes.
 //
 // Names: BM_<op>_<mode> (BM_sgemm_openblas for the library GEMM); the argument `shape` is 0 for
-// bench_small, 1 for bench_medium (`gemm` selects the product: 0 qkv, 1 fc, 2 head). Counters are
+// bench_small, 1 for bench_medium (`gemm` selects the product: 0 qkv, 1 fc, 2 head, 3 the head's
+// input gradient, whose K is the vocabulary). Counters are
 // rates: FLOP/s for products (2 per multiply-add, causal attention counting only t' <= t) and
 // bytes/s for memory-bound ops (each fp32 array read or written once counted at 4 bytes/element).
 // Times are wall-clock (UseRealTime: the kernels run OpenMP/OpenBLAS threads), and so are the rates.
@@ -84,12 +85,14 @@ struct Sink {
   Mode mode;
 };
 
-// ---- GEMMs: (M, N, K) = (B·T, out, C) for qkv, fc and the tied head.
+// ---- GEMMs: (M, N, K) = (B·T, out, C) for qkv, fc and the tied head; (B·T, C, V) for the head's
+// input gradient.
 struct Gemm {
   int64_t M, N, K;
 };
 Gemm gemm_of(const benchmark::State& state) {
   const ModelShape& s = shape_of(state);
+  if (state.range(1) == 3) return {s.BT(), s.C, s.V};
   const int64_t out[] = {3 * s.C, s.F(), s.V};
   return {s.BT(), out[state.range(1)], s.C};
 }
@@ -385,7 +388,7 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->ArgName("shape")->DenseRange(0, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 void gemm_shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "gemm"})->ArgsProduct({{0, 1}, {0, 1, 2}});
+  b->ArgNames({"shape", "gemm"})->ArgsProduct({{0, 1}, {0, 1, 2, 3}});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
