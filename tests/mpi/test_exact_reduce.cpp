@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "src/core/check.hpp"
@@ -46,7 +47,12 @@ std::vector<ParamTensor> test_layout() {
   std::vector<ParamTensor> layout;
   int64_t offset = 0;
   for (int64_t n : {1000, 37, 4100, 3, 777, 130}) {
-    layout.push_back({str_cat("t", layout.size()), {n}, offset, n, false});
+    ParamTensor t;
+    t.name = str_cat("t", layout.size());
+    t.shape = {n};
+    t.offset = offset;
+    t.numel = n;
+    layout.push_back(std::move(t));
     offset += n;
   }
   return layout;

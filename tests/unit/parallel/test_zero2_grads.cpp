@@ -45,12 +45,16 @@ TEST(Zero2Buckets, WholeTensorsCutOnlyBetweenTensors) {
     const auto buckets = plan_grad_buckets(layout, elems, false, true);
     ASSERT_EQ(buckets.back().end, n);
     for (size_t b = 0; b < buckets.size(); ++b) {
-      if (b > 0) EXPECT_EQ(buckets[b].first, buckets[b - 1].end);
+      if (b > 0) {
+        EXPECT_EQ(buckets[b].first, buckets[b - 1].end);
+      }
       const bool at_tensor_end = std::any_of(layout.begin(), layout.end(),
                                              [&](const ParamTensor& t) { return t.offset + t.numel == buckets[b].end; });
       EXPECT_TRUE(at_tensor_end) << "bucket " << b << " ends inside a tensor";
     }
-    if (elems == 1) EXPECT_EQ(buckets.size(), layout.size());  // one tensor each
+    if (elems == 1) {
+      EXPECT_EQ(buckets.size(), layout.size());  // one tensor each
+    }
   }
 }
 
