@@ -83,14 +83,23 @@ inline void fma_link(float* acc, float w, const float* x, int64_t n) {
   for (int64_t d = 0; d < n; ++d) acc[d] = std::fma(w, x[d], acc[d]);
 }
 
-// Whether rows [0, T) of one head (HS wide, row stride `row`) hold only finite values.
+// Whether rows [0, T) of one head (HS wide, row stride `row`) hold only finite values. x·0 is ±0
+// for a finite x and NaN for ±inf and NaN, so the sum of all x·0 is 0 exactly when every x is
+// finite: 8 lanes with no branch per element (fast mode asks this of every head it multiplies).
 bool head_finite(const float* base, int64_t row, int64_t offset, int64_t T, int64_t HS) {
+  const int64_t hv = HS / 8 * 8;
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 lanes = zero;
+  float tail = 0.0f;
   for (int64_t u = 0; u < T; ++u) {
-    for (int64_t d = 0; d < HS; ++d) {
-      if (!std::isfinite(base[u * row + offset + d])) return false;
-    }
+    const float* x = base + u * row + offset;
+    for (int64_t d = 0; d < hv; d += 8) lanes = _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(x + d), zero));
+    for (int64_t d = hv; d < HS; ++d) tail = tail + x[d] * 0.0f;
   }
-  return true;
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, lanes);
+  for (float l : sums) tail = tail + l;
+  return tail == 0.0f;
 }
 
 // Row t of the scores, s[0..t] on entry (before the scale): att = softmax over [0, t], 0 beyond.
@@ -162,16 +171,19 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
 
 // Fast mode: per (b, h) the products run as OpenBLAS sgemm on blocks of kBlock query rows, each
 // over the keys it can see. Inside the diagonal block a row t also meets keys t' > t: their scores
-// are computed and then overwritten by the masked 0, but products that would multiply those zeros
-// into sums (att·v, ds·k, ds·q, att·dout) run as explicit loops over t' <= t only, so a non-finite
-// value in a masked position never reaches a result (0·inf would be NaN). Threads take (b, h)
-// pairs with OpenBLAS single-threaded inside (see BlasSerial); softmax is 8 lanes wide (simd_math).
+// are computed and then overwritten by the masked 0. Where the other factor of a product that sums
+// over those zeros (att·v, ds·k, ds·q, att·dout) is finite in the whole head, the sgemm runs over
+// the diagonal block too: a masked term adds an exact ±0, which neither rounds nor changes a
+// partial sum, so the result is a sum of the visible terms in some order (the bound's). Otherwise
+// the diagonal block runs as explicit loops over t' <= t only, so a non-finite value in a masked
+// position never reaches a result (0·inf would be NaN). Threads take (b, h) pairs with OpenBLAS
+// single-threaded inside (see BlasSerial); softmax is 8 lanes wide (simd_math).
 constexpr int64_t kBlock = 64;
 
 // y[d] += Σ_{i < count} w[i·sw]·x[i·sx + d] for d < n: the diagonal-block terms of the fast
-// products, in increasing i, each term a multiply then an add, as `y[d] += w·x[d]` once per term.
-// The running sums of up to 64 columns stay in registers across the terms (a store and reload of y
-// per term made the loop wait on store forwarding); the operations and their order are unchanged.
+// products, in increasing i, one FMA per term (half the operations of a multiply and an add; the
+// fast bound holds with or without FMA). The running sums of up to 64 columns stay in registers
+// across the terms (a store and reload of y per term made the loop wait on store forwarding).
 inline void add_weighted_rows(float* y, const float* w, int64_t sw, const float* x, int64_t sx, int64_t count,
                               int64_t n) {
   constexpr int kVectors = 8;
@@ -182,29 +194,51 @@ inline void add_weighted_rows(float* y, const float* w, int64_t sw, const float*
     for (int64_t i = 0; i < count; ++i) {
       const __m256 wv = _mm256_set1_ps(w[i * sw]);
       const float* xi = x + i * sx + d;
-      for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wv, _mm256_loadu_ps(xi + 8 * v)));
+      for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xi + 8 * v), acc[v]);
     }
     for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(y + d + 8 * v, acc[v]);
   }
   for (; d + 8 <= n; d += 8) {
     __m256 acc = _mm256_loadu_ps(y + d);
     for (int64_t i = 0; i < count; ++i) {
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[i * sw]), _mm256_loadu_ps(x + i * sx + d)));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[i * sw]), _mm256_loadu_ps(x + i * sx + d), acc);
     }
     _mm256_storeu_ps(y + d, acc);
   }
   for (; d < n; ++d) {
     float acc = y[d];
-    for (int64_t i = 0; i < count; ++i) acc += w[i * sw] * x[i * sx + d];
+    for (int64_t i = 0; i < count; ++i) acc = std::fma(w[i * sw], x[i * sx + d], acc);
     y[d] = acc;
   }
+}
+
+// Σ_{u < n} x[u]·y[u] in 8 lanes of FMA chains, then the lanes: an order of its own, which the
+// fast bound (γ_n·Σ|x·y|, any order, with or without FMA) covers; one scalar chain would wait on
+// every addition.
+inline float dot_any_order(const float* x, const float* y, int64_t n) {
+  const int64_t nv = n / 8 * 8;
+  simd::V8 acc = _mm256_setzero_ps();
+  for (int64_t u = 0; u < nv; u += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + u), _mm256_loadu_ps(y + u), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float sum = 0.0f;
+  for (float l : lanes) sum += l;
+  for (int64_t u = nv; u < n; ++u) sum = std::fma(x[u], y[u], sum);
+  return sum;
 }
 
 // Row t of the scores, a[0..t] on entry: a = softmax(a) over [0, t], a[t'] = 0 beyond (to T).
 void softmax_row_fast(float* a, int64_t t, int64_t T) {
   const int64_t n = t + 1, nv = n / 8 * 8;
+  // The max in 8 lanes (a scalar max chain waits on each compare): _mm256_max_ps(x, y) is
+  // x > y ? x : y per lane, so a NaN score is skipped here as well, and makes Z, so the row, NaN.
+  simd::V8 lane_max = simd::set1(-INFINITY);
+  for (int64_t u = 0; u < nv; u += 8) lane_max = _mm256_max_ps(_mm256_loadu_ps(a + u), lane_max);
+  alignas(32) float maxima[8];
+  _mm256_store_ps(maxima, lane_max);
   float m = -INFINITY;
-  for (int64_t u = 0; u < n; ++u) m = a[u] > m ? a[u] : m;
+  for (float l : maxima) m = l > m ? l : m;
+  for (int64_t u = nv; u < n; ++u) m = a[u] > m ? a[u] : m;
   const simd::V8 mv = simd::set1(m);
   simd::V8 zv = _mm256_setzero_ps();
   for (int64_t u = 0; u < nv; u += 8) {
@@ -238,12 +272,19 @@ void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
       const float* base = qkv + b * T * L.row;
       float* A = att + (b * s.NH + h) * T * T;
       float* o = out + b * T * ldo + h * HS;
+      const bool v_finite = head_finite(base, L.row, L.v(g), T, HS);
       for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
         const int64_t r1 = std::min(r0 + kBlock, T);
         // s[t, t'] = (q[t]·k[t'])·scale for t' < r1 (the masked ones are overwritten below)
         sgemm_serial(false, true, r1 - r0, r1, HS, scale, base + r0 * L.row + L.q(h), L.row,
                      base + L.k(g), L.row, 0.0f, A + r0 * T, T);
         for (int64_t t = r0; t < r1; ++t) softmax_row_fast(A + t * T, t, T);
+        if (v_finite) {
+          // out[t] = Σ_{t' < r1} att[t, t']·v[t'], the masked att[t, t' > t] being +0
+          sgemm_serial(false, false, r1 - r0, HS, r1, 1.0f, A + r0 * T, T, base + L.v(g), L.row, 0.0f,
+                       o + r0 * ldo, ldo);
+          continue;
+        }
         // out[t] = Σ_{t' <= t} att[t, t']·v[t']: keys before the block by sgemm, then the diagonal
         if (r0 > 0) {
           sgemm_serial(false, false, r1 - r0, HS, r0, 1.0f, A + r0 * T, T, base + L.v(g), L.row, 0.0f,
@@ -404,12 +445,15 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
     for (int64_t g = 0; g < s.NKV; ++g) {
       const float* base = qkv + b * T * L.row;
       float* dbase = dqkv + b * T * L.row;
+      const bool k_finite = head_finite(base, L.row, L.k(g), T, HS);
       for (int64_t j = 0; j < group; ++j) {
         const int64_t h = g * group + j;
         const float* A = att + (b * s.NH + h) * T * T;
         float* dS = scratch + (b * s.NH + h) * T * T;
         const float* dy = dout + b * T * ldo + h * HS;
         const float beta = j == 0 ? 0.0f : 1.0f;
+        const bool q_finite = head_finite(base, L.row, L.q(h), T, HS);
+        const bool dy_finite = head_finite(dy, ldo, 0, T, HS);
         for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
           const int64_t r1 = std::min(r0 + kBlock, T);
           // datt[t, t'] = dout[t]·v[t'] for t' < r1   (forward: out[t] = Σ att[t, t']·v[t'])
@@ -419,13 +463,21 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
           for (int64_t t = r0; t < r1; ++t) {
             const float* a = A + t * T;
             float* ds = dS + t * T;
-            float D = 0.0f;
-            for (int64_t u = 0; u <= t; ++u) D += a[u] * ds[u];
+            const float D = dot_any_order(a, ds, t + 1);
             for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D);
             for (int64_t u = t + 1; u < T; ++u) ds[u] = 0.0f;
           }
           // dq[t] = scale·Σ_{t' <= t} ds[t, t']·k[t']   (forward: s = (q·k)·scale)
           float* dq = dbase + L.q(h);
+          if (k_finite) {
+            // over the diagonal block too: the masked ds[t, t' > t] are +0 (see forward_fast)
+            sgemm_serial(false, false, r1 - r0, HS, r1, 1.0f, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
+                         dq + r0 * L.row, L.row);
+            for (int64_t t = r0; t < r1; ++t) {
+              for (int64_t d = 0; d < HS; ++d) dq[t * L.row + d] *= scale;
+            }
+            continue;
+          }
           if (r0 > 0) {
             sgemm_serial(false, false, r1 - r0, HS, r0, 1.0f, dS + r0 * T, T, base + L.k(g), L.row, 0.0f,
                          dq + r0 * L.row, L.row);
@@ -438,26 +490,30 @@ void backward_fast(AttentionShape s, float* dqkv, float* scratch, const float* d
           }
         }
         // dk[t'] = scale·Σ_{t >= t'} ds[t, t']·q[t] and dv[t'] = Σ_{t >= t'} att[t, t']·dout[t], by
-        // blocks of keys [c0, c1): queries after the block by sgemm, then the diagonal block.
-        float* dk = dbase + L.k(g);
-        float* dv = dbase + L.v(g);
-        for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
-          const int64_t c1 = std::min(c0 + kBlock, T);
+        // blocks of keys [c0, c1): dst[t'] (+)= Σ_t W[t, t']·x[t]. With x finite in the whole head,
+        // one sgemm over the queries from c0 (the masked W[t, t' > t] of the diagonal block are +0,
+        // see forward_fast); otherwise the queries after the block by sgemm, then the diagonal.
+        auto key_block = [&](float* dst, const float* W, const float* x, int64_t sx, bool x_finite, int64_t c0,
+                             int64_t c1) {
+          if (x_finite) {
+            sgemm_serial(true, false, c1 - c0, HS, T - c0, 1.0f, W + c0 * T + c0, T, x + c0 * sx, sx, beta,
+                         dst + c0 * L.row, L.row);
+            return;
+          }
           if (c1 < T) {
-            sgemm_serial(true, false, c1 - c0, HS, T - c1, 1.0f, dS + c1 * T + c0, T, base + c1 * L.row + L.q(h),
-                         L.row, beta, dk + c0 * L.row, L.row);
-            sgemm_serial(true, false, c1 - c0, HS, T - c1, 1.0f, A + c1 * T + c0, T, dy + c1 * ldo, ldo, beta,
-                         dv + c0 * L.row, L.row);
+            sgemm_serial(true, false, c1 - c0, HS, T - c1, 1.0f, W + c1 * T + c0, T, x + c1 * sx, sx, beta,
+                         dst + c0 * L.row, L.row);
           } else if (j == 0) {
-            for (int64_t u = c0; u < c1; ++u) {
-              std::fill(dk + u * L.row, dk + u * L.row + HS, 0.0f);
-              std::fill(dv + u * L.row, dv + u * L.row + HS, 0.0f);
-            }
+            for (int64_t u = c0; u < c1; ++u) std::fill(dst + u * L.row, dst + u * L.row + HS, 0.0f);
           }
           for (int64_t u = c0; u < c1; ++u) {
-            add_weighted_rows(dk + u * L.row, dS + u * T + u, T, base + u * L.row + L.q(h), L.row, c1 - u, HS);
-            add_weighted_rows(dv + u * L.row, A + u * T + u, T, dy + u * ldo, ldo, c1 - u, HS);
+            add_weighted_rows(dst + u * L.row, W + u * T + u, T, x + u * sx, sx, c1 - u, HS);
           }
+        };
+        for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
+          const int64_t c1 = std::min(c0 + kBlock, T);
+          key_block(dbase + L.k(g), dS, base + L.q(h), L.row, q_finite, c0, c1);
+          key_block(dbase + L.v(g), A, dy, ldo, dy_finite, c0, c1);
         }
       }
       float* dk = dbase + L.k(g);
