@@ -3,6 +3,8 @@
 // matmul.hpp.
 // Not here: the GEMM kernels themselves (matmul.isa.cpp), the collectives that combine tensor-
 // parallel partials (src/parallel).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -110,14 +112,27 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC);
   }
   if (!dbias.empty()) {
-    // Threads take blocks of columns; every element still adds the tokens in order.
-    constexpr int64_t kColumns = 64;
+    // Threads take blocks of columns; every element still adds the tokens in order, onto its
+    // running sum held in registers for a whole block of 64 (through dbias, which may alias dout
+    // as far as the compiler knows, each addition was a scalar load and store).
+    constexpr int64_t kColumns = 64, kVectors = kColumns / 8;
 #pragma omp parallel for schedule(static) if (s.N * s.OC > (int64_t{1} << 16))
     for (int64_t o0 = 0; o0 < s.OC; o0 += kColumns) {
       const int64_t o1 = std::min(o0 + kColumns, s.OC);
+      float* db = dbias.f32;
+      if (o1 - o0 == kColumns) {
+        __m256 acc[kVectors];
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_loadu_ps(db + o0 + 8 * v);
+        for (int64_t n = 0; n < s.N; ++n) {
+          const float* row = dout + n * s.OC + o0;
+          for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
+        }
+        for (int64_t v = 0; v < kVectors; ++v) _mm256_storeu_ps(db + o0 + 8 * v, acc[v]);
+        continue;
+      }
       for (int64_t n = 0; n < s.N; ++n) {
         const float* row = dout + n * s.OC;
-        for (int64_t o = o0; o < o1; ++o) dbias.f32[o] += row[o];
+        for (int64_t o = o0; o < o1; ++o) db[o] += row[o];
       }
     }
   }
