@@ -88,6 +88,11 @@ inline VecD dzero() { return _mm512_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm512_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm512_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm512_add_pd(a, b); }
+inline VecD dsub(VecD a, VecD b) { return _mm512_sub_pd(a, b); }
+inline VecD dloadu(const double* p) { return _mm512_loadu_pd(p); }
+inline void dstoreu(double* p, VecD v) { _mm512_storeu_pd(p, v); }
+// True when every lane of v is +0.0 or -0.0 (a NaN lane is not).
+inline bool dall_zero(VecD v) { return _mm512_cmp_pd_mask(v, dzero(), _CMP_NEQ_UQ) == 0; }
 // max(big, |t|) (VRANGEPD: absolute maximum, sign cleared; a NaN t leaves big as it is, which the
 // finiteness test of the sum makes irrelevant).
 inline VecD dabsmax(VecD big, VecD t) { return _mm512_range_pd(big, t, 0x0B); }
@@ -173,6 +178,12 @@ inline VecD dzero() { return _mm256_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm256_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm256_store_pd(p, v); }
 inline VecD dadd(VecD a, VecD b) { return _mm256_add_pd(a, b); }
+inline VecD dsub(VecD a, VecD b) { return _mm256_sub_pd(a, b); }
+inline VecD dloadu(const double* p) { return _mm256_loadu_pd(p); }
+inline void dstoreu(double* p, VecD v) { _mm256_storeu_pd(p, v); }
+inline bool dall_zero(VecD v) {
+  return _mm256_movemask_pd(_mm256_cmp_pd(v, dzero(), _CMP_NEQ_UQ)) == 0;
+}
 // max(big, |t|); for NaN lanes whatever MAXPD returns (the sum's finiteness test covers them).
 inline VecD dabsmax(VecD big, VecD t) {
   return _mm256_max_pd(big, _mm256_andnot_pd(_mm256_set1_pd(-0.0), t));
@@ -352,6 +363,31 @@ void store_row_single_chunk(const float* part, float* c, const float* bias, bool
   }
 }
 
+// One full row of a tile (kNr columns) whose sums are all exact, for Output::kExact: adds sum[j]
+// to element idx + j of the accumulator, kHalf elements at a time doing what ExactAccumulator::add
+// does on its fast path — t = s + p kept where no element has spilled and TwoSum's error is zero
+// in every lane (add_exact's operations, lane by lane) — and otherwise add() element by element.
+void add_row_exact(ExactAccumulator& acc, size_t idx, const double* sum) {
+  double* s = acc.partial_sums_to_add() + idx;
+  const uint8_t* spilled = acc.spill_flags() + idx;
+  for (int h = 0; h < kNr / kHalf; ++h) {
+    bool any_spilled = false;
+    for (int j = 0; j < kHalf; ++j) any_spilled |= spilled[h * kHalf + j] != 0;
+    if (!any_spilled) {
+      const VecD sv = dloadu(s + h * kHalf);
+      const VecD pv = dload(sum + h * kHalf);
+      const VecD t = dadd(sv, pv);
+      const VecD bp = dsub(t, sv);
+      const VecD ap = dsub(t, bp);
+      if (dall_zero(dadd(dsub(sv, ap), dsub(pv, bp)))) {
+        dstoreu(s + h * kHalf, t);
+        continue;
+      }
+    }
+    for (int j = 0; j < kHalf; ++j) acc.add(idx + static_cast<size_t>(h * kHalf + j), sum[h * kHalf + j]);
+  }
+}
+
 // Packing scratch of the calling thread, grown on demand and reused across calls (no allocation
 // in the steady state). Callers inside their own parallel region each get their own buffers.
 float* scratch(int64_t floats) {
@@ -525,12 +561,14 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       const int64_t m = ip * kMr + r;
       const uint32_t exact = row_exact_bits(sums, r);
       const double* sr = sums.sum + r * kNr;
-      if constexpr (kOut == Output::kRound) {
-        if (cols == kNr && exact == kRowBits) {
+      if (cols == kNr && exact == kRowBits) {
+        if constexpr (kOut == Output::kRound) {
           const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
           store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
-          continue;
+        } else {
+          add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
         }
+        continue;
       }
       for (int j = 0; j < cols; ++j) {
         const int64_t n = jp * kNr + j;

@@ -272,6 +272,12 @@ class ExactAccumulator {
   // spilled(i) it is stale (already included in spill(i)) and spill(i) holds the sum.
   const double* partial_sums() const { return sum_.data(); }
   bool spilled(size_t i) const { return spilled_[i] != 0; }
+  // For vector kernels that perform add(i, p)'s fast path themselves on a run of elements: they
+  // may store s + p into partial_sums_to_add()[i] only where !spilled(i) and the double addition
+  // is exact (add_exact's test), and must call add(i, p) for every other element. Same rules for
+  // threads as add().
+  double* partial_sums_to_add() { return sum_.data(); }
+  const uint8_t* spill_flags() const { return spilled_.data(); }
   const SuperAccumulator& spill(size_t i) const {
     std::lock_guard<std::mutex> lock(mutex_);
     return spill_.at(i);
