@@ -19,22 +19,10 @@
 #include "src/model/gpt.hpp"
 #include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/grad_buckets.hpp"
+#include "tests/unit/parallel/small_model.hpp"
 
 namespace lockstep::parallel {
 namespace {
-
-ModelConfig small_model(bool tied, PosKind pos) {
-  ModelConfig m;
-  m.vocab_size = 96;
-  m.seq_len = 64;
-  m.d_model = 32;
-  m.n_layers = 2;
-  m.n_heads = 2;
-  m.n_kv_heads = 2;
-  m.pos = pos;
-  m.tie_embeddings = tied;
-  return m;
-}
 
 int64_t buffer_size(const std::vector<ParamTensor>& layout) { return layout.back().offset + layout.back().numel; }
 

@@ -20,23 +20,11 @@
 #include "src/core/check.hpp"
 #include "src/model/gpt.hpp"
 #include "src/parallel/grad_buckets.hpp"
+#include "tests/unit/parallel/small_model.hpp"
 #include "src/parallel/zero2_grads.hpp"
 
 namespace lockstep::parallel {
 namespace {
-
-ModelConfig small_model(bool tied) {
-  ModelConfig m;
-  m.vocab_size = 96;
-  m.seq_len = 64;
-  m.d_model = 32;
-  m.n_layers = 2;
-  m.n_heads = 2;
-  m.n_kv_heads = 2;
-  m.pos = PosKind::kLearned;
-  m.tie_embeddings = tied;
-  return m;
-}
 
 TEST(Zero2Buckets, WholeTensorsCutOnlyBetweenTensors) {
   const auto layout = build_param_layout(small_model(true));
