@@ -55,6 +55,10 @@ namespace {
 // of max |t_j| exceeds max(field(min nonzero |p_j|), 1) by at most this much.
 constexpr int64_t kExactWindow = 925;
 
+// K block of a long product (a multiple of the chunk): 48 KiB of an AVX-512 A micro-panel, 128 KiB
+// of a B panel.
+constexpr int64_t kKBlock = 16 * kCanonicalChunk;
+
 // Register budget: 2·kMr accumulators + 2 B vectors + 1 broadcast of A must fit the register file
 // (16 ymm for AVX2: 6 rows; 32 zmm for AVX-512: 12 rows).
 #if defined(__AVX512F__)
@@ -281,12 +285,14 @@ struct OutputRows {
   int64_t bytes = 0;
 };
 
-// One kMr x kNr tile over the whole K: a (K, kMr) A micro-panel times a (K, kNr) B panel.
-// kPartials: stores the single chunk's chains into `partials` (K <= 64); otherwise combines every
-// chunk into `sums`, which the first chunk initialises (K >= 1), and prefetches `out`.
+// One kMr x kNr tile over K: a (K, kMr) A micro-panel times a (K, kNr) B panel (K a multiple of
+// the chunk except at the end of the product). kPartials: stores the single chunk's chains into
+// `partials` (K <= 64); otherwise combines every chunk into `sums` — which the first chunk
+// initialises when `fresh`, and which otherwise carry the chunks before this K block — and
+// prefetches `out`.
 template <bool kPartials>
 void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
-                 const OutputRows& out) {
+                 const OutputRows& out, bool fresh = true) {
   const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
   const int64_t rows_per_chunk = (out.rows + chunks - 1) / std::max<int64_t>(chunks, 1);
   for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
@@ -320,7 +326,7 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
       if constexpr (kPartials) {
         vstore(partials + i0, c0[r]);
         vstore(partials + i1, c1[r]);
-      } else if (k0 == 0) {
+      } else if (k0 == 0 && fresh) {
         combine_chunk<true>(c0[r], sums->sum + i0, sums->big + i0, sums->small + i0);
         combine_chunk<true>(c1[r], sums->sum + i1, sums->big + i1, sums->small + i1);
       } else {
@@ -386,6 +392,13 @@ void add_row_exact(ExactAccumulator& acc, size_t idx, const double* sum) {
     }
     for (int j = 0; j < kHalf; ++j) acc.add(idx + static_cast<size_t>(h * kHalf + j), sum[h * kHalf + j]);
   }
+}
+
+// The sums every tile carries between K blocks, reused across calls as scratch() is.
+TileSums* tile_sums_scratch(int64_t tiles) {
+  thread_local std::vector<TileSums> buf;
+  if (buf.size() < static_cast<size_t>(tiles)) buf.resize(static_cast<size_t>(tiles));
+  return buf.data();
 }
 
 // Packing scratch of the calling thread, grown on demand and reused across calls (no allocation
@@ -493,101 +506,116 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   // With one chunk there is nothing to combine: every mode works on the chains themselves.
   const bool single_chunk = K <= kCanonicalChunk;
 
+  // A long K runs in blocks of kKBlock: each tile's sums carry from one block to the next (the
+  // chunks still meet its sums in order, so the bits do not change), and a block's slices of an A
+  // micro-panel and a B panel stay in L1 and L2 instead of streaming from memory for every tile.
+  const int64_t kb = single_chunk || K <= 2 * kKBlock ? K : kKBlock;
+  const int64_t k_blocks = kb == K ? 1 : (K + kb - 1) / kb;  // one block also when K = 0
   // Tiles run in blocks of nb B panels (about 512 KiB of packed B, which stays in L2): inside a
   // block, A micro-panel by A micro-panel, each meeting the block's panels in turn while it stays
   // in L1, so that consecutive tiles write neighbouring parts of the same output rows. Threads
   // take contiguous ranges of this order.
   constexpr int64_t kBlockBytes = int64_t{1} << 19;
-  const int64_t nb = std::max<int64_t>(1, kBlockBytes / (K * kNr * int64_t{sizeof(float)} + 1));
+  const int64_t nb = std::max<int64_t>(1, kBlockBytes / (kb * kNr * int64_t{sizeof(float)} + 1));
   const int64_t block_tiles = a_panels * nb;
   const int64_t tiles = a_panels * b_panels;
+  TileSums* carried = k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
+  for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
+    const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
+    const bool last_block = kblock + 1 == k_blocks;
 #pragma omp parallel for schedule(static) if (M * N * K > (int64_t{1} << 18))
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t jb = t / block_tiles;
-    const int64_t width = std::min(nb, b_panels - jb * nb);
-    const int64_t in_block = t - jb * block_tiles;
-    const int64_t ip = in_block / width;
-    const int64_t jp = jb * nb + in_block % width;
-    const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
-    const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
-    const float* ap = apack + ip * kMr * K;
-    const float* bp = bpack + jp * kNr * K;
-    if (kOut == Output::kPartials || single_chunk) {
-      alignas(kAlign) float part[kMr * kNr];
-      if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
-      tile_chunks<true>(K, ap, bp, nullptr, part, OutputRows{});
-      for (int r = 0; r < rows; ++r) {
-        const int64_t m = ip * kMr + r;
-        const float* pr = part + r * kNr;
-        if constexpr (kOut == Output::kPartials) {
-          float* c = sink.C + m * sink.ldc + jp * kNr;
-          for (int j = 0; j < cols; ++j) c[j] = pr[j];
-        } else if constexpr (kOut == Output::kExact) {
-          // The chunk partial itself, as ChunkCombiner's contract adds it.
-          for (int j = 0; j < cols; ++j) {
-            sink.acc->add(static_cast<size_t>(sink.offset + m * N + jp * kNr + j), pr[j]);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t jb = t / block_tiles;
+      const int64_t width = std::min(nb, b_panels - jb * nb);
+      const int64_t in_block = t - jb * block_tiles;
+      const int64_t ip = in_block / width;
+      const int64_t jp = jb * nb + in_block % width;
+      const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
+      const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
+      const float* ap = apack + ip * kMr * K + kb0 * kMr;
+      const float* bp = bpack + jp * kNr * K + kb0 * kNr;
+      if (kOut == Output::kPartials || single_chunk) {
+        alignas(kAlign) float part[kMr * kNr];
+        if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
+        tile_chunks<true>(K, ap, bp, nullptr, part, OutputRows{});
+        for (int r = 0; r < rows; ++r) {
+          const int64_t m = ip * kMr + r;
+          const float* pr = part + r * kNr;
+          if constexpr (kOut == Output::kPartials) {
+            float* c = sink.C + m * sink.ldc + jp * kNr;
+            for (int j = 0; j < cols; ++j) c[j] = pr[j];
+          } else if constexpr (kOut == Output::kExact) {
+            // The chunk partial itself, as ChunkCombiner's contract adds it.
+            for (int j = 0; j < cols; ++j) {
+              sink.acc->add(static_cast<size_t>(sink.offset + m * N + jp * kNr + j), pr[j]);
+            }
+          } else {
+            const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+            if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
+              store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias,
+                                     sink.epilogue.accumulate);
+              continue;
+            }
+            for (int j = 0; j < cols; ++j) {
+              const int64_t n = jp * kNr + j;
+              store_element_spec(sink, m, n,
+                                 std::isfinite(pr[j]) ? pr[j] + 0.0f
+                                                      : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+            }
           }
-        } else {
-          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-          if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
-            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias,
-                                   sink.epilogue.accumulate);
-            continue;
-          }
-          for (int j = 0; j < cols; ++j) {
-            const int64_t n = jp * kNr + j;
-            store_element_spec(sink, m, n,
-                               std::isfinite(pr[j]) ? pr[j] + 0.0f
-                                                    : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
-          }
-        }
-      }
-      continue;
-    }
-    TileSums sums;
-    OutputRows out;
-    out.rows = rows;
-    if constexpr (kOut == Output::kExact) {
-      out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
-      out.stride = N * static_cast<int64_t>(sizeof(double));
-      out.bytes = cols * static_cast<int64_t>(sizeof(double));
-    } else {
-      out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
-      out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
-      out.bytes = cols * static_cast<int64_t>(sizeof(float));
-    }
-    tile_chunks<false>(K, ap, bp, &sums, nullptr, out);
-    for (int r = 0; r < rows; ++r) {
-      const int64_t m = ip * kMr + r;
-      const uint32_t exact = row_exact_bits(sums, r);
-      const double* sr = sums.sum + r * kNr;
-      if (cols == kNr && exact == kRowBits) {
-        if constexpr (kOut == Output::kRound) {
-          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-          store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
-        } else {
-          add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
         }
         continue;
       }
-      for (int j = 0; j < cols; ++j) {
-        const int64_t n = jp * kNr + j;
-        const bool fast = (exact >> j) & 1;
-        if constexpr (kOut == Output::kRound) {
-          store_element_spec(sink, m, n,
-                             fast ? static_cast<float>(sr[j])
-                                  : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
-        } else {
-          const auto idx = static_cast<size_t>(sink.offset + m * N + n);
-          if (fast) {
-            // The double is the exact sum of this call's chunk partials: adding it at once
-            // leaves the accumulator's exact total, hence its one rounding, unchanged.
-            sink.acc->add(idx, sr[j]);
+      TileSums local;
+      TileSums& sums = carried != nullptr ? carried[t] : local;
+      if (!last_block) {
+        tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, OutputRows{}, kblock == 0);
+        continue;
+      }
+      OutputRows out;
+      out.rows = rows;
+      if constexpr (kOut == Output::kExact) {
+        out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
+        out.stride = N * static_cast<int64_t>(sizeof(double));
+        out.bytes = cols * static_cast<int64_t>(sizeof(double));
+      } else {
+        out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
+        out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
+        out.bytes = cols * static_cast<int64_t>(sizeof(float));
+      }
+      tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0);
+      for (int r = 0; r < rows; ++r) {
+        const int64_t m = ip * kMr + r;
+        const uint32_t exact = row_exact_bits(sums, r);
+        const double* sr = sums.sum + r * kNr;
+        if (cols == kNr && exact == kRowBits) {
+          if constexpr (kOut == Output::kRound) {
+            const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+            store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
           } else {
-            for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
-              const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-              sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
-                                           sbk, len));
+            add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
+          }
+          continue;
+        }
+        for (int j = 0; j < cols; ++j) {
+          const int64_t n = jp * kNr + j;
+          const bool fast = (exact >> j) & 1;
+          if constexpr (kOut == Output::kRound) {
+            store_element_spec(sink, m, n,
+                               fast ? static_cast<float>(sr[j])
+                                    : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+          } else {
+            const auto idx = static_cast<size_t>(sink.offset + m * N + n);
+            if (fast) {
+              // The double is the exact sum of this call's chunk partials: adding it at once
+              // leaves the accumulator's exact total, hence its one rounding, unchanged.
+              sink.acc->add(idx, sr[j]);
+            } else {
+              for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
+                const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
+                sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
+                                             sbk, len));
+              }
             }
           }
         }

@@ -88,7 +88,7 @@ verify::CompareReport run_case(const Case& c) {
 
 TEST(MatmulCanonical, EqualsCanonicalDotAcrossShapesAndLayouts) {
   const int64_t dims[] = {1, 2, 5, 7, 13, 17, 31, 33};
-  const int64_t ks[] = {0, 1, 3, 63, 64, 65, 127, 128, 129, 200, 1000};
+  const int64_t ks[] = {0, 1, 3, 63, 64, 65, 127, 128, 129, 200, 1000, 2100};
   uint64_t seed = 1;
   int cases = 0;
   for (int64_t K : ks) {
@@ -210,8 +210,9 @@ TEST(MatmulCanonical, DoubleCombinationExactOrRecomputedAtTheWindowEdge) {
 }
 
 TEST(MatmulCanonical, BitwiseAcrossIsasAndThreadCounts) {
+  // K = 3000: K blocks (the last one short) whose sums carry from block to block.
   const Case shapes[] = {{67, 45, 1000, 0, 1, false, 7}, {130, 77, 129, 2, 0, false, 8},
-                         {25, 50, 200, 1, 3, true, 9}};
+                         {25, 50, 200, 1, 3, true, 9}, {29, 70, 3000, 1, 2, true, 10}};
   for (const Case& c : shapes) {
     StridedMatrix A(c.M, c.K, c.a_layout), B(c.K, c.N, c.b_layout);
     fill_operands(c, A, B);
@@ -289,8 +290,8 @@ TEST(MatmulChunkPartials, EqualsChunkDot) {
 // must leave the same rounded value, including elements that spill or meet inf/NaN.
 TEST(MatmulChunksExact, EqualsChunkByChunkAccumulation) {
   std::mt19937_64 g(77);
-  const int64_t M = 14, N = 33, K = 250;
-  for (bool special : {false, true}) {
+  const int64_t M = 14, N = 33;
+  for (const auto& [K, special] : {std::pair<int64_t, bool>{250, false}, {250, true}, {3000, false}, {3000, true}}) {
     std::vector<float> A(M * K), B(K * N);
     for (auto& x : A) x = special ? test::special_value(g) : test::random_value(g, 40);
     for (auto& x : B) x = special ? test::special_value(g) : test::random_value(g, 40);
@@ -309,7 +310,7 @@ TEST(MatmulChunksExact, EqualsChunkByChunkAccumulation) {
       std::vector<float> got(offset + M * N);
       acc.round_to(got.data());
       const auto r = verify::compare_exact(got.data(), want.data(), offset + M * N);
-      ASSERT_TRUE(r.ok()) << r.summary(std::string(isa_name(isa)) + (special ? " special" : ""));
+      ASSERT_TRUE(r.ok()) << r.summary(std::string(isa_name(isa)) + " K " + std::to_string(K) + (special ? " special" : ""));
     }
   }
 }
