@@ -246,8 +246,10 @@ class ExactAccumulator {
     return spill_.at(i).round_to_float();
   }
 
-  void round_to(float* out) const {
-    for (size_t i = 0; i < sum_.size(); ++i) out[i] = round(i);
+  void round_to(float* out) const { round_to(0, sum_.size(), out); }
+  // Elements [first, end), rounded, to out[0 .. end - first).
+  void round_to(size_t first, size_t end, float* out) const {
+    for (size_t i = first; i < end; ++i) out[i - first] = round(i);
   }
 
   size_t spill_count() const {

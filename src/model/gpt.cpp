@@ -257,7 +257,7 @@ void Gpt::finish_grads(int64_t first, int64_t end) {
   LS_CHECK(storage_ == nullptr, "finish_grads: the gradients are in a GradStorage, not in the model");
   own_grads();
   if (mode_ != Mode::kCanonical) return;
-  for (int64_t i = first; i < end; ++i) grads_[static_cast<size_t>(i)] = exact_grads_->round(static_cast<size_t>(i));
+  exact_grads_->round_to(static_cast<size_t>(first), static_cast<size_t>(end), grads_.data() + first);
 }
 
 void Gpt::norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,

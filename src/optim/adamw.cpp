@@ -29,7 +29,7 @@ float adamw_bias_correction(float beta, int64_t t) {
 }
 
 void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
-                        int64_t end, float* m, float* v) {
+                        int64_t end, float* m, float* v, const float* grads) {
   const float bc1 = adamw_bias_correction(cfg.beta1, t);
   const float bc2 = adamw_bias_correction(cfg.beta2, t);
   for (const auto& p : model.param_layout()) {
@@ -38,12 +38,12 @@ void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t,
     const cpu::AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f,
                              bc1, bc2};
     cpu::adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
-                      model.grads() + a);
+                      grads + (a - first));
   }
 }
 
 void AdamW::update(Gpt& model, float lr, int64_t t) {
-  adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), m_.data(), v_.data());
+  adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), m_.data(), v_.data(), model.grads());
 }
 
 float clip_grad_norm(Gpt& model, float max_norm) {

@@ -33,10 +33,11 @@ struct LrSchedule {
 float adamw_bias_correction(float beta, int64_t t);
 
 // AdamW on the elements [first, end) of the model's flat parameter buffer (a ZeRO shard, or the
-// whole model): m and v hold the moments of exactly those elements (m[0] is element `first`).
+// whole model): m, v and grads hold the moments and gradient of exactly those elements (m[0] is
+// element `first`; grads: the model's own buffer from `first`, or a ZeRO-2 shard).
 // Weight decay follows each ParamTensor's `decay`; a tensor cut by the range is updated in part.
 void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
-                        int64_t end, float* m, float* v);
+                        int64_t end, float* m, float* v, const float* grads);
 
 class AdamW {
  public:

@@ -145,9 +145,8 @@ void DataParallel::reduce_staged_piece(const GradSink& g, int64_t lo, int64_t fi
   const float* send = g.exact ? nullptr : g.f32 + lo;
   if (g.exact) {  // canonical mode, fast reduction: this rank's exact sums rounded once
     rounded_.resize(static_cast<size_t>(end - first));
-    for (int64_t i = 0; i < end - first; ++i) {
-      rounded_[static_cast<size_t>(i)] = g.exact->round(static_cast<size_t>(g.offset + lo + i));
-    }
+    g.exact->round_to(static_cast<size_t>(g.offset + lo), static_cast<size_t>(g.offset + lo + end - first),
+                      rounded_.data());
     send = rounded_.data();
   }
   if (reduce_ == ReduceMode::kExact) {
@@ -225,19 +224,8 @@ float DataParallel::clip_grad_norm(float max_norm) {
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {
-  if (!staged_) {
-    adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), m_.data(), v_.data());
-    return;
-  }
-  // adamw_update_range's loop, reading the gradient from the shard (the model has no full buffer).
-  const float bc1 = adamw_bias_correction(adam_.beta1, t), bc2 = adamw_bias_correction(adam_.beta2, t);
-  const int64_t first = shard_first(), end = shard_end();
-  for (const auto& p : model_.param_layout()) {
-    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
-    if (a >= b) continue;
-    const cpu::AdamWParams h{lr, adam_.beta1, adam_.beta2, adam_.eps, p.decay ? adam_.weight_decay : 0.0f, bc1, bc2};
-    cpu::adamw_update(b - a, h, model_.params() + a, m_.data() + (a - first), v_.data() + (a - first), grad_at(a));
-  }
+  adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), m_.data(), v_.data(),
+                     grad_at(shard_first()));
 }
 
 void DataParallel::step(float lr, int64_t t) {
