@@ -1,6 +1,6 @@
 // `lockstep bench`: the training step timed on one process — warm-up steps, then timed steps,
 // summarised as median and spread of step time, tokens/s, achieved FLOP/s, MFU against an fp32
-// sgemm peak measured in the same process with the same thread count, a per-phase breakdown and
+// GEMM peak measured in the same process with the same thread count, a per-phase breakdown and
 // the peak resident memory and the minor page faults inside the timed steps (the steady state
 // should have none: no allocation, no buffer touched for the first time).
 //
@@ -16,9 +16,10 @@
 // hash is timed here on the model's parameters; the all-gather of one word per rank is latency
 // only and needs ranks, so it is not (its cost shows in multi-rank runs).
 //
-// The peak is only as good as the OpenBLAS kernel behind it: the report names it (a DYNAMIC_ARCH
-// build that does not recognise the CPU falls back to an old core such as Prescott; pin one with
-// OPENBLAS_CORETYPE), and MFU above 1 means the model's own kernels outrun that sgemm.
+// The peak is the faster of OpenBLAS sgemm (whose kernel the environment may hold back: a
+// DYNAMIC_ARCH build that does not recognise the CPU falls back to an old core such as Prescott,
+// OPENBLAS_CORETYPE may pin AVX2) and the canonical GEMM (the widest ISA the CPU has), so that
+// no kernel of the step outruns it; the report names both figures and kernels.
 // Tokens: the [data] train file through the trainer's sampler when one is configured; otherwise
 // synthetic tokens, uniformly random over the vocabulary from SplitMix64(train.seed), generated
 // in memory (the step's cost does not depend on the token values).
@@ -33,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/train/config.hpp"
+#include "src/train/metrics.hpp"
 
 namespace lockstep {
 
@@ -56,9 +58,9 @@ struct BenchResult {
   int64_t params = 0;
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;  // 6·N + 12·L·C·T (Gpt::flops_per_token)
-  double peak_gflops = 0;      // sgemm peak: the higher of two measurements (before and after the
-                               // timed steps) unless [train] peak_gflops is set
+  double peak_gflops = 0;      // fp32 GEMM peak: measured.gflops unless [train] peak_gflops is set
   bool peak_measured = true;
+  GemmPeak measured;           // the higher of two measurements, before and after the timed steps
   BenchStats step_ms;          // timed step: forward_backward + optimizer
   BenchStats forward_ms;       // forward-only pass, separate from the step
   BenchStats forward_backward_ms;

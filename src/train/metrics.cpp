@@ -4,8 +4,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 #include <vector>
 
+#include "kernels/cpu/isa.hpp"
+#include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
 
 namespace lockstep {
@@ -19,22 +23,64 @@ double peak_memory_mib() {
   return 0.0;
 }
 
-double measure_sgemm_peak_gflops() {
-  const int n = 1024;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
-  auto run = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-  };
-  run();  // warm-up: page faults, thread start
+namespace {
+
+// Best GFLOP/s of three timed runs of a square n^3 product, after one untimed run (page faults,
+// thread start, packing buffers).
+template <class Run>
+double best_gflops(int64_t n, Run run) {
+  run();
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * n / s / 1e9);
+    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s / 1e9);
   }
   return best;
+}
+
+std::string openblas_name() { return std::string("OpenBLAS sgemm (") + openblas_get_corename() + ")"; }
+std::string canonical_name() {
+  return "Lockstep canonical GEMM (" + std::string(cpu::isa_name(cpu::active_isa())) + ")";
+}
+
+// Sets the peak to the faster candidate.
+GemmPeak with_faster(GemmPeak peak) {
+  const bool openblas = peak.openblas_gflops >= peak.canonical_gflops;
+  peak.gflops = openblas ? peak.openblas_gflops : peak.canonical_gflops;
+  peak.source = openblas ? openblas_name() : canonical_name();
+  return peak;
+}
+
+}  // namespace
+
+GemmPeak measure_gemm_peak() {
+  const int n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  GemmPeak peak;
+  peak.openblas_gflops = best_gflops(n, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+  });
+  peak.canonical_gflops = best_gflops(n, [&] {
+    cpu::matmul_canonical(n, n, n, c.data(), n, a.data(), n, 1, b.data(), n, 1);
+  });
+  return with_faster(peak);
+}
+
+GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b) {
+  GemmPeak peak;
+  peak.openblas_gflops = std::max(a.openblas_gflops, b.openblas_gflops);
+  peak.canonical_gflops = std::max(a.canonical_gflops, b.canonical_gflops);
+  return with_faster(peak);
+}
+
+std::string GemmPeak::describe() const {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << "the faster of " << openblas_name() << " " << openblas_gflops
+    << " and " << canonical_name() << " " << canonical_gflops << " GFLOP/s, 1024^3";
+  return s.str();
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {

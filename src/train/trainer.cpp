@@ -269,13 +269,14 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
              tc.stop_after, ") is a step before the one this run resumes from (", summary.first_step, ", ",
              cfg.checkpoint.dir, ")");
 
-  const double peak = tc.peak_gflops > 0 ? tc.peak_gflops : measure_sgemm_peak_gflops();
+  const GemmPeak measured = tc.peak_gflops > 0 ? GemmPeak{} : measure_gemm_peak();
+  const double peak = tc.peak_gflops > 0 ? tc.peak_gflops : measured.gflops;
   const double flops_per_token = model.flops_per_token();
   out << "model: " << global_params << " parameters, " << std::fixed << std::setprecision(2)
       << flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << threads
       << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
-      << std::setprecision(1) << peak << " GFLOP/s sgemm peak per rank"
-      << (tc.peak_gflops > 0 ? " (configured)" : " (measured)") << "\n";
+      << std::setprecision(1) << peak << " GFLOP/s fp32 GEMM peak per rank"
+      << (tc.peak_gflops > 0 ? " (configured)" : " (measured: " + measured.describe() + ")") << "\n";
   // The least a rank must send per step: to sum its N fp32 gradients over dp (a ring all-reduce,
   // or ZeRO's reduce-scatter + parameter all-gather) 2 · 4N · (dp-1)/dp bytes, plus tensor
   // parallelism's activation all-reduces (tensor_parallel.hpp).

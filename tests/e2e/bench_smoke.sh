@@ -20,6 +20,12 @@ assert r["tokens_per_step"] == 8 * 128, r["tokens_per_step"]
 assert r["synthetic_tokens"] is True
 assert r["mode"] == "canonical"
 assert isinstance(r["openblas_core"], str) and r["openblas_core"], r["openblas_core"]
+# The peak is the faster of the two GEMMs timed in the process, and the report names it.
+assert r["peak_gflops"] == max(r["peak_openblas_gflops"], r["peak_canonical_gflops"]), r
+assert min(r["peak_openblas_gflops"], r["peak_canonical_gflops"]) > 0, r
+faster = "OpenBLAS sgemm" if r["peak_openblas_gflops"] >= r["peak_canonical_gflops"] else "Lockstep canonical GEMM"
+assert r["peak_source"].startswith("measured: the faster of OpenBLAS sgemm (" + r["openblas_core"] + ")"), r
+assert faster in open("bench.log").read().split("throughput: ")[1], faster
 assert isinstance(r["step_page_faults"], int) and r["step_page_faults"] >= 0, r["step_page_faults"]
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
