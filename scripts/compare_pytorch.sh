@@ -11,8 +11,8 @@
 #
 # PyTorch at its best on this CPU: these machines set OPENBLAS_CORETYPE=Haswell (AVX2 kernels).
 # Here only, OpenBLAS is pinned to SkylakeX (AVX-512) when the CPU has avx512f, for both sides, and
-# PyTorch also runs on Debian's OpenMP build of OpenBLAS (libopenblas0-openmp, through
-# LD_LIBRARY_PATH; the system default is untouched) when that is installed; the faster PyTorch
+# PyTorch also runs on Debian's OpenMP build of OpenBLAS (libopenblas0-openmp, installed here when
+# missing, selected through LD_LIBRARY_PATH; the system default stays pthread); the faster PyTorch
 # variant is the one compared. COMPARE_CORETYPE=machine keeps the environment's OPENBLAS_CORETYPE
 # instead (the out-of-the-box comparison; tests/e2e/compare_pytorch.sh uses it, since tests and CI
 # never change that variable).
@@ -31,9 +31,12 @@ config="$root/scripts/configs/$name.toml"
 lockstep="${LOCKSTEP:-$root/build/bin/lockstep}"
 [ -x "$lockstep" ] || { echo "compare_pytorch: $lockstep not found; build first (scripts/build.sh) or set LOCKSTEP" >&2; exit 2; }
 py=/usr/bin/python3  # Debian's python, where python3-torch and python3-numpy live
-if ! "$py" -c "import torch, numpy" 2>/dev/null; then
-  echo "compare_pytorch: $py cannot import torch; installing with scripts/setup.sh"
-  "$root/scripts/setup.sh"
+omp_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
+extra=()  # PyTorch at its best may need the OpenMP OpenBLAS; the out-of-the-box comparison does not
+if [ "${COMPARE_CORETYPE:-best}" != machine ] && [ ! -e "$omp_dir/libblas.so.3" ]; then extra=(libopenblas0-openmp); fi
+if ! "$py" -c "import torch, numpy" 2>/dev/null || [ ${#extra[@]} -gt 0 ]; then
+  echo "compare_pytorch: installing what is missing with scripts/setup.sh"
+  "$root/scripts/setup.sh" "${extra[@]}"
 fi
 
 if [ "${COMPARE_CORETYPE:-best}" = machine ]; then
@@ -43,7 +46,6 @@ elif grep -q -w avx512f /proc/cpuinfo; then
 else
   core=Haswell
 fi
-omp_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 warmup=2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, with apt-get, exactly the Debian 12 packages Lockstep needs that are missing.
 # Idempotent and non-interactive; does nothing when everything is present.
+#   scripts/setup.sh [EXTRA_PACKAGE...]   (a tool that needs more, e.g. compare_pytorch.sh, names it)
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy python3-matplotlib
   python3-torch
+  "$@"
 )
 
 missing=()
