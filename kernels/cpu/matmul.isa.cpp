@@ -8,9 +8,10 @@
 //  - A kMr x kNr output tile keeps 2·kMr vector accumulators. Each SIMD lane is one output
 //    element's sequential fp32 FMA chain over a chunk of 64 k's, started from +0.0f: exactly
 //    chunk_dot of kernels/ops/canonical.hpp, so the bits do not depend on the vector width.
-//  - At every chunk end the lane partials p_j are widened to double and added, in chunk order, to
-//    per-element double sums t_j = t_{j-1} + p_j (t_0 = +0.0) — ChunkCombiner's additions, in its
-//    order. Beside them each element keeps big = max_j |t_j| and small = min |p_j| over its
+//  - The lane partials p_j are widened to double and added, in chunk order, to per-element double
+//    sums t_j = t_{j-1} + p_j (t_0 = +0.0) — ChunkCombiner's additions, in its order — a group of
+//    up to kGroup chunks at a time (their partials wait in a buffer, so the sums are loaded and
+//    stored once a group). Beside them each element keeps big = max_j |t_j| and small = min |p_j| over its
 //    nonzero partials. Exactness argument (checked once per element, after the last chunk):
 //      every finite fp32 value with biased exponent field e is an integer multiple of
 //      g(e) = 2^(max(e,1) − 150), and |p| >= small implies field(p) >= field(small); so every
@@ -79,15 +80,10 @@ inline bool vall_finite(VecF v) {
   const __m512i e = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
   return _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7f800000)) == 0;
 }
-// The zero-masked forms: GCC 12 warns (-Wmaybe-uninitialized) on the unmasked ones, whose
-// pass-through operand is _mm512_undefined_*; all lanes are selected, so the result is the same.
-template <int kHalfIndex>
-inline VecD widen(VecF v) {
-  return _mm512_maskz_cvtps_pd(
-      0xff, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, _mm512_castps_pd(v), kHalfIndex)));
-}
-inline VecD widen_lo(VecF v) { return widen<0>(v); }
-inline VecD widen_hi(VecF v) { return widen<1>(v); }
+// kHalf floats at p widened to double (the zero-masked form: GCC 12 warns -Wmaybe-uninitialized
+// on the unmasked one, whose pass-through operand is _mm512_undefined_pd; all lanes are selected,
+// so the result is the same).
+inline VecD dwiden(const float* p) { return _mm512_maskz_cvtps_pd(0xff, _mm256_load_ps(p)); }
 inline VecD dzero() { return _mm512_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm512_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm512_store_pd(p, v); }
@@ -100,12 +96,14 @@ inline bool dall_zero(VecD v) { return _mm512_cmp_pd_mask(v, dzero(), _CMP_NEQ_U
 // max(big, |t|) (VRANGEPD: absolute maximum, sign cleared; a NaN t leaves big as it is, which the
 // finiteness test of the sum makes irrelevant).
 inline VecD dabsmax(VecD big, VecD t) { return _mm512_range_pd(big, t, 0x0B); }
-// min(small, |p|) over nonzero p: VFIXUPIMMPS maps ±0 to +inf (token ZERO -> response 5, every
-// other token -> response 1, the value itself), then VRANGEPS takes the absolute minimum.
+// min(small, |p|) over nonzero p: VRANGEPS's absolute minimum in the lanes whose bits other than
+// the sign are not all zero; a ±0 lane keeps small. (Not VFIXUPIMMPS mapping ±0 to +inf: on Zen 5
+// it issues on the FMA pipes.)
 inline VecF vinf() { return _mm512_set1_ps(__builtin_huge_valf()); }
 inline VecF vabsmin_nonzero(VecF small, VecF p) {
-  const VecF q = _mm512_fixupimm_ps(p, p, _mm512_set1_epi32(0x11111511), 0);
-  return _mm512_range_ps(small, q, 0x0A);
+  const __mmask16 nonzero =
+      _mm512_test_epi32_mask(_mm512_castps_si512(p), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_mask_range_ps(small, nonzero, small, p, 0x0A);
 }
 // Bit i set when element i (of kHalf) passes the exactness test of the header comment:
 // eb − max(field(small), 1) <= 925 and the sum is finite.
@@ -176,8 +174,7 @@ inline bool vall_finite(VecF v) {
   return _mm256_testz_si256(_mm256_cmpeq_epi32(e, _mm256_set1_epi32(0x7f800000)),
                             _mm256_set1_epi32(-1)) != 0;
 }
-inline VecD widen_lo(VecF v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
-inline VecD widen_hi(VecF v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+inline VecD dwiden(const float* p) { return _mm256_cvtps_pd(_mm_load_ps(p)); }
 inline VecD dzero() { return _mm256_setzero_pd(); }
 inline VecD dload(const double* p) { return _mm256_load_pd(p); }
 inline void dstore(double* p, VecD v) { _mm256_store_pd(p, v); }
@@ -259,19 +256,40 @@ struct alignas(kAlign) TileSums {
   float small[kMr * kNr];  // min |p_j| over the nonzero partials so far (+inf: none yet)
 };
 
-// Adds one chunk's partials of kLanes elements. kFirst: the first chunk, where the state is taken
-// as t = +0.0, big = +0.0, small = +inf rather than read, so that a tile needs no zeroing pass
-// (the same operations as on stored initial values: +0.0 + p is computed, turning a −0 partial
-// into +0 as ChunkCombiner's double does).
-template <bool kFirst>
-inline void combine_chunk(VecF partial, double* sum, double* big, float* small) {
-  const VecD p[2] = {widen_lo(partial), widen_hi(partial)};
-  for (int h = 0; h < 2; ++h) {
-    const VecD t = dadd(kFirst ? dzero() : dload(sum + h * kHalf), p[h]);
-    dstore(sum + h * kHalf, t);
-    dstore(big + h * kHalf, dabsmax(kFirst ? dzero() : dload(big + h * kHalf), t));
+// Chunks whose partials are combined in one pass: a tile stores each chunk's fp32 chains into a
+// buffer of kGroup chunks (6 KiB on AVX-512) and adds a full group into its sums at once, chunk
+// by chunk in order. Storing the sums (20 bytes an element) after every chunk cost the FMA loop
+// about a fifth of its time on Zen 5, where 512-bit stores take issue slots from the FMAs; a
+// group stores them once, and its partials are widened straight from memory.
+constexpr int kGroup = 4;
+
+// Adds `chunks` chunk partials (part[c], laid out like the tile) into the tile's sums, in chunk
+// order. kFresh: the first chunks of the tile, where the state is taken as t = +0.0, big = +0.0,
+// small = +inf rather than read, so that a tile needs no zeroing pass (the same operations as on
+// stored initial values: +0.0 + p is computed, turning a −0 partial into +0 as ChunkCombiner's
+// double does).
+template <bool kFresh>
+void combine_group(const float (*part)[kMr * kNr], int chunks, TileSums& s) {
+  for (int i = 0; i < kMr * kNr; i += kLanes) {
+    VecD t[2], big[2];
+    VecF small = kFresh ? vinf() : vload(s.small + i);
+    for (int h = 0; h < 2; ++h) {
+      t[h] = kFresh ? dzero() : dload(s.sum + i + h * kHalf);
+      big[h] = kFresh ? dzero() : dload(s.big + i + h * kHalf);
+    }
+    for (int c = 0; c < chunks; ++c) {
+      for (int h = 0; h < 2; ++h) {
+        t[h] = dadd(t[h], dwiden(part[c] + i + h * kHalf));
+        big[h] = dabsmax(big[h], t[h]);
+      }
+      small = vabsmin_nonzero(small, vload(part[c] + i));
+    }
+    for (int h = 0; h < 2; ++h) {
+      dstore(s.sum + i + h * kHalf, t[h]);
+      dstore(s.big + i + h * kHalf, big[h]);
+    }
+    vstore(s.small + i, small);
   }
-  vstore(small, vabsmin_nonzero(kFirst ? vinf() : vload(small), partial));
 }
 
 // The rows of memory a tile's results go to (C, or the accumulator's doubles): `rows` rows of
@@ -287,14 +305,16 @@ struct OutputRows {
 
 // One kMr x kNr tile over K: a (K, kMr) A micro-panel times a (K, kNr) B panel (K a multiple of
 // the chunk except at the end of the product). kPartials: stores the single chunk's chains into
-// `partials` (K <= 64); otherwise combines every chunk into `sums` — which the first chunk
-// initialises when `fresh`, and which otherwise carry the chunks before this K block — and
-// prefetches `out`.
+// `partials` (K <= 64); otherwise combines every chunk into `sums`, kGroup chunks at a time —
+// the first group initialises them when `fresh`, otherwise they carry the chunks before this K
+// block — and prefetches `out`.
 template <bool kPartials>
 void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
                  const OutputRows& out, bool fresh = true) {
   const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
   const int64_t rows_per_chunk = (out.rows + chunks - 1) / std::max<int64_t>(chunks, 1);
+  alignas(kAlign) float group[kPartials ? 1 : kGroup][kMr * kNr];
+  int grouped = 0;  // chunks waiting in `group`
   for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
     if constexpr (!kPartials) {
       const int64_t r0 = k0 / kCanonicalChunk * rows_per_chunk;
@@ -320,18 +340,21 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
       a += kMr;
       b += kNr;
     }
+    float* dst = kPartials ? partials : group[grouped];
 #pragma GCC unroll 16
     for (int r = 0; r < kMr; ++r) {
-      const int i0 = r * kNr, i1 = r * kNr + kLanes;
-      if constexpr (kPartials) {
-        vstore(partials + i0, c0[r]);
-        vstore(partials + i1, c1[r]);
-      } else if (k0 == 0 && fresh) {
-        combine_chunk<true>(c0[r], sums->sum + i0, sums->big + i0, sums->small + i0);
-        combine_chunk<true>(c1[r], sums->sum + i1, sums->big + i1, sums->small + i1);
-      } else {
-        combine_chunk<false>(c0[r], sums->sum + i0, sums->big + i0, sums->small + i0);
-        combine_chunk<false>(c1[r], sums->sum + i1, sums->big + i1, sums->small + i1);
+      vstore(dst + r * kNr, c0[r]);
+      vstore(dst + r * kNr + kLanes, c1[r]);
+    }
+    if constexpr (!kPartials) {
+      if (++grouped == kGroup || k0 + kCanonicalChunk >= K) {
+        if (fresh) {
+          combine_group<true>(group, grouped, *sums);
+        } else {
+          combine_group<false>(group, grouped, *sums);
+        }
+        fresh = false;
+        grouped = 0;
       }
     }
   }
