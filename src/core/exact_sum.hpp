@@ -247,9 +247,22 @@ class ExactAccumulator {
   }
 
   void round_to(float* out) const { round_to(0, sum_.size(), out); }
-  // Elements [first, end), rounded, to out[0 .. end - first).
+  // Elements [first, end), rounded, to out[0 .. end - first): every double converted in one loop
+  // (it vectorises: no element's branch), then the few spilled elements overwritten with their
+  // exact sums' rounding (the stale doubles they got are never kept).
   void round_to(size_t first, size_t end, float* out) const {
-    for (size_t i = first; i < end; ++i) out[i - first] = round(i);
+    const double* sum = sum_.data();
+    for (size_t i = first; i < end; ++i) out[i - first] = static_cast<float>(sum[i]);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (spill_.size() <= end - first) {  // the usual case: few spills, visited through the map
+      for (const auto& [i, acc] : spill_) {
+        if (i >= first && i < end) out[i - first] = acc.round_to_float();
+      }
+      return;
+    }
+    for (size_t i = first; i < end; ++i) {
+      if (spilled_[i]) out[i - first] = spill_.at(i).round_to_float();
+    }
   }
 
   size_t spill_count() const {
