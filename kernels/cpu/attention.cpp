@@ -7,6 +7,8 @@
 // of 64 rows (forward_canonical says why the masked entries do not change a bit). Otherwise the
 // vector reductions run HS chains side by side, one chain per output element, each chunk of 64
 // reduction indices ending with its HS partials going into HS exact combiners (canonical.hpp).
+// The softmax's Z and the backward's D = Σ att·datt are reduced eight query rows at a time, each
+// row's chains in one lane of a vector (canonical_rows8: the same chains, side by side).
 // Threads take whole (b, h) pairs — (b, g) pairs for dk/dv — never part of a reduction, so the
 // bits do not depend on the thread count.
 // Fast mode: OpenBLAS sgemm over blocks of rows, softmax with the 8-lane ls_expf (forward_fast).
@@ -102,22 +104,73 @@ bool head_finite(const float* base, int64_t row, int64_t offset, int64_t T, int6
   return tail == 0.0f;
 }
 
-// Row t of the scores, s[0..t] on entry (before the scale): att = softmax over [0, t], 0 beyond.
+// out[j] = canonical_sum over u in [0, t0 + j] of x[j·T + u] (kDot: canonical_dot of the rows of
+// x and y) for j < 8, t0 a multiple of 8: the eight rows' chains run side by side, one per lane
+// (simd::load_transposed8), over their common part [0, t0), closing their chunks together at
+// multiples of 64; each row then finishes its own chain over [t0, t0 + j] alone. Every row gets
+// the additions of its own chain in its own order: canonical_sum's (canonical_dot's) bits.
+template <bool kDot>
+void canonical_rows8(const float* x, const float* y, int64_t T, int64_t t0, float* out) {
+  ChunkCombiner comb[8];
+  simd::V8 acc = _mm256_setzero_ps();
+  alignas(32) float lane[8];
+  for (int64_t u = 0; u < t0; u += 8) {
+    simd::V8 xr[8], yr[8];
+    simd::load_transposed8(x + u, T, xr);
+    if constexpr (kDot) simd::load_transposed8(y + u, T, yr);
+    for (int k = 0; k < 8; ++k) acc = kDot ? _mm256_fmadd_ps(xr[k], yr[k], acc) : _mm256_add_ps(acc, xr[k]);
+    if ((u + 8) % kCanonicalChunk == 0) {
+      _mm256_store_ps(lane, acc);
+      for (int j = 0; j < 8; ++j) comb[j].add(lane[j]);
+      acc = _mm256_setzero_ps();  // the next chunk's chains start from +0
+    }
+  }
+  _mm256_store_ps(lane, acc);
+  for (int j = 0; j < 8; ++j) {
+    const float* xj = x + j * T;
+    const float* yj = y + j * T;
+    float a = lane[j];
+    for (int64_t u = t0; u <= t0 + j; ++u) a = kDot ? std::fma(xj[u], yj[u], a) : a + xj[u];
+    comb[j].add(a);
+    out[j] = comb[j].finish();
+  }
+}
+
+// The canonical reduction of every row t in [r0, r1) (r0 a multiple of 8) over [0, t]: groups of
+// eight rows by canonical_rows8, the rows after the last whole group by canonical_sum /
+// canonical_dot themselves.
+template <bool kDot>
+void canonical_rows(const float* x, const float* y, int64_t T, int64_t r0, int64_t r1, float* out) {
+  int64_t t = r0;
+  for (; t + 8 <= r1; t += 8) canonical_rows8<kDot>(x + t * T, y + t * T, T, t, out + (t - r0));
+  for (; t < r1; ++t) {
+    out[t - r0] = kDot ? canonical_dot(x + t * T, 1, y + t * T, 1, t + 1) : canonical_sum(x + t * T, 1, t + 1);
+  }
+}
+
+// Rows [r0, r1) of one head's scores (row stride T; row t holds s[0..t] before the scale, r0 a
+// multiple of 8) -> att = softmax over [0, t], 0 beyond:
 //   s[t'] · scale;  m = max;  e[t'] = exp(s[t'] − m);  Z = canonical_sum of e;  att = e / Z
-void softmax_row_canonical(float* a, int64_t t, int64_t T, float scale) {
-  float m = -INFINITY;
-  for (int64_t u = 0; u <= t; ++u) {
-    a[u] = a[u] * scale;
-    m = a[u] > m ? a[u] : m;  // a NaN score is skipped here but makes Z, so the row, NaN
+void softmax_rows_canonical(float* A, int64_t r0, int64_t r1, int64_t T, float scale) {
+  float Z[kCanonicalChunk];
+  for (int64_t t = r0; t < r1; ++t) {
+    float* a = A + t * T;
+    for (int64_t u = 0; u <= t; ++u) a[u] = a[u] * scale;
+    // a NaN score is skipped here but makes Z, so the row, NaN
+    const float m = simd::first_max(a, t + 1);
+    const int64_t nv = (t + 1) / 8 * 8;
+    for (int64_t u = 0; u < nv; u += 8) {
+      _mm256_storeu_ps(a + u, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), simd::set1(m))));
+    }
+    for (int64_t u = nv; u <= t; ++u) a[u] = ls_expf(a[u] - m);
   }
-  const int64_t nv = (t + 1) / 8 * 8;
-  for (int64_t u = 0; u < nv; u += 8) {
-    _mm256_storeu_ps(a + u, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), simd::set1(m))));
+  canonical_rows<false>(A, nullptr, T, r0, r1, Z);
+  for (int64_t t = r0; t < r1; ++t) {
+    float* a = A + t * T;
+    const float z = Z[t - r0];
+    for (int64_t u = 0; u <= t; ++u) a[u] = a[u] / z;
+    for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
   }
-  for (int64_t u = nv; u <= t; ++u) a[u] = ls_expf(a[u] - m);
-  const float Z = canonical_sum(a, 1, t + 1);
-  for (int64_t u = 0; u <= t; ++u) a[u] = a[u] / Z;
-  for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
 }
 
 // Canonical products as matmul_canonical (the packed SIMD kernel, bitwise canonical_dot per
@@ -147,7 +200,7 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
           // s[t, t'] = canonical_dot over HS of q[t]·k[t'], for t' < r1
           matmul_canonical(r1 - r0, r1, HS, A + r0 * T, T, base + r0 * L.row + L.q(h), L.row, 1,
                            base + L.k(g), 1, L.row);
-          for (int64_t t = r0; t < r1; ++t) softmax_row_canonical(A + t * T, t, T, scale);
+          softmax_rows_canonical(A, r0, r1, T, scale);
           // out[t] = canonical_dot over t' in [0, t] of att[t']·v[t']
           if (v_finite) {
             matmul_canonical(r1 - r0, HS, r1, out + (b * T + r0) * ldo + h * HS, ldo, A + r0 * T, T, 1,
@@ -302,7 +355,7 @@ void forward_fast(AttentionShape s, float* out, float* att, const float* qkv) {
 
 // Canonical: ds = att·(datt − D) into scratch, per (b, h) row; the rows of datt by
 // matmul_canonical on blocks of rows (masked entries overwritten, as the forward's scores), D by
-// canonical_dot.
+// canonical_dot, eight rows side by side (canonical_rows).
 void softmax_backward_rows_canonical(AttentionShape s, float* scratch, const float* dout,
                                      const float* qkv, const float* att) {
   const Layout L = layout_of(s);
@@ -319,13 +372,14 @@ void softmax_backward_rows_canonical(AttentionShape s, float* scratch, const flo
         // datt[t,t'] = canonical_dot over HS of dout[t]·v[t']   (forward: out[t] = Σ att[t']·v[t'])
         matmul_canonical(r1 - r0, r1, HS, dS + r0 * T, T, dout + (b * T + r0) * ldo + h * HS, ldo, 1,
                          base + L.v(g), 1, L.row);
+        // D[t] = canonical_dot over t' <= t of att[t,t']·datt[t,t']
+        float D[kCanonicalChunk];
+        canonical_rows<true>(A, dS, T, r0, r1, D);
         for (int64_t t = r0; t < r1; ++t) {
           const float* a = A + t * T;
           float* ds = dS + t * T;
-          // D[t] = dot over t' of att[t,t']·datt[t,t']
-          const float D = canonical_dot(a, 1, ds, 1, t + 1);
           // ds[t,t'] = att[t,t']·(datt[t,t'] − D[t])      (forward: att = exp(s − m) / Z)
-          for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D);
+          for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (ds[u] - D[t - r0]);
           for (int64_t u = t + 1; u < T; ++u) ds[u] = 0.0f;
         }
       }

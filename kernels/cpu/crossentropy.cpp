@@ -5,7 +5,8 @@
 // scalar function's bits; the scalar code does the tail): libm's expf does not vectorise and was
 // the largest non-GEMM cost of a training step. Canonical: Z = canonical_sum over v of the e[v],
 // computed chunk by chunk (a chunk's exps are made eight at a time into a buffer, then added in
-// index order by one fp32 chain: exactly chunk_sum over the stored values), log from ls_logf.
+// index order by one fp32 chain: exactly chunk_sum over the stored values; eight chunks' chains
+// run side by side in the lanes of a vector), log from ls_logf.
 // Fast: Z in sixteen lanes of fp32 partial sums (any order is within the fast bound), libm's logf.
 // dlogits[v] = (e[v] / Z − [v == y])·dloss is elementwise in both modes: the vector code computes
 // (e[v] / Z)·dloss, which is the formula's value wherever v ≠ y (subtracting +0 changes nothing,
@@ -39,27 +40,6 @@ void check_inputs(CrossEntropyShape s, const int32_t* targets, const char* op) {
   }
 }
 
-// The first maximal element in index order, NaN skipped, as the scalar loop
-//   m = -inf; for v: m = x[v] > m ? x[v] : m
-// finds it. Eight lanes keep their own maxima (max_ps returns its second operand, the running
-// maximum, when x[v] is NaN: skipped as in the loop). Equal non-zero values have equal bits, so
-// the lanes' combination is the loop's value unless the maximum is a zero, whose sign is the first
-// zero's: that row is rescanned by the loop.
-float row_max(const float* x, int64_t V) {
-  __m256 lanes = _mm256_set1_ps(-INFINITY);
-  int64_t v = 0;
-  for (; v + 8 <= V; v += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(x + v), lanes);
-  alignas(32) float lane[8];
-  _mm256_store_ps(lane, lanes);
-  float m = -INFINITY;
-  for (float l : lane) m = l > m ? l : m;
-  for (; v < V; ++v) m = x[v] > m ? x[v] : m;
-  if (m != 0.0f) return m;
-  m = -INFINITY;
-  for (v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
-  return m;
-}
-
 // e[i] = ls_expf(x[i] − m) for i in [0, n).
 void exp_shifted(const float* x, int64_t n, float m, float* e) {
   const simd::V8 mv = simd::set1(m);
@@ -68,12 +48,32 @@ void exp_shifted(const float* x, int64_t n, float m, float* e) {
   for (; i < n; ++i) e[i] = ls_expf(x[i] - m);
 }
 
-// The chunk partials of Σ ls_expf(x[v] − m) over v in [0, V), each passed to add(); the exps are
-// kept in keep[v] when keep is given (it may be x: each element is read before it is written).
+// The chunk partials of Σ ls_expf(x[v] − m) over v in [0, V), each passed to add() in chunk
+// order; the exps are kept in keep[v] when keep is given (it may be x: each element is read before
+// it is written). Eight whole chunks at a time have their exps made into keep (or a buffer) and
+// their chains run side by side, one per lane (simd::load_transposed8): the same additions in the
+// same order as one chain per chunk.
 template <class Add>
 void partition_chunks(const float* x, int64_t V, float m, float* keep, Add add) {
-  alignas(32) float buf[kCanonicalChunk];
-  for (int64_t v0 = 0; v0 < V; v0 += kCanonicalChunk) {
+  constexpr int64_t kGroup = 8 * kCanonicalChunk;
+  alignas(32) float buf[kGroup];
+  int64_t v0 = 0;
+  for (; v0 + kGroup <= V; v0 += kGroup) {
+    float* e = keep != nullptr ? keep + v0 : buf;
+    for (int64_t i = 0; i < kGroup; i += 8) {
+      _mm256_storeu_ps(e + i, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(x + v0 + i), simd::set1(m))));
+    }
+    simd::V8 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < kCanonicalChunk; i += 8) {
+      simd::V8 r[8];
+      simd::load_transposed8(e + i, kCanonicalChunk, r);
+      for (const simd::V8& t : r) acc = _mm256_add_ps(acc, t);
+    }
+    alignas(32) float partial[8];
+    _mm256_store_ps(partial, acc);
+    for (float p : partial) add(p);
+  }
+  for (; v0 < V; v0 += kCanonicalChunk) {
     const int64_t len = std::min(kCanonicalChunk, V - v0);
     float* e = keep != nullptr ? keep + v0 : buf;
     exp_shifted(x + v0, len, m, e);
@@ -151,7 +151,7 @@ void crossentropy_rows(CrossEntropyShape s, float dloss, float* losses, float* d
   for (int64_t n = 0; n < s.N; ++n) {
     const float* x = logits + n * s.V;
     const int32_t y = targets[n];
-    const float m = row_max(x, s.V);
+    const float m = simd::first_max(x, s.V);
     // With dlogits (in place over the logits) the partition keeps every exp there, read once more
     // to differentiate losses[n] = (m + log Z) − logits[y]; logits[y] is read before.
     const float x_target = x[y];
@@ -175,7 +175,7 @@ void check_shard(CrossEntropyShard s, const int32_t* targets, const char* op) {
 void crossentropy_shard_max(CrossEntropyShard s, float* m, const float* logits) {
   check_shard(s, nullptr, "crossentropy_shard_max");
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < s.N; ++n) m[n] = row_max(logits + n * s.V, s.V);
+  for (int64_t n = 0; n < s.N; ++n) m[n] = simd::first_max(logits + n * s.V, s.V);
 }
 
 void crossentropy_shard_partition(Mode mode, CrossEntropyShard s, ExactAccumulator& Z, float* target,

@@ -5,8 +5,9 @@
 // threads or vector width. adamw_update writes that sequence with AVX2 intrinsics, eight elements
 // at a time (the compiler left the divisions and the square root scalar), and the scalar code of
 // adamw_element for the last n % 8. grad_sumsq_accumulate is a reduction: canonical mode follows
-// canonical.hpp exactly (chunks from the buffer's first element, FMA chain per chunk, partials
-// combined exactly by the caller's ChunkCombiner); fast mode sums g² in double, threads taking
+// canonical.hpp exactly (chunks from the buffer's first element, FMA chain per chunk — eight
+// chunks' chains side by side in the lanes of a vector — partials combined exactly by the
+// caller's ChunkCombiner); fast mode sums g² in double, threads taking
 // blocks.
 //
 // Not here: clipping policy and learning-rate schedules (src/optim), ZeRO sharding (src/parallel).
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/simd_math.hpp"
 #include "src/core/check.hpp"
 
 namespace lockstep::cpu {
@@ -91,16 +93,29 @@ void grad_sumsq_accumulate(Mode mode, int64_t n, ChunkCombiner& acc, const float
   if (mode == Mode::kCanonical) {
     // Chunk partials are computed on whichever thread owns the chunk; each thread combines its
     // partials exactly and the per-thread exact sums merge exactly: the result is RN(exact sum)
-    // however the chunks were distributed.
-    const int64_t chunks = (n + kCanonicalChunk - 1) / kCanonicalChunk;
+    // however the chunks were distributed. Threads take groups of eight whole chunks, whose
+    // chains run side by side (simd::load_transposed8); the chunks after the last whole group run
+    // chunk_dot itself.
+    const int64_t full = n / kCanonicalChunk, groups = full / 8;
 #pragma omp parallel
     {
       ChunkCombiner local;
 #pragma omp for schedule(static)
-      for (int64_t k = 0; k < chunks; ++k) {
-        const int64_t i0 = k * kCanonicalChunk;
-        const int64_t len = n - i0 < kCanonicalChunk ? n - i0 : kCanonicalChunk;
-        local.add(chunk_dot(grad + i0, 1, grad + i0, 1, len));
+      for (int64_t k = 0; k < groups; ++k) {
+        const float* g = grad + k * 8 * kCanonicalChunk;
+        simd::V8 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < kCanonicalChunk; i += 8) {
+          simd::V8 r[8];
+          simd::load_transposed8(g + i, kCanonicalChunk, r);
+          for (const simd::V8& x : r) acc = _mm256_fmadd_ps(x, x, acc);
+        }
+        alignas(32) float partial[8];
+        _mm256_store_ps(partial, acc);
+        for (float p : partial) local.add(p);
+      }
+#pragma omp single nowait
+      for (int64_t i0 = groups * 8 * kCanonicalChunk; i0 < n; i0 += kCanonicalChunk) {
+        local.add(chunk_dot(grad + i0, 1, grad + i0, 1, std::min(kCanonicalChunk, n - i0)));
       }
 #pragma omp critical(lockstep_grad_sumsq)
       merge_exact(acc, local);

@@ -9,6 +9,9 @@
 // tests/unit/kernels_elementwise checks the 8-lane functions bitwise against the scalar ones, and
 // GELU, which runs on both widths, against its scalar specification on both ISAs; tests/property
 // checks every canonical kernel against the CanonicalF32 reference.
+// Beside them, first_max (a row's maximum as the scalar loop finds it, in 8 lanes) and
+// load_transposed8: the block loads through which canonical kernels run eight reduction chains
+// side by side, one chain per lane (see its comment).
 // Not here: log (no vectorised caller yet).
 #pragma once
 
@@ -168,5 +171,51 @@ using V8 = Avx2::V;
 inline V8 set1(float x) { return Avx2::set1(x); }
 inline V8 expf8(V8 x) { return expf<Avx2>(x); }
 inline V8 tanhf8(V8 x) { return tanhf<Avx2>(x); }
+
+// The first maximal element of x[0, n) in index order, NaN skipped, as the scalar loop
+//   m = -inf; for i: m = x[i] > m ? x[i] : m
+// finds it. Eight lanes keep their own maxima (max_ps returns its second operand, the running
+// maximum, when x[i] is NaN: skipped as in the loop). Equal non-zero values have equal bits, so
+// the lanes' combination is the loop's value unless the maximum is a zero, whose sign is the first
+// zero's: that row is rescanned by the loop.
+inline float first_max(const float* x, int64_t n) {
+  __m256 lanes = _mm256_set1_ps(-__builtin_inff());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(x + i), lanes);
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, lanes);
+  float m = -__builtin_inff();
+  for (float l : lane) m = l > m ? l : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  if (m != 0.0f) return m;
+  m = -__builtin_inff();
+  for (i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// r[i] lane j = p[j·stride + i] for i, j < 8: an 8x8 block read transposed. Canonical kernels run
+// eight chains of a reduction side by side with it — chain j over p[j·stride + i], i increasing,
+// one link per r[i] in order — so each lane performs exactly its chain's operations: the chains'
+// bits do not change, while eight of them advance per vector instruction instead of one scalar
+// chain waiting on every addition.
+inline void load_transposed8(const float* p, int64_t stride, V8 r[8]) {
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(p + j * stride);
+  const V8 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const V8 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const V8 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const V8 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const V8 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const V8 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const V8 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const V8 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
 
 }  // namespace lockstep::cpu::simd

@@ -27,10 +27,11 @@ using cpu::AttentionShape;
 using test::Bd;
 
 // The shapes every test runs: T = 1, primes, MHA (NH = NKV), GQA (4/2), MQA (4/1), HS odd and
-// even, and T·group above 64 so that chunks of the t' and (j, t) reductions are crossed.
+// even, T·group above 64 so that chunks of the t' and (j, t) reductions are crossed, and T = 137
+// so that the softmax's eight-row groups close chunks at t' = 64 and 128 (and leave a row over).
 const std::vector<AttentionShape> kShapes = {
     {1, 1, 1, 1, 3}, {2, 7, 4, 2, 4}, {1, 13, 4, 1, 5}, {2, 5, 3, 3, 8}, {1, 67, 2, 1, 6},
-    {1, 23, 4, 1, 2}};
+    {1, 23, 4, 1, 2}, {1, 137, 2, 1, 5}};
 
 int64_t qkv_size(AttentionShape s) { return s.B * s.T * (s.NH + 2 * s.NKV) * s.HS; }
 int64_t out_size(AttentionShape s) { return s.B * s.T * s.NH * s.HS; }

@@ -207,9 +207,11 @@ void check_rmsnorm_bounds(Mode mode, const NormData& d, float eps, const std::st
   expect_within(what + " dweight", k.dweight, dw);
 }
 
-// Shapes: single element, primes, odd C, C and N across chunk boundaries.
+// Shapes: single element, primes, odd C, C and N across chunk boundaries, and C a multiple of 8
+// (canonical rows in groups of eight, the chains side by side) with whole groups and rows left
+// over, C = 136 ending on a short chunk.
 const std::pair<int64_t, int64_t> kShapes[] = {{1, 1}, {1, 64}, {3, 7}, {5, 65}, {67, 97},
-                                               {129, 131}, {13, 257}};
+                                               {129, 131}, {13, 257}, {8, 64}, {19, 136}};
 
 TEST(LayerNorm, WithinReferenceBoundsBothModes) {
   uint32_t seed = 100;
