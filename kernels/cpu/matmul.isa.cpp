@@ -108,7 +108,7 @@ inline VecF vabsmin_nonzero(VecF small, VecF p) {
 // Bit i set when element i (of kHalf) passes the exactness test of the header comment:
 // eb − max(field(small), 1) <= 925 and the sum is finite.
 inline uint32_t exact_lanes(const double* sum, const double* big, const float* small) {
-  // Zero-masked shift and widening for the reason given at widen().
+  // Zero-masked shift and widening for the reason given at dwiden().
   const __m512i eb = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(_mm512_load_pd(big)), 52);
   const __m256i es32 = _mm256_max_epu32(
       _mm256_srli_epi32(_mm256_castps_si256(_mm256_load_ps(small)), 23), _mm256_set1_epi32(1));
@@ -121,7 +121,7 @@ inline uint32_t exact_lanes(const double* sum, const double* big, const float* s
   return static_cast<uint32_t>(window & finite);
 }
 // kHalf floats: a vector of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as
-// static_cast<float>; the zero-masked form for the reason given at widen()).
+// static_cast<float>; the zero-masked form for the reason given at dwiden()).
 using HalfF = __m256;
 inline HalfF narrow(VecD d) { return _mm512_maskz_cvtpd_ps(0xff, d); }
 inline HalfF hloadu(const float* p) { return _mm256_loadu_ps(p); }
@@ -131,7 +131,7 @@ inline HalfF hadd(HalfF a, HalfF b) { return _mm256_add_ps(a, b); }
 inline void vstore_first(float* p, VecF v, int n) {
   _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
 }
-// r[i][j] <- r[j][i] for a 16 x 16 block (zero-masked unpacks for the reason given at widen()).
+// r[i][j] <- r[j][i] for a 16 x 16 block (zero-masked unpacks for the reason given at dwiden()).
 inline void transpose(VecF r[kLanes]) {
   VecF t[kLanes];
   for (int i = 0; i < 8; ++i) {
