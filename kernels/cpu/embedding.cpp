@@ -99,9 +99,7 @@ void reduce_grouped_over_tokens(Mode mode, int64_t N, int64_t C, const GradSink&
               const float* dy = dout + (n0 + m) * C + cb;
               for (int64_t j = 0; j < width; ++j) acc[j] = acc[j] + dy[j];
             }
-            for (int64_t j = 0; j < width; ++j) {
-              sink.exact->add(row + static_cast<size_t>(cb + j), acc[j]);
-            }
+            sink.exact->add_run(row + static_cast<size_t>(cb), acc, static_cast<size_t>(width));
           }
         }
       }

@@ -75,9 +75,7 @@ void reduce_columns_over_tokens(Mode mode, int64_t N, int64_t C, const GradSink&
         for (int64_t j = 0; j < width; ++j) acc[j] = step(acc[j], n, c0 + j);
       }
       if (mode == Mode::kCanonical) {
-        for (int64_t j = 0; j < width; ++j) {
-          sink.exact->add(static_cast<size_t>(sink.offset + c0 + j), acc[j]);
-        }
+        sink.exact->add_run(static_cast<size_t>(sink.offset + c0), acc, static_cast<size_t>(width));
       } else {
         for (int64_t j = 0; j < width; ++j) sink.f32[c0 + j] += acc[j];
       }

@@ -240,6 +240,25 @@ class ExactAccumulator {
     acc.add(partial);
   }
 
+  // add(i0 + k, p[k]) for k < n. Where no element of the run has spilled and every double
+  // addition is exact (add_exact's TwoSum test, lane by lane; a non-finite operand fails it) the
+  // whole run is added at once — loops without a branch per element, which vectorise — and
+  // otherwise element by element through add(). Same results as n calls of add().
+  void add_run(size_t i0, const float* p, size_t n) {
+    double* s = sum_.data() + i0;
+    const uint8_t* spilled = spilled_.data() + i0;
+    bool fast = true;
+    for (size_t k = 0; k < n; ++k) {
+      const double a = s[k], b = p[k], t = a + b, bp = t - a, ap = t - bp;
+      fast &= ((a - ap) + (b - bp)) == 0.0 && spilled[k] == 0;
+    }
+    if (fast) {
+      for (size_t k = 0; k < n; ++k) s[k] = s[k] + static_cast<double>(p[k]);
+      return;
+    }
+    for (size_t k = 0; k < n; ++k) add(i0 + k, p[k]);
+  }
+
   float round(size_t i) const {
     if (!spilled_[i]) return static_cast<float>(sum_[i]);  // exact double -> one rounding
     std::lock_guard<std::mutex> lock(mutex_);

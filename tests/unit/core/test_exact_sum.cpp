@@ -263,6 +263,55 @@ TEST(ExactSum, ExactAccumulatorMatchesMpfrForAnyOrderAndSplit) {
   EXPECT_EQ(a.round(0), 0.0f);
 }
 
+// add_run over runs of any length and position gives the elementwise add()'s state: the same
+// doubles, the same spills (the wide-spread sets need them; an inf and a NaN take the slow path),
+// the same rounded sums, also over a sub-range (round_to(first, end)).
+TEST(ExactSum, AddRunEqualsElementwiseAdd) {
+  constexpr size_t kElements = 64;
+  std::mt19937_64 rng(1414);
+  std::vector<std::vector<float>> values(kElements);
+  size_t rounds = 0;
+  for (size_t i = 0; i < kElements; ++i) {
+    values[i] = random_set(rng, static_cast<int>(i));
+    rounds = std::max(rounds, values[i].size());
+  }
+  values[5].push_back(std::numeric_limits<float>::infinity());
+  values[9].push_back(std::numeric_limits<float>::quiet_NaN());
+  rounds = std::max({rounds, values[5].size(), values[9].size()});
+  ExactAccumulator by_run(kElements), by_element(kElements);
+  std::vector<float> p(kElements);
+  for (size_t round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < kElements; ++i) p[i] = round < values[i].size() ? values[i][round] : 0.0f;
+    for (size_t i0 = 0; i0 < kElements;) {
+      const size_t n = std::min<size_t>(kElements - i0, 1 + rng() % 40);
+      by_run.add_run(i0, p.data() + i0, n);
+      for (size_t k = 0; k < n; ++k) by_element.add(i0 + k, p[i0 + k]);
+      i0 += n;
+    }
+  }
+  EXPECT_GT(by_run.spill_count(), 0u) << "the wide-spread sets should need the slow path";
+  EXPECT_EQ(by_run.spill_count(), by_element.spill_count());
+  std::vector<float> run_out(kElements), element_out(kElements), part(kElements);
+  by_run.round_to(run_out.data());
+  by_element.round_to(element_out.data());
+  by_run.round_to(3, 41, part.data());
+  for (size_t i = 0; i < kElements; ++i) {
+    EXPECT_EQ(by_run.spilled(i), by_element.spilled(i)) << "element " << i;
+    if (!by_run.spilled(i)) {
+      EXPECT_EQ(std::bit_cast<uint64_t>(by_run.partial_sums()[i]),
+                std::bit_cast<uint64_t>(by_element.partial_sums()[i]))
+          << "element " << i;
+    }
+    EXPECT_TRUE(same_bits(run_out[i], element_out[i])) << "element " << i;
+    EXPECT_TRUE(same_bits(run_out[i], by_run.round(i))) << "element " << i;
+    if (i >= 3 && i < 41) {
+      EXPECT_TRUE(same_bits(part[i - 3], run_out[i])) << "element " << i;
+    }
+  }
+  EXPECT_TRUE(std::isinf(run_out[5]));
+  EXPECT_TRUE(std::isnan(run_out[9]));
+}
+
 // The read access of a data-parallel reduction: each "rank" accumulates its share of every
 // element; a receiver rebuilt from partial_sums() where not spilled and from spill()'s digits and
 // flags where spilled (add(i, SuperAccumulator)) rounds to MPFR's sum of all the values.
