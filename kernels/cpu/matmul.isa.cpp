@@ -267,9 +267,10 @@ constexpr int kGroup = 4;
 // order. kFresh: the first chunks of the tile, where the state is taken as t = +0.0, big = +0.0,
 // small = +inf rather than read, so that a tile needs no zeroing pass (the same operations as on
 // stored initial values: +0.0 + p is computed, turning a −0 partial into +0 as ChunkCombiner's
-// double does).
+// double does). Not inlined: its constants, hoisted into tile_chunks, would take registers from
+// the FMA loop (AVX2 has exactly enough for the 6 x 2 tile) and spill its accumulators.
 template <bool kFresh>
-void combine_group(const float (*part)[kMr * kNr], int chunks, TileSums& s) {
+[[gnu::noinline]] void combine_group(const float (*part)[kMr * kNr], int chunks, TileSums& s) {
   for (int i = 0; i < kMr * kNr; i += kLanes) {
     VecD t[2], big[2];
     VecF small = kFresh ? vinf() : vload(s.small + i);
