@@ -1,7 +1,5 @@
 #include "src/model/gpt.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -259,13 +257,7 @@ void Gpt::finish_grads(int64_t first, int64_t end) {
   LS_CHECK(storage_ == nullptr, "finish_grads: the gradients are in a GradStorage, not in the model");
   own_grads();
   if (mode_ != Mode::kCanonical) return;
-  // Elementwise, so threads take contiguous slices (each rounding is the same on any thread).
-#pragma omp parallel
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t a = first + (end - first) * t / nt, b = first + (end - first) * (t + 1) / nt;
-    exact_grads_->round_to(static_cast<size_t>(a), static_cast<size_t>(b), grads_.data() + a);
-  }
+  exact_grads_->round_to(static_cast<size_t>(first), static_cast<size_t>(end), grads_.data() + first);
 }
 
 void Gpt::norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,
