@@ -164,7 +164,7 @@ void softmax_rows_canonical(float* A, int64_t r0, int64_t r1, int64_t T, float s
     }
     for (int64_t u = nv; u <= t; ++u) a[u] = ls_expf(a[u] - m);
   }
-  canonical_rows<false>(A, nullptr, T, r0, r1, Z);
+  canonical_rows<false>(A, A, T, r0, r1, Z);  // y is not read by a plain sum
   for (int64_t t = r0; t < r1; ++t) {
     float* a = A + t * T;
     const float z = Z[t - r0];
