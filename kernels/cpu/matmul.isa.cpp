@@ -33,6 +33,7 @@
 //    the bits do not depend on the thread count either.
 // Not here: dispatch (matmul.cpp), fast-mode products (OpenBLAS), the linear layer (linear.cpp).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -447,12 +448,26 @@ void transpose_block(const float* src, int64_t ld_src, int n, float* dst, int64_
   for (int i = 0; i < kLanes; ++i) vstore_first(dst + i * ld_dst, r[i], lanes);
 }
 
+// body(i) for every i in [0, n): over the OpenMP threads when `wide` and the caller is not inside
+// an active parallel region, otherwise as a plain loop on the calling thread. Entering a region
+// costs libgomp a team setup (futex calls and an allocation, about 2 us) even when its if clause
+// is false or it is nested; attention calls these products inside its own loop over heads, some
+// thousands of times a step.
+template <class Body>
+void for_each_index(int64_t n, bool wide, const Body& body) {
+  if (wide && !omp_in_parallel() && omp_get_max_threads() > 1) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+}
+
 // A (M, K) -> ceil(M/kMr) micro-panels of (K, kMr), zero rows past M. Every panel is written in
 // order (k outer); when A's rows are contiguous, kLanes k's at a time by transposing blocks.
 void pack_a(int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak, float* out,
             int64_t panels) {
-#pragma omp parallel for schedule(static) if (M * K > (int64_t{1} << 15))
-  for (int64_t p = 0; p < panels; ++p) {
+  for_each_index(panels, M * K > (int64_t{1} << 15), [&](int64_t p) {
     float* dst = out + p * K * kMr;
     const int rows = static_cast<int>(std::min<int64_t>(kMr, M - p * kMr));
     const float* src = A + p * kMr * sam;
@@ -465,15 +480,14 @@ void pack_a(int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak, floa
     for (; k < K; ++k) {
       for (int r = 0; r < kMr; ++r) dst[k * kMr + r] = r < rows ? src[r * sam + k * sak] : 0.0f;
     }
-  }
+  });
 }
 
 // B (K, N) -> ceil(N/kNr) panels of (K, kNr), zero columns past N; written in order as pack_a,
 // with transposed blocks when B's columns are contiguous.
 void pack_b(int64_t N, int64_t K, const float* B, int64_t sbk, int64_t sbn, float* out,
             int64_t panels) {
-#pragma omp parallel for schedule(static) if (N * K > (int64_t{1} << 15))
-  for (int64_t q = 0; q < panels; ++q) {
+  for_each_index(panels, N * K > (int64_t{1} << 15), [&](int64_t q) {
     float* dst = out + q * K * kNr;
     const int cols = static_cast<int>(std::min<int64_t>(kNr, N - q * kNr));
     const float* src = B + q * kNr * sbn;
@@ -492,7 +506,7 @@ void pack_b(int64_t N, int64_t K, const float* B, int64_t sbk, int64_t sbn, floa
     for (; k < K; ++k) {
       for (int j = 0; j < kNr; ++j) dst[k * kNr + j] = j < cols ? src[j * sbn + k * sbk] : 0.0f;
     }
-  }
+  });
 }
 
 // Where a tile's results go (one of the three Output modes).
@@ -548,8 +562,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
     const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
     const bool last_block = kblock + 1 == k_blocks;
-#pragma omp parallel for schedule(static) if (M * N * K > (int64_t{1} << 18))
-    for (int64_t t = 0; t < tiles; ++t) {
+    for_each_index(tiles, M * N * K > (int64_t{1} << 18), [&](int64_t t) {
       const int64_t jb = t / block_tiles;
       const int64_t width = std::min(nb, b_panels - jb * nb);
       const int64_t in_block = t - jb * block_tiles;
@@ -589,13 +602,13 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
             }
           }
         }
-        continue;
+        return;
       }
       TileSums local;
       TileSums& sums = carried != nullptr ? carried[t] : local;
       if (!last_block) {
         tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, OutputRows{}, kblock == 0);
-        continue;
+        return;
       }
       OutputRows out;
       out.rows = rows;
@@ -645,7 +658,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
           }
         }
       }
-    }
+    });
   }
 }
 
