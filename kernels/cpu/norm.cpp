@@ -66,6 +66,18 @@ void row_chains8(int64_t C, float* out, Block block) {
   for (int j = 0; j < kRowGroup; ++j) out[j] = comb[j].finish();
 }
 
+// row_chains8 over the eight rows of x (row stride C): acc = link(acc, v) per column, v holding the
+// rows' values at that column (lane j: row j).
+template <class Link>
+void row_chains8_of(int64_t C, const float* x, float* out, Link link) {
+  row_chains8(C, out, [&](simd::V8 acc, int64_t i) {
+    simd::V8 r[8];
+    simd::load_transposed8(x + i, C, r);
+    for (const simd::V8& v : r) acc = link(acc, v);
+    return acc;
+  });
+}
+
 // Whether rows [n0, n0 + 8) take row_chains8.
 bool whole_group(Mode mode, NormShape s, int64_t n0) {
   return mode == Mode::kCanonical && s.C % 8 == 0 && n0 + kRowGroup <= s.N;
@@ -92,23 +104,13 @@ void layernorm_forward(Mode mode, NormShape s, float* out, float* mean, float* r
     if (whole_group(mode, s, n0)) {
       const float* x = inp + n0 * C;
       // mean = Σx/C
-      row_chains8(C, m, [&](simd::V8 acc, int64_t i) {
-        simd::V8 r[8];
-        simd::load_transposed8(x + i, C, r);
-        for (const simd::V8& v : r) acc = _mm256_add_ps(acc, v);
-        return acc;
-      });
+      row_chains8_of(C, x, m, [](simd::V8 acc, simd::V8 v) { return _mm256_add_ps(acc, v); });
       for (float& v : m) v = v / fC;
       // var = Σ(x-mean)²/C: d = x - m, fma(d, d, acc), lane j's mean in lane j
       const simd::V8 mv = _mm256_load_ps(m);
-      row_chains8(C, var, [&](simd::V8 acc, int64_t i) {
-        simd::V8 r[8];
-        simd::load_transposed8(x + i, C, r);
-        for (const simd::V8& v : r) {
-          const simd::V8 d = _mm256_sub_ps(v, mv);
-          acc = _mm256_fmadd_ps(d, d, acc);
-        }
-        return acc;
+      row_chains8_of(C, x, var, [&](simd::V8 acc, simd::V8 v) {
+        const simd::V8 d = _mm256_sub_ps(v, mv);
+        return _mm256_fmadd_ps(d, d, acc);
       });
       for (float& v : var) v = v / fC;
     } else {
@@ -241,12 +243,7 @@ void rmsnorm_forward(Mode mode, NormShape s, float* out, float* rstd, const floa
     alignas(32) float ms[kRowGroup];
     if (whole_group(mode, s, n0)) {
       const float* x = inp + n0 * C;
-      row_chains8(C, ms, [&](simd::V8 acc, int64_t i) {
-        simd::V8 r[8];
-        simd::load_transposed8(x + i, C, r);
-        for (const simd::V8& v : r) acc = _mm256_fmadd_ps(v, v, acc);
-        return acc;
-      });
+      row_chains8_of(C, x, ms, [](simd::V8 acc, simd::V8 v) { return _mm256_fmadd_ps(v, v, acc); });
       for (float& v : ms) v = v / fC;
     } else {
       for (int64_t j = 0; j < rows; ++j) {
