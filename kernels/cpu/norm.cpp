@@ -78,6 +78,21 @@ void row_chains8_of(int64_t C, const float* x, float* out, Link link) {
   });
 }
 
+// The backward's Σ fma(w·dout, xhat, acc) over the eight rows of dy and x (row stride C), lane j
+// row j's: w·dout rounded, xhat = xhat_of(x) as the norm defines it.
+template <class XhatOf>
+void wd_xhat_chains8(int64_t C, const float* weight, const float* dy, const float* x, float* out, XhatOf xhat_of) {
+  row_chains8(C, out, [&](simd::V8 acc, int64_t i) {
+    simd::V8 d[8], xr[8];
+    simd::load_transposed8(dy + i, C, d);
+    simd::load_transposed8(x + i, C, xr);
+    for (int k = 0; k < 8; ++k) {
+      acc = _mm256_fmadd_ps(_mm256_mul_ps(simd::set1(weight[i + k]), d[k]), xhat_of(xr[k]), acc);
+    }
+    return acc;
+  });
+}
+
 // Whether rows [n0, n0 + 8) take row_chains8.
 bool whole_group(Mode mode, NormShape s, int64_t n0) {
   return mode == Mode::kCanonical && s.C % 8 == 0 && n0 + kRowGroup <= s.N;
@@ -179,16 +194,8 @@ void layernorm_backward(Mode mode, NormShape s, int64_t token_offset, float* din
       const simd::V8 mv = _mm256_setr_ps(mean[n0], mean[n0 + 1], mean[n0 + 2], mean[n0 + 3], mean[n0 + 4],
                                          mean[n0 + 5], mean[n0 + 6], mean[n0 + 7]);
       const simd::V8 rv = _mm256_loadu_ps(rstd + n0);
-      row_chains8(C, mean_wdx, [&](simd::V8 acc, int64_t i) {
-        simd::V8 d[8], xr[8];
-        simd::load_transposed8(dy + i, C, d);
-        simd::load_transposed8(x + i, C, xr);
-        for (int k = 0; k < 8; ++k) {
-          const simd::V8 wd = _mm256_mul_ps(simd::set1(weight[i + k]), d[k]);
-          acc = _mm256_fmadd_ps(wd, _mm256_mul_ps(_mm256_sub_ps(xr[k], mv), rv), acc);
-        }
-        return acc;
-      });
+      wd_xhat_chains8(C, weight, dy, x, mean_wdx,
+                      [&](simd::V8 xv) { return _mm256_mul_ps(_mm256_sub_ps(xv, mv), rv); });
       for (int j = 0; j < kRowGroup; ++j) {
         mean_wd[j] = mean_wd[j] / fC;
         mean_wdx[j] = mean_wdx[j] / fC;
@@ -286,15 +293,7 @@ void rmsnorm_backward(Mode mode, NormShape s, int64_t token_offset, float* dinp,
       const float* dy = dout + n0 * C;
       // Σ fma(w·dout, x·r, acc), lane j's r in lane j
       const simd::V8 rv = _mm256_loadu_ps(rstd + n0);
-      row_chains8(C, mean_wdx, [&](simd::V8 acc, int64_t i) {
-        simd::V8 d[8], xr[8];
-        simd::load_transposed8(dy + i, C, d);
-        simd::load_transposed8(x + i, C, xr);
-        for (int k = 0; k < 8; ++k) {
-          acc = _mm256_fmadd_ps(_mm256_mul_ps(simd::set1(weight[i + k]), d[k]), _mm256_mul_ps(xr[k], rv), acc);
-        }
-        return acc;
-      });
+      wd_xhat_chains8(C, weight, dy, x, mean_wdx, [&](simd::V8 xv) { return _mm256_mul_ps(xv, rv); });
       for (float& v : mean_wdx) v = v / fC;
     } else {
       for (int64_t j = 0; j < rows; ++j) {
