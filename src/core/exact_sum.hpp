@@ -52,18 +52,22 @@ LS_HOST_DEVICE inline int clz64(uint64_t v) {
 
 }  // namespace detail
 
+// The rounding error of t = RN(a + b) for finite operands (TwoSum, Knuth): 0 iff t is exact.
+LS_HOST_DEVICE inline double two_sum_error(double a, double b, double t) {
+  const double bp = t - a;
+  const double ap = t - bp;
+  return (a - ap) + (b - bp);
+}
+
 // s += p if the double sum is exact (or either operand is not finite, which then simply
-// propagates); returns false and leaves s unchanged otherwise. TwoSum (Knuth): err == 0 iff exact.
+// propagates); returns false and leaves s unchanged otherwise.
 LS_HOST_DEVICE inline bool add_exact(double& s, double p) {
   const double t = s + p;
   if (!(std::isfinite(s) && std::isfinite(p))) {
     s = t;
     return true;
   }
-  const double bp = t - s;
-  const double ap = t - bp;
-  const double err = (s - ap) + (p - bp);
-  if (err != 0.0) return false;
+  if (two_sum_error(s, p, t) != 0.0) return false;
   s = t;
   return true;
 }
@@ -249,8 +253,8 @@ class ExactAccumulator {
     const uint8_t* spilled = spilled_.data() + i0;
     bool fast = true;
     for (size_t k = 0; k < n; ++k) {
-      const double a = s[k], b = p[k], t = a + b, bp = t - a, ap = t - bp;
-      fast &= ((a - ap) + (b - bp)) == 0.0 && spilled[k] == 0;
+      const double a = s[k], b = p[k];
+      fast &= two_sum_error(a, b, a + b) == 0.0 && spilled[k] == 0;
     }
     if (fast) {
       for (size_t k = 0; k < n; ++k) s[k] = s[k] + static_cast<double>(p[k]);
