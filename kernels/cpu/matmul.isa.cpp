@@ -448,65 +448,78 @@ void transpose_block(const float* src, int64_t ld_src, int n, float* dst, int64_
   for (int i = 0; i < kLanes; ++i) vstore_first(dst + i * ld_dst, r[i], lanes);
 }
 
-// body(i) for every i in [0, n): over the OpenMP threads when `wide` and the caller is not inside
-// an active parallel region, otherwise as a plain loop on the calling thread. Entering a region
-// costs libgomp a team setup (futex calls and an allocation, about 2 us) even when its if clause
-// is false or it is nested; attention calls these products inside its own loop over heads, some
-// thousands of times a step.
-template <class Body>
-void for_each_index(int64_t n, bool wide, const Body& body) {
-  if (wide && !omp_in_parallel() && omp_get_max_threads() > 1) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) body(i);
-  } else {
-    for (int64_t i = 0; i < n; ++i) body(i);
+// A (M, K) -> micro-panel p of (K, kMr) at out + p·K·kMr, zero rows past M; written in order (k
+// outer), kLanes k's at a time by transposing blocks when A's rows are contiguous.
+void pack_a_panel(int64_t p, int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak,
+                  float* out) {
+  float* dst = out + p * K * kMr;
+  const int rows = static_cast<int>(std::min<int64_t>(kMr, M - p * kMr));
+  const float* src = A + p * kMr * sam;
+  int64_t k = 0;
+  if (sak == 1) {
+    for (; k + kLanes <= K; k += kLanes) transpose_block(src + k, sam, rows, dst + k * kMr, kMr, kMr);
+  } else if (rows == kMr && sam == 1) {
+    for (; k < K; ++k) std::memcpy(dst + k * kMr, src + k * sak, sizeof(float) * kMr);
+  }
+  for (; k < K; ++k) {
+    for (int r = 0; r < kMr; ++r) dst[k * kMr + r] = r < rows ? src[r * sam + k * sak] : 0.0f;
   }
 }
 
-// A (M, K) -> ceil(M/kMr) micro-panels of (K, kMr), zero rows past M. Every panel is written in
-// order (k outer); when A's rows are contiguous, kLanes k's at a time by transposing blocks.
-void pack_a(int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak, float* out,
-            int64_t panels) {
-  for_each_index(panels, M * K > (int64_t{1} << 15), [&](int64_t p) {
-    float* dst = out + p * K * kMr;
-    const int rows = static_cast<int>(std::min<int64_t>(kMr, M - p * kMr));
-    const float* src = A + p * kMr * sam;
-    int64_t k = 0;
-    if (sak == 1) {
-      for (; k + kLanes <= K; k += kLanes) transpose_block(src + k, sam, rows, dst + k * kMr, kMr, kMr);
-    } else if (rows == kMr && sam == 1) {
-      for (; k < K; ++k) std::memcpy(dst + k * kMr, src + k * sak, sizeof(float) * kMr);
+// B (K, N) -> panel q of (K, kNr) at out + q·K·kNr, zero columns past N; written in order as
+// pack_a_panel, with transposed blocks when B's columns are contiguous.
+void pack_b_panel(int64_t q, int64_t N, int64_t K, const float* B, int64_t sbk, int64_t sbn,
+                  float* out) {
+  float* dst = out + q * K * kNr;
+  const int cols = static_cast<int>(std::min<int64_t>(kNr, N - q * kNr));
+  const float* src = B + q * kNr * sbn;
+  int64_t k = 0;
+  if (sbk == 1) {
+    for (; k + kLanes <= K; k += kLanes) {
+      for (int h = 0; h < 2; ++h) {
+        const int n = std::clamp(cols - h * kLanes, 0, kLanes);
+        transpose_block(src + h * kLanes * sbn + k, sbn, n, dst + k * kNr + h * kLanes, kNr,
+                        kLanes);
+      }
     }
-    for (; k < K; ++k) {
-      for (int r = 0; r < kMr; ++r) dst[k * kMr + r] = r < rows ? src[r * sam + k * sak] : 0.0f;
-    }
-  });
+  } else if (cols == kNr && sbn == 1) {
+    for (; k < K; ++k) std::memcpy(dst + k * kNr, src + k * sbk, sizeof(float) * kNr);
+  }
+  for (; k < K; ++k) {
+    for (int j = 0; j < kNr; ++j) dst[k * kNr + j] = j < cols ? src[j * sbn + k * sbk] : 0.0f;
+  }
 }
 
-// B (K, N) -> ceil(N/kNr) panels of (K, kNr), zero columns past N; written in order as pack_a,
-// with transposed blocks when B's columns are contiguous.
-void pack_b(int64_t N, int64_t K, const float* B, int64_t sbk, int64_t sbn, float* out,
-            int64_t panels) {
-  for_each_index(panels, N * K > (int64_t{1} << 15), [&](int64_t q) {
-    float* dst = out + q * K * kNr;
-    const int cols = static_cast<int>(std::min<int64_t>(kNr, N - q * kNr));
-    const float* src = B + q * kNr * sbn;
-    int64_t k = 0;
-    if (sbk == 1) {
-      for (; k + kLanes <= K; k += kLanes) {
-        for (int h = 0; h < 2; ++h) {
-          const int n = std::clamp(cols - h * kLanes, 0, kLanes);
-          transpose_block(src + h * kLanes * sbn + k, sbn, n, dst + k * kNr + h * kLanes, kNr,
-                          kLanes);
-        }
+// The loops of a product: pack_a(p) for every A panel and pack_b(q) for every B panel, then
+// tile(kblock, t) for every tile of each K block in turn. With `wide` and outside an active
+// parallel region, all in one OpenMP region: the two packings share one barrier (a thread done
+// with its A panels goes on to B panels) and the tiles run in the same team — a region per loop
+// cost a team start-up and a barrier each, where a thread waited for the slower one. Otherwise a
+// plain loop on the calling thread: entering a region costs libgomp a team setup (futex calls and
+// an allocation, about 2 us) even when its if clause is false or it is nested, and attention calls
+// these products inside its own loop over heads, some thousands of times a step.
+template <class PackA, class PackB, class Tile>
+void run_product(bool wide, int64_t a_panels, int64_t b_panels, int64_t k_blocks, int64_t tiles,
+                 const PackA& pack_a, const PackB& pack_b, const Tile& tile) {
+  if (wide && !omp_in_parallel() && omp_get_max_threads() > 1) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) nowait
+      for (int64_t p = 0; p < a_panels; ++p) pack_a(p);
+#pragma omp for schedule(static)
+      for (int64_t q = 0; q < b_panels; ++q) pack_b(q);
+      for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) tile(kblock, t);
       }
-    } else if (cols == kNr && sbn == 1) {
-      for (; k < K; ++k) std::memcpy(dst + k * kNr, src + k * sbk, sizeof(float) * kNr);
     }
-    for (; k < K; ++k) {
-      for (int j = 0; j < kNr; ++j) dst[k * kNr + j] = j < cols ? src[j * sbn + k * sbk] : 0.0f;
-    }
-  });
+    return;
+  }
+  for (int64_t p = 0; p < a_panels; ++p) pack_a(p);
+  for (int64_t q = 0; q < b_panels; ++q) pack_b(q);
+  for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
+    for (int64_t t = 0; t < tiles; ++t) tile(kblock, t);
+  }
 }
 
 // Where a tile's results go (one of the three Output modes).
@@ -539,8 +552,6 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   const int64_t a_size = (a_panels * kMr * K + kLineFloats - 1) / kLineFloats * kLineFloats;
   float* apack = scratch(a_size + b_panels * kNr * K);
   float* bpack = apack + a_size;
-  pack_a(M, K, A, sam, sak, apack, a_panels);
-  pack_b(N, K, B, sbk, sbn, bpack, b_panels);
   // With one chunk there is nothing to combine: every mode works on the chains themselves.
   const bool single_chunk = K <= kCanonicalChunk;
 
@@ -559,107 +570,108 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   const int64_t block_tiles = a_panels * nb;
   const int64_t tiles = a_panels * b_panels;
   TileSums* carried = k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
-  for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
+  const auto tile = [&](int64_t kblock, int64_t t) {
     const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
     const bool last_block = kblock + 1 == k_blocks;
-    for_each_index(tiles, M * N * K > (int64_t{1} << 18), [&](int64_t t) {
-      const int64_t jb = t / block_tiles;
-      const int64_t width = std::min(nb, b_panels - jb * nb);
-      const int64_t in_block = t - jb * block_tiles;
-      const int64_t ip = in_block / width;
-      const int64_t jp = jb * nb + in_block % width;
-      const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
-      const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
-      const float* ap = apack + ip * kMr * K + kb0 * kMr;
-      const float* bp = bpack + jp * kNr * K + kb0 * kNr;
-      if (kOut == Output::kPartials || single_chunk) {
-        alignas(kAlign) float part[kMr * kNr];
-        if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
-        tile_chunks<true>(K, ap, bp, nullptr, part, OutputRows{});
-        for (int r = 0; r < rows; ++r) {
-          const int64_t m = ip * kMr + r;
-          const float* pr = part + r * kNr;
-          if constexpr (kOut == Output::kPartials) {
-            float* c = sink.C + m * sink.ldc + jp * kNr;
-            for (int j = 0; j < cols; ++j) c[j] = pr[j];
-          } else if constexpr (kOut == Output::kExact) {
-            // The chunk partial itself, as ChunkCombiner's contract adds it.
-            for (int j = 0; j < cols; ++j) {
-              sink.acc->add(static_cast<size_t>(sink.offset + m * N + jp * kNr + j), pr[j]);
-            }
-          } else {
-            const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-            if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
-              store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias,
-                                     sink.epilogue.accumulate);
-              continue;
-            }
-            for (int j = 0; j < cols; ++j) {
-              const int64_t n = jp * kNr + j;
-              store_element_spec(sink, m, n,
-                                 std::isfinite(pr[j]) ? pr[j] + 0.0f
-                                                      : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
-            }
-          }
-        }
-        return;
-      }
-      TileSums local;
-      TileSums& sums = carried != nullptr ? carried[t] : local;
-      if (!last_block) {
-        tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, OutputRows{}, kblock == 0);
-        return;
-      }
-      OutputRows out;
-      out.rows = rows;
-      if constexpr (kOut == Output::kExact) {
-        out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
-        out.stride = N * static_cast<int64_t>(sizeof(double));
-        out.bytes = cols * static_cast<int64_t>(sizeof(double));
-      } else {
-        out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
-        out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
-        out.bytes = cols * static_cast<int64_t>(sizeof(float));
-      }
-      tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0);
+    const int64_t jb = t / block_tiles;
+    const int64_t width = std::min(nb, b_panels - jb * nb);
+    const int64_t in_block = t - jb * block_tiles;
+    const int64_t ip = in_block / width;
+    const int64_t jp = jb * nb + in_block % width;
+    const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
+    const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
+    const float* ap = apack + ip * kMr * K + kb0 * kMr;
+    const float* bp = bpack + jp * kNr * K + kb0 * kNr;
+    if (kOut == Output::kPartials || single_chunk) {
+      alignas(kAlign) float part[kMr * kNr];
+      if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
+      tile_chunks<true>(K, ap, bp, nullptr, part, OutputRows{});
       for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
-        const uint32_t exact = row_exact_bits(sums, r);
-        const double* sr = sums.sum + r * kNr;
-        if (cols == kNr && exact == kRowBits) {
-          if constexpr (kOut == Output::kRound) {
-            const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-            store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
-          } else {
-            add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
+        const float* pr = part + r * kNr;
+        if constexpr (kOut == Output::kPartials) {
+          float* c = sink.C + m * sink.ldc + jp * kNr;
+          for (int j = 0; j < cols; ++j) c[j] = pr[j];
+        } else if constexpr (kOut == Output::kExact) {
+          // The chunk partial itself, as ChunkCombiner's contract adds it.
+          for (int j = 0; j < cols; ++j) {
+            sink.acc->add(static_cast<size_t>(sink.offset + m * N + jp * kNr + j), pr[j]);
           }
-          continue;
-        }
-        for (int j = 0; j < cols; ++j) {
-          const int64_t n = jp * kNr + j;
-          const bool fast = (exact >> j) & 1;
-          if constexpr (kOut == Output::kRound) {
+        } else {
+          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+          if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
+            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias,
+                                   sink.epilogue.accumulate);
+            continue;
+          }
+          for (int j = 0; j < cols; ++j) {
+            const int64_t n = jp * kNr + j;
             store_element_spec(sink, m, n,
-                               fast ? static_cast<float>(sr[j])
-                                    : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+                               std::isfinite(pr[j]) ? pr[j] + 0.0f
+                                                    : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+          }
+        }
+      }
+      return;
+    }
+    TileSums local;
+    TileSums& sums = carried != nullptr ? carried[t] : local;
+    if (!last_block) {
+      tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, OutputRows{}, kblock == 0);
+      return;
+    }
+    OutputRows out;
+    out.rows = rows;
+    if constexpr (kOut == Output::kExact) {
+      out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
+      out.stride = N * static_cast<int64_t>(sizeof(double));
+      out.bytes = cols * static_cast<int64_t>(sizeof(double));
+    } else {
+      out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
+      out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
+      out.bytes = cols * static_cast<int64_t>(sizeof(float));
+    }
+    tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t m = ip * kMr + r;
+      const uint32_t exact = row_exact_bits(sums, r);
+      const double* sr = sums.sum + r * kNr;
+      if (cols == kNr && exact == kRowBits) {
+        if constexpr (kOut == Output::kRound) {
+          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+          store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
+        } else {
+          add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
+        }
+        continue;
+      }
+      for (int j = 0; j < cols; ++j) {
+        const int64_t n = jp * kNr + j;
+        const bool fast = (exact >> j) & 1;
+        if constexpr (kOut == Output::kRound) {
+          store_element_spec(sink, m, n,
+                             fast ? static_cast<float>(sr[j])
+                                  : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+        } else {
+          const auto idx = static_cast<size_t>(sink.offset + m * N + n);
+          if (fast) {
+            // The double is the exact sum of this call's chunk partials: adding it at once
+            // leaves the accumulator's exact total, hence its one rounding, unchanged.
+            sink.acc->add(idx, sr[j]);
           } else {
-            const auto idx = static_cast<size_t>(sink.offset + m * N + n);
-            if (fast) {
-              // The double is the exact sum of this call's chunk partials: adding it at once
-              // leaves the accumulator's exact total, hence its one rounding, unchanged.
-              sink.acc->add(idx, sr[j]);
-            } else {
-              for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
-                const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-                sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
-                                             sbk, len));
-              }
+            for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
+              const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
+              sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
+                                           sbk, len));
             }
           }
         }
       }
-    });
-  }
+    }
+  };
+  run_product(M * N * K > (int64_t{1} << 18), a_panels, b_panels, k_blocks, tiles,
+              [&](int64_t p) { pack_a_panel(p, M, K, A, sam, sak, apack); },
+              [&](int64_t q) { pack_b_panel(q, N, K, B, sbk, sbn, bpack); }, tile);
 }
 
 }  // namespace
