@@ -50,9 +50,7 @@ void bias_grad_canonical(LinearShape s, const GradSink& dbias, const float* dout
         const float* row = dout + n * s.OC + o0;
         for (int64_t o = 0; o < width; ++o) partial[o] = partial[o] + row[o];
       }
-      for (int64_t o = 0; o < width; ++o) {
-        dbias.exact->add(static_cast<size_t>(dbias.offset + o0 + o), partial[o]);
-      }
+      dbias.exact->add_run(static_cast<size_t>(dbias.offset + o0), partial, static_cast<size_t>(width));
     }
   }
 }

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -226,11 +227,16 @@ class ExactAccumulator {
     spill_.clear();
   }
 
-  void zero() {
-    std::fill(sum_.begin(), sum_.end(), 0.0);
-    std::fill(spilled_.begin(), spilled_.end(), uint8_t{0});
+  void zero() { zero(0, sum_.size()); }
+  // Elements [first, end) back to zero, their spills dropped. Safe from several threads for
+  // disjoint ranges (a memory-bound pass: callers split a large accumulator over threads).
+  void zero(size_t first, size_t end) {
+    std::fill(sum_.begin() + static_cast<std::ptrdiff_t>(first),
+              sum_.begin() + static_cast<std::ptrdiff_t>(end), 0.0);
+    std::fill(spilled_.begin() + static_cast<std::ptrdiff_t>(first),
+              spilled_.begin() + static_cast<std::ptrdiff_t>(end), uint8_t{0});
     std::lock_guard<std::mutex> lock(mutex_);
-    spill_.clear();
+    std::erase_if(spill_, [&](const auto& kv) { return kv.first >= first && kv.first < end; });
   }
 
   void add(size_t i, double partial) {
@@ -270,7 +276,8 @@ class ExactAccumulator {
   }
 
   void round_to(float* out) const { round_to(0, sum_.size(), out); }
-  // Elements [first, end), rounded, to out[0 .. end - first): every double converted in one loop
+  // Elements [first, end), rounded, to out[0 .. end - first) (safe from several threads for
+  // disjoint ranges): every double converted in one loop
   // (it vectorises: no element's branch), then the few spilled elements overwritten with their
   // exact sums' rounding (the stale doubles they got are never kept).
   void round_to(size_t first, size_t end, float* out) const {

@@ -242,14 +242,35 @@ ExactAccumulator& Gpt::exact_grads() {
   return *exact_grads_;
 }
 
+namespace {
+
+// f(b, e) over blocks [b, e) of [first, end), split over the OpenMP threads. Zeroing and rounding
+// the gradients are memory-bound passes over every parameter (12 bytes each in canonical mode);
+// on one thread they were a few percent of a two-thread step.
+template <class F>
+void for_param_blocks(int64_t first, int64_t end, const F& f) {
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t blocks = (end - first + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t b = first + i * kBlock;
+    f(static_cast<size_t>(b), static_cast<size_t>(std::min(end, b + kBlock)));
+  }
+}
+
+}  // namespace
+
 void Gpt::zero_grad() {
   own_grads();
   if (storage_) {
     storage_->zero();
   } else if (mode_ == Mode::kCanonical) {
-    exact_grads_->zero();
+    for_param_blocks(0, num_params(), [&](size_t b, size_t e) { exact_grads_->zero(b, e); });
   } else {
-    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    for_param_blocks(0, num_params(), [&](size_t b, size_t e) {
+      std::fill(grads_.begin() + static_cast<std::ptrdiff_t>(b),
+                grads_.begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
+    });
   }
 }
 
@@ -257,7 +278,7 @@ void Gpt::finish_grads(int64_t first, int64_t end) {
   LS_CHECK(storage_ == nullptr, "finish_grads: the gradients are in a GradStorage, not in the model");
   own_grads();
   if (mode_ != Mode::kCanonical) return;
-  exact_grads_->round_to(static_cast<size_t>(first), static_cast<size_t>(end), grads_.data() + first);
+  for_param_blocks(first, end, [&](size_t b, size_t e) { exact_grads_->round_to(b, e, grads_.data() + b); });
 }
 
 void Gpt::norm_forward(Mode mode, int64_t rows, float* out, float* mean, float* rstd,
