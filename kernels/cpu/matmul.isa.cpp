@@ -108,22 +108,28 @@ inline VecF vabsmin_nonzero(VecF small, VecF p) {
 }
 // Bit i set when element i (of kHalf) passes the exactness test of the header comment:
 // eb − max(field(small), 1) <= 925 and the sum is finite.
-inline uint32_t exact_lanes(const double* sum, const double* big, const float* small) {
+inline uint32_t exact_lanes(VecD sum, VecD big, __m256 small) {
   // Zero-masked shift and widening for the reason given at dwiden().
-  const __m512i eb = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(_mm512_load_pd(big)), 52);
-  const __m256i es32 = _mm256_max_epu32(
-      _mm256_srli_epi32(_mm256_castps_si256(_mm256_load_ps(small)), 23), _mm256_set1_epi32(1));
+  const __m512i eb = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big), 52);
+  const __m256i es32 = _mm256_max_epu32(_mm256_srli_epi32(_mm256_castps_si256(small), 23),
+                                        _mm256_set1_epi32(1));
   const __m512i es = _mm512_maskz_cvtepu32_epi64(0xff, es32);
   const __mmask8 window =
       _mm512_cmple_epi64_mask(_mm512_sub_epi64(eb, es), _mm512_set1_epi64(kExactWindow));
   const __m512i exp = _mm512_set1_epi64(0x7ff0000000000000LL);
-  const __mmask8 finite = _mm512_cmpneq_epi64_mask(
-      _mm512_and_si512(_mm512_castpd_si512(_mm512_load_pd(sum)), exp), exp);
+  const __mmask8 finite =
+      _mm512_cmpneq_epi64_mask(_mm512_and_si512(_mm512_castpd_si512(sum), exp), exp);
   return static_cast<uint32_t>(window & finite);
 }
 // kHalf floats: a vector of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as
 // static_cast<float>; the zero-masked form for the reason given at dwiden()).
 using HalfF = __m256;
+inline HalfF hload(const float* p) { return _mm256_load_ps(p); }
+// Lanes [h·kHalf, (h + 1)·kHalf) of v (zero-masked extracts for the reason given at dwiden(): GCC
+// 12's cast to the low half goes through the same undefined operand).
+inline HalfF half_of(VecF v, int h) {
+  return h == 0 ? _mm512_maskz_extractf32x8_ps(0xff, v, 0) : _mm512_maskz_extractf32x8_ps(0xff, v, 1);
+}
 inline HalfF narrow(VecD d) { return _mm512_maskz_cvtpd_ps(0xff, d); }
 inline HalfF hloadu(const float* p) { return _mm256_loadu_ps(p); }
 inline void hstoreu(float* p, HalfF v) { _mm256_storeu_ps(p, v); }
@@ -197,19 +203,22 @@ inline VecF vabsmin_nonzero(VecF small, VecF p) {
   const VecF q = _mm256_blendv_ps(a, vinf(), _mm256_cmp_ps(a, vzero(), _CMP_EQ_OQ));
   return _mm256_min_ps(small, q);
 }
-inline uint32_t exact_lanes(const double* sum, const double* big, const float* small) {
-  const __m256i eb = _mm256_srli_epi64(_mm256_castpd_si256(_mm256_load_pd(big)), 52);
-  const __m128i es32 = _mm_max_epu32(_mm_srli_epi32(_mm_castps_si128(_mm_load_ps(small)), 23),
-                                     _mm_set1_epi32(1));
+inline uint32_t exact_lanes(VecD sum, VecD big, __m128 small) {
+  const __m256i eb = _mm256_srli_epi64(_mm256_castpd_si256(big), 52);
+  const __m128i es32 =
+      _mm_max_epu32(_mm_srli_epi32(_mm_castps_si128(small), 23), _mm_set1_epi32(1));
   const __m256i es = _mm256_cvtepu32_epi64(es32);
   const __m256i wide = _mm256_cmpgt_epi64(_mm256_sub_epi64(eb, es), _mm256_set1_epi64x(kExactWindow));
   const __m256i exp = _mm256_set1_epi64x(0x7ff0000000000000LL);
-  const __m256i nonfinite =
-      _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_castpd_si256(_mm256_load_pd(sum)), exp), exp);
+  const __m256i nonfinite = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_castpd_si256(sum), exp), exp);
   const int bad = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_or_si256(wide, nonfinite)));
   return static_cast<uint32_t>(~bad & 0xf);
 }
 using HalfF = __m128;
+inline HalfF hload(const float* p) { return _mm_load_ps(p); }
+inline HalfF half_of(VecF v, int h) {
+  return h == 0 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1);
+}
 inline HalfF narrow(VecD d) { return _mm256_cvtpd_ps(d); }
 inline HalfF hloadu(const float* p) { return _mm_loadu_ps(p); }
 inline void hstoreu(float* p, HalfF v) { _mm_storeu_ps(p, v); }
@@ -258,40 +267,112 @@ struct alignas(kAlign) TileSums {
 };
 
 // Chunks whose partials are combined in one pass: a tile stores each chunk's fp32 chains into a
-// buffer of kGroup chunks (6 KiB on AVX-512) and adds a full group into its sums at once, chunk
+// buffer of kGroup chunks (12 KiB on AVX-512) and adds a full group into its sums at once, chunk
 // by chunk in order. Storing the sums (20 bytes an element) after every chunk cost the FMA loop
 // about a fifth of its time on Zen 5, where 512-bit stores take issue slots from the FMAs; a
-// group stores them once, and its partials are widened straight from memory.
-constexpr int kGroup = 4;
+// group stores them once, and its partials are widened straight from memory. Eight chunks make a
+// long product's K block (kKBlock) one group: its tiles' sums, carried between blocks through
+// memory, are then read and written once a block.
+constexpr int kGroup = 8;
 
-// Adds `chunks` chunk partials (part[c], laid out like the tile) into the tile's sums, in chunk
-// order. kFresh: the first chunks of the tile, where the state is taken as t = +0.0, big = +0.0,
-// small = +inf rather than read, so that a tile needs no zeroing pass (the same operations as on
-// stored initial values: +0.0 + p is computed, turning a −0 partial into +0 as ChunkCombiner's
-// double does). Not inlined: its constants, hoisted into tile_chunks, would take registers from
-// the FMA loop (AVX2 has exactly enough for the 6 x 2 tile) and spill its accumulators.
+// One vector (kLanes elements from index i) of a tile's combination state, in registers.
+struct LaneSums {
+  VecD t[2], big[2];
+  VecF small;
+};
+
+// Adds `chunks` chunk partials (part[c], laid out like the tile) at elements [i, i + kLanes) into
+// their sums, in chunk order. kFresh: the first chunks of the tile, where the state is taken as
+// t = +0.0, big = +0.0, small = +inf rather than read, so that a tile needs no zeroing pass (the
+// same operations as on stored initial values: +0.0 + p is computed, turning a −0 partial into
+// +0 as ChunkCombiner's double does).
+template <bool kFresh>
+inline LaneSums combine_lanes(const float (*part)[kMr * kNr], int chunks, const TileSums& s, int i) {
+  LaneSums v;
+  v.small = kFresh ? vinf() : vload(s.small + i);
+  for (int h = 0; h < 2; ++h) {
+    v.t[h] = kFresh ? dzero() : dload(s.sum + i + h * kHalf);
+    v.big[h] = kFresh ? dzero() : dload(s.big + i + h * kHalf);
+  }
+  for (int c = 0; c < chunks; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      v.t[h] = dadd(v.t[h], dwiden(part[c] + i + h * kHalf));
+      v.big[h] = dabsmax(v.big[h], v.t[h]);
+    }
+    v.small = vabsmin_nonzero(v.small, vload(part[c] + i));
+  }
+  return v;
+}
+
+void store_lanes(const LaneSums& v, TileSums& s, int i) {
+  for (int h = 0; h < 2; ++h) {
+    dstore(s.sum + i + h * kHalf, v.t[h]);
+    dstore(s.big + i + h * kHalf, v.big[h]);
+  }
+  vstore(s.small + i, v.small);
+}
+
+// Adds a group of chunk partials into the whole tile's stored sums. Not inlined: its constants,
+// hoisted into tile_chunks, would take registers from the FMA loop (AVX2 has exactly enough for
+// the 6 x 2 tile) and spill its accumulators.
 template <bool kFresh>
 [[gnu::noinline]] void combine_group(const float (*part)[kMr * kNr], int chunks, TileSums& s) {
+  for (int i = 0; i < kMr * kNr; i += kLanes) store_lanes(combine_lanes<kFresh>(part, chunks, s, i), s, i);
+}
+
+// Exactness bits of kLanes elements (bit j: element j's double sum is proven exact and finite).
+uint32_t lanes_exact_bits(const LaneSums& v) {
+  return exact_lanes(v.t[0], v.big[0], half_of(v.small, 0)) |
+         exact_lanes(v.t[1], v.big[1], half_of(v.small, 1)) << kHalf;
+}
+
+// kHalf double sums rounded to fp32 once, then + bias and the accumulation — the scalar
+// epilogue's operations element by element.
+void store_half_rounded(VecD sum, float* c, const float* bias, bool accumulate) {
+  HalfF x = narrow(sum);
+  if (bias != nullptr) x = hadd(x, hloadu(bias));
+  if (accumulate) x = hadd(hloadu(c), x);
+  hstoreu(c, x);
+}
+
+// Where a tile's rounded results go (Output::kRound): its rows x cols corner of C and the
+// epilogue's bias columns, from the tile's first element.
+struct RoundedTile {
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;
+  bool accumulate = false;
+  int rows = 0, cols = 0;
+};
+
+// The last group of a tile's chunks for Output::kRound: combine_group's operations, and then each
+// vector (kLanes columns of a row) whose sums are all proven exact goes to C at once, rounded,
+// without its sums being stored and read back. Any other vector inside the tile's rows x cols
+// (an element inexact, non-finite, or a vector reaching past N) has its state stored into s as
+// combine_group stores it and its bit set in the result (bit v: elements [v·kLanes, v·kLanes +
+// kLanes)), for the element path. Not inlined, as combine_group.
+template <bool kFresh>
+[[gnu::noinline]] uint32_t combine_group_rounded(const float (*part)[kMr * kNr], int chunks,
+                                                 TileSums& s, const RoundedTile& out) {
+  static_assert(kMr * kNr / kLanes <= 32, "a tile's vectors fit the uint32_t result");
+  constexpr uint32_t kAllLanes = (uint64_t{1} << kLanes) - 1;
+  uint32_t left = 0;
   for (int i = 0; i < kMr * kNr; i += kLanes) {
-    VecD t[2], big[2];
-    VecF small = kFresh ? vinf() : vload(s.small + i);
-    for (int h = 0; h < 2; ++h) {
-      t[h] = kFresh ? dzero() : dload(s.sum + i + h * kHalf);
-      big[h] = kFresh ? dzero() : dload(s.big + i + h * kHalf);
-    }
-    for (int c = 0; c < chunks; ++c) {
+    const int r = i / kNr, j = i % kNr;
+    if (r >= out.rows || j >= out.cols) continue;
+    const LaneSums v = combine_lanes<kFresh>(part, chunks, s, i);
+    if (j + kLanes <= out.cols && lanes_exact_bits(v) == kAllLanes) {
+      float* c = out.c + r * out.ldc + j;
       for (int h = 0; h < 2; ++h) {
-        t[h] = dadd(t[h], dwiden(part[c] + i + h * kHalf));
-        big[h] = dabsmax(big[h], t[h]);
+        store_half_rounded(v.t[h], c + h * kHalf,
+                           out.bias != nullptr ? out.bias + j + h * kHalf : nullptr, out.accumulate);
       }
-      small = vabsmin_nonzero(small, vload(part[c] + i));
+      continue;
     }
-    for (int h = 0; h < 2; ++h) {
-      dstore(s.sum + i + h * kHalf, t[h]);
-      dstore(s.big + i + h * kHalf, big[h]);
-    }
-    vstore(s.small + i, small);
+    store_lanes(v, s, i);
+    left |= uint32_t{1} << (i / kLanes);
   }
+  return left;
 }
 
 // The rows of memory a tile's results go to (C, or the accumulator's doubles): `rows` rows of
@@ -309,14 +390,16 @@ struct OutputRows {
 // the chunk except at the end of the product). kPartials: stores the single chunk's chains into
 // `partials` (K <= 64); otherwise combines every chunk into `sums`, kGroup chunks at a time —
 // the first group initialises them when `fresh`, otherwise they carry the chunks before this K
-// block — and prefetches `out`.
+// block — and prefetches `out`. With `rounded`, the last group goes through
+// combine_group_rounded, whose result (the vectors left for the element path) is returned.
 template <bool kPartials>
-void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
-                 const OutputRows& out, bool fresh = true) {
+uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
+                     const OutputRows& out, bool fresh = true, const RoundedTile* rounded = nullptr) {
   const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
   const int64_t rows_per_chunk = (out.rows + chunks - 1) / std::max<int64_t>(chunks, 1);
   alignas(kAlign) float group[kPartials ? 1 : kGroup][kMr * kNr];
   int grouped = 0;  // chunks waiting in `group`
+  uint32_t left = 0;
   for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
     if constexpr (!kPartials) {
       const int64_t r0 = k0 / kCanonicalChunk * rows_per_chunk;
@@ -349,8 +432,12 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
       vstore(dst + r * kNr + kLanes, c1[r]);
     }
     if constexpr (!kPartials) {
-      if (++grouped == kGroup || k0 + kCanonicalChunk >= K) {
-        if (fresh) {
+      const bool last = k0 + kCanonicalChunk >= K;
+      if (++grouped == kGroup || last) {
+        if (last && rounded != nullptr) {
+          left = fresh ? combine_group_rounded<true>(group, grouped, *sums, *rounded)
+                       : combine_group_rounded<false>(group, grouped, *sums, *rounded);
+        } else if (fresh) {
           combine_group<true>(group, grouped, *sums);
         } else {
           combine_group<false>(group, grouped, *sums);
@@ -360,6 +447,12 @@ void tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, fl
       }
     }
   }
+  return left;
+}
+
+// exact_lanes of kHalf elements of a tile's stored state from index i.
+uint32_t stored_exact_lanes(const TileSums& s, int i) {
+  return exact_lanes(dload(s.sum + i), dload(s.big + i), hload(s.small + i));
 }
 
 // The exactness bits of one tile row (bit j: column j's double sum is proven exact and finite).
@@ -367,21 +460,9 @@ uint32_t row_exact_bits(const TileSums& s, int r) {
   uint32_t bits = 0;
   for (int h = 0; h < kNr / kHalf; ++h) {
     const int i = r * kNr + h * kHalf;
-    bits |= exact_lanes(s.sum + i, s.big + i, s.small + i) << (h * kHalf);
+    bits |= stored_exact_lanes(s, i) << (h * kHalf);
   }
   return bits;
-}
-
-// One full row of a tile (kNr columns) whose sums are all exact, for Output::kRound: the double
-// sums rounded to fp32 once, then + bias and the accumulation, kHalf columns at a time — the scalar
-// epilogue's operations element by element.
-void store_row_rounded(const double* sum, float* c, const float* bias, bool accumulate) {
-  for (int h = 0; h < kNr / kHalf; ++h) {
-    HalfF x = narrow(dload(sum + h * kHalf));
-    if (bias != nullptr) x = hadd(x, hloadu(bias + h * kHalf));
-    if (accumulate) x = hadd(hloadu(c + h * kHalf), x);
-    hstoreu(c + h * kHalf, x);
-  }
 }
 
 // The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
@@ -631,39 +712,52 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
       out.bytes = cols * static_cast<int64_t>(sizeof(float));
     }
+    if constexpr (kOut == Output::kRound) {
+      RoundedTile rounded;
+      rounded.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
+      rounded.ldc = sink.ldc;
+      rounded.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+      rounded.accumulate = sink.epilogue.accumulate;
+      rounded.rows = rows;
+      rounded.cols = cols;
+      // The vectors combine_group_rounded left go element by element: an exact sum rounded once,
+      // any other element recomputed by the scalar specification.
+      for (uint32_t left = tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0, &rounded);
+           left != 0; left &= left - 1) {
+        const int i = __builtin_ctz(left) * kLanes;
+        const int r = i / kNr, j0 = i % kNr;
+        const uint32_t exact = stored_exact_lanes(sums, i) | stored_exact_lanes(sums, i + kHalf) << kHalf;
+        const int64_t m = ip * kMr + r;
+        for (int j = j0; j < std::min(cols, j0 + kLanes); ++j) {
+          const int64_t n = jp * kNr + j;
+          store_element_spec(sink, m, n,
+                             (exact >> (j - j0)) & 1 ? static_cast<float>(sums.sum[i + j - j0])
+                                                      : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+        }
+      }
+      return;
+    }
     tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0);
     for (int r = 0; r < rows; ++r) {
       const int64_t m = ip * kMr + r;
       const uint32_t exact = row_exact_bits(sums, r);
       const double* sr = sums.sum + r * kNr;
       if (cols == kNr && exact == kRowBits) {
-        if constexpr (kOut == Output::kRound) {
-          const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-          store_row_rounded(sr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.accumulate);
-        } else {
-          add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
-        }
+        add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
         continue;
       }
       for (int j = 0; j < cols; ++j) {
-        const int64_t n = jp * kNr + j;
-        const bool fast = (exact >> j) & 1;
-        if constexpr (kOut == Output::kRound) {
-          store_element_spec(sink, m, n,
-                             fast ? static_cast<float>(sr[j])
-                                  : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+        const auto idx = static_cast<size_t>(sink.offset + m * N + jp * kNr + j);
+        if ((exact >> j) & 1) {
+          // The double is the exact sum of this call's chunk partials: adding it at once leaves
+          // the accumulator's exact total, hence its one rounding, unchanged.
+          sink.acc->add(idx, sr[j]);
         } else {
-          const auto idx = static_cast<size_t>(sink.offset + m * N + n);
-          if (fast) {
-            // The double is the exact sum of this call's chunk partials: adding it at once
-            // leaves the accumulator's exact total, hence its one rounding, unchanged.
-            sink.acc->add(idx, sr[j]);
-          } else {
-            for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
-              const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-              sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
-                                           sbk, len));
-            }
+          const int64_t n = jp * kNr + j;
+          for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
+            const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
+            sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
+                                         sbk, len));
           }
         }
       }
