@@ -384,6 +384,7 @@ struct OutputRows {
   int64_t stride = 0;
   int rows = 0;
   int64_t bytes = 0;
+  const uint8_t* flags = nullptr;  // and, for an accumulator, its spill flags (stride/8 apart)
 };
 
 // One kMr x kNr tile over K: a (K, kMr) A micro-panel times a (K, kNr) B panel (K a multiple of
@@ -405,6 +406,7 @@ uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums
       const int64_t r0 = k0 / kCanonicalChunk * rows_per_chunk;
       for (int64_t r = r0; r < std::min<int64_t>(out.rows, r0 + rows_per_chunk); ++r) {
         for (int64_t b = 0; b < out.bytes; b += kAlign) __builtin_prefetch(out.base + r * out.stride + b, 1);
+        if (out.flags != nullptr) __builtin_prefetch(out.flags + r * (out.stride / 8), 0);
       }
     }
     const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
@@ -707,6 +709,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
       out.stride = N * static_cast<int64_t>(sizeof(double));
       out.bytes = cols * static_cast<int64_t>(sizeof(double));
+      out.flags = sink.acc->spill_flags() + sink.offset + ip * kMr * N + jp * kNr;
     } else {
       out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
       out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
