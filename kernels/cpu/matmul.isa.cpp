@@ -581,10 +581,15 @@ void pack_b_panel(int64_t q, int64_t N, int64_t K, const float* B, int64_t sbk, 
 // plain loop on the calling thread: entering a region costs libgomp a team setup (futex calls and
 // an allocation, about 2 us) even when its if clause is false or it is nested, and attention calls
 // these products inside its own loop over heads, some thousands of times a step.
+// The threads run_product uses.
+int64_t product_threads(bool wide) {
+  return wide && !omp_in_parallel() ? omp_get_max_threads() : 1;
+}
+
 template <class PackA, class PackB, class Tile>
 void run_product(bool wide, int64_t a_panels, int64_t b_panels, int64_t k_blocks, int64_t tiles,
                  const PackA& pack_a, const PackB& pack_b, const Tile& tile) {
-  if (wide && !omp_in_parallel() && omp_get_max_threads() > 1) {
+  if (product_threads(wide) > 1) {
 #pragma omp parallel
     {
 #pragma omp for schedule(static) nowait
@@ -647,19 +652,30 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   // Tiles run in blocks of nb B panels (about 512 KiB of packed B, which stays in L2): inside a
   // block, A micro-panel by A micro-panel, each meeting the block's panels in turn while it stays
   // in L1, so that consecutive tiles write neighbouring parts of the same output rows. Threads
-  // take contiguous ranges of this order.
+  // take contiguous ranges of this order. When A is the larger operand (M >= N) the order runs
+  // first over `ranges` contiguous ranges of A panels, one a thread: each thread then reads its
+  // share of packed A rather than all of it (a thread per B block read the whole of A, from the
+  // other core's cache for the half it did not pack); otherwise each thread takes B blocks.
   constexpr int64_t kBlockBytes = int64_t{1} << 19;
   const int64_t nb = std::max<int64_t>(1, kBlockBytes / (kb * kNr * int64_t{sizeof(float)} + 1));
-  const int64_t block_tiles = a_panels * nb;
   const int64_t tiles = a_panels * b_panels;
+  const bool wide = M * N * K > (int64_t{1} << 18);
+  const int64_t ranges = M >= N ? std::min(a_panels, product_threads(wide)) : 1;
   TileSums* carried = k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
   const auto tile = [&](int64_t kblock, int64_t t) {
     const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
     const bool last_block = kblock + 1 == k_blocks;
-    const int64_t jb = t / block_tiles;
+    int64_t rg = 0, ip0 = 0, ip1 = a_panels / ranges;  // the range of tile t: A panels [ip0, ip1)
+    while (t >= ip1 * b_panels) {
+      ++rg;
+      ip0 = ip1;
+      ip1 = (rg + 1) * a_panels / ranges;
+    }
+    const int64_t tr = t - ip0 * b_panels, block_tiles = (ip1 - ip0) * nb;
+    const int64_t jb = tr / block_tiles;
     const int64_t width = std::min(nb, b_panels - jb * nb);
-    const int64_t in_block = t - jb * block_tiles;
-    const int64_t ip = in_block / width;
+    const int64_t in_block = tr - jb * block_tiles;
+    const int64_t ip = ip0 + in_block / width;
     const int64_t jp = jb * nb + in_block % width;
     const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
     const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
@@ -766,7 +782,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       }
     }
   };
-  run_product(M * N * K > (int64_t{1} << 18), a_panels, b_panels, k_blocks, tiles,
+  run_product(wide, a_panels, b_panels, k_blocks, tiles,
               [&](int64_t p) { pack_a_panel(p, M, K, A, sam, sak, apack); },
               [&](int64_t q) { pack_b_panel(q, N, K, B, sbk, sbn, bpack); }, tile);
 }
