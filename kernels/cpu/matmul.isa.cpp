@@ -249,8 +249,6 @@ inline void transpose(VecF r[kLanes]) {
 constexpr int kNr = 2 * kLanes;
 constexpr int kHalf = kLanes / 2;  // doubles per vector
 constexpr int64_t kAlign = 64;     // bytes; every packed panel starts on a cache line
-static_assert(kNr <= 32, "a tile row's exactness bits fit a uint32_t");
-constexpr uint32_t kRowBits = kNr == 32 ? ~uint32_t{0} : (uint32_t{1} << kNr) - 1;
 
 // What a tile does with its results.
 enum class Output {
@@ -335,25 +333,54 @@ void store_half_rounded(VecD sum, float* c, const float* bias, bool accumulate) 
   hstoreu(c, x);
 }
 
-// Where a tile's rounded results go (Output::kRound): its rows x cols corner of C and the
-// epilogue's bias columns, from the tile's first element.
-struct RoundedTile {
+// kHalf exact double sums p added to elements [idx, idx + kHalf) of the accumulator, doing what
+// ExactAccumulator::add does on its fast path — s + p kept where no element has spilled and
+// TwoSum's error is zero in every lane (add_exact's operations, lane by lane) — and otherwise
+// add() element by element. (Adding a call's exact sum at once leaves the accumulator's exact
+// total, hence its one rounding, as adding its chunk partials one by one would.)
+void add_half_exact(ExactAccumulator& acc, size_t idx, VecD p) {
+  double* s = acc.partial_sums_to_add() + idx;
+  const uint8_t* spilled = acc.spill_flags() + idx;
+  bool any_spilled = false;
+  for (int j = 0; j < kHalf; ++j) any_spilled |= spilled[j] != 0;
+  if (!any_spilled) {
+    const VecD sv = dloadu(s);
+    const VecD t = dadd(sv, p);
+    const VecD bp = dsub(t, sv);
+    const VecD ap = dsub(t, bp);
+    if (dall_zero(dadd(dsub(sv, ap), dsub(p, bp)))) {
+      dstoreu(s, t);
+      return;
+    }
+  }
+  alignas(kAlign) double lanes[kHalf];
+  dstore(lanes, p);
+  for (int j = 0; j < kHalf; ++j) acc.add(idx + static_cast<size_t>(j), lanes[j]);
+}
+
+// Where a tile's results go on the vector path, from the tile's first element: for
+// Output::kRound its corner of C and the epilogue's bias columns; for Output::kExact (acc set)
+// its elements of the accumulator, rows ld_acc apart. rows x cols: the part inside the product.
+struct TileOut {
+  int rows = 0, cols = 0;
   float* c = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;
   bool accumulate = false;
-  int rows = 0, cols = 0;
+  ExactAccumulator* acc = nullptr;
+  size_t index = 0;
+  int64_t ld_acc = 0;
 };
 
-// The last group of a tile's chunks for Output::kRound: combine_group's operations, and then each
-// vector (kLanes columns of a row) whose sums are all proven exact goes to C at once, rounded,
-// without its sums being stored and read back. Any other vector inside the tile's rows x cols
-// (an element inexact, non-finite, or a vector reaching past N) has its state stored into s as
-// combine_group stores it and its bit set in the result (bit v: elements [v·kLanes, v·kLanes +
-// kLanes)), for the element path. Not inlined, as combine_group.
+// The last group of a tile's chunks: combine_group's operations, and then each vector (kLanes
+// columns of a row) whose sums are all proven exact goes out at once — rounded into C, or added
+// into the accumulator — without its sums being stored and read back. Any other vector inside
+// the tile's rows x cols (an element inexact, non-finite, or a vector reaching past N) has its
+// state stored into s as combine_group stores it and its bit set in the result (bit v: elements
+// [v·kLanes, v·kLanes + kLanes)), for the element path. Not inlined, as combine_group.
 template <bool kFresh>
-[[gnu::noinline]] uint32_t combine_group_rounded(const float (*part)[kMr * kNr], int chunks,
-                                                 TileSums& s, const RoundedTile& out) {
+[[gnu::noinline]] uint32_t combine_group_out(const float (*part)[kMr * kNr], int chunks,
+                                             TileSums& s, const TileOut& out) {
   static_assert(kMr * kNr / kLanes <= 32, "a tile's vectors fit the uint32_t result");
   constexpr uint32_t kAllLanes = (uint64_t{1} << kLanes) - 1;
   uint32_t left = 0;
@@ -362,10 +389,14 @@ template <bool kFresh>
     if (r >= out.rows || j >= out.cols) continue;
     const LaneSums v = combine_lanes<kFresh>(part, chunks, s, i);
     if (j + kLanes <= out.cols && lanes_exact_bits(v) == kAllLanes) {
-      float* c = out.c + r * out.ldc + j;
       for (int h = 0; h < 2; ++h) {
-        store_half_rounded(v.t[h], c + h * kHalf,
-                           out.bias != nullptr ? out.bias + j + h * kHalf : nullptr, out.accumulate);
+        const int jh = j + h * kHalf;
+        if (out.acc != nullptr) {
+          add_half_exact(*out.acc, out.index + static_cast<size_t>(r * out.ld_acc + jh), v.t[h]);
+        } else {
+          store_half_rounded(v.t[h], out.c + r * out.ldc + jh,
+                             out.bias != nullptr ? out.bias + jh : nullptr, out.accumulate);
+        }
       }
       continue;
     }
@@ -391,11 +422,11 @@ struct OutputRows {
 // the chunk except at the end of the product). kPartials: stores the single chunk's chains into
 // `partials` (K <= 64); otherwise combines every chunk into `sums`, kGroup chunks at a time —
 // the first group initialises them when `fresh`, otherwise they carry the chunks before this K
-// block — and prefetches `out`. With `rounded`, the last group goes through
-// combine_group_rounded, whose result (the vectors left for the element path) is returned.
+// block — and prefetches `out`. With `finish`, the last group goes through combine_group_out,
+// whose result (the vectors left for the element path) is returned.
 template <bool kPartials>
 uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
-                     const OutputRows& out, bool fresh = true, const RoundedTile* rounded = nullptr) {
+                     const OutputRows& out, bool fresh = true, const TileOut* finish = nullptr) {
   const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
   const int64_t rows_per_chunk = (out.rows + chunks - 1) / std::max<int64_t>(chunks, 1);
   alignas(kAlign) float group[kPartials ? 1 : kGroup][kMr * kNr];
@@ -436,9 +467,9 @@ uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums
     if constexpr (!kPartials) {
       const bool last = k0 + kCanonicalChunk >= K;
       if (++grouped == kGroup || last) {
-        if (last && rounded != nullptr) {
-          left = fresh ? combine_group_rounded<true>(group, grouped, *sums, *rounded)
-                       : combine_group_rounded<false>(group, grouped, *sums, *rounded);
+        if (last && finish != nullptr) {
+          left = fresh ? combine_group_out<true>(group, grouped, *sums, *finish)
+                       : combine_group_out<false>(group, grouped, *sums, *finish);
         } else if (fresh) {
           combine_group<true>(group, grouped, *sums);
         } else {
@@ -457,16 +488,6 @@ uint32_t stored_exact_lanes(const TileSums& s, int i) {
   return exact_lanes(dload(s.sum + i), dload(s.big + i), hload(s.small + i));
 }
 
-// The exactness bits of one tile row (bit j: column j's double sum is proven exact and finite).
-uint32_t row_exact_bits(const TileSums& s, int r) {
-  uint32_t bits = 0;
-  for (int h = 0; h < kNr / kHalf; ++h) {
-    const int i = r * kNr + h * kHalf;
-    bits |= stored_exact_lanes(s, i) << (h * kHalf);
-  }
-  return bits;
-}
-
 // The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
 void store_row_single_chunk(const float* part, float* c, const float* bias, bool accumulate) {
   for (int h = 0; h < 2; ++h) {
@@ -474,31 +495,6 @@ void store_row_single_chunk(const float* part, float* c, const float* bias, bool
     if (bias != nullptr) x = vadd(x, vloadu(bias + h * kLanes));
     if (accumulate) x = vadd(vloadu(c + h * kLanes), x);
     vstoreu(c + h * kLanes, x);
-  }
-}
-
-// One full row of a tile (kNr columns) whose sums are all exact, for Output::kExact: adds sum[j]
-// to element idx + j of the accumulator, kHalf elements at a time doing what ExactAccumulator::add
-// does on its fast path — t = s + p kept where no element has spilled and TwoSum's error is zero
-// in every lane (add_exact's operations, lane by lane) — and otherwise add() element by element.
-void add_row_exact(ExactAccumulator& acc, size_t idx, const double* sum) {
-  double* s = acc.partial_sums_to_add() + idx;
-  const uint8_t* spilled = acc.spill_flags() + idx;
-  for (int h = 0; h < kNr / kHalf; ++h) {
-    bool any_spilled = false;
-    for (int j = 0; j < kHalf; ++j) any_spilled |= spilled[h * kHalf + j] != 0;
-    if (!any_spilled) {
-      const VecD sv = dloadu(s + h * kHalf);
-      const VecD pv = dload(sum + h * kHalf);
-      const VecD t = dadd(sv, pv);
-      const VecD bp = dsub(t, sv);
-      const VecD ap = dsub(t, bp);
-      if (dall_zero(dadd(dsub(sv, ap), dsub(pv, bp)))) {
-        dstoreu(s + h * kHalf, t);
-        continue;
-      }
-    }
-    for (int j = 0; j < kHalf; ++j) acc.add(idx + static_cast<size_t>(h * kHalf + j), sum[h * kHalf + j]);
   }
 }
 
@@ -731,52 +727,42 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
       out.bytes = cols * static_cast<int64_t>(sizeof(float));
     }
+    TileOut finish;
+    finish.rows = rows;
+    finish.cols = cols;
     if constexpr (kOut == Output::kRound) {
-      RoundedTile rounded;
-      rounded.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
-      rounded.ldc = sink.ldc;
-      rounded.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-      rounded.accumulate = sink.epilogue.accumulate;
-      rounded.rows = rows;
-      rounded.cols = cols;
-      // The vectors combine_group_rounded left go element by element: an exact sum rounded once,
-      // any other element recomputed by the scalar specification.
-      for (uint32_t left = tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0, &rounded);
-           left != 0; left &= left - 1) {
-        const int i = __builtin_ctz(left) * kLanes;
-        const int r = i / kNr, j0 = i % kNr;
-        const uint32_t exact = stored_exact_lanes(sums, i) | stored_exact_lanes(sums, i + kHalf) << kHalf;
-        const int64_t m = ip * kMr + r;
-        for (int j = j0; j < std::min(cols, j0 + kLanes); ++j) {
-          const int64_t n = jp * kNr + j;
-          store_element_spec(sink, m, n,
-                             (exact >> (j - j0)) & 1 ? static_cast<float>(sums.sum[i + j - j0])
-                                                      : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
-        }
-      }
-      return;
+      finish.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
+      finish.ldc = sink.ldc;
+      finish.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+      finish.accumulate = sink.epilogue.accumulate;
+    } else {
+      finish.acc = sink.acc;
+      finish.index = static_cast<size_t>(sink.offset + ip * kMr * N + jp * kNr);
+      finish.ld_acc = N;
     }
-    tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0);
-    for (int r = 0; r < rows; ++r) {
+    // The vectors combine_group_out left go element by element: an exact sum rounded once (added
+    // at once), any other element recomputed by the scalar specification (its chunk partials added
+    // one by one).
+    for (uint32_t left = tile_chunks<false>(kb_len, ap, bp, &sums, nullptr, out, kblock == 0, &finish);
+         left != 0; left &= left - 1) {
+      const int i = __builtin_ctz(left) * kLanes;
+      const int r = i / kNr, j0 = i % kNr;
+      const uint32_t exact = stored_exact_lanes(sums, i) | stored_exact_lanes(sums, i + kHalf) << kHalf;
       const int64_t m = ip * kMr + r;
-      const uint32_t exact = row_exact_bits(sums, r);
-      const double* sr = sums.sum + r * kNr;
-      if (cols == kNr && exact == kRowBits) {
-        add_row_exact(*sink.acc, static_cast<size_t>(sink.offset + m * N + jp * kNr), sr);
-        continue;
-      }
-      for (int j = 0; j < cols; ++j) {
-        const auto idx = static_cast<size_t>(sink.offset + m * N + jp * kNr + j);
-        if ((exact >> j) & 1) {
-          // The double is the exact sum of this call's chunk partials: adding it at once leaves
-          // the accumulator's exact total, hence its one rounding, unchanged.
-          sink.acc->add(idx, sr[j]);
+      for (int j = j0; j < std::min(cols, j0 + kLanes); ++j) {
+        const int64_t n = jp * kNr + j;
+        const bool fast = (exact >> (j - j0)) & 1;
+        const double sum = sums.sum[i + j - j0];
+        if constexpr (kOut == Output::kRound) {
+          store_element_spec(sink, m, n,
+                             fast ? static_cast<float>(sum) : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+        } else if (fast) {
+          sink.acc->add(static_cast<size_t>(sink.offset + m * N + n), sum);
         } else {
-          const int64_t n = jp * kNr + j;
           for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
             const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-            sink.acc->add(idx, chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk,
-                                         sbk, len));
+            sink.acc->add(static_cast<size_t>(sink.offset + m * N + n),
+                          chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk, sbk, len));
           }
         }
       }
