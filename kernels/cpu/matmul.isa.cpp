@@ -36,10 +36,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul_isa.hpp"
@@ -569,32 +573,95 @@ void pack_b_panel(int64_t q, int64_t N, int64_t K, const float* B, int64_t sbk, 
   }
 }
 
-// The loops of a product: pack_a(p) for every A panel and pack_b(q) for every B panel, then
-// tile(kblock, t) for every tile of each K block in turn. With `wide` and outside an active
-// parallel region, all in one OpenMP region: the two packings share one barrier (a thread done
-// with its A panels goes on to B panels) and the tiles run in the same team — a region per loop
-// cost a team start-up and a barrier each, where a thread waited for the slower one. Otherwise a
-// plain loop on the calling thread: entering a region costs libgomp a team setup (futex calls and
-// an allocation, about 2 us) even when its if clause is false or it is nested, and attention calls
-// these products inside its own loop over heads, some thousands of times a step.
-// The threads run_product uses.
+// The threads run_product uses: the team's when `wide` and outside an active parallel region,
+// otherwise one. Entering a region costs libgomp a team setup (futex calls and an allocation,
+// about 2 us) even when its if clause is false or it is nested, and attention calls these
+// products inside its own loop over heads, some thousands of times a step.
 int64_t product_threads(bool wide) {
   return wide && !omp_in_parallel() ? omp_get_max_threads() : 1;
 }
 
-template <class PackA, class PackB, class Tile>
-void run_product(bool wide, int64_t a_panels, int64_t b_panels, int64_t k_blocks, int64_t tiles,
-                 const PackA& pack_a, const PackB& pack_b, const Tile& tile) {
+// Readiness of the packed panels of the parallel product in flight (A panels first, then B):
+// panel i is packed once ready(i) holds the product's stamp, stored with release order by the
+// thread that packed it. One per calling thread: a product inside a parallel region runs serially
+// and uses none.
+class PanelFlags {
+ public:
+  void start(int64_t panels) {
+    if (panels > capacity_) {
+      flags_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(panels));
+      capacity_ = panels;
+    }
+    ++stamp_;
+  }
+  void set(int64_t i) { flags_[i].store(stamp_, std::memory_order_release); }
+  // Spins until panel i is packed, yielding the core after a while: with more threads than cores
+  // (ranks oversubscribed) its packer may be waiting for this one's core.
+  void wait(int64_t i) const {
+    for (int spins = 0; flags_[i].load(std::memory_order_acquire) != stamp_; ++spins) {
+      if (spins < 4096) {
+        _mm_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+ private:
+  std::unique_ptr<std::atomic<uint64_t>[]> flags_;
+  int64_t capacity_ = 0;
+  uint64_t stamp_ = 0;
+};
+
+// The loops of a product: pack_a(p) for every A panel and pack_b(q) for every B panel, then
+// tile(kblock, t) for every tile of each K block in turn; panels_of(t) names the (A, B) panels
+// tile t reads. On several threads, one OpenMP region without a barrier: each thread packs an
+// equal share of the A and of the B panels — the operand it shares with the others first
+// (B when split_a, the threads' tiles then covering ranges of A panels, which the same thread
+// packs) — and runs its share of the tiles, waiting before a tile's first K block only for
+// panels not packed yet. (A barrier after the packing and after each loop had the faster thread
+// wait for the slower one several times a product.) The tiles of a thread are the same in every K
+// block, so the sums they carry between blocks stay with it.
+template <class PackA, class PackB, class Tile, class Panels>
+void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, int64_t k_blocks,
+                 int64_t tiles, const PackA& pack_a, const PackB& pack_b, const Tile& tile,
+                 const Panels& panels_of) {
   if (product_threads(wide) > 1) {
+    thread_local PanelFlags flags_of_caller;
+    PanelFlags& flags = flags_of_caller;
+    flags.start(a_panels + b_panels);
 #pragma omp parallel
     {
-#pragma omp for schedule(static) nowait
-      for (int64_t p = 0; p < a_panels; ++p) pack_a(p);
-#pragma omp for schedule(static)
-      for (int64_t q = 0; q < b_panels; ++q) pack_b(q);
+      const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+      const auto first = [&](int64_t n, int64_t who) { return who * n / threads; };
+      const auto pack_a_share = [&] {
+        for (int64_t p = first(a_panels, me); p < first(a_panels, me + 1); ++p) {
+          pack_a(p);
+          flags.set(p);
+        }
+      };
+      const auto pack_b_share = [&] {
+        for (int64_t q = first(b_panels, me); q < first(b_panels, me + 1); ++q) {
+          pack_b(q);
+          flags.set(a_panels + q);
+        }
+      };
+      if (split_a) {
+        pack_b_share();
+        pack_a_share();
+      } else {
+        pack_a_share();
+        pack_b_share();
+      }
       for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; ++t) tile(kblock, t);
+        for (int64_t t = first(tiles, me); t < first(tiles, me + 1); ++t) {
+          if (kblock == 0) {
+            const auto [p, q] = panels_of(t);
+            flags.wait(p);
+            flags.wait(a_panels + q);
+          }
+          tile(kblock, t);
+        }
       }
     }
     return;
@@ -658,9 +725,8 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   const bool wide = M * N * K > (int64_t{1} << 18);
   const int64_t ranges = M >= N ? std::min(a_panels, product_threads(wide)) : 1;
   TileSums* carried = k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
-  const auto tile = [&](int64_t kblock, int64_t t) {
-    const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
-    const bool last_block = kblock + 1 == k_blocks;
+  // The (A panel, B panel) of tile t.
+  const auto panels_of = [&](int64_t t) {
     int64_t rg = 0, ip0 = 0, ip1 = a_panels / ranges;  // the range of tile t: A panels [ip0, ip1)
     while (t >= ip1 * b_panels) {
       ++rg;
@@ -671,8 +737,12 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     const int64_t jb = tr / block_tiles;
     const int64_t width = std::min(nb, b_panels - jb * nb);
     const int64_t in_block = tr - jb * block_tiles;
-    const int64_t ip = ip0 + in_block / width;
-    const int64_t jp = jb * nb + in_block % width;
+    return std::pair{ip0 + in_block / width, jb * nb + in_block % width};
+  };
+  const auto tile = [&](int64_t kblock, int64_t t) {
+    const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
+    const bool last_block = kblock + 1 == k_blocks;
+    const auto [ip, jp] = panels_of(t);
     const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
     const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
     const float* ap = apack + ip * kMr * K + kb0 * kMr;
@@ -768,9 +838,9 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       }
     }
   };
-  run_product(wide, a_panels, b_panels, k_blocks, tiles,
+  run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
               [&](int64_t p) { pack_a_panel(p, M, K, A, sam, sak, apack); },
-              [&](int64_t q) { pack_b_panel(q, N, K, B, sbk, sbn, bpack); }, tile);
+              [&](int64_t q) { pack_b_panel(q, N, K, B, sbk, sbn, bpack); }, tile, panels_of);
 }
 
 }  // namespace
