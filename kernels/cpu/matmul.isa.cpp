@@ -531,45 +531,30 @@ void transpose_block(const float* src, int64_t ld_src, int n, float* dst, int64_
   for (int i = 0; i < kLanes; ++i) vstore_first(dst + i * ld_dst, r[i], lanes);
 }
 
-// A (M, K) -> micro-panel p of (K, kMr) at out + p·K·kMr, zero rows past M; written in order (k
-// outer), kLanes k's at a time by transposing blocks when A's rows are contiguous.
-void pack_a_panel(int64_t p, int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak,
-                  float* out) {
-  float* dst = out + p * K * kMr;
-  const int rows = static_cast<int>(std::min<int64_t>(kMr, M - p * kMr));
-  const float* src = A + p * kMr * sam;
+// Panel q of an operand for the tiles: the kWidth indices [q·kWidth, q·kWidth + kWidth) of its
+// packed dimension (n of them in all, element i at x + i·s_i + k·s_k) for every k < K, written in
+// order to out + q·K·kWidth as K rows of kWidth, zero past n. A's micro-panels are (kMr, sam, sak),
+// B's panels (kNr, sbn, sbk). When the packed index runs along memory rows (s_k == 1), kLanes k's
+// at a time by transposing blocks; when it is contiguous, row by row.
+template <int kWidth>
+void pack_panel(int64_t q, int64_t n, int64_t K, const float* x, int64_t s_i, int64_t s_k,
+                float* out) {
+  float* dst = out + q * K * kWidth;
+  const int valid = static_cast<int>(std::min<int64_t>(kWidth, n - q * kWidth));
+  const float* src = x + q * kWidth * s_i;
   int64_t k = 0;
-  if (sak == 1) {
-    for (; k + kLanes <= K; k += kLanes) transpose_block(src + k, sam, rows, dst + k * kMr, kMr, kMr);
-  } else if (rows == kMr && sam == 1) {
-    for (; k < K; ++k) std::memcpy(dst + k * kMr, src + k * sak, sizeof(float) * kMr);
-  }
-  for (; k < K; ++k) {
-    for (int r = 0; r < kMr; ++r) dst[k * kMr + r] = r < rows ? src[r * sam + k * sak] : 0.0f;
-  }
-}
-
-// B (K, N) -> panel q of (K, kNr) at out + q·K·kNr, zero columns past N; written in order as
-// pack_a_panel, with transposed blocks when B's columns are contiguous.
-void pack_b_panel(int64_t q, int64_t N, int64_t K, const float* B, int64_t sbk, int64_t sbn,
-                  float* out) {
-  float* dst = out + q * K * kNr;
-  const int cols = static_cast<int>(std::min<int64_t>(kNr, N - q * kNr));
-  const float* src = B + q * kNr * sbn;
-  int64_t k = 0;
-  if (sbk == 1) {
+  if (s_k == 1) {
     for (; k + kLanes <= K; k += kLanes) {
-      for (int h = 0; h < 2; ++h) {
-        const int n = std::clamp(cols - h * kLanes, 0, kLanes);
-        transpose_block(src + h * kLanes * sbn + k, sbn, n, dst + k * kNr + h * kLanes, kNr,
-                        kLanes);
+      for (int h = 0; h * kLanes < kWidth; ++h) {
+        transpose_block(src + h * kLanes * s_i + k, s_i, std::clamp(valid - h * kLanes, 0, kLanes),
+                        dst + k * kWidth + h * kLanes, kWidth, std::min(kLanes, kWidth - h * kLanes));
       }
     }
-  } else if (cols == kNr && sbn == 1) {
-    for (; k < K; ++k) std::memcpy(dst + k * kNr, src + k * sbk, sizeof(float) * kNr);
+  } else if (valid == kWidth && s_i == 1) {
+    for (; k < K; ++k) std::memcpy(dst + k * kWidth, src + k * s_k, sizeof(float) * kWidth);
   }
   for (; k < K; ++k) {
-    for (int j = 0; j < kNr; ++j) dst[k * kNr + j] = j < cols ? src[j * sbn + k * sbk] : 0.0f;
+    for (int i = 0; i < kWidth; ++i) dst[k * kWidth + i] = i < valid ? src[i * s_i + k * s_k] : 0.0f;
   }
 }
 
@@ -839,8 +824,8 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     }
   };
   run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
-              [&](int64_t p) { pack_a_panel(p, M, K, A, sam, sak, apack); },
-              [&](int64_t q) { pack_b_panel(q, N, K, B, sbk, sbn, bpack); }, tile, panels_of);
+              [&](int64_t p) { pack_panel<kMr>(p, M, K, A, sam, sak, apack); },
+              [&](int64_t q) { pack_panel<kNr>(q, N, K, B, sbn, sbk, bpack); }, tile, panels_of);
 }
 
 }  // namespace
