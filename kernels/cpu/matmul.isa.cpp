@@ -29,8 +29,9 @@
 //    recomputed with the scalar specification canonical_dot itself.
 //    With a single chunk (K <= 64) there is nothing to combine: the result is RN(+0.0 + p), which
 //    for finite p is the fp32 addition p + 0.0f; non-finite partials take the scalar path.
-//  - Threads split the output into tiles (OpenMP over tile indices); no sum crosses threads, so
-//    the bits do not depend on the thread count either.
+//  - Threads split the output into tiles, each thread a contiguous range of them, and share the
+//    packing (run_product); no sum crosses threads, so the bits do not depend on the thread count
+//    either.
 // Not here: dispatch (matmul.cpp), fast-mode products (OpenBLAS), the linear layer (linear.cpp).
 #include <immintrin.h>
 #include <omp.h>

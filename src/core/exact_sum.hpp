@@ -276,10 +276,10 @@ class ExactAccumulator {
   }
 
   void round_to(float* out) const { round_to(0, sum_.size(), out); }
-  // Elements [first, end), rounded, to out[0 .. end - first) (safe from several threads for
-  // disjoint ranges): every double converted in one loop
+  // Elements [first, end), rounded, to out[0 .. end - first): every double converted in one loop
   // (it vectorises: no element's branch), then the few spilled elements overwritten with their
-  // exact sums' rounding (the stale doubles they got are never kept).
+  // exact sums' rounding (the stale doubles they got are never kept). Safe from several threads
+  // for disjoint ranges.
   void round_to(size_t first, size_t end, float* out) const {
     const double* sum = sum_.data();
     for (size_t i = first; i < end; ++i) out[i - first] = static_cast<float>(sum[i]);
