@@ -11,8 +11,8 @@
 //  - The lane partials p_j are widened to double and added, in chunk order, to per-element double
 //    sums t_j = t_{j-1} + p_j (t_0 = +0.0) — ChunkCombiner's additions, in its order — a group of
 //    up to kGroup chunks at a time (their partials wait in a buffer, so the sums are loaded and
-//    stored once a group). Beside them each element keeps big = max_j |t_j| and small = min |p_j| over its
-//    nonzero partials. Exactness argument (checked once per element, after the last chunk):
+//    stored once a group). Beside them each element keeps big = max_j |t_j| and small = min |p_j|
+//    over its nonzero partials. Exactness argument (checked once per element, after the last chunk):
 //      every finite fp32 value with biased exponent field e is an integer multiple of
 //      g(e) = 2^(max(e,1) − 150), and |p| >= small implies field(p) >= field(small); so every
 //      partial (zeros included) and every exact prefix sum S_j is a multiple of
@@ -559,6 +559,11 @@ void pack_panel(int64_t q, int64_t n, int64_t K, const float* x, int64_t s_i, in
   }
 }
 
+// First index of part `who` when n indices are split into `parts` contiguous parts: the threads'
+// shares in run_product, and the ranges of A panels the tile order of matmul_packed follows so
+// that a thread's share of tiles reads the A panels of its own share.
+int64_t part_start(int64_t n, int64_t who, int64_t parts) { return who * n / parts; }
+
 // The threads run_product uses: the team's when `wide` and outside an active parallel region,
 // otherwise one. Entering a region costs libgomp a team setup (futex calls and an allocation,
 // about 2 us) even when its if clause is false or it is nested, and attention calls these
@@ -619,7 +624,7 @@ void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, in
 #pragma omp parallel
     {
       const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-      const auto first = [&](int64_t n, int64_t who) { return who * n / threads; };
+      const auto first = [&](int64_t n, int64_t who) { return part_start(n, who, threads); };
       const auto pack_a_share = [&] {
         for (int64_t p = first(a_panels, me); p < first(a_panels, me + 1); ++p) {
           pack_a(p);
@@ -713,12 +718,9 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   TileSums* carried = k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
   // The (A panel, B panel) of tile t.
   const auto panels_of = [&](int64_t t) {
-    int64_t rg = 0, ip0 = 0, ip1 = a_panels / ranges;  // the range of tile t: A panels [ip0, ip1)
-    while (t >= ip1 * b_panels) {
-      ++rg;
-      ip0 = ip1;
-      ip1 = (rg + 1) * a_panels / ranges;
-    }
+    int64_t rg = 0;  // the range of tile t: A panels [ip0, ip1)
+    while (t >= part_start(a_panels, rg + 1, ranges) * b_panels) ++rg;
+    const int64_t ip0 = part_start(a_panels, rg, ranges), ip1 = part_start(a_panels, rg + 1, ranges);
     const int64_t tr = t - ip0 * b_panels, block_tiles = (ip1 - ip0) * nb;
     const int64_t jb = tr / block_tiles;
     const int64_t width = std::min(nb, b_panels - jb * nb);
