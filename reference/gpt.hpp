@@ -185,7 +185,6 @@ class GptReference {
       const Real* residual_in = l == 0 ? encoded_.data() : acts_[l - 1].res_mlp.data();
       observe("grad/" + pre + "mlp/res", dres, {B_, T, C});
       // MLP: x2 = x1 + proj(act(fc(norm2(x1))))
-      fill(dfch_act, Real(0));
       linear_backward(BT, F, C, dfch_act.data(), sink(find(pre + "mlp/proj/weight")),
                       sink(find(pre + "mlp/proj/bias")), dres.data(), a.fch_act.data(),
                       p(find(pre + "mlp/proj/weight")));
@@ -196,7 +195,6 @@ class GptReference {
         gelu_backward(BT * F, dfch.data(), a.fch.data(), dfch_act.data());
       }
       observe("grad/" + pre + "mlp/fc", dfch, {B_, T, fc_out});
-      fill(dbuf, Real(0));
       linear_backward(BT, C, fc_out, dbuf.data(), sink(find(pre + "mlp/fc/weight")),
                       sink(find(pre + "mlp/fc/bias")), dfch.data(), a.ln2.data(),
                       p(find(pre + "mlp/fc/weight")));
@@ -205,7 +203,6 @@ class GptReference {
                     a.ln2_rstd.data(), find(pre + "ln2/weight"), find(pre + "ln2/bias"));
       observe("grad/" + pre + "attn/res", dres, {B_, T, C});
       // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
-      fill(datty, Real(0));
       linear_backward(BT, C, C, datty.data(), sink(find(pre + "attn/proj/weight")),
                       sink(find(pre + "attn/proj/bias")), dres.data(), a.atty.data(),
                       p(find(pre + "attn/proj/weight")));
@@ -217,7 +214,6 @@ class GptReference {
         rope_backward(B_, T, d_.NH, d_.NKV, d_.HS(), dqkv.data(), rope_cos_.data(),
                       rope_sin_.data());
       }
-      fill(dbuf, Real(0));
       linear_backward(BT, C, d_.qkv_width(), dbuf.data(), sink(find(pre + "attn/qkv/weight")),
                       sink(find(pre + "attn/qkv/bias")), dqkv.data(), a.ln1.data(),
                       p(find(pre + "attn/qkv/weight")));
@@ -277,9 +273,6 @@ class GptReference {
   const ParamInfo* head() const { return find(d_.tie_embeddings ? "wte" : "lm_head/weight"); }
   Real* p(const ParamInfo* t) { return t ? params.data() + t->offset : nullptr; }
   GradOut<Real> sink(const ParamInfo* t) { return t ? grads_.out(t->offset) : GradOut<Real>{}; }
-  static void fill(std::vector<Real>& x, const Real& value) {
-    for (auto& e : x) e = value;
-  }
   void observe(const std::string& name, std::vector<Real>& x,
                const std::vector<int64_t>& shape) const {
     if (hook_) hook_(name, x.data(), shape);

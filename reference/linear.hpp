@@ -3,10 +3,9 @@
 // number, Bounded<T>). Every reduction goes through reference/reduce.hpp, so Real = Bounded<T>
 // yields bounds valid for any summation order (fast mode, canonical chunks, split-K).
 //
-// Accumulating outputs (dinp: +=) add with Real's own `+`; for Bounded that adds a rounding term,
-// matching an fp32 `+=` in a kernel. Parameter gradients (dweight, dbias) go through GradOut
-// sinks (reference/reduce.hpp): `+=` for plain pointers, exact accumulation of token-chunk
-// partials for a canonical-mode sink (reference/canonical_f32.hpp), as the kernels' GradSink.
+// dinp is overwritten. Parameter gradients (dweight, dbias) go through GradOut sinks
+// (reference/reduce.hpp): `+=` for plain pointers, exact accumulation of token-chunk partials for
+// a canonical-mode sink (reference/canonical_f32.hpp), as the kernels' GradSink.
 // Not here: the canonical order itself (kernels/ops/canonical.hpp), any threading or SIMD.
 #pragma once
 
@@ -33,12 +32,12 @@ void linear_forward(int64_t N, int64_t IC, int64_t OC,
 }
 
 // forward: out[n,o] = Σ_i inp[n,i]·weight[o,i] + bias[o]
-//   dinp[n,i]    += Σ_o dout[n,o]·weight[o,i]
+//   dinp[n,i]     = Σ_o dout[n,o]·weight[o,i]
 //   dweight[o,i] += Σ_n dout[n,o]·inp[n,i]
 //   dbias[o]     += Σ_n dout[n,o]
 template <class Real>
 void linear_backward(int64_t N, int64_t IC, int64_t OC,
-                     Real* dinp,          // (N, IC) +=, or nullptr
+                     Real* dinp,          // (N, IC) =, or nullptr
                      std::type_identity_t<GradOut<Real>> dweight,  // (OC, IC) +=, or nullptr
                      std::type_identity_t<GradOut<Real>> dbias,    // (OC) +=, or nullptr
                      const Real* dout,    // (N, OC)
@@ -48,7 +47,7 @@ void linear_backward(int64_t N, int64_t IC, int64_t OC,
   if (dinp != nullptr) {
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t i = 0; i < IC; ++i) {
-        dinp[n * IC + i] += dot(dout + n * OC, 1, weight + i, IC, OC);
+        dinp[n * IC + i] = dot(dout + n * OC, 1, weight + i, IC, OC);
       }
     }
   }

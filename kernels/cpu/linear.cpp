@@ -89,11 +89,9 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
              " must be a multiple of the canonical chunk (", kCanonicalChunk,
              "): a split of the token range may not cut a chunk");
     // forward: out = inp · weightᵀ + bias
-    // dinp[n,i] += canonical_dot_o(dout[n,o], weight[o,i])
+    // dinp[n,i] = canonical_dot_o(dout[n,o], weight[o,i])
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-      MatmulEpilogue ep;
-      ep.accumulate = true;
-      matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, ep);
+      matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, MatmulEpilogue{});
     }
     // dweight[o,i] += Σ_n dout[n,o]·inp[n,i]: A = doutᵀ, K = tokens.
     if (!dweight.empty()) {
@@ -104,7 +102,7 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     return;
   }
   if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 1.0f, dinp, s.IC);
+    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC);
   }
   if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
     sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC);

@@ -2,8 +2,8 @@
 //
 // matmul_canonical itself is declared in kernels/ops/linear.hpp; this header adds the two variants
 // other kernels need:
-//  - an epilogue (column bias, fp32 accumulate) applied after the single rounding, so that
-//    out = dot + bias and dinp += dot need no temporary;
+//  - an epilogue (a column bias) applied after the single rounding, so that out = dot + bias
+//    needs no temporary;
 //  - the chunk partials of a reduction over "tokens": C = one fp32 FMA chain of K <= 64 terms per
 //    element (no rounding step of its own), and matmul_chunks_exact, which cuts a longer K into
 //    chunks of kCanonicalChunk and adds every chunk partial into an ExactAccumulator — the
@@ -18,11 +18,10 @@
 
 namespace lockstep::cpu {
 
-// Applied to each element after the rounded canonical dot r:  v = r (+ col_bias[n]);
-// C = accumulate ? C + v : v. Each + is one fp32 addition.
+// Applied to each element after the rounded canonical dot r: C = r (+ col_bias[n]), one fp32
+// addition.
 struct MatmulEpilogue {
   const float* col_bias = nullptr;  // (N) or nullptr
-  bool accumulate = false;
 };
 
 // matmul_canonical (kernels/ops/linear.hpp) followed by the epilogue.

@@ -329,12 +329,11 @@ uint32_t lanes_exact_bits(const LaneSums& v) {
          exact_lanes(v.t[1], v.big[1], half_of(v.small, 1)) << kHalf;
 }
 
-// kHalf double sums rounded to fp32 once, then + bias and the accumulation — the scalar
-// epilogue's operations element by element.
-void store_half_rounded(VecD sum, float* c, const float* bias, bool accumulate) {
+// kHalf double sums rounded to fp32 once, then + bias — the scalar epilogue's operations element
+// by element.
+void store_half_rounded(VecD sum, float* c, const float* bias) {
   HalfF x = narrow(sum);
   if (bias != nullptr) x = hadd(x, hloadu(bias));
-  if (accumulate) x = hadd(hloadu(c), x);
   hstoreu(c, x);
 }
 
@@ -371,7 +370,6 @@ struct TileOut {
   float* c = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;
-  bool accumulate = false;
   ExactAccumulator* acc = nullptr;
   size_t index = 0;
   int64_t ld_acc = 0;
@@ -399,8 +397,7 @@ template <bool kFresh>
         if (out.acc != nullptr) {
           add_half_exact(*out.acc, out.index + static_cast<size_t>(r * out.ld_acc + jh), v.t[h]);
         } else {
-          store_half_rounded(v.t[h], out.c + r * out.ldc + jh,
-                             out.bias != nullptr ? out.bias + jh : nullptr, out.accumulate);
+          store_half_rounded(v.t[h], out.c + r * out.ldc + jh, out.bias != nullptr ? out.bias + jh : nullptr);
         }
       }
       continue;
@@ -494,11 +491,10 @@ uint32_t stored_exact_lanes(const TileSums& s, int i) {
 }
 
 // The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
-void store_row_single_chunk(const float* part, float* c, const float* bias, bool accumulate) {
+void store_row_single_chunk(const float* part, float* c, const float* bias) {
   for (int h = 0; h < 2; ++h) {
     VecF x = vadd(vload(part + h * kLanes), vzero());
     if (bias != nullptr) x = vadd(x, vloadu(bias + h * kLanes));
-    if (accumulate) x = vadd(vloadu(c + h * kLanes), x);
     vstoreu(c + h * kLanes, x);
   }
 }
@@ -677,8 +673,7 @@ struct Sink {
 void store_element_spec(const Sink& sink, int64_t m, int64_t n, float dot) {
   float v = dot;
   if (sink.epilogue.col_bias != nullptr) v = v + sink.epilogue.col_bias[n];
-  float& c = sink.C[m * sink.ldc + n];
-  c = sink.epilogue.accumulate ? c + v : v;
+  sink.C[m * sink.ldc + n] = v;
 }
 
 template <Output kOut>
@@ -753,8 +748,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
         } else {
           const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
           if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
-            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias,
-                                   sink.epilogue.accumulate);
+            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias);
             continue;
           }
           for (int j = 0; j < cols; ++j) {
@@ -792,7 +786,6 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       finish.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
       finish.ldc = sink.ldc;
       finish.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-      finish.accumulate = sink.epilogue.accumulate;
     } else {
       finish.acc = sink.acc;
       finish.index = static_cast<size_t>(sink.offset + ip * kMr * N + jp * kNr);

@@ -40,7 +40,7 @@ void linear_forward(Mode mode, LinearShape s,
                     const float* bias);                          // (OC) or nullptr
 
 void linear_backward(Mode mode, LinearShape s, int64_t token_offset,
-                     float* dinp,                                // (N, IC) +=, or nullptr
+                     float* dinp,                                // (N, IC) =, or nullptr
                      GradSink dweight,                           // (OC, IC) +=
                      GradSink dbias,                             // (OC) +=, or empty
                      const float* dout,                          // (N, OC)

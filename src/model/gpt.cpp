@@ -414,9 +414,8 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
   observe("grad/", -1, "logits", logits_.data(), {B, T, V});
   add_losses(loss_sum, losses_.data(), BT);
 
-  // Head and final norm. dres_ carries d(residual stream); activation-gradient outputs that
-  // accumulate (+=) are zeroed first.
-  std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
+  // Head and final norm. dres_ carries d(residual stream), which the norms' backward accumulate
+  // into (+=); the linears' input gradients overwrite their outputs.
   linear_backward_column({BT, C, V}, token_offset, dbuf_c_.data(), sink(head_), {}, logits_.data(),
                          lnf_.data(), head_);
   if (head_ != wte_) grads_ready(head_);
@@ -433,7 +432,6 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     const float* residual_in = l == 0 ? encoded_.data() : acts_[l - 1].res_mlp.data();
     observe("grad/", l, "mlp/res", dres_.data(), {RB, RT, C});
     // MLP: x2 = x1 + proj(act(fc(norm2(x1))))
-    std::fill_n(dfch_act_.begin(), BT * F, 0.0f);
     cpu::linear_backward(mode_, {BT, F, C}, token_offset, dfch_act_.data(), sink(w.fcproj_w),
                          sink(w.fcproj_b), gathered_dres(BT), a.fch_act.data(), p(w.fcproj_w));
     grads_ready(w.fcproj_w, w.fcproj_b);
@@ -444,7 +442,6 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
       cpu::swiglu_backward(mode_, BT, F, dfch_.data(), a.fch.data(), dfch_act_.data());
     }
     observe("grad/", l, "mlp/fc", dfch_.data(), {B, T, fc_out});
-    std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
     linear_backward_column({BT, C, fc_out}, token_offset, dbuf_c_.data(), sink(w.fc_w), sink(w.fc_b),
                            dfch_.data(), a.ln2.data(), w.fc_w);
     grads_ready(w.fc_w, w.fc_b);
@@ -454,7 +451,6 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
     grads_ready(w.ln2_w, w.ln2_b);
     observe("grad/", l, "attn/res", dres_.data(), {RB, RT, C});
     // Attention: x1 = x0 + proj(attn(rope(qkv(norm1(x0)))))
-    std::fill_n(datty_.begin(), BT * A, 0.0f);
     cpu::linear_backward(mode_, {BT, A, C}, token_offset, datty_.data(), sink(w.proj_w),
                          sink(w.proj_b), gathered_dres(BT), a.atty.data(), p(w.proj_w));
     grads_ready(w.proj_w, w.proj_b);
@@ -463,7 +459,6 @@ void Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_
                             a.att.data());
     observe("grad/", l, "attn/qkv", dqkv_.data(), {B, T, local_.qkv});
     if (cfg_.pos == PosKind::kRope) cpu::rope_backward(as, dqkv_.data(), rope_cos_.data(), rope_sin_.data());
-    std::fill_n(dbuf_c_.begin(), RS * C, 0.0f);
     linear_backward_column({BT, C, local_.qkv}, token_offset, dbuf_c_.data(), sink(w.qkv_w), sink(w.qkv_b),
                            dqkv_.data(), a.ln1.data(), w.qkv_w);
     grads_ready(w.qkv_w, w.qkv_b);

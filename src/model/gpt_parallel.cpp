@@ -50,28 +50,24 @@ void Gpt::linear_backward_column(cpu::LinearShape s, int64_t token_offset, float
   }
   // Weight and bias gradients are this rank's rows; dinp sums over the output features, split
   // across the group (under sequence parallelism only this rank's residual tokens' rows: the
-  // conjugate of the forward's all-gather), and then accumulates like linear_backward's `dinp +=`.
+  // conjugate of the forward's all-gather), and is written like linear_backward's `dinp =`.
   cpu::linear_backward(mode_, s, token_offset, nullptr, dw, db, dout, inp, p(w));
   const int64_t n = s.N * s.IC, kept = residual_tokens(s.N) * s.IC;
-  float* sum = sp_ ? sp_norm_.data() : tp_buf_.data();  // kept elements
   if (mode_ == Mode::kCanonical) {
     tp_sum_.reset(static_cast<size_t>(n));
     cpu::linear_backward_dinp_partials(s, tp_sum_, dout, p(w));
     if (sp_) {
-      tp_->reduce_scatter_exact(tp_sum_, sum);
+      tp_->reduce_scatter_exact(tp_sum_, dinp);
     } else {
-      tp_->all_reduce_exact(tp_sum_, sum);
+      tp_->all_reduce_exact(tp_sum_, dinp);
     }
-  } else {
-    std::fill_n(tp_buf_.begin(), n, 0.0f);
+  } else if (sp_) {
     cpu::linear_backward(mode_, s, token_offset, tp_buf_.data(), {}, {}, dout, inp, p(w));
-    if (sp_) {
-      tp_->reduce_scatter_sum(tp_buf_.data(), sum, kept);
-    } else {
-      tp_->all_reduce_sum(tp_buf_.data(), n);
-    }
+    tp_->reduce_scatter_sum(tp_buf_.data(), dinp, kept);
+  } else {
+    cpu::linear_backward(mode_, s, token_offset, dinp, {}, {}, dout, inp, p(w));
+    tp_->all_reduce_sum(dinp, n);
   }
-  for (int64_t i = 0; i < kept; ++i) dinp[i] = dinp[i] + sum[i];
 }
 
 void Gpt::crossentropy(int64_t BT, const int32_t* targets, float dloss, bool backward) {

@@ -71,7 +71,8 @@ RC_GTEST_PROP(LinearProperty, BackwardWithinMpfrBoundAndCanonicalBitwise, ()) {
   const auto dbias0 = gen_values(s.OC, kWeights);
   const auto binp = bounded<Mpfr64>(inp), bw = bounded<Mpfr64>(weight), bdo = bounded<Mpfr64>(dout);
 
-  // Fast: fp32 += into existing gradients (reference adds with one rounding each).
+  // Fast: fp32 += into existing parameter gradients (reference adds with one rounding each);
+  // dinp0 is overwritten on both sides.
   auto rdinp = bounded<Mpfr64>(dinp0), rdw = bounded<Mpfr64>(dweight0), rdb = bounded<Mpfr64>(dbias0);
   reference::linear_backward(s.N, s.IC, s.OC, rdinp.data(), rdw.data(), rdb.data(), bdo.data(),
                              binp.data(), bw.data());

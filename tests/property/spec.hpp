@@ -41,7 +41,7 @@ inline void linear_backward(int64_t N, int64_t IC, int64_t OC, float* dinp, floa
                             float* dbias, const float* dout, const float* inp, const float* weight) {
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t i = 0; i < IC; ++i) {
-      dinp[n * IC + i] += canonical_dot(dout + n * OC, 1, weight + i, IC, OC);
+      dinp[n * IC + i] = canonical_dot(dout + n * OC, 1, weight + i, IC, OC);
     }
   }
   for (int64_t o = 0; o < OC; ++o) {

@@ -53,7 +53,7 @@ struct Problem {
 };
 
 // The canonical backward of the whole problem into one accumulator, rounded: dweight (OC x IC)
-// then dbias (OC). dinp (N x IC, or null) accumulates as usual.
+// then dbias (OC). dinp (N x IC, or null) is overwritten as usual.
 std::vector<float> canonical_weight_grads(const Problem& p, float* dinp) {
   ExactAccumulator acc(p.s.OC * p.s.IC + p.s.OC);
   linear_backward(Mode::kCanonical, p.s, 0, dinp, GradSink{nullptr, &acc, 0},
@@ -99,7 +99,8 @@ TEST(Linear, BackwardWithinReferenceBounds) {
   for (const LinearShape& s : kShapes) {
     const Problem p(s, 12);
     const auto dout = to_bounded(p.dout), inp = to_bounded(p.inp), weight = to_bounded(p.weight);
-    // Accumulating fp32 outputs: reference += adds the rounding of the kernel's +=.
+    // Accumulating fp32 parameter gradients: reference += adds the rounding of the kernel's +=.
+    // dinp0 is overwritten on both sides.
     auto dinp_ref = to_bounded(p.dinp0), dweight_ref = to_bounded(p.dweight0), dbias_ref = to_bounded(p.dbias0);
     reference::linear_backward(s.N, s.IC, s.OC, dinp_ref.data(), dweight_ref.data(),
                                dbias_ref.data(), dout.data(), inp.data(), weight.data());
@@ -144,7 +145,7 @@ TEST(Linear, CanonicalEqualsScalarSpecification) {
       for (int64_t o = 0; o < s.OC; ++o)
         out_spec[n * s.OC + o] = canonical_dot(&p.inp[n * s.IC], 1, &p.weight[o * s.IC], 1, s.IC) + p.bias[o];
       for (int64_t i = 0; i < s.IC; ++i)
-        dinp_spec[n * s.IC + i] = dinp_spec[n * s.IC + i] + canonical_dot(&p.dout[n * s.OC], 1, &p.weight[i], s.IC, s.OC);
+        dinp_spec[n * s.IC + i] = canonical_dot(&p.dout[n * s.OC], 1, &p.weight[i], s.IC, s.OC);
     }
     for (int64_t o = 0; o < s.OC; ++o) {
       for (int64_t i = 0; i < s.IC; ++i)
