@@ -111,30 +111,29 @@ inline VecF vabsmin_nonzero(VecF small, VecF p) {
       _mm512_test_epi32_mask(_mm512_castps_si512(p), _mm512_set1_epi32(0x7fffffff));
   return _mm512_mask_range_ps(small, nonzero, small, p, 0x0A);
 }
-// Bit i set when element i (of kHalf) passes the exactness test of the header comment:
-// eb − max(field(small), 1) <= 925 and the sum is finite.
-inline uint32_t exact_lanes(VecD sum, VecD big, __m256 small) {
-  // Zero-masked shift and widening for the reason given at dwiden().
-  const __m512i eb = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big), 52);
-  const __m256i es32 = _mm256_max_epu32(_mm256_srli_epi32(_mm256_castps_si256(small), 23),
-                                        _mm256_set1_epi32(1));
-  const __m512i es = _mm512_maskz_cvtepu32_epi64(0xff, es32);
-  const __mmask8 window =
-      _mm512_cmple_epi64_mask(_mm512_sub_epi64(eb, es), _mm512_set1_epi64(kExactWindow));
-  const __m512i exp = _mm512_set1_epi64(0x7ff0000000000000LL);
-  const __mmask8 finite =
-      _mm512_cmpneq_epi64_mask(_mm512_and_si512(_mm512_castpd_si512(sum), exp), exp);
-  return static_cast<uint32_t>(window & finite);
+// Bit i set when element i (of kLanes) passes the exactness test of the header comment:
+// eb − max(field(small), 1) <= 925 and the sum is finite. t0, big0: elements [0, kHalf); t1,
+// big1: the rest. All kLanes at once: big's exponent fields gathered into 32-bit lanes beside
+// small's.
+inline uint32_t exact_bits(VecD t0, VecD t1, VecD big0, VecD big1, VecF small) {
+  // Zero-masked shifts and maximum for the reason given at dwiden().
+  const __m512i low_dwords = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i eb = _mm512_permutex2var_epi32(_mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big0), 52),
+                                               low_dwords,
+                                               _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big1), 52));
+  const __m512i es = _mm512_maskz_max_epu32(
+      0xffff, _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(small), 23), _mm512_set1_epi32(1));
+  const __mmask16 window =
+      _mm512_cmple_epi32_mask(_mm512_sub_epi32(eb, es), _mm512_set1_epi32(kExactWindow));
+  // VFPCLASSPD: QNaN (0x01), +inf (0x08), −inf (0x10), SNaN (0x80).
+  constexpr int kNonFinite = 0x99;
+  const __mmask16 nonfinite =
+      _mm512_kunpackb(_mm512_fpclass_pd_mask(t1, kNonFinite), _mm512_fpclass_pd_mask(t0, kNonFinite));
+  return static_cast<uint32_t>(window & ~nonfinite);
 }
 // kHalf floats: a vector of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as
 // static_cast<float>; the zero-masked form for the reason given at dwiden()).
 using HalfF = __m256;
-inline HalfF hload(const float* p) { return _mm256_load_ps(p); }
-// Lanes [h·kHalf, (h + 1)·kHalf) of v (zero-masked extracts for the reason given at dwiden(): GCC
-// 12's cast to the low half goes through the same undefined operand).
-inline HalfF half_of(VecF v, int h) {
-  return h == 0 ? _mm512_maskz_extractf32x8_ps(0xff, v, 0) : _mm512_maskz_extractf32x8_ps(0xff, v, 1);
-}
 inline HalfF narrow(VecD d) { return _mm512_maskz_cvtpd_ps(0xff, d); }
 inline HalfF hloadu(const float* p) { return _mm256_loadu_ps(p); }
 inline void hstoreu(float* p, HalfF v) { _mm256_storeu_ps(p, v); }
@@ -208,7 +207,7 @@ inline VecF vabsmin_nonzero(VecF small, VecF p) {
   const VecF q = _mm256_blendv_ps(a, vinf(), _mm256_cmp_ps(a, vzero(), _CMP_EQ_OQ));
   return _mm256_min_ps(small, q);
 }
-inline uint32_t exact_lanes(VecD sum, VecD big, __m128 small) {
+inline uint32_t exact_half(VecD sum, VecD big, __m128 small) {
   const __m256i eb = _mm256_srli_epi64(_mm256_castpd_si256(big), 52);
   const __m128i es32 =
       _mm_max_epu32(_mm_srli_epi32(_mm_castps_si128(small), 23), _mm_set1_epi32(1));
@@ -219,11 +218,11 @@ inline uint32_t exact_lanes(VecD sum, VecD big, __m128 small) {
   const int bad = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_or_si256(wide, nonfinite)));
   return static_cast<uint32_t>(~bad & 0xf);
 }
-using HalfF = __m128;
-inline HalfF hload(const float* p) { return _mm_load_ps(p); }
-inline HalfF half_of(VecF v, int h) {
-  return h == 0 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1);
+inline uint32_t exact_bits(VecD t0, VecD t1, VecD big0, VecD big1, VecF small) {
+  return exact_half(t0, big0, _mm256_castps256_ps128(small)) |
+         exact_half(t1, big1, _mm256_extractf128_ps(small, 1)) << kLanes / 2;
 }
+using HalfF = __m128;
 inline HalfF narrow(VecD d) { return _mm256_cvtpd_ps(d); }
 inline HalfF hloadu(const float* p) { return _mm_loadu_ps(p); }
 inline void hstoreu(float* p, HalfF v) { _mm_storeu_ps(p, v); }
@@ -325,8 +324,7 @@ template <bool kFresh>
 
 // Exactness bits of kLanes elements (bit j: element j's double sum is proven exact and finite).
 uint32_t lanes_exact_bits(const LaneSums& v) {
-  return exact_lanes(v.t[0], v.big[0], half_of(v.small, 0)) |
-         exact_lanes(v.t[1], v.big[1], half_of(v.small, 1)) << kHalf;
+  return exact_bits(v.t[0], v.t[1], v.big[0], v.big[1], v.small);
 }
 
 // kHalf double sums rounded to fp32 once, then + bias — the scalar epilogue's operations element
@@ -485,9 +483,10 @@ uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums
   return left;
 }
 
-// exact_lanes of kHalf elements of a tile's stored state from index i.
-uint32_t stored_exact_lanes(const TileSums& s, int i) {
-  return exact_lanes(dload(s.sum + i), dload(s.big + i), hload(s.small + i));
+// exact_bits of kLanes elements of a tile's stored state from index i.
+uint32_t stored_exact_bits(const TileSums& s, int i) {
+  return exact_bits(dload(s.sum + i), dload(s.sum + i + kHalf), dload(s.big + i), dload(s.big + i + kHalf),
+                    vload(s.small + i));
 }
 
 // The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
@@ -798,7 +797,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
          left != 0; left &= left - 1) {
       const int i = __builtin_ctz(left) * kLanes;
       const int r = i / kNr, j0 = i % kNr;
-      const uint32_t exact = stored_exact_lanes(sums, i) | stored_exact_lanes(sums, i + kHalf) << kHalf;
+      const uint32_t exact = stored_exact_bits(sums, i);
       const int64_t m = ip * kMr + r;
       for (int j = j0; j < std::min(cols, j0 + kLanes); ++j) {
         const int64_t n = jp * kNr + j;
