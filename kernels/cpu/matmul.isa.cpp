@@ -131,13 +131,12 @@ inline uint32_t exact_bits(VecD t0, VecD t1, VecD big0, VecD big1, VecF small) {
       _mm512_kunpackb(_mm512_fpclass_pd_mask(t1, kNonFinite), _mm512_fpclass_pd_mask(t0, kNonFinite));
   return static_cast<uint32_t>(window & ~nonfinite);
 }
-// kHalf floats: a vector of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as
-// static_cast<float>; the zero-masked form for the reason given at dwiden()).
-using HalfF = __m256;
-inline HalfF narrow(VecD d) { return _mm512_maskz_cvtpd_ps(0xff, d); }
-inline HalfF hloadu(const float* p) { return _mm256_loadu_ps(p); }
-inline void hstoreu(float* p, HalfF v) { _mm256_storeu_ps(p, v); }
-inline HalfF hadd(HalfF a, HalfF b) { return _mm256_add_ps(a, b); }
+// Two vectors of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as static_cast<float>)
+// into one vector, lo's in the low lanes (the zero-masked form for the reason given at dwiden()).
+inline VecF narrow(VecD lo, VecD hi) {
+  const __m512 low = _mm512_insertf32x8(_mm512_setzero_ps(), _mm512_maskz_cvtpd_ps(0xff, lo), 0);
+  return _mm512_insertf32x8(low, _mm512_maskz_cvtpd_ps(0xff, hi), 1);
+}
 // Stores the first n lanes of v.
 inline void vstore_first(float* p, VecF v, int n) {
   _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
@@ -222,11 +221,9 @@ inline uint32_t exact_bits(VecD t0, VecD t1, VecD big0, VecD big1, VecF small) {
   return exact_half(t0, big0, _mm256_castps256_ps128(small)) |
          exact_half(t1, big1, _mm256_extractf128_ps(small, 1)) << kLanes / 2;
 }
-using HalfF = __m128;
-inline HalfF narrow(VecD d) { return _mm256_cvtpd_ps(d); }
-inline HalfF hloadu(const float* p) { return _mm_loadu_ps(p); }
-inline void hstoreu(float* p, HalfF v) { _mm_storeu_ps(p, v); }
-inline HalfF hadd(HalfF a, HalfF b) { return _mm_add_ps(a, b); }
+inline VecF narrow(VecD lo, VecD hi) {
+  return _mm256_insertf128_ps(_mm256_zextps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
+}
 inline void vstore_first(float* p, VecF v, int n) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane), v);
@@ -327,37 +324,46 @@ uint32_t lanes_exact_bits(const LaneSums& v) {
   return exact_bits(v.t[0], v.t[1], v.big[0], v.big[1], v.small);
 }
 
-// kHalf double sums rounded to fp32 once, then + bias — the scalar epilogue's operations element
-// by element.
-void store_half_rounded(VecD sum, float* c, const float* bias) {
-  HalfF x = narrow(sum);
-  if (bias != nullptr) x = hadd(x, hloadu(bias));
-  hstoreu(c, x);
+// kLanes double sums (p[0]: the first kHalf) rounded to fp32 once, then + bias — the scalar
+// epilogue's operations element by element.
+void store_rounded(const VecD p[2], float* c, const float* bias) {
+  VecF x = narrow(p[0], p[1]);
+  if (bias != nullptr) x = vadd(x, vloadu(bias));
+  vstoreu(c, x);
 }
 
-// kHalf exact double sums p added to elements [idx, idx + kHalf) of the accumulator, doing what
-// ExactAccumulator::add does on its fast path — s + p kept where no element has spilled and
-// TwoSum's error is zero in every lane (add_exact's operations, lane by lane) — and otherwise
-// add() element by element. (Adding a call's exact sum at once leaves the accumulator's exact
-// total, hence its one rounding, as adding its chunk partials one by one would.)
-void add_half_exact(ExactAccumulator& acc, size_t idx, VecD p) {
+// The TwoSum error of s + p (t = s + p) in every lane: add_exact's test.
+VecD two_sum_errors(VecD s, VecD p, VecD t) {
+  const VecD bp = dsub(t, s);
+  const VecD ap = dsub(t, bp);
+  return dadd(dsub(s, ap), dsub(p, bp));
+}
+
+// kLanes exact double sums p (p[0]: the first kHalf) added to elements [idx, idx + kLanes) of the
+// accumulator, doing what ExactAccumulator::add does on its fast path — s + p kept where no
+// element has spilled and TwoSum's error is zero in every lane (add_exact's operations, lane by
+// lane) — and otherwise add() element by element. (Adding a call's exact sum at once leaves the
+// accumulator's exact total, hence its one rounding, as adding its chunk partials one by one
+// would.)
+void add_exact_lanes(ExactAccumulator& acc, size_t idx, const VecD p[2]) {
   double* s = acc.partial_sums_to_add() + idx;
-  const uint8_t* spilled = acc.spill_flags() + idx;
-  bool any_spilled = false;
-  for (int j = 0; j < kHalf; ++j) any_spilled |= spilled[j] != 0;
-  if (!any_spilled) {
-    const VecD sv = dloadu(s);
-    const VecD t = dadd(sv, p);
-    const VecD bp = dsub(t, sv);
-    const VecD ap = dsub(t, bp);
-    if (dall_zero(dadd(dsub(sv, ap), dsub(p, bp)))) {
-      dstoreu(s, t);
+  uint64_t flags[kLanes / 8];
+  std::memcpy(flags, acc.spill_flags() + idx, sizeof(flags));
+  uint64_t any_spilled = 0;
+  for (uint64_t f : flags) any_spilled |= f;
+  if (any_spilled == 0) {
+    const VecD s0 = dloadu(s), s1 = dloadu(s + kHalf);
+    const VecD t0 = dadd(s0, p[0]), t1 = dadd(s1, p[1]);
+    if (dall_zero(two_sum_errors(s0, p[0], t0)) && dall_zero(two_sum_errors(s1, p[1], t1))) {
+      dstoreu(s, t0);
+      dstoreu(s + kHalf, t1);
       return;
     }
   }
-  alignas(kAlign) double lanes[kHalf];
-  dstore(lanes, p);
-  for (int j = 0; j < kHalf; ++j) acc.add(idx + static_cast<size_t>(j), lanes[j]);
+  alignas(kAlign) double lanes[kLanes];
+  dstore(lanes, p[0]);
+  dstore(lanes + kHalf, p[1]);
+  for (int j = 0; j < kLanes; ++j) acc.add(idx + static_cast<size_t>(j), lanes[j]);
 }
 
 // Where a tile's results go on the vector path, from the tile's first element: for
@@ -384,19 +390,17 @@ template <bool kFresh>
                                              TileSums& s, const TileOut& out) {
   static_assert(kMr * kNr / kLanes <= 32, "a tile's vectors fit the uint32_t result");
   constexpr uint32_t kAllLanes = (uint64_t{1} << kLanes) - 1;
+  const TileOut o = out;  // a local copy: the stores below cannot change its fields
   uint32_t left = 0;
   for (int i = 0; i < kMr * kNr; i += kLanes) {
     const int r = i / kNr, j = i % kNr;
-    if (r >= out.rows || j >= out.cols) continue;
+    if (r >= o.rows || j >= o.cols) continue;
     const LaneSums v = combine_lanes<kFresh>(part, chunks, s, i);
-    if (j + kLanes <= out.cols && lanes_exact_bits(v) == kAllLanes) {
-      for (int h = 0; h < 2; ++h) {
-        const int jh = j + h * kHalf;
-        if (out.acc != nullptr) {
-          add_half_exact(*out.acc, out.index + static_cast<size_t>(r * out.ld_acc + jh), v.t[h]);
-        } else {
-          store_half_rounded(v.t[h], out.c + r * out.ldc + jh, out.bias != nullptr ? out.bias + jh : nullptr);
-        }
+    if (j + kLanes <= o.cols && lanes_exact_bits(v) == kAllLanes) {
+      if (o.acc != nullptr) {
+        add_exact_lanes(*o.acc, o.index + static_cast<size_t>(r * o.ld_acc + j), v.t);
+      } else {
+        store_rounded(v.t, o.c + r * o.ldc + j, o.bias != nullptr ? o.bias + j : nullptr);
       }
       continue;
     }
