@@ -252,17 +252,20 @@ class ExactAccumulator {
 
   // add(i0 + k, p[k]) for k < n. Where no element of the run has spilled and every double
   // addition is exact (add_exact's TwoSum test, lane by lane; a non-finite operand fails it) the
-  // whole run is added at once — loops without a branch per element, which vectorise — and
-  // otherwise element by element through add(). Same results as n calls of add().
+  // whole run is added at once — loops without a branch per element, which vectorise (the tests
+  // OR-reduced into integers: GCC leaves a `bool &=` of a comparison scalar) — and otherwise
+  // element by element through add(). Same results as n calls of add().
   void add_run(size_t i0, const float* p, size_t n) {
     double* s = sum_.data() + i0;
     const uint8_t* spilled = spilled_.data() + i0;
-    bool fast = true;
+    int64_t inexact = 0;
     for (size_t k = 0; k < n; ++k) {
       const double a = s[k], b = p[k];
-      fast &= two_sum_error(a, b, a + b) == 0.0 && spilled[k] == 0;
+      inexact |= two_sum_error(a, b, a + b) != 0.0 ? 1 : 0;
     }
-    if (fast) {
+    unsigned any_spilled = 0;
+    for (size_t k = 0; k < n; ++k) any_spilled |= spilled[k];
+    if (inexact == 0 && any_spilled == 0) {
       for (size_t k = 0; k < n; ++k) s[k] = s[k] + static_cast<double>(p[k]);
       return;
     }
