@@ -531,30 +531,43 @@ void transpose_block(const float* src, int64_t ld_src, int n, float* dst, int64_
   for (int i = 0; i < kLanes; ++i) vstore_first(dst + i * ld_dst, r[i], lanes);
 }
 
-// Panel q of an operand for the tiles: the kWidth indices [q·kWidth, q·kWidth + kWidth) of its
-// packed dimension (n of them in all, element i at x + i·s_i + k·s_k) for every k < K, written in
-// order to out + q·K·kWidth as K rows of kWidth, zero past n. A's micro-panels are (kMr, sam, sak),
-// B's panels (kNr, sbn, sbk). When the packed index runs along memory rows (s_k == 1), kLanes k's
-// at a time by transposing blocks; when it is contiguous, row by row.
+// Panels [q0, q1) of an operand for the tiles: panel q holds the kWidth indices
+// [q·kWidth, q·kWidth + kWidth) of its packed dimension (n of them in all, element i at
+// x + i·s_i + k·s_k) for every k < K, written in order to out + q·K·kWidth as K rows of kWidth,
+// zero past n. A's micro-panels are (kMr, sam, sak), B's panels (kNr, sbn, sbk). When the packed
+// index runs along memory rows (s_k == 1), kLanes k's at a time by transposing blocks; when it is
+// contiguous, row by row, each memory row visited once for all the full panels of the range (the
+// rows are s_k apart, often a page or more: visiting them once a panel cost the weight gradient's
+// A packing about a seventh of its product).
 template <int kWidth>
-void pack_panel(int64_t q, int64_t n, int64_t K, const float* x, int64_t s_i, int64_t s_k,
-                float* out) {
-  float* dst = out + q * K * kWidth;
-  const int valid = static_cast<int>(std::min<int64_t>(kWidth, n - q * kWidth));
-  const float* src = x + q * kWidth * s_i;
-  int64_t k = 0;
-  if (s_k == 1) {
-    for (; k + kLanes <= K; k += kLanes) {
-      for (int h = 0; h * kLanes < kWidth; ++h) {
-        transpose_block(src + h * kLanes * s_i + k, s_i, std::clamp(valid - h * kLanes, 0, kLanes),
-                        dst + k * kWidth + h * kLanes, kWidth, std::min(kLanes, kWidth - h * kLanes));
+void pack_panels(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, int64_t s_i, int64_t s_k,
+                 float* out) {
+  const int64_t full_end = std::clamp<int64_t>(n / kWidth, q0, q1);  // [q0, full_end): full panels
+  if (s_k != 1 && s_i == 1) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float* src = x + k * s_k;
+      for (int64_t q = q0; q < full_end; ++q) {
+        std::memcpy(out + (q * K + k) * kWidth, src + q * kWidth, sizeof(float) * kWidth);
       }
     }
-  } else if (valid == kWidth && s_i == 1) {
-    for (; k < K; ++k) std::memcpy(dst + k * kWidth, src + k * s_k, sizeof(float) * kWidth);
+    q0 = full_end;
   }
-  for (; k < K; ++k) {
-    for (int i = 0; i < kWidth; ++i) dst[k * kWidth + i] = i < valid ? src[i * s_i + k * s_k] : 0.0f;
+  for (int64_t q = q0; q < q1; ++q) {
+    float* dst = out + q * K * kWidth;
+    const int valid = static_cast<int>(std::min<int64_t>(kWidth, n - q * kWidth));
+    const float* src = x + q * kWidth * s_i;
+    int64_t k = 0;
+    if (s_k == 1) {
+      for (; k + kLanes <= K; k += kLanes) {
+        for (int h = 0; h * kLanes < kWidth; ++h) {
+          transpose_block(src + h * kLanes * s_i + k, s_i, std::clamp(valid - h * kLanes, 0, kLanes),
+                          dst + k * kWidth + h * kLanes, kWidth, std::min(kLanes, kWidth - h * kLanes));
+        }
+      }
+    }
+    for (; k < K; ++k) {
+      for (int i = 0; i < kWidth; ++i) dst[k * kWidth + i] = i < valid ? src[i * s_i + k * s_k] : 0.0f;
+    }
   }
 }
 
@@ -603,7 +616,20 @@ class PanelFlags {
   uint64_t stamp_ = 0;
 };
 
-// The loops of a product: pack_a(p) for every A panel and pack_b(q) for every B panel, then
+// Panels [first, end) packed by pack(p0, p1) in blocks of kPackBlock (pack_panels visits the
+// memory rows once a call; more panels a call would write too many streams at once), packed(p)
+// called for each after its block.
+constexpr int64_t kPackBlock = 8;
+template <class Pack, class Packed>
+void pack_in_blocks(const Pack& pack, int64_t first, int64_t end, const Packed& packed) {
+  for (int64_t p0 = first; p0 < end; p0 += kPackBlock) {
+    const int64_t p1 = std::min(end, p0 + kPackBlock);
+    pack(p0, p1);
+    for (int64_t p = p0; p < p1; ++p) packed(p);
+  }
+}
+
+// The loops of a product: pack_a(p0, p1) and pack_b(q0, q1) over every A and B panel, then
 // tile(kblock, t) for every tile of each K block in turn; panels_of(t) names the (A, B) panels
 // tile t reads. On several threads, one OpenMP region without a barrier: each thread packs an
 // equal share of the A and of the B panels — the operand it shares with the others first
@@ -624,24 +650,17 @@ void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, in
     {
       const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
       const auto first = [&](int64_t n, int64_t who) { return part_start(n, who, threads); };
-      const auto pack_a_share = [&] {
-        for (int64_t p = first(a_panels, me); p < first(a_panels, me + 1); ++p) {
-          pack_a(p);
-          flags.set(p);
-        }
-      };
-      const auto pack_b_share = [&] {
-        for (int64_t q = first(b_panels, me); q < first(b_panels, me + 1); ++q) {
-          pack_b(q);
-          flags.set(a_panels + q);
-        }
+      // This thread's share of one operand's panels (flags from index `flag0`).
+      const auto pack_share = [&](const auto& pack, int64_t panels, int64_t flag0) {
+        pack_in_blocks(pack, first(panels, me), first(panels, me + 1),
+                       [&](int64_t p) { flags.set(flag0 + p); });
       };
       if (split_a) {
-        pack_b_share();
-        pack_a_share();
+        pack_share(pack_b, b_panels, a_panels);
+        pack_share(pack_a, a_panels, 0);
       } else {
-        pack_a_share();
-        pack_b_share();
+        pack_share(pack_a, a_panels, 0);
+        pack_share(pack_b, b_panels, a_panels);
       }
       for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
         for (int64_t t = first(tiles, me); t < first(tiles, me + 1); ++t) {
@@ -656,8 +675,8 @@ void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, in
     }
     return;
   }
-  for (int64_t p = 0; p < a_panels; ++p) pack_a(p);
-  for (int64_t q = 0; q < b_panels; ++q) pack_b(q);
+  pack_in_blocks(pack_a, 0, a_panels, [](int64_t) {});
+  pack_in_blocks(pack_b, 0, b_panels, [](int64_t) {});
   for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
     for (int64_t t = 0; t < tiles; ++t) tile(kblock, t);
   }
@@ -823,8 +842,9 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     }
   };
   run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
-              [&](int64_t p) { pack_panel<kMr>(p, M, K, A, sam, sak, apack); },
-              [&](int64_t q) { pack_panel<kNr>(q, N, K, B, sbn, sbk, bpack); }, tile, panels_of);
+              [&](int64_t p0, int64_t p1) { pack_panels<kMr>(p0, p1, M, K, A, sam, sak, apack); },
+              [&](int64_t q0, int64_t q1) { pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack); }, tile,
+              panels_of);
 }
 
 }  // namespace
