@@ -232,6 +232,34 @@ TEST(MatmulCanonical, BitwiseAcrossIsasAndThreadCounts) {
   }
 }
 
+// A whose rows are contiguous, against few B panels, is packed row by row (matmul.isa.cpp): one
+// short K block, one long one and several short ones, an edge micro-panel, rows plain, padded and
+// reversed (layouts 0, 2, 4), on every ISA and 1 and 2 threads.
+TEST(MatmulCanonical, RowByRowAMicroPanelsEqualCanonicalDot) {
+  uint64_t seed = 500;
+  for (int64_t K : {300, 700, 1500}) {
+    for (int a_layout : {0, 2, 4}) {
+      const Case c{30, K == 1500 ? 40 : 300, K, a_layout, static_cast<int>(seed % 2), false, seed};
+      ++seed;
+      StridedMatrix A(c.M, c.K, c.a_layout), B(c.K, c.N, c.b_layout);
+      fill_operands(c, A, B);
+      const auto want =
+          test::canonical_product_spec(c.M, c.N, c.K, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
+      for (Isa isa : supported_isas()) {
+        for (int threads : {1, 2}) {
+          ScopedIsa scope(isa);
+          ScopedThreads t(threads);
+          std::vector<float> C(c.M * c.N);
+          matmul_canonical(c.M, c.N, c.K, C.data(), c.N, A.at, A.srow, A.scol, B.at, B.srow, B.scol);
+          const auto r = verify::compare_exact(C.data(), want.data(), c.M * c.N);
+          ASSERT_TRUE(r.ok()) << r.summary(c.name() + " isa " + std::string(isa_name(isa)) +
+                                           " threads " + std::to_string(threads));
+        }
+      }
+    }
+  }
+}
+
 // The bias is added after the rounding, and C's previous contents are overwritten.
 TEST(MatmulCanonical, EpilogueAddsBiasAfterRounding) {
   const int64_t M = 9, N = 40, K = 150;
