@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "kernels/cpu/token_reduction.hpp"
 #include "kernels/ops/canonical.hpp"
@@ -51,6 +52,32 @@ void thread_columns(int64_t C, int64_t& c0, int64_t& c1) {
   c1 = C * (t + 1) / nt;
 }
 
+// The chains of tokens [n0, n0 + len) (len <= kCanonicalChunk) with equal keys, in token order:
+// next[k] is the next k' > k with k's key (-1: none), first[k] whether no earlier token has it. An
+// open-addressing table of the chunk's keys (a pairwise scan evaluated len²/2 keys, each position
+// key a division, and found no partner for most tokens).
+template <class Key>
+void link_chains(int64_t n0, int64_t len, Key key, int64_t* next, bool* first) {
+  constexpr int kSlots = 2 * kCanonicalChunk;
+  static_assert((kSlots & (kSlots - 1)) == 0, "the slot index is the hash's top bits");
+  constexpr int kSlotBits = std::countr_zero(static_cast<unsigned>(kSlots));
+  int64_t slot_key[kSlots], slot_last[kSlots];
+  std::fill(slot_last, slot_last + kSlots, int64_t{-1});
+  for (int64_t k = 0; k < len; ++k) {
+    const int64_t kk = key(n0 + k);
+    uint64_t h = (static_cast<uint64_t>(kk) * 0x9e3779b97f4a7c15ULL) >> (64 - kSlotBits);
+    while (slot_last[h] >= 0 && slot_key[h] != kk) h = (h + 1) & (kSlots - 1);
+    next[k] = -1;
+    first[k] = slot_last[h] < 0;
+    if (first[k]) {
+      slot_key[h] = kk;
+    } else {
+      next[slot_last[h]] = k;
+    }
+    slot_last[h] = k;
+  }
+}
+
 // sink[key(n) * C + c] += Σ over tokens n with that key of dout[n, c], for all keys and columns;
 // tokens with a negative key (not held by this shard) add nothing.
 // Canonical: inside each chunk of tokens, tokens with equal keys form one chain in increasing
@@ -76,18 +103,7 @@ void reduce_grouped_over_tokens(Mode mode, int64_t N, int64_t C, const GradSink&
         const int64_t len = std::min(kCanonicalChunk, N - n0);
         int64_t next[kCanonicalChunk];
         bool first[kCanonicalChunk];
-        for (int64_t k = 0; k < len; ++k) first[k] = true;
-        for (int64_t k = 0; k < len; ++k) {
-          next[k] = -1;
-          const int64_t kk = key(n0 + k);
-          for (int64_t j = k + 1; j < len; ++j) {
-            if (key(n0 + j) == kk) {
-              next[k] = j;
-              first[j] = false;
-              break;
-            }
-          }
-        }
+        link_chains(n0, len, key, next, first);
         for (int64_t k = 0; k < len; ++k) {
           if (!first[k] || key(n0 + k) < 0) continue;
           const size_t row = static_cast<size_t>(sink.offset + key(n0 + k) * C);
