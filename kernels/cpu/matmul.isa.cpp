@@ -118,18 +118,19 @@ inline VecF vabsmin_nonzero(VecF small, VecF p) {
 // small's.
 inline uint32_t exact_bits(VecD t0, VecD t1, VecD big0, VecD big1, VecF small) {
   // Zero-masked shifts and maximum for the reason given at dwiden().
-  const __m512i low_dwords = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i eb = _mm512_permutex2var_epi32(_mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big0), 52),
-                                               low_dwords,
-                                               _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big1), 52));
-  const __m512i es = _mm512_maskz_max_epu32(
-      0xffff, _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(small), 23), _mm512_set1_epi32(1));
+  const __m512i eb0 = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big0), 52);
+  const __m512i eb1 = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(big1), 52);
+  const __m512i low_dwords =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i eb = _mm512_permutex2var_epi32(eb0, low_dwords, eb1);
+  const __m512i fs = _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(small), 23);
+  const __m512i es = _mm512_maskz_max_epu32(0xffff, fs, _mm512_set1_epi32(1));
   const __mmask16 window =
       _mm512_cmple_epi32_mask(_mm512_sub_epi32(eb, es), _mm512_set1_epi32(kExactWindow));
   // VFPCLASSPD: QNaN (0x01), +inf (0x08), −inf (0x10), SNaN (0x80).
   constexpr int kNonFinite = 0x99;
-  const __mmask16 nonfinite =
-      _mm512_kunpackb(_mm512_fpclass_pd_mask(t1, kNonFinite), _mm512_fpclass_pd_mask(t0, kNonFinite));
+  const __mmask16 nonfinite = _mm512_kunpackb(_mm512_fpclass_pd_mask(t1, kNonFinite),
+                                               _mm512_fpclass_pd_mask(t0, kNonFinite));
   return static_cast<uint32_t>(window & ~nonfinite);
 }
 // Two vectors of doubles rounded to fp32 (MXCSR's round-to-nearest-even, as static_cast<float>)
@@ -495,19 +496,23 @@ constexpr int kRowsShort = kKBlock + 16;
 constexpr int kRowsLong = 2 * kKBlock + 16;
 
 // tile_chunks combining every chunk, the A micro-panel k-major (a_stride 0) or row by row.
-uint32_t tile_chunks_combining(int64_t a_stride, int64_t K, const float* ap, const float* bp, TileSums* sums,
-                          const OutputRows& out, bool fresh, const TileOut* finish = nullptr) {
+uint32_t tile_chunks_combining(int64_t a_stride, int64_t K, const float* ap, const float* bp,
+                               TileSums* sums, const OutputRows& out, bool fresh,
+                               const TileOut* finish = nullptr) {
   switch (a_stride) {
-    case 0: return tile_chunks<false, 0>(K, ap, bp, sums, nullptr, out, fresh, finish);
-    case kRowsShort: return tile_chunks<false, kRowsShort>(K, ap, bp, sums, nullptr, out, fresh, finish);
-    default: return tile_chunks<false, kRowsLong>(K, ap, bp, sums, nullptr, out, fresh, finish);
+    case 0:
+      return tile_chunks<false, 0>(K, ap, bp, sums, nullptr, out, fresh, finish);
+    case kRowsShort:
+      return tile_chunks<false, kRowsShort>(K, ap, bp, sums, nullptr, out, fresh, finish);
+    default:
+      return tile_chunks<false, kRowsLong>(K, ap, bp, sums, nullptr, out, fresh, finish);
   }
 }
 
 // exact_bits of kLanes elements of a tile's stored state from index i.
 uint32_t stored_exact_bits(const TileSums& s, int i) {
-  return exact_bits(dload(s.sum + i), dload(s.sum + i + kHalf), dload(s.big + i), dload(s.big + i + kHalf),
-                    vload(s.small + i));
+  return exact_bits(dload(s.sum + i), dload(s.sum + i + kHalf), dload(s.big + i),
+                    dload(s.big + i + kHalf), vload(s.small + i));
 }
 
 // The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
@@ -588,6 +593,27 @@ void pack_panels(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, i
   }
 }
 
+// A micro-panels [p0, p1) row by row (A's K contiguous, rows sam apart): K block kblk of panel p
+// at out + (p·k_blocks + kblk)·kMr·a_stride, its row r (of M's row p·kMr + r, zeros past M)
+// a_stride floats after row r − 1.
+void pack_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, int64_t k_blocks,
+               const float* A, int64_t sam, int64_t a_stride, float* out) {
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t kblk = 0; kblk < k_blocks; ++kblk) {
+      const int64_t k0 = kblk * kb, len = std::min(kb, K - k0);
+      float* dst = out + (p * k_blocks + kblk) * kMr * a_stride;
+      for (int r = 0; r < kMr; ++r) {
+        const int64_t m = p * kMr + r;
+        if (m < M) {
+          std::memcpy(dst + r * a_stride, A + m * sam + k0, sizeof(float) * static_cast<size_t>(len));
+        } else {
+          std::fill(dst + r * a_stride, dst + r * a_stride + len, 0.0f);
+        }
+      }
+    }
+  }
+}
+
 // First index of part `who` when n indices are split into `parts` contiguous parts: the threads'
 // shares in run_product, and the ranges of A panels the tile order of matmul_packed follows so
 // that a thread's share of tiles reads the A panels of its own share.
@@ -632,27 +658,6 @@ class PanelFlags {
   int64_t capacity_ = 0;
   uint64_t stamp_ = 0;
 };
-
-// A micro-panels [p0, p1) row by row (A's K contiguous, rows sam apart): K block kblk of panel p
-// at out + (p·k_blocks + kblk)·kMr·a_stride, its row r (of M's row p·kMr + r, zeros past M) a_stride
-// floats after row r − 1.
-void pack_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, int64_t k_blocks, const float* A,
-               int64_t sam, int64_t a_stride, float* out) {
-  for (int64_t p = p0; p < p1; ++p) {
-    for (int64_t kblk = 0; kblk < k_blocks; ++kblk) {
-      const int64_t k0 = kblk * kb, len = std::min(kb, K - k0);
-      float* dst = out + (p * k_blocks + kblk) * kMr * a_stride;
-      for (int r = 0; r < kMr; ++r) {
-        const int64_t m = p * kMr + r;
-        if (m < M) {
-          std::memcpy(dst + r * a_stride, A + m * sam + k0, sizeof(float) * static_cast<size_t>(len));
-        } else {
-          std::fill(dst + r * a_stride, dst + r * a_stride + len, 0.0f);
-        }
-      }
-    }
-  }
-}
 
 // Panels [first, end) packed by pack(p0, p1) in blocks of kPackBlock (pack_panels visits the
 // memory rows once a call; more panels a call would write too many streams at once), packed(p)
@@ -863,7 +868,8 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     // The vectors combine_group_out left go element by element: an exact sum rounded once (added
     // at once), any other element recomputed by the scalar specification (its chunk partials added
     // one by one).
-    for (uint32_t left = tile_chunks_combining(a_stride, kb_len, ap, bp, &sums, out, kblock == 0, &finish);
+    for (uint32_t left =
+             tile_chunks_combining(a_stride, kb_len, ap, bp, &sums, out, kblock == 0, &finish);
          left != 0; left &= left - 1) {
       const int i = __builtin_ctz(left) * kLanes;
       const int r = i / kNr, j0 = i % kNr;
