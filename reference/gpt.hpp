@@ -171,7 +171,7 @@ class GptReference {
     observe("grad/logits", logits_, {B_, T, V});
     const Real loss = sum_segments(losses_.data(), loss_segments) / Real(static_cast<float>(BT));
 
-    std::vector<Real> dres(BT * C, Real(0)), dbuf(BT * C, Real(0)), dqkv(BT * d_.qkv_width());
+    std::vector<Real> dres(BT * C, Real(0)), dbuf(BT * C), dqkv(BT * d_.qkv_width());
     std::vector<Real> datty(BT * C), datt(B_ * d_.NH * T * T), dfch(BT * fc_out), dfch_act(BT * F);
     linear_backward(BT, C, V, dbuf.data(), sink(head()), GradOut<Real>{}, logits_.data(),
                     lnf_.data(), p(head()));

@@ -53,18 +53,18 @@ void thread_columns(int64_t C, int64_t& c0, int64_t& c1) {
 }
 
 // The chains of tokens [n0, n0 + len) (len <= kCanonicalChunk) with equal keys, in token order:
-// next[k] is the next k' > k with k's key (-1: none), first[k] whether no earlier token has it. An
-// open-addressing table of the chunk's keys (a pairwise scan evaluated len²/2 keys, each position
-// key a division, and found no partner for most tokens).
+// keys[k] is token n0 + k's key, next[k] the next k' > k with that key (-1: none), first[k]
+// whether no earlier token has it. An open-addressing table of the chunk's keys (a pairwise scan
+// evaluated len²/2 keys, each position key a division, and found no partner for most tokens).
 template <class Key>
-void link_chains(int64_t n0, int64_t len, Key key, int64_t* next, bool* first) {
+void link_chains(int64_t n0, int64_t len, Key key, int64_t* keys, int64_t* next, bool* first) {
   constexpr int kSlots = 2 * kCanonicalChunk;
   static_assert((kSlots & (kSlots - 1)) == 0, "the slot index is the hash's top bits");
   constexpr int kSlotBits = std::countr_zero(static_cast<unsigned>(kSlots));
   int64_t slot_key[kSlots], slot_last[kSlots];
   std::fill(slot_last, slot_last + kSlots, int64_t{-1});
   for (int64_t k = 0; k < len; ++k) {
-    const int64_t kk = key(n0 + k);
+    const int64_t kk = keys[k] = key(n0 + k);
     uint64_t h = (static_cast<uint64_t>(kk) * 0x9e3779b97f4a7c15ULL) >> (64 - kSlotBits);
     while (slot_last[h] >= 0 && slot_key[h] != kk) h = (h + 1) & (kSlots - 1);
     next[k] = -1;
@@ -101,12 +101,12 @@ void reduce_grouped_over_tokens(Mode mode, int64_t N, int64_t C, const GradSink&
     } else {
       for (int64_t n0 = 0; n0 < N; n0 += kCanonicalChunk) {
         const int64_t len = std::min(kCanonicalChunk, N - n0);
-        int64_t next[kCanonicalChunk];
+        int64_t keys[kCanonicalChunk], next[kCanonicalChunk];
         bool first[kCanonicalChunk];
-        link_chains(n0, len, key, next, first);
+        link_chains(n0, len, key, keys, next, first);
         for (int64_t k = 0; k < len; ++k) {
-          if (!first[k] || key(n0 + k) < 0) continue;
-          const size_t row = static_cast<size_t>(sink.offset + key(n0 + k) * C);
+          if (!first[k] || keys[k] < 0) continue;
+          const size_t row = static_cast<size_t>(sink.offset + keys[k] * C);
           for (int64_t cb = c0; cb < c1; cb += detail::kColumnBlock) {
             const int64_t width = std::min(detail::kColumnBlock, c1 - cb);
             float acc[detail::kColumnBlock];

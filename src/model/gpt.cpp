@@ -245,8 +245,9 @@ ExactAccumulator& Gpt::exact_grads() {
 namespace {
 
 // f(b, e) over blocks [b, e) of [first, end), split over the OpenMP threads. Zeroing and rounding
-// the gradients are memory-bound passes over every parameter (12 bytes each in canonical mode);
-// on one thread they were a few percent of a two-thread step.
+// the gradients are memory-bound passes over every parameter (canonical mode: a double and a
+// spill flag each, and the fp32 gradient written); on one thread they were a few percent of a
+// two-thread step.
 template <class F>
 void for_param_blocks(int64_t first, int64_t end, const F& f) {
   constexpr int64_t kBlock = int64_t{1} << 16;
