@@ -12,8 +12,9 @@
 //  - The lane partials p_j are widened to double and added, in chunk order, to per-element double
 //    sums t_j = t_{j-1} + p_j (t_0 = +0.0) — ChunkCombiner's additions, in its order — a group of
 //    up to kGroup chunks at a time (their partials wait in a buffer, so the sums are loaded and
-//    stored once a group). Beside them each element keeps big = max_j |t_j| and small = min |p_j|
-//    over its nonzero partials. Exactness argument (checked once per element, after the last chunk):
+//    stored once a group). On AVX-512 a group is combined while the next group's FMA loop runs, a
+//    step between each of its k's, the tile's results going out one tile late. Beside the sums
+//    each element keeps big = max_j |t_j| and small = min |p_j| over its nonzero partials. Exactness argument (checked once per element, after the last chunk):
 //      every finite fp32 value with biased exponent field e is an integer multiple of
 //      g(e) = 2^(max(e,1) − 150), and |p| >= small implies field(p) >= field(small); so every
 //      partial (zeros included) and every exact prefix sum S_j is a multiple of
@@ -63,15 +64,16 @@ namespace {
 // of max |t_j| exceeds max(field(min nonzero |p_j|), 1) by at most this much.
 constexpr int64_t kExactWindow = 925;
 
-// K block of a long product (a multiple of the chunk): 24 KiB of an AVX-512 A micro-panel (L1),
+// K block of a long product (a multiple of the chunk): 20 KiB of an AVX-512 A micro-panel (L1),
 // 64 KiB of a B panel (L2); measured faster than 1024 on the head's input gradient (K = 8192).
 constexpr int64_t kKBlock = 8 * kCanonicalChunk;
 
 // Register budget: 2·kMr accumulators + 2 B vectors + 1 broadcast of A must fit the register file
-// (16 ymm for AVX2: 6 rows; 32 zmm for AVX-512: 12 rows).
+// (16 ymm for AVX2: 6 rows). AVX-512's 32 zmm would take 12 rows; 10 leave the combination of the
+// previous group of chunks (kInterleave) the 7 it needs beside the FMA loop.
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
-constexpr int kMr = 12;
+constexpr int kMr = 10;
 using VecF = __m512;
 using VecD = __m512d;
 inline VecF vzero() { return _mm512_setzero_ps(); }
@@ -267,43 +269,26 @@ struct alignas(kAlign) TileSums {
   float small[kMr * kNr];  // min |p_j| over the nonzero partials so far (+inf: none yet)
 };
 
-// Chunks whose partials are combined in one pass: a tile stores each chunk's fp32 chains into a
-// buffer of kGroup chunks (12 KiB on AVX-512) and adds a full group into its sums at once, chunk
-// by chunk in order. Storing the sums (20 bytes an element) after every chunk cost the FMA loop
-// about a fifth of its time on Zen 5, where 512-bit stores take issue slots from the FMAs; a
-// group stores them once, and its partials are widened straight from memory. Eight chunks make a
-// long product's K block (kKBlock) one group: its tiles' sums, carried between blocks through
-// memory, are then read and written once a block.
+// Chunks combined in one pass: a tile stores each chunk's fp32 chains into a group buffer of up
+// to kGroup chunks, and the group is added into the tile's sums chunk by chunk in order, each
+// element's state loaded and stored once a group. Storing the sums (20 bytes an element) after
+// every chunk cost the FMA loop about a fifth of its time on Zen 5, where 512-bit stores take
+// issue slots from the FMAs. Eight chunks make a long product's K block (kKBlock) one group: its
+// tiles' sums, carried between blocks through memory, are then read and written once a block.
 constexpr int kGroup = 8;
+constexpr int kVecs = kMr * kNr / kLanes;  // vectors of a tile
+static_assert(kVecs <= 32, "a tile's vectors fit a uint32_t mask");
+
+// Whether a group is combined between the k's of the next group's FMA loop. AVX-512 leaves the
+// combination state registers beside the 2·kMr accumulators; AVX2 has none to spare, and combines
+// a group after the next one's FMA loop.
+constexpr bool kInterleave = kLanes == 16;
 
 // One vector (kLanes elements from index i) of a tile's combination state, in registers.
 struct LaneSums {
   VecD t[2], big[2];
   VecF small;
 };
-
-// Adds `chunks` chunk partials (part[c], laid out like the tile) at elements [i, i + kLanes) into
-// their sums, in chunk order. kFresh: the first chunks of the tile, where the state is taken as
-// t = +0.0, big = +0.0, small = +inf rather than read, so that a tile needs no zeroing pass (the
-// same operations as on stored initial values: +0.0 + p is computed, turning a −0 partial into
-// +0 as ChunkCombiner's double does).
-template <bool kFresh>
-inline LaneSums combine_lanes(const float (*part)[kMr * kNr], int chunks, const TileSums& s, int i) {
-  LaneSums v;
-  v.small = kFresh ? vinf() : vload(s.small + i);
-  for (int h = 0; h < 2; ++h) {
-    v.t[h] = kFresh ? dzero() : dload(s.sum + i + h * kHalf);
-    v.big[h] = kFresh ? dzero() : dload(s.big + i + h * kHalf);
-  }
-  for (int c = 0; c < chunks; ++c) {
-    for (int h = 0; h < 2; ++h) {
-      v.t[h] = dadd(v.t[h], dwiden(part[c] + i + h * kHalf));
-      v.big[h] = dabsmax(v.big[h], v.t[h]);
-    }
-    v.small = vabsmin_nonzero(v.small, vload(part[c] + i));
-  }
-  return v;
-}
 
 void store_lanes(const LaneSums& v, TileSums& s, int i) {
   for (int h = 0; h < 2; ++h) {
@@ -313,14 +298,6 @@ void store_lanes(const LaneSums& v, TileSums& s, int i) {
   vstore(s.small + i, v.small);
 }
 
-// Adds a group of chunk partials into the whole tile's stored sums. Not inlined: its constants,
-// hoisted into tile_chunks, would take registers from the FMA loop (AVX2 has exactly enough for
-// the 6 x 2 tile) and spill its accumulators.
-template <bool kFresh>
-[[gnu::noinline]] void combine_group(const float (*part)[kMr * kNr], int chunks, TileSums& s) {
-  for (int i = 0; i < kMr * kNr; i += kLanes) store_lanes(combine_lanes<kFresh>(part, chunks, s, i), s, i);
-}
-
 // Exactness bits of kLanes elements (bit j: element j's double sum is proven exact and finite).
 uint32_t lanes_exact_bits(const LaneSums& v) {
   return exact_bits(v.t[0], v.t[1], v.big[0], v.big[1], v.small);
@@ -328,44 +305,38 @@ uint32_t lanes_exact_bits(const LaneSums& v) {
 
 // kLanes double sums (p[0]: the first kHalf) rounded to fp32 once, then + bias — the scalar
 // epilogue's operations element by element.
-void store_rounded(const VecD p[2], float* c, const float* bias) {
+inline void store_rounded(const VecD p[2], float* c, const float* bias) {
   VecF x = narrow(p[0], p[1]);
   if (bias != nullptr) x = vadd(x, vloadu(bias));
   vstoreu(c, x);
 }
 
 // The TwoSum error of s + p (t = s + p) in every lane: add_exact's test.
-VecD two_sum_errors(VecD s, VecD p, VecD t) {
+inline VecD two_sum_errors(VecD s, VecD p, VecD t) {
   const VecD bp = dsub(t, s);
   const VecD ap = dsub(t, bp);
   return dadd(dsub(s, ap), dsub(p, bp));
 }
 
 // kLanes exact double sums p (p[0]: the first kHalf) added to elements [idx, idx + kLanes) of the
-// accumulator, doing what ExactAccumulator::add does on its fast path — s + p kept where no
-// element has spilled and TwoSum's error is zero in every lane (add_exact's operations, lane by
-// lane) — and otherwise add() element by element. (Adding a call's exact sum at once leaves the
-// accumulator's exact total, hence its one rounding, as adding its chunk partials one by one
-// would.)
-void add_exact_lanes(ExactAccumulator& acc, size_t idx, const VecD p[2]) {
-  double* s = acc.partial_sums_to_add() + idx;
+// accumulator the way ExactAccumulator::add's fast path adds them — s + p kept where no element
+// has spilled and TwoSum's error is zero in every lane (add_exact's operations, lane by lane).
+// False, with nothing added, when that does not hold: add() then takes the elements one by one.
+// (Adding a call's exact sum at once leaves the accumulator's exact total, hence its one
+// rounding, as adding its chunk partials one by one would.)
+inline bool add_exact_lanes(ExactAccumulator& acc, size_t idx, const VecD p[2]) {
   uint64_t flags[kLanes / 8];
   std::memcpy(flags, acc.spill_flags() + idx, sizeof(flags));
   uint64_t any_spilled = 0;
   for (uint64_t f : flags) any_spilled |= f;
-  if (any_spilled == 0) {
-    const VecD s0 = dloadu(s), s1 = dloadu(s + kHalf);
-    const VecD t0 = dadd(s0, p[0]), t1 = dadd(s1, p[1]);
-    if (dall_zero(two_sum_errors(s0, p[0], t0)) && dall_zero(two_sum_errors(s1, p[1], t1))) {
-      dstoreu(s, t0);
-      dstoreu(s + kHalf, t1);
-      return;
-    }
-  }
-  alignas(kAlign) double lanes[kLanes];
-  dstore(lanes, p[0]);
-  dstore(lanes + kHalf, p[1]);
-  for (int j = 0; j < kLanes; ++j) acc.add(idx + static_cast<size_t>(j), lanes[j]);
+  if (any_spilled != 0) return false;
+  double* s = acc.partial_sums_to_add() + idx;
+  const VecD s0 = dloadu(s), s1 = dloadu(s + kHalf);
+  const VecD t0 = dadd(s0, p[0]), t1 = dadd(s1, p[1]);
+  if (!dall_zero(two_sum_errors(s0, p[0], t0)) || !dall_zero(two_sum_errors(s1, p[1], t1))) return false;
+  dstoreu(s, t0);
+  dstoreu(s + kHalf, t1);
+  return true;
 }
 
 // Where a tile's results go on the vector path, from the tile's first element: for
@@ -381,113 +352,281 @@ struct TileOut {
   int64_t ld_acc = 0;
 };
 
-// The last group of a tile's chunks: combine_group's operations, and then each vector (kLanes
-// columns of a row) whose sums are all proven exact goes out at once — rounded into C, or added
-// into the accumulator — without its sums being stored and read back. Any other vector inside
-// the tile's rows x cols (an element inexact, non-finite, or a vector reaching past N) has its
-// state stored into s as combine_group stores it and its bit set in the result (bit v: elements
-// [v·kLanes, v·kLanes + kLanes)), for the element path. Not inlined, as combine_group.
-template <bool kFresh>
-[[gnu::noinline]] uint32_t combine_group_out(const float (*part)[kMr * kNr], int chunks,
-                                             TileSums& s, const TileOut& out) {
-  static_assert(kMr * kNr / kLanes <= 32, "a tile's vectors fit the uint32_t result");
-  constexpr uint32_t kAllLanes = (uint64_t{1} << kLanes) - 1;
-  const TileOut o = out;  // a local copy: the stores below cannot change its fields
-  uint32_t left = 0;
-  for (int i = 0; i < kMr * kNr; i += kLanes) {
-    const int r = i / kNr, j = i % kNr;
-    if (r >= o.rows || j >= o.cols) continue;
-    const LaneSums v = combine_lanes<kFresh>(part, chunks, s, i);
-    if (j + kLanes <= o.cols && lanes_exact_bits(v) == kAllLanes) {
-      if (o.acc != nullptr) {
-        add_exact_lanes(*o.acc, o.index + static_cast<size_t>(r * o.ld_acc + j), v.t);
-      } else {
-        store_rounded(v.t, o.c + r * o.ldc + j, o.bias != nullptr ? o.bias + j : nullptr);
+// A tile's group of chunk partials waiting to be added into its sums (chunks == 0: none). `fresh`:
+// the tile's first group, whose state starts as t = +0.0, big = +0.0, small = +inf rather than
+// being read, so that a tile needs no zeroing pass (the same operations as on stored initial
+// values: +0.0 + p is computed, turning a −0 partial into +0 as ChunkCombiner's double does).
+// `finish`: the tile's last group, after which each vector whose sums are all proven exact goes
+// to `out` at once — rounded into C, or added into the accumulator — without its sums being
+// stored; any other vector inside the tile's rows x cols (an element inexact, non-finite, or a
+// vector reaching past N) has its state stored and is left to the element path of tile `tile`.
+struct PendingGroup {
+  int chunks = 0;
+  bool fresh = false;
+  bool finish = false;
+  TileSums* sums = nullptr;
+  TileOut out;
+  int64_t tile = 0;
+};
+
+// The vectors of a tile a group's combination goes through (bit v: elements [v·kLanes,
+// v·kLanes + kLanes)): all of them, but for a tile's last group only those inside rows x cols.
+uint32_t group_vectors(const PendingGroup& g) {
+  if (g.chunks == 0) return 0;
+  uint32_t vectors = 0;
+  for (int v = 0; v < kVecs; ++v) {
+    const int r = v * kLanes / kNr, j = v * kLanes % kNr;
+    if (!g.finish || (r < g.out.rows && j < g.out.cols)) vectors |= uint32_t{1} << v;
+  }
+  return vectors;
+}
+
+// Fetches the output lines of vector v of a tile: its results are written long after the
+// output was last touched, and usually miss the caches.
+inline void prefetch_output(const TileOut& o, int v) {
+  const int r = v * kLanes / kNr, j = v * kLanes % kNr;
+  if (o.acc != nullptr) {
+    const size_t idx = o.index + static_cast<size_t>(r * o.ld_acc + j);
+    __builtin_prefetch(o.acc->partial_sums() + idx, 1);
+    __builtin_prefetch(o.acc->partial_sums() + idx + kLanes - 1, 1);
+    __builtin_prefetch(o.acc->spill_flags() + idx, 0);
+  } else {
+    __builtin_prefetch(o.c + r * o.ldc + j, 1);
+    __builtin_prefetch(o.c + r * o.ldc + j + kLanes - 1, 1);
+  }
+}
+
+// The combination of a pending group one step at a time — one chunk of one vector, kLanes
+// elements — so that the FMA loop of the next group can take the steps between its k's: on Zen 5
+// the conversions, double additions and VRANGEs then issue beside the FMAs almost for free, where
+// run on their own they took a tenth of a canonical step. A local whose members the compiler keeps
+// in registers (every member function is inlined).
+class GroupCombiner {
+ public:
+  GroupCombiner(const PendingGroup& g, const float (*part)[kMr * kNr])
+      : part_(part), g_(g), chunks_(g.chunks) {
+    todo_ = group_vectors(g_);
+    if (g_.finish) {
+      uint32_t ahead = todo_;
+      for (int n = 0; n < kPrefetchAhead && ahead != 0; ++n, ahead &= ahead - 1) {
+        prefetch_output(g_.out, __builtin_ctz(ahead));
       }
-      continue;
     }
-    store_lanes(v, s, i);
-    left |= uint32_t{1} << (i / kLanes);
+  }
+
+  // What the combination left for the element path (bit v: elements [v·kLanes, v·kLanes + kLanes)).
+  uint32_t left() const { return left_; }
+
+  [[gnu::always_inline]] inline void step() {
+    if (todo_ == 0) return;
+    const int i = __builtin_ctz(todo_) * kLanes;
+    if (chunk_ == 0) start_vector(i);
+    add_chunk(i, chunk_);
+    if (++chunk_ == chunks_) {
+      end_vector(i);
+      chunk_ = 0;
+      todo_ &= todo_ - 1;
+    }
+  }
+
+  // The steps left, one by one (beside an FMA loop, which has taken most of them).
+  [[gnu::always_inline]] inline void finish_steps() {
+    while (todo_ != 0) step();
+  }
+
+  // The steps left, vector after vector: the loop of a combination on its own.
+  [[gnu::always_inline]] inline void finish() {
+    while (chunk_ != 0) step();
+    for (; todo_ != 0; todo_ &= todo_ - 1) {
+      const int i = __builtin_ctz(todo_) * kLanes;
+      start_vector(i);
+      for (int c = 0; c < chunks_; ++c) add_chunk(i, c);
+      end_vector(i);
+    }
+  }
+
+ private:
+  // Output lines are fetched this many vectors (of steps beside an FMA loop) ahead of their stores.
+  static constexpr int kPrefetchAhead = 3;
+
+  [[gnu::always_inline]] inline void start_vector(int i) {
+    const TileSums& s = *g_.sums;
+    v_.small = g_.fresh ? vinf() : vload(s.small + i);
+    for (int h = 0; h < 2; ++h) {
+      v_.t[h] = g_.fresh ? dzero() : dload(s.sum + i + h * kHalf);
+      v_.big[h] = g_.fresh ? dzero() : dload(s.big + i + h * kHalf);
+    }
+    if (g_.finish) {
+      uint32_t ahead = todo_;
+      for (int n = 0; n < kPrefetchAhead && ahead != 0; ++n) ahead &= ahead - 1;
+      if (ahead != 0) prefetch_output(g_.out, __builtin_ctz(ahead));
+    }
+  }
+
+  [[gnu::always_inline]] inline void add_chunk(int i, int c) {
+    const float* p = part_[c] + i;
+    for (int h = 0; h < 2; ++h) {
+      v_.t[h] = dadd(v_.t[h], dwiden(p + h * kHalf));
+      v_.big[h] = dabsmax(v_.big[h], v_.t[h]);
+    }
+    v_.small = vabsmin_nonzero(v_.small, vload(p));
+  }
+
+  [[gnu::always_inline]] inline void end_vector(int i) {
+    constexpr uint32_t kAllLanes = (uint64_t{1} << kLanes) - 1;
+    if (g_.finish) {
+      const TileOut& o = g_.out;
+      const int r = i / kNr, j = i % kNr;
+      if (j + kLanes <= o.cols && lanes_exact_bits(v_) == kAllLanes) {
+        if (o.acc == nullptr) {
+          store_rounded(v_.t, o.c + r * o.ldc + j, o.bias != nullptr ? o.bias + j : nullptr);
+          return;
+        }
+        if (add_exact_lanes(*o.acc, o.index + static_cast<size_t>(r * o.ld_acc + j), v_.t)) return;
+      }
+      left_ |= uint32_t{1} << (i / kLanes);
+    }
+    store_lanes(v_, *g_.sums, i);
+  }
+
+  const float (*part_)[kMr * kNr];
+  PendingGroup g_;
+  int chunks_;
+  int chunk_ = 0;       // the next chunk of the vector in progress
+  uint32_t todo_ = 0;   // vectors not combined yet
+  uint32_t left_ = 0;
+  LaneSums v_{};  // the vector in progress (set when it starts)
+};
+
+// The combination of group g (its partials `part`) with no FMA loop beside it; returns what it
+// left for the element path. Not inlined, so that its constants, hoisted into the caller, do not
+// take registers from the FMA loop (AVX2 has exactly enough for the 6 x 2 tile).
+[[gnu::noinline]] uint32_t combine_alone(const PendingGroup& g, const float (*part)[kMr * kNr]) {
+  GroupCombiner comb(g, part);
+  comb.finish();
+  return comb.left();
+}
+
+// Per thread: two group buffers (one filling while the other's group is combined), the sums of
+// tiles whose K is one block (the tile in flight and the one before, whose last group may still be
+// pending), and the pending group (kInterleave only).
+struct TilePipeline {
+  alignas(kAlign) float group[2][kGroup][kMr * kNr];
+  TileSums own[2];
+  int filling = 0;
+  PendingGroup pending;
+};
+
+TilePipeline& tile_pipeline() {
+  thread_local std::unique_ptr<TilePipeline> pipeline = std::make_unique<TilePipeline>();
+  return *pipeline;
+}
+
+// What the combination of a tile's last group left for the element path: the vectors (bit v:
+// elements [v·kLanes, v·kLanes + kLanes)) of tile `tile`, their state in `sums`.
+struct LeftVectors {
+  uint32_t vectors = 0;
+  int64_t tile = 0;
+  const TileSums* sums = nullptr;
+};
+
+// The pending group's combination is over, leaving `vectors` to the element path: the group
+// `next` (nothing when next.chunks == 0) takes its place, and what a finishing group left is
+// returned.
+LeftVectors retire_pending(TilePipeline& pl, uint32_t vectors, const PendingGroup& next) {
+  LeftVectors left;
+  if (pl.pending.chunks != 0 && pl.pending.finish) left = {vectors, pl.pending.tile, pl.pending.sums};
+  pl.pending = next;
+  pl.filling ^= 1;
+  return left;
+}
+
+// One chunk's FMA loop of a kMr x kNr tile (exactly chunk_dot in every lane: each accumulator
+// starts from +0.0f), `between()` called after every k.
+template <int kAStride, class Between>
+[[gnu::always_inline]] inline void chunk_fmas(int64_t len, const float* a, const float* b, float* dst,
+                                             Between&& between) {
+  VecF c0[kMr], c1[kMr];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) c0[r] = c1[r] = vzero();
+  const auto fma_k = [&] {
+    const VecF b0 = vload(b);
+    const VecF b1 = vload(b + kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+      const VecF av = vset1(a[kAStride == 0 ? r : r * kAStride]);
+      c0[r] = vfma(av, b0, c0[r]);  // = fmaf(a[r][k], b[k][j], acc): operands commute exactly
+      c1[r] = vfma(av, b1, c1[r]);
+    }
+    a += kAStride == 0 ? kMr : 1;
+    b += kNr;
+  };
+  for (int64_t k = 0; k < len; ++k) {
+    fma_k();
+    between();
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) {
+    vstore(dst + r * kNr, c0[r]);
+    vstore(dst + r * kNr + kLanes, c1[r]);
+  }
+}
+
+// The single chunk (K <= 64) of a tile, its fp32 chains stored into `partials` (laid out like the
+// tile). The A micro-panel is k-major.
+void tile_single_chunk(int64_t K, const float* ap, const float* bp, float* partials) {
+  chunk_fmas<0>(K, ap, bp, partials, [] {});
+}
+
+// One kMr x kNr tile over a K block: a (K, kMr) A micro-panel — k-major (kAStride 0: kMr floats
+// a k) or row by row, kAStride floats apart — times a (K, kNr) B panel, K a multiple of the chunk
+// except at the end of the product; `tile` says where its sums and results go and whether this
+// block is its first (fresh) and last (finish). With kInterleave each group of up to kGroup chunks
+// fills a group buffer while the pending group (the previous one, of this tile or of the tile
+// before) is combined between its k's, and then becomes the pending group itself. Returns what the
+// combination of a tile's last group left for the element path: with kInterleave, the tile
+// before's (only the pending group met by the first group can be a last one), otherwise this
+// tile's.
+template <int kAStride>
+LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const float* bp, const PendingGroup& tile) {
+  LeftVectors left;
+  const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
+  for (int64_t g0 = 0; g0 < chunks; g0 += kGroup) {
+    PendingGroup group = tile;
+    group.chunks = static_cast<int>(std::min<int64_t>(kGroup, chunks - g0));
+    group.fresh = tile.fresh && g0 == 0;
+    group.finish = tile.finish && g0 + group.chunks == chunks;
+    float (*dst)[kMr * kNr] = pl.group[pl.filling];
+    const auto fill = [&](auto&& between) {
+      for (int c = 0; c < group.chunks; ++c) {
+        const int64_t k0 = (g0 + c) * kCanonicalChunk;
+        const float* a = ap + k0 * (kAStride == 0 ? kMr : 1);
+        chunk_fmas<kAStride>(std::min<int64_t>(kCanonicalChunk, K - k0), a, bp + k0 * kNr, dst[c], between);
+      }
+    };
+    if constexpr (kInterleave) {
+      GroupCombiner comb(pl.pending, pl.group[pl.filling ^ 1]);
+      fill([&] { comb.step(); });
+      comb.finish_steps();
+      const LeftVectors done = retire_pending(pl, comb.left(), group);
+      if (done.vectors != 0) left = done;
+    } else {
+      // Each group combined right after its own FMA loop; the tile's output fetched before the
+      // last one.
+      if (group.finish) {
+        for (uint32_t v = group_vectors(group); v != 0; v &= v - 1) prefetch_output(group.out, __builtin_ctz(v));
+      }
+      fill([] {});
+      const uint32_t vectors = combine_alone(group, dst);
+      if (group.finish && vectors != 0) left = {vectors, group.tile, group.sums};
+    }
   }
   return left;
 }
 
-// The rows of memory a tile's results go to (C, or the accumulator's doubles): `rows` rows of
-// `bytes` bytes, `stride` bytes apart. The sums are written only after the tile's last chunk, and
-// these lines are usually out of cache by then; fetching a few rows at each chunk end hides the
-// misses without issuing them all at once (which stalls on the fill buffers).
-struct OutputRows {
-  const char* base = nullptr;
-  int64_t stride = 0;
-  int rows = 0;
-  int64_t bytes = 0;
-  const uint8_t* flags = nullptr;  // and, for an accumulator, its spill flags (stride/8 apart)
-};
-
-// One kMr x kNr tile over K: a (K, kMr) A micro-panel times a (K, kNr) B panel (K a multiple of
-// the chunk except at the end of the product); the micro-panel k-major (kAStride 0: kMr floats a
-// k) or row by row, kAStride floats apart. kPartials: stores the single chunk's chains into
-// `partials` (K <= 64); otherwise combines every chunk into `sums`, kGroup chunks at a time —
-// the first group initialises them when `fresh`, otherwise they carry the chunks before this K
-// block — and prefetches `out`. With `finish`, the last group goes through combine_group_out,
-// whose result (the vectors left for the element path) is returned.
-template <bool kPartials, int kAStride>
-uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums, float* partials,
-                     const OutputRows& out, bool fresh, const TileOut* finish) {
-  const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
-  const int64_t rows_per_chunk = (out.rows + chunks - 1) / std::max<int64_t>(chunks, 1);
-  alignas(kAlign) float group[kPartials ? 1 : kGroup][kMr * kNr];
-  int grouped = 0;  // chunks waiting in `group`
-  uint32_t left = 0;
-  for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
-    if constexpr (!kPartials) {
-      const int64_t r0 = k0 / kCanonicalChunk * rows_per_chunk;
-      for (int64_t r = r0; r < std::min<int64_t>(out.rows, r0 + rows_per_chunk); ++r) {
-        for (int64_t b = 0; b < out.bytes; b += kAlign) __builtin_prefetch(out.base + r * out.stride + b, 1);
-        if (out.flags != nullptr) __builtin_prefetch(out.flags + r * (out.stride / 8), 0);
-      }
-    }
-    const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-    VecF c0[kMr], c1[kMr];
-#pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) c0[r] = c1[r] = vzero();
-    const float* a = ap + k0 * (kAStride == 0 ? kMr : 1);
-    const float* b = bp + k0 * kNr;
-    for (int64_t k = 0; k < len; ++k) {
-      const VecF b0 = vload(b);
-      const VecF b1 = vload(b + kLanes);
-#pragma GCC unroll 16
-      for (int r = 0; r < kMr; ++r) {
-        const VecF av = vset1(a[kAStride == 0 ? r : r * kAStride]);
-        c0[r] = vfma(av, b0, c0[r]);  // = fmaf(a[r][k], b[k][j], acc): operands commute exactly
-        c1[r] = vfma(av, b1, c1[r]);
-      }
-      a += kAStride == 0 ? kMr : 1;
-      b += kNr;
-    }
-    float* dst = kPartials ? partials : group[grouped];
-#pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) {
-      vstore(dst + r * kNr, c0[r]);
-      vstore(dst + r * kNr + kLanes, c1[r]);
-    }
-    if constexpr (!kPartials) {
-      const bool last = k0 + kCanonicalChunk >= K;
-      if (++grouped == kGroup || last) {
-        if (last && finish != nullptr) {
-          left = fresh ? combine_group_out<true>(group, grouped, *sums, *finish)
-                       : combine_group_out<false>(group, grouped, *sums, *finish);
-        } else if (fresh) {
-          combine_group<true>(group, grouped, *sums);
-        } else {
-          combine_group<false>(group, grouped, *sums);
-        }
-        fresh = false;
-        grouped = 0;
-      }
-    }
-  }
-  return left;
+// Combines the pending group with no FMA loop beside it (after a thread's last tile).
+LeftVectors drain_pending(TilePipeline& pl) {
+  return retire_pending(pl, combine_alone(pl.pending, pl.group[pl.filling ^ 1]), PendingGroup{});
 }
 
 // Row strides of A micro-panels packed row by row (matmul_packed): a K block of up to kKBlock or
@@ -495,17 +634,16 @@ uint32_t tile_chunks(int64_t K, const float* ap, const float* bp, TileSums* sums
 constexpr int kRowsShort = kKBlock + 16;
 constexpr int kRowsLong = 2 * kKBlock + 16;
 
-// tile_chunks combining every chunk, the A micro-panel k-major (a_stride 0) or row by row.
-uint32_t tile_chunks_combining(int64_t a_stride, int64_t K, const float* ap, const float* bp,
-                               TileSums* sums, const OutputRows& out, bool fresh,
-                               const TileOut* finish = nullptr) {
+// tile_groups with the A micro-panel k-major (a_stride 0) or row by row.
+LeftVectors tile_groups_strided(int64_t a_stride, TilePipeline& pl, int64_t K, const float* ap,
+                                const float* bp, const PendingGroup& tile) {
   switch (a_stride) {
     case 0:
-      return tile_chunks<false, 0>(K, ap, bp, sums, nullptr, out, fresh, finish);
+      return tile_groups<0>(pl, K, ap, bp, tile);
     case kRowsShort:
-      return tile_chunks<false, kRowsShort>(K, ap, bp, sums, nullptr, out, fresh, finish);
+      return tile_groups<kRowsShort>(pl, K, ap, bp, tile);
     default:
-      return tile_chunks<false, kRowsLong>(K, ap, bp, sums, nullptr, out, fresh, finish);
+      return tile_groups<kRowsLong>(pl, K, ap, bp, tile);
   }
 }
 
@@ -515,7 +653,8 @@ uint32_t stored_exact_bits(const TileSums& s, int i) {
                     dload(s.big + i + kHalf), vload(s.small + i));
 }
 
-// The same for a single chunk (K <= 64) of finite partials: RN(+0.0 + p) is the fp32 p + 0.0f.
+// A single chunk (K <= 64) of finite partials rounded as the canonical dot: RN(+0.0 + p) is the
+// fp32 p + 0.0f.
 void store_row_single_chunk(const float* part, float* c, const float* bias) {
   for (int h = 0; h < 2; ++h) {
     VecF x = vadd(vload(part + h * kLanes), vzero());
@@ -680,11 +819,12 @@ void pack_in_blocks(const Pack& pack, int64_t first, int64_t end, const Packed& 
 // packs) — and runs its share of the tiles, waiting before a tile's first K block only for
 // panels not packed yet. (A barrier after the packing and after each loop had the faster thread
 // wait for the slower one several times a product.) The tiles of a thread are the same in every K
-// block, so the sums they carry between blocks stay with it.
-template <class PackA, class PackB, class Tile, class Panels>
+// block, so the sums they carry between blocks stay with it. Each thread calls share_end() after
+// its last tile.
+template <class PackA, class PackB, class Tile, class Panels, class ShareEnd>
 void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, int64_t k_blocks,
                  int64_t tiles, const PackA& pack_a, const PackB& pack_b, const Tile& tile,
-                 const Panels& panels_of) {
+                 const Panels& panels_of, const ShareEnd& share_end) {
   if (product_threads(wide) > 1) {
     thread_local PanelFlags flags_of_caller;
     PanelFlags& flags = flags_of_caller;
@@ -715,6 +855,7 @@ void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, in
           tile(kblock, t);
         }
       }
+      share_end();
     }
     return;
   }
@@ -723,6 +864,7 @@ void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, in
   for (int64_t kblock = 0; kblock < k_blocks; ++kblock) {
     for (int64_t t = 0; t < tiles; ++t) tile(kblock, t);
   }
+  share_end();
 }
 
 // Where a tile's results go (one of the three Output modes).
@@ -795,6 +937,37 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     const int64_t in_block = tr - jb * block_tiles;
     return std::pair{ip0 + in_block / width, jb * nb + in_block % width};
   };
+  // The vectors a tile's last group left go element by element: an exact sum rounded once (added
+  // at once), any other element recomputed by the scalar specification (its chunk partials added
+  // one by one).
+  const auto element_path = [&](const LeftVectors& left) {
+    if (left.vectors == 0) return;
+    const auto [ip, jp] = panels_of(left.tile);
+    const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
+    for (uint32_t v = left.vectors; v != 0; v &= v - 1) {
+      const int i = __builtin_ctz(v) * kLanes;
+      const int r = i / kNr, j0 = i % kNr;
+      const uint32_t exact = stored_exact_bits(*left.sums, i);
+      const int64_t m = ip * kMr + r;
+      for (int j = j0; j < std::min(cols, j0 + kLanes); ++j) {
+        const int64_t n = jp * kNr + j;
+        const bool fast = (exact >> (j - j0)) & 1;
+        const double sum = left.sums->sum[i + j - j0];
+        if constexpr (kOut == Output::kRound) {
+          store_element_spec(sink, m, n,
+                             fast ? static_cast<float>(sum) : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
+        } else if (fast) {
+          sink.acc->add(static_cast<size_t>(sink.offset + m * N + n), sum);
+        } else {
+          for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
+            const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
+            sink.acc->add(static_cast<size_t>(sink.offset + m * N + n),
+                          chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk, sbk, len));
+          }
+        }
+      }
+    }
+  };
   const auto tile = [&](int64_t kblock, int64_t t) {
     const int64_t kb0 = kblock * kb, kb_len = std::min(kb, K - kb0);
     const bool last_block = kblock + 1 == k_blocks;
@@ -806,8 +979,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     const float* bp = bpack + jp * kNr * K + kb0 * kNr;
     if (kOut == Output::kPartials || single_chunk) {
       alignas(kAlign) float part[kMr * kNr];
-      if (K == 0) std::fill(part, part + kMr * kNr, 0.0f);
-      tile_chunks<true, 0>(K, ap, bp, nullptr, part, OutputRows{}, true, nullptr);
+      tile_single_chunk(K, ap, bp, part);
       for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
         const float* pr = part + r * kNr;
@@ -835,64 +1007,32 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       }
       return;
     }
-    TileSums local;
-    TileSums& sums = carried != nullptr ? carried[t] : local;
-    if (!last_block) {
-      tile_chunks_combining(a_stride, kb_len, ap, bp, &sums, OutputRows{}, kblock == 0);
-      return;
-    }
-    OutputRows out;
-    out.rows = rows;
-    if constexpr (kOut == Output::kExact) {
-      out.base = reinterpret_cast<const char*>(sink.acc->partial_sums() + sink.offset + ip * kMr * N + jp * kNr);
-      out.stride = N * static_cast<int64_t>(sizeof(double));
-      out.bytes = cols * static_cast<int64_t>(sizeof(double));
-      out.flags = sink.acc->spill_flags() + sink.offset + ip * kMr * N + jp * kNr;
+    TilePipeline& pl = tile_pipeline();
+    PendingGroup group;
+    group.fresh = kblock == 0;
+    group.finish = last_block;
+    group.tile = t;
+    if (carried != nullptr) {
+      group.sums = &carried[t];
     } else {
-      out.base = reinterpret_cast<const char*>(sink.C + ip * kMr * sink.ldc + jp * kNr);
-      out.stride = sink.ldc * static_cast<int64_t>(sizeof(float));
-      out.bytes = cols * static_cast<int64_t>(sizeof(float));
+      // The pending group of the tile before uses the other one.
+      group.sums = pl.pending.sums == &pl.own[0] ? &pl.own[1] : &pl.own[0];
     }
-    TileOut finish;
-    finish.rows = rows;
-    finish.cols = cols;
-    if constexpr (kOut == Output::kRound) {
-      finish.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
-      finish.ldc = sink.ldc;
-      finish.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
-    } else {
-      finish.acc = sink.acc;
-      finish.index = static_cast<size_t>(sink.offset + ip * kMr * N + jp * kNr);
-      finish.ld_acc = N;
-    }
-    // The vectors combine_group_out left go element by element: an exact sum rounded once (added
-    // at once), any other element recomputed by the scalar specification (its chunk partials added
-    // one by one).
-    for (uint32_t left =
-             tile_chunks_combining(a_stride, kb_len, ap, bp, &sums, out, kblock == 0, &finish);
-         left != 0; left &= left - 1) {
-      const int i = __builtin_ctz(left) * kLanes;
-      const int r = i / kNr, j0 = i % kNr;
-      const uint32_t exact = stored_exact_bits(sums, i);
-      const int64_t m = ip * kMr + r;
-      for (int j = j0; j < std::min(cols, j0 + kLanes); ++j) {
-        const int64_t n = jp * kNr + j;
-        const bool fast = (exact >> (j - j0)) & 1;
-        const double sum = sums.sum[i + j - j0];
-        if constexpr (kOut == Output::kRound) {
-          store_element_spec(sink, m, n,
-                             fast ? static_cast<float>(sum) : canonical_dot(A + m * sam, sak, B + n * sbn, sbk, K));
-        } else if (fast) {
-          sink.acc->add(static_cast<size_t>(sink.offset + m * N + n), sum);
-        } else {
-          for (int64_t k0 = 0; k0 < K; k0 += kCanonicalChunk) {
-            const int64_t len = std::min<int64_t>(kCanonicalChunk, K - k0);
-            sink.acc->add(static_cast<size_t>(sink.offset + m * N + n),
-                          chunk_dot(A + m * sam + k0 * sak, sak, B + n * sbn + k0 * sbk, sbk, len));
-          }
-        }
+    if (last_block) {
+      TileOut& out = group.out;
+      out.rows = rows;
+      out.cols = cols;
+      if constexpr (kOut == Output::kRound) {
+        out.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
+        out.ldc = sink.ldc;
+        out.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+      } else {
+        out.acc = sink.acc;
+        out.index = static_cast<size_t>(sink.offset + ip * kMr * N + jp * kNr);
+        out.ld_acc = N;
       }
     }
+    element_path(tile_groups_strided(a_stride, pl, kb_len, ap, bp, group));
   };
   run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
               [&](int64_t p0, int64_t p1) {
@@ -903,7 +1043,9 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
                 }
               },
               [&](int64_t q0, int64_t q1) { pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack); }, tile,
-              panels_of);
+              panels_of, [&] {
+                if (!single_chunk) element_path(drain_pending(tile_pipeline()));
+              });
 }
 
 }  // namespace
