@@ -1,5 +1,5 @@
-// Dispatch of the canonical matrix products (matmul.hpp, kernels/ops/linear.hpp) to the SIMD
-// kernel of the active ISA, and argument checks done once per call.
+// Dispatch of the canonical matrix products (matmul.hpp, kernels/ops/linear.hpp) and of
+// matmul_fast to the SIMD kernel of the active ISA, and argument checks done once per call.
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul_isa.hpp"
 #include "kernels/ops/canonical.hpp"
@@ -49,6 +49,16 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K, ExactAccumulator& acc,
     avx512::matmul_chunks_exact_packed(M, N, K, acc, offset, A, sam, sak, B, sbk, sbn);
   } else {
     avx2::matmul_chunks_exact_packed(M, N, K, acc, offset, A, sam, sak, B, sbk, sbn);
+  }
+}
+
+void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam, int64_t sak,
+                 const float* B, int64_t sbk, int64_t sbn, float beta, float* C, int64_t ldc) {
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul_fast: M=", M, " N=", N, " K=", K);
+  if (active_isa() == Isa::kAvx512) {
+    avx512::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc);
+  } else {
+    avx2::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc);
   }
 }
 

@@ -9,7 +9,9 @@
 //    chunks of kCanonicalChunk and adds every chunk partial into an ExactAccumulator — the
 //    canonical weight-gradient reduction.
 // All of them dispatch on active_isa() and give the same bits on AVX2 and AVX-512 and for any
-// thread count. Not here: fast-mode (OpenBLAS) products, which callers invoke directly.
+// thread count. Beside them, matmul_fast: fast mode's product on the same packed kernel where
+// OpenBLAS's kernel is narrower than the CPU (sgemm_threads.hpp chooses).
+// Not here: fast-mode OpenBLAS products, which callers invoke directly.
 #pragma once
 
 #include <cstdint>
@@ -45,5 +47,13 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
                          ExactAccumulator& acc, int64_t offset,     // (M, N) elements from offset
                          const float* A, int64_t sam, int64_t sak,  // (M, K)
                          const float* B, int64_t sbk, int64_t sbn); // (K, N)
+
+// Fast mode's product without OpenBLAS: C (M, N) = alpha·A·B + beta·C (beta 0: C is not read),
+// each element one fp32 FMA chain per K block of the packed kernel, the blocks added into C in
+// order. No canonical order: the accuracy of any sgemm (NUMERICS.md's fast-mode dot bound).
+void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t sam, int64_t sak,  // (M, K)
+                 const float* B, int64_t sbk, int64_t sbn,  // (K, N)
+                 float beta, float* C, int64_t ldc);        // (M, N)
 
 }  // namespace lockstep::cpu

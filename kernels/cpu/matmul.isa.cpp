@@ -34,7 +34,10 @@
 //  - Threads split the output into tiles, each thread a contiguous range of them, and share the
 //    packing (run_product); no sum crosses threads, so the bits do not depend on the thread count
 //    either.
-// Not here: dispatch (matmul.cpp), fast-mode products (OpenBLAS), the linear layer (linear.cpp).
+//  - Output::kFast, fast mode's GEMM where OpenBLAS's kernel is narrower than the CPU: the same
+//    packing, tiles and threads, each element one fp32 chain over a K block, no chunks.
+// Not here: dispatch (matmul.cpp), the choice of fast mode's GEMM and OpenBLAS's
+// (sgemm_threads.cpp), the linear layer (linear.cpp).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -46,6 +49,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,6 +88,7 @@ inline void vstoreu(float* p, VecF v) { _mm512_storeu_ps(p, v); }
 inline VecF vset1(float x) { return _mm512_set1_ps(x); }
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 // True when no lane is inf or NaN (exponent field below all ones).
 inline bool vall_finite(VecF v) {
   const __m512i e = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
@@ -183,6 +188,7 @@ inline void vstoreu(float* p, VecF v) { _mm256_storeu_ps(p, v); }
 inline VecF vset1(float x) { return _mm256_set1_ps(x); }
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline bool vall_finite(VecF v) {
   const __m256i e = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7f800000));
   return _mm256_testz_si256(_mm256_cmpeq_epi32(e, _mm256_set1_epi32(0x7f800000)),
@@ -260,6 +266,7 @@ enum class Output {
   kRound,     // canonical dot rounded once, then the epilogue (matmul_canonical)
   kPartials,  // the fp32 chain of the only chunk (K <= 64), stored as is
   kExact,     // the exact sum of chunk partials added to an ExactAccumulator
+  kFast,      // alpha·(one fp32 FMA chain over each K block) + beta·C: fast mode's sgemm
 };
 
 // Per-tile state of the chunk combination (header comment), laid out like the tile (kMr x kNr).
@@ -634,16 +641,33 @@ LeftVectors drain_pending(TilePipeline& pl) {
 constexpr int kRowsShort = kKBlock + 16;
 constexpr int kRowsLong = 2 * kKBlock + 16;
 
-// tile_groups with the A micro-panel k-major (a_stride 0) or row by row.
-LeftVectors tile_groups_strided(int64_t a_stride, TilePipeline& pl, int64_t K, const float* ap,
-                                const float* bp, const PendingGroup& tile) {
+// f(std::integral_constant<int, a_stride>{}) for the A micro-panels' layout: k-major (a_stride 0)
+// or row by row (kRowsShort, kRowsLong), so that tile loops take the stride as a constant.
+template <class F>
+decltype(auto) with_a_stride(int64_t a_stride, F&& f) {
   switch (a_stride) {
     case 0:
-      return tile_groups<0>(pl, K, ap, bp, tile);
+      return f(std::integral_constant<int, 0>{});
     case kRowsShort:
-      return tile_groups<kRowsShort>(pl, K, ap, bp, tile);
+      return f(std::integral_constant<int, kRowsShort>{});
     default:
-      return tile_groups<kRowsLong>(pl, K, ap, bp, tile);
+      return f(std::integral_constant<int, kRowsLong>{});
+  }
+}
+
+// Output::kFast's tile: the fp32 chains over a K block (`partials`, laid out like the tile) times
+// alpha, plus beta·C (beta 0: C is not read), into the tile's rows x cols corner of C.
+void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc, float alpha, float beta) {
+  const VecF va = vset1(alpha), vb = vset1(beta);
+  for (int r = 0; r < rows; ++r) {
+    const float* p = partials + r * kNr;
+    float* cr = c + r * ldc;
+    int j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      const VecF x = vmul(va, vload(p + j));
+      vstoreu(cr + j, beta == 0.0f ? x : vfma(vb, vloadu(cr + j), x));
+    }
+    for (; j < cols; ++j) cr[j] = beta == 0.0f ? alpha * p[j] : std::fma(beta, cr[j], alpha * p[j]);
   }
 }
 
@@ -874,6 +898,7 @@ struct Sink {
   MatmulEpilogue epilogue;
   ExactAccumulator* acc = nullptr;
   int64_t offset = 0;
+  float alpha = 1.0f, beta = 0.0f;  // Output::kFast
 };
 
 // The scalar specification for one element of Output::kRound, then the epilogue.
@@ -925,7 +950,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   const int64_t tiles = a_panels * b_panels;
   const bool wide = M * N * K > (int64_t{1} << 18);
   const int64_t ranges = M >= N ? std::min(a_panels, product_threads(wide)) : 1;
-  TileSums* carried = k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
+  TileSums* carried = kOut != Output::kFast && k_blocks > 1 ? tile_sums_scratch(tiles) : nullptr;
   // The (A panel, B panel) of tile t.
   const auto panels_of = [&](int64_t t) {
     int64_t rg = 0;  // the range of tile t: A panels [ip0, ip1)
@@ -977,6 +1002,13 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     const float* ap = a_stride != 0 ? apack + (ip * k_blocks + kblock) * kMr * a_stride
                                     : apack + ip * kMr * K + kb0 * kMr;
     const float* bp = bpack + jp * kNr * K + kb0 * kNr;
+    if constexpr (kOut == Output::kFast) {
+      alignas(kAlign) float part[kMr * kNr];
+      with_a_stride(a_stride, [&](auto stride) { chunk_fmas<stride>(kb_len, ap, bp, part, [] {}); });
+      store_fast(part, rows, cols, sink.C + ip * kMr * sink.ldc + jp * kNr, sink.ldc, sink.alpha,
+                 kblock == 0 ? sink.beta : 1.0f);
+      return;
+    }
     if (kOut == Output::kPartials || single_chunk) {
       alignas(kAlign) float part[kMr * kNr];
       tile_single_chunk(K, ap, bp, part);
@@ -1032,7 +1064,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
         out.ld_acc = N;
       }
     }
-    element_path(tile_groups_strided(a_stride, pl, kb_len, ap, bp, group));
+    element_path(with_a_stride(a_stride, [&](auto stride) { return tile_groups<stride>(pl, kb_len, ap, bp, group); }));
   };
   run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
               [&](int64_t p0, int64_t p1) {
@@ -1044,7 +1076,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
               },
               [&](int64_t q0, int64_t q1) { pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack); }, tile,
               panels_of, [&] {
-                if (!single_chunk) element_path(drain_pending(tile_pipeline()));
+                if (kOut != Output::kFast && !single_chunk) element_path(drain_pending(tile_pipeline()));
               });
 }
 
@@ -1068,6 +1100,17 @@ void matmul_chunk_partials_packed(int64_t M, int64_t N, int64_t K, float* C, int
   sink.C = C;
   sink.ldc = ldc;
   matmul_packed<Output::kPartials>(M, N, K, A, sam, sak, B, sbk, sbn, sink);
+}
+
+void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam,
+                        int64_t sak, const float* B, int64_t sbk, int64_t sbn, float beta, float* C,
+                        int64_t ldc) {
+  Sink sink;
+  sink.C = C;
+  sink.ldc = ldc;
+  sink.alpha = alpha;
+  sink.beta = beta;
+  matmul_packed<Output::kFast>(M, N, K, A, sam, sak, B, sbk, sbn, sink);
 }
 
 void matmul_chunks_exact_packed(int64_t M, int64_t N, int64_t K, ExactAccumulator& acc,

@@ -6,10 +6,13 @@
 // Canonical mode is also bitwise equal to spec.hpp (canonical_dot transcribed), on every ISA.
 // Large values: inp up to 2^100 with weights/dout below 2^4, so that Σ|terms| < FLT_MAX for
 // K <= 2^11 and the running error analysis (which assumes no overflow) still holds.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/ops/linear.hpp"
 #include "reference/linear.hpp"
 #include "src/core/exact_sum.hpp"
@@ -186,6 +189,53 @@ RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
     cpu::matmul_canonical(M, N, K, C.data(), ldc, A.data(), sam, sak, B.data(), sbk, sbn);
     check_bitwise("matmul_canonical C", w, C, spec);
     check_within("matmul_canonical C", w, C, ref);
+  }
+}
+
+// matmul_fast (fast mode's GEMM where OpenBLAS's kernel is narrower than the CPU) with general
+// strides, K up to 2048 (several K blocks), alpha 1 or −2 (exact scalings), beta 0 over a C of
+// NaNs (not read) or 1 (C's values one more term of the sum): within the order-free Bounded<Mpfr64>
+// bound of Σ alpha·a·b (+ C), on every ISA; the row padding of C stays untouched.
+RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
+  const int64_t M = gen_dim(9), N = gen_dim(9);
+  const int64_t K = *rc::gen::weightedOneOf<int64_t>(
+      {{2, rc::gen::inRange<int64_t>(0, 200)}, {1, rc::gen::inRange<int64_t>(200, 2049)},
+       {1, rc::gen::element<int64_t>(63, 64, 65, 1024, 1025, 1999, 2048)}});
+  const bool a_rowmajor = *rc::gen::arbitrary<bool>(), b_rowmajor = *rc::gen::arbitrary<bool>();
+  const float alpha = *rc::gen::element(1.0f, -2.0f);
+  const float beta = *rc::gen::element(0.0f, 1.0f);
+  const std::string where = shape_str({{"M", M}, {"N", N}, {"K", K}, {"A_rowmajor", a_rowmajor},
+                                       {"B_rowmajor", b_rowmajor}}) +
+                            " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
+  const auto A = gen_values(M * K, kActivations);
+  const auto B = gen_values(K * N, kWeights);
+  const int64_t sam = a_rowmajor ? K : 1, sak = a_rowmajor ? 1 : M;
+  const int64_t sbk = b_rowmajor ? N : 1, sbn = b_rowmajor ? 1 : K;
+  const int64_t ldc = N + 3;  // padded rows: the padding must stay untouched
+  std::vector<float> C0(M * ldc, 7.0f);
+  if (beta == 0.0f) {
+    for (int64_t m = 0; m < M; ++m) std::fill_n(C0.begin() + m * ldc, N, std::nanf(""));
+  } else {
+    const auto c = gen_values(M * N, kWeights);
+    for (int64_t m = 0; m < M; ++m) std::copy_n(c.begin() + m * N, N, C0.begin() + m * ldc);
+  }
+
+  std::vector<BM> ref(M * ldc, BM(7.0));
+  const auto bA = bounded<Mpfr64>(A), bB = bounded<Mpfr64>(B);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      reference::OrderFree<Mpfr64> acc;
+      if (beta != 0.0f) acc.add(BM(C0[m * ldc + n]));
+      for (int64_t k = 0; k < K; ++k) acc.add_product(BM(alpha) * bA[m * sam + k * sak], bB[n * sbn + k * sbk]);
+      ref[m * ldc + n] = acc.finish<BM>(true);
+    }
+  }
+  for (cpu::Isa isa : isas()) {
+    cpu::ScopedIsa scoped(isa);
+    const std::string w = where + " isa=" + std::string(cpu::isa_name(isa));
+    std::vector<float> C = C0;
+    cpu::matmul_fast(M, N, K, alpha, A.data(), sam, sak, B.data(), sbk, sbn, beta, C.data(), ldc);
+    check_within("matmul_fast C", w, C, ref);
   }
 }
 
