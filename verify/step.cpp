@@ -1,8 +1,5 @@
 #include "verify/step.hpp"
 
-#include <cblas.h>
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -11,9 +8,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
-#include <thread>
 
-#include "kernels/cpu/isa.hpp"
 #include "kernels/ops/attention.hpp"
 #include "reference/canonical_f32.hpp"
 #include "reference/gpt.hpp"
@@ -24,6 +19,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/gpt.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/train/cpu_setup.hpp"
 #include "verify/reference_dims.hpp"
 
 namespace lockstep::verify {
@@ -331,11 +327,7 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
                "; use a smaller [model]/[train] batch_size", faster,
                ", or --verify.force to run it anyway");
   }
-  const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
-                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-  if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+  apply_cpu_settings(tc);
 
   const StepSetup u = step_setup(s);
   StepReport report;

@@ -1,19 +1,59 @@
-// OpenBLAS sgemm on the kernels' OpenMP threads (see sgemm_threads.hpp for why).
+// Fast mode's GEMM: OpenBLAS sgemm on the kernels' OpenMP threads, or matmul_fast (see
+// sgemm_threads.hpp for why and when).
 #include "kernels/cpu/sgemm_threads.hpp"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <string_view>
+
+#include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/matmul.hpp"
 
 namespace lockstep::cpu {
 namespace {
+
+std::atomic<FastGemm> g_fast_gemm{FastGemm::kAuto};
+
+// Whether OpenBLAS runs one of its AVX-512 sgemm kernels (the core names of OpenBLAS's
+// DYNAMIC_ARCH targets that have them).
+bool openblas_kernel_is_avx512() {
+  static const bool avx512 = [] {
+    const std::string_view core = openblas_get_corename();
+    for (std::string_view name : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+      if (core.size() == name.size() &&
+          std::equal(core.begin(), core.end(), name.begin(),
+                     [](char a, char b) { return (a | 0x20) == (b | 0x20); })) {
+        return true;
+      }
+    }
+    return false;
+  }();
+  return avx512;
+}
 
 // Slices are multiples of this many rows or columns, so that every slice but the last fills
 // OpenBLAS's register blocks (16 or fewer wide on AVX-512 and AVX2).
 constexpr int64_t kSliceAlign = 64;
 
 }  // namespace
+
+void set_fast_gemm(FastGemm choice) { g_fast_gemm.store(choice); }
+
+FastGemm active_fast_gemm() {
+  const FastGemm choice = g_fast_gemm.load();
+  if (choice != FastGemm::kAuto) return choice;
+  return active_isa() == Isa::kAvx512 && !openblas_kernel_is_avx512() ? FastGemm::kLockstep : FastGemm::kOpenBlas;
+}
+
+std::string fast_gemm_name() {
+  const std::string core = openblas_get_corename();
+  if (active_fast_gemm() == FastGemm::kOpenBlas) return "OpenBLAS sgemm (" + core + ")";
+  return "Lockstep fast GEMM (" + std::string(isa_name(active_isa())) + "; OpenBLAS's kernel " + core +
+         (openblas_kernel_is_avx512() ? " is AVX-512)" : " is not AVX-512)");
+}
 
 BlasSerial::BlasSerial() : threads_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
 BlasSerial::~BlasSerial() { openblas_set_num_threads(threads_); }
@@ -28,6 +68,12 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (active_fast_gemm() == FastGemm::kLockstep) {
+    // op(A) (M, K) and op(B) (K, N) as strides: a transposed operand is read down its columns.
+    matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb,
+                trans_b ? ldb : 1, beta, C, ldc);
+    return;
+  }
   const bool split_rows = M >= N;
   const int64_t extent = split_rows ? M : N;
   const int64_t units = (extent + kSliceAlign - 1) / kSliceAlign;

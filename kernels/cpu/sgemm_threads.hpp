@@ -1,4 +1,5 @@
-// Internal: OpenBLAS sgemm run on the kernels' OpenMP threads instead of OpenBLAS's own pool.
+// Internal: fast mode's GEMM — OpenBLAS sgemm run on the kernels' OpenMP threads instead of
+// OpenBLAS's own pool, or Lockstep's packed kernel where OpenBLAS's is narrower than the CPU.
 //
 // Debian links Lockstep to the pthread build of OpenBLAS, whose worker threads spin and yield
 // between calls while the kernels' OpenMP threads spin between parallel regions: with both pools
@@ -12,8 +13,24 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace lockstep::cpu {
+
+// Which GEMM sgemm_threads runs. OpenBLAS picks its kernel for the CPU once, at load: Debian 12's
+// OpenBLAS 0.3.21 takes its AVX2 (Haswell) kernel on AMD Zen 4 and 5, and OPENBLAS_CORETYPE can
+// force one anywhere; on an AVX-512 CPU that halves the fast mode's products (it then ran slower
+// than canonical mode). kAuto: Lockstep's matmul_fast (matmul.hpp) when the kernels use AVX-512
+// and OpenBLAS's kernel does not, otherwise OpenBLAS.
+enum class FastGemm { kAuto, kOpenBlas, kLockstep };
+
+// Process-wide, like set_isa (kernels/cpu/isa.hpp); set before the step, outside parallel regions.
+void set_fast_gemm(FastGemm choice);
+// The GEMM sgemm_threads runs now (kAuto resolved against the active ISA).
+FastGemm active_fast_gemm();
+// Names it for people: "OpenBLAS sgemm (SkylakeX)", "Lockstep fast GEMM (avx512; OpenBLAS's kernel
+// Haswell is not AVX-512)".
+std::string fast_gemm_name();
 
 // OpenBLAS runs single-threaded for the duration of a scope (the caller's threads already split
 // the work). Construct outside parallel regions: the setting is process-wide.
@@ -33,9 +50,10 @@ class BlasSerial {
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// The same product with the OpenMP threads each taking a contiguous slice of the rows of C or of
-// its columns (whichever dimension is longer, in multiples of 64), each slice one single-threaded
-// OpenBLAS call. Call outside parallel regions.
+// The same product on the OpenMP threads: with OpenBLAS each thread takes a contiguous slice of
+// the rows of C or of its columns (whichever dimension is longer, in multiples of 64), each slice
+// one single-threaded OpenBLAS call; matmul_fast splits its tiles itself. Call outside parallel
+// regions.
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 

@@ -1,17 +1,16 @@
 #include "src/train/bench.hpp"
 
 #include <cblas.h>
-#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/sgemm_threads.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
@@ -20,6 +19,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/gpt.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/train/cpu_setup.hpp"
 #include "src/train/metrics.hpp"
 
 namespace lockstep {
@@ -78,6 +78,8 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"openblas_core", openblas_get_corename()},
           {"peak_openblas_gflops", measured.openblas_gflops},
           {"peak_canonical_gflops", measured.canonical_gflops},
+          {"peak_lockstep_fast_gflops", measured.fast_gflops},
+          {"fast_gemm", cpu::fast_gemm_name()},
           {"peak_source", peak_measured ? "measured: " + measured.describe() +
                                               ", same process and threads, each the higher of before and "
                                               "after the timed steps"
@@ -122,10 +124,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
   const TrainConfig& tc = cfg.train;
   BenchResult r;
-  r.threads = tc.threads > 0 ? tc.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  omp_set_num_threads(static_cast<int>(r.threads));
-  openblas_set_num_threads(static_cast<int>(r.threads));
-  if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+  r.threads = apply_cpu_settings(tc);
 
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   r.tokens_per_step = B * T;
@@ -181,7 +180,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << "fp32 GEMM peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
       << (r.peak_measured ? " (measured, same threads: " + r.measured.describe() + "; measured again after the steps)"
                           : " (configured)")
-      << "; fast mode's OpenBLAS kernel " << openblas_get_corename()
+      << "; fast mode's GEMM " << cpu::fast_gemm_name()
       << "; " << opt.warmup << " warm-up + " << opt.steps << " timed steps\n";
 
   std::optional<durable_io::AtomicFile> tokens_file;

@@ -16,10 +16,11 @@
 // hash is timed here on the model's parameters; the all-gather of one word per rank is latency
 // only and needs ranks, so it is not (its cost shows in multi-rank runs).
 //
-// The peak is the faster of OpenBLAS sgemm (whose kernel the environment may hold back: a
+// The peak is the fastest of OpenBLAS sgemm (whose kernel the environment may hold back: a
 // DYNAMIC_ARCH build that does not recognise the CPU falls back to an old core such as Prescott,
-// OPENBLAS_CORETYPE may pin AVX2) and the canonical GEMM (the widest ISA the CPU has), so that
-// no kernel of the step outruns it; the report names both figures and kernels.
+// OPENBLAS_CORETYPE may pin AVX2) and Lockstep's canonical and fast GEMMs (the widest ISA the CPU
+// has), so that no kernel of the step outruns it; the report names every figure and kernel, and
+// the GEMM fast mode runs.
 // Tokens: the [data] train file through the trainer's sampler when one is configured; otherwise
 // synthetic tokens, uniformly random over the vocabulary from SplitMix64(train.seed), generated
 // in memory (the step's cost does not depend on the token values).

@@ -184,6 +184,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   enum_field(t, "mode", c.train.mode, mode_to, mode_from);
   t.field("threads", c.train.threads);
   t.field("isa", c.train.isa);
+  t.field("fast_gemm", c.train.fast_gemm);
   t.field("peak_gflops", c.train.peak_gflops);
   t.finish();
 
@@ -267,6 +268,8 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,
              ": [train] isa: expected \"auto\", \"avx2\" or \"avx512\", got \"", t.isa, "\"");
+  LS_REQUIRE(t.fast_gemm == "auto" || t.fast_gemm == "openblas" || t.fast_gemm == "lockstep", c.source,
+             ": [train] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"", t.fast_gemm, "\"");
   LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");
   LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0, c.source,
              ": [checkpoint] every and keep must be >= 0");

@@ -40,6 +40,9 @@ struct TrainConfig {
   Mode mode = Mode::kCanonical;
   int64_t threads = 0;       // 0 = all cores
   std::string isa = "auto";  // CPU kernels' SIMD: auto | avx2 | avx512 (canonical bits are the same)
+  // Fast mode's GEMM: auto | openblas | lockstep (auto: Lockstep's where OpenBLAS's kernel is
+  // narrower than the CPU's vectors; kernels/cpu/sgemm_threads.hpp)
+  std::string fast_gemm = "auto";
   double peak_gflops = 0;    // 0 = measure an fp32 GEMM peak at start-up
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }

@@ -1,8 +1,5 @@
 #include "src/train/trainer.hpp"
 
-#include <cblas.h>
-#include <omp.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +18,7 @@
 #include <thread>
 
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/sgemm_threads.hpp"
 #include "src/ckpt/checkpoint.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
@@ -32,6 +30,7 @@
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/mesh.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/train/cpu_setup.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "verify/dump.hpp"
@@ -153,11 +152,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::ostream& out = world.rank() == 0 ? console : null_stream;
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
-  const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
-                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-  if (tc.isa != "auto") cpu::set_isa(tc.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+  const int64_t threads = apply_cpu_settings(tc);
 
   parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
   comm::Communicator& dpc = mesh.dp();
@@ -274,7 +269,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const double flops_per_token = model.flops_per_token();
   out << "model: " << global_params << " parameters, " << std::fixed << std::setprecision(2)
       << flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << threads
-      << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
+      << " threads, " << cpu::isa_name(cpu::active_isa())
+      << (tc.mode == Mode::kFast ? " (fast mode's GEMM " + cpu::fast_gemm_name() + ")" : std::string())
+      << "; batch " << B << " x " << T << " tokens (micro-batch " << MB << "); MFU against "
       << std::setprecision(1) << peak << " GFLOP/s fp32 GEMM peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured: " + measured.describe() + ")") << "\n";
   // The least a rank must send per step: to sum its N fp32 gradients over dp (a ring all-reduce,

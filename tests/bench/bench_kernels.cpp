@@ -1,8 +1,10 @@
 // lockstep-kernel-bench: Google Benchmark suite for every CPU kernel, forward and backward, in
 // both modes, at the shapes of scripts/configs/bench_small.toml and bench_medium.toml, with
-// OpenBLAS cblas_sgemm next to our canonical GEMM at the same shapes.
+// OpenBLAS cblas_sgemm next to our canonical and fast GEMMs at the same shapes.
 //
-// Names: BM_<op>_<mode> (BM_sgemm_openblas for the library GEMM); the argument `shape` is 0 for
+// Names: BM_<op>_<mode> (BM_sgemm_openblas for the library GEMM, BM_matmul_fast for Lockstep's,
+// which fast mode runs where OpenBLAS's kernel is narrower than the CPU: the fast-mode linear
+// benchmarks time whichever sgemm_threads picks, printed at start-up); the argument `shape` is 0 for
 // bench_small, 1 for bench_medium (`gemm` selects the product: 0 qkv, 1 fc, 2 head, 3 the head's
 // input gradient, whose K is the vocabulary). Counters are
 // rates: FLOP/s for products (2 per multiply-add, causal attention counting only t' <= t) and
@@ -11,8 +13,8 @@
 // Threads: OpenMP and OpenBLAS defaults (set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to pin them).
 // ISA: the widest the CPU has; --isa=avx2 or --isa=avx512 (first argument) chooses, so that one
 // binary times a kernel's two vector widths.
-// Before timing, main() checks matmul_canonical bitwise against canonical_dot and cblas_sgemm
-// against it within the dot-product bound; a mismatch exits non-zero.
+// Before timing, main() checks matmul_canonical bitwise against canonical_dot, and cblas_sgemm and
+// matmul_fast against it within the dot-product bound; a mismatch exits non-zero.
 // JSON: --benchmark_out=FILE --benchmark_out_format=json.
 // Not here: timing assertions, CUDA kernels, the whole training step (`lockstep bench`).
 #include <benchmark/benchmark.h>
@@ -24,9 +26,12 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/canonical.hpp"
@@ -103,6 +108,17 @@ void BM_matmul_canonical(benchmark::State& state) {
   std::vector<float> c(static_cast<size_t>(g.M * g.N));
   for (auto _ : state) {
     cpu::matmul_canonical(g.M, g.N, g.K, c.data(), g.N, a.data(), g.K, 1, b.data(), g.N, 1);
+    benchmark::DoNotOptimize(c.data());
+  }
+  rate(state, "FLOP/s", 2.0 * g.M * g.N * g.K);
+}
+
+void BM_matmul_fast(benchmark::State& state) {
+  const Gemm g = gemm_of(state);
+  const auto a = filled(g.M * g.K, 1), b = filled(g.K * g.N, 2);
+  std::vector<float> c(static_cast<size_t>(g.M * g.N));
+  for (auto _ : state) {
+    cpu::matmul_fast(g.M, g.N, g.K, 1.0f, a.data(), g.K, 1, b.data(), g.N, 1, 0.0f, c.data(), g.N);
     benchmark::DoNotOptimize(c.data());
   }
   rate(state, "FLOP/s", 2.0 * g.M * g.N * g.K);
@@ -395,6 +411,7 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
 constexpr Mode kC = Mode::kCanonical, kF = Mode::kFast;
 
 BENCHMARK(BM_matmul_canonical)->Apply(gemm_shapes);
+BENCHMARK(BM_matmul_fast)->Apply(gemm_shapes);
 BENCHMARK(BM_sgemm_openblas)->Apply(gemm_shapes);
 BENCHMARK(BM_linear_forward<kC>)->Name("BM_linear_forward_canonical")->Apply(shapes);
 BENCHMARK(BM_linear_forward<kF>)->Name("BM_linear_forward_fast")->Apply(shapes);
@@ -440,11 +457,12 @@ bool results_match() {
   const ModelShape& s = kShapes[0];
   const int64_t M = s.BT(), N = s.F(), K = s.C;
   const auto a = filled(M * K, 1), b = filled(K * N, 2);
-  std::vector<float> canon(static_cast<size_t>(M * N)), blas(canon.size());
+  std::vector<float> canon(static_cast<size_t>(M * N)), blas(canon.size()), fast(canon.size());
   cpu::matmul_canonical(M, N, K, canon.data(), N, a.data(), K, 1, b.data(), N, 1);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
               static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), b.data(), static_cast<int>(N), 0.0f,
               blas.data(), static_cast<int>(N));
+  cpu::matmul_fast(M, N, K, 1.0f, a.data(), K, 1, b.data(), N, 1, 0.0f, fast.data(), N);
   const double u = 0x1p-24, gamma = static_cast<double>(K) * u / (1.0 - static_cast<double>(K) * u);
   for (int64_t m = 0; m < M; m += 37) {
     for (int64_t n = 0; n < N; n += 29) {
@@ -457,11 +475,13 @@ bool results_match() {
       }
       double abs_sum = 0;
       for (int64_t k = 0; k < K; ++k) abs_sum += std::fabs(static_cast<double>(a[m * K + k]) * b[k * N + n]);
-      const double err = std::fabs(static_cast<double>(blas[static_cast<size_t>(m * N + n)]) - got);
-      if (err > 2 * gamma * abs_sum) {
-        std::fprintf(stderr, "cblas_sgemm(%lld,%lld) differs from canonical by %g > bound %g\n",
-                     static_cast<long long>(m), static_cast<long long>(n), err, 2 * gamma * abs_sum);
-        return false;
+      for (const auto& [name, c] : {std::pair{"cblas_sgemm", &blas}, std::pair{"matmul_fast", &fast}}) {
+        const double err = std::fabs(static_cast<double>((*c)[static_cast<size_t>(m * N + n)]) - got);
+        if (err > 2 * gamma * abs_sum) {
+          std::fprintf(stderr, "%s(%lld,%lld) differs from canonical by %g > bound %g\n", name,
+                       static_cast<long long>(m), static_cast<long long>(n), err, 2 * gamma * abs_sum);
+          return false;
+        }
       }
     }
   }
@@ -479,9 +499,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (!results_match()) return 1;
-  std::printf("All results match (matmul_canonical == canonical_dot bitwise; sgemm within bound). ISA %s. "
-              "Starting benchmarks.\n",
-              std::string(cpu::isa_name(cpu::active_isa())).c_str());
+  std::printf("All results match (matmul_canonical == canonical_dot bitwise; sgemm within bound). ISA %s; "
+              "fast mode's GEMM %s. Starting benchmarks.\n",
+              std::string(cpu::isa_name(cpu::active_isa())).c_str(), cpu::fast_gemm_name().c_str());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -1,6 +1,6 @@
 # `lockstep bench` on bench_small: two timed steps after one warm-up, on synthetic tokens (the
 # config has no [data] section); the JSON report carries the documented fields with sane values,
-# and --tokens-out writes the three batches the steps used.
+# and --tokens-out writes the three batches the steps used; fast mode names the GEMM it runs.
 # No timing assertions: only that the figures are finite and positive.
 source "$(dirname "$0")/lib.sh"
 
@@ -20,12 +20,17 @@ assert r["tokens_per_step"] == 8 * 128, r["tokens_per_step"]
 assert r["synthetic_tokens"] is True
 assert r["mode"] == "canonical"
 assert isinstance(r["openblas_core"], str) and r["openblas_core"], r["openblas_core"]
-# The peak is the faster of the two GEMMs timed in the process, and the report names it.
-assert r["peak_gflops"] == max(r["peak_openblas_gflops"], r["peak_canonical_gflops"]), r
-assert min(r["peak_openblas_gflops"], r["peak_canonical_gflops"]) > 0, r
-faster = "OpenBLAS sgemm" if r["peak_openblas_gflops"] >= r["peak_canonical_gflops"] else "Lockstep canonical GEMM"
-assert r["peak_source"].startswith("measured: the faster of OpenBLAS sgemm (" + r["openblas_core"] + ")"), r
-assert faster in open("bench.log").read().split("throughput: ")[1], faster
+# The peak is the fastest of the three GEMMs timed in the process, and the report names it.
+gemms = {"OpenBLAS sgemm": r["peak_openblas_gflops"], "Lockstep canonical GEMM": r["peak_canonical_gflops"],
+         "Lockstep fast GEMM": r["peak_lockstep_fast_gflops"]}
+assert r["peak_gflops"] == max(gemms.values()), r
+assert min(gemms.values()) > 0, r
+fastest = max(gemms, key=gemms.get)
+assert r["peak_source"].startswith("measured: the fastest of OpenBLAS sgemm (" + r["openblas_core"] + ")"), r
+assert fastest in open("bench.log").read().split("throughput: ")[1], fastest
+# Fast mode's GEMM is named: OpenBLAS's, or Lockstep's where OpenBLAS's kernel is not AVX-512.
+assert r["fast_gemm"].startswith("OpenBLAS sgemm (" + r["openblas_core"] + ")") or (
+    r["fast_gemm"].startswith("Lockstep fast GEMM (avx512; OpenBLAS's kernel " + r["openblas_core"])), r["fast_gemm"]
 assert isinstance(r["step_page_faults"], int) and r["step_page_faults"] >= 0, r["step_page_faults"]
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
@@ -49,6 +54,21 @@ s = r["step_ms"]
 assert s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"], s
 assert math.isfinite(r["last_loss"]) and r["last_loss"] > 0
 PY
+
+# Fast mode runs the GEMM [train] fast_gemm names, and the report says which.
+for gemm in openblas lockstep; do
+  "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.steps=1 --bench.warmup=0 \
+    --train.mode=fast --train.fast_gemm=$gemm --json fast_$gemm.json > fast_$gemm.log ||
+    fail "fast bench with $gemm failed: $(cat fast_$gemm.log)"
+done
+/usr/bin/python3 - fast_openblas.json fast_lockstep.json <<'PY' || fail "bad fast-mode GEMM report"
+import json, math, sys
+o, l = (json.load(open(p)) for p in sys.argv[1:3])
+assert o["fast_gemm"] == "OpenBLAS sgemm (" + o["openblas_core"] + ")", o["fast_gemm"]
+assert l["fast_gemm"].startswith("Lockstep fast GEMM (" + l["isa"] + "; OpenBLAS's kernel " + l["openblas_core"]), l["fast_gemm"]
+assert all(math.isfinite(r["last_loss"]) and r["last_loss"] > 0 for r in (o, l))
+PY
+grep -q "fast mode's GEMM Lockstep fast GEMM" fast_lockstep.log || fail "fast GEMM not named: $(cat fast_lockstep.log)"
 
 # Bad options are one-line errors (exit 2).
 expect_error "bench.steps: expected a non-negative integer" \

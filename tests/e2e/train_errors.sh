@@ -16,6 +16,8 @@ expect_error "--model.colour: unknown key 'colour'" "$LOCKSTEP" train --config c
 expect_error "unknown section 'trian'" "$LOCKSTEP" train --config cfg.toml --trian.lr=1
 expect_error "d_model \(64\) must be divisible by n_heads \(5\)" "$LOCKSTEP" train --config cfg.toml --model.n_heads=5
 expect_error "\[parallel\] bucket_mb \(0\) must be > 0" "$LOCKSTEP" train --config cfg.toml --parallel.bucket_mb=0
+expect_error "cfg.toml: \[train\] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"mkl\"" \
+  "$LOCKSTEP" train --config cfg.toml --train.fast_gemm=mkl
 expect_error "missing.toml" "$LOCKSTEP" train --config missing.toml
 printf '[model\nseq_len = 3\n' > syntax.toml
 expect_error "syntax.toml:1:" "$LOCKSTEP" train --config syntax.toml
