@@ -5,7 +5,9 @@
 # (scripts/compare_pytorch.py) run the same warm-up + STEPS (default 10) steps, alternating, in
 # COMPARE_ROUNDS rounds (default 2); each side's figure is its best round (tokens/s at the median
 # step), so that a busy moment on a shared machine does not decide the ratio. The script prints
-# every round, both figures, their ratio, and which BLAS kernel each side ran. Then the step-1 losses of Lockstep (fast and canonical) and PyTorch are checked against
+# every round, both figures, their ratio, and which GEMM each side ran (Lockstep's fast mode runs
+# its own where OpenBLAS's kernel is narrower than the CPU). Then the step-1 losses of Lockstep
+# (fast and canonical) and PyTorch are checked against
 # the fp64 loss within a first-order bound derived from the operands (compare_pytorch.py, bound_step1);
 # exit 1 if a check fails.
 #
@@ -94,7 +96,7 @@ for t in ${COMPARE_THREADS:-1 2}; do
 import json, sys
 ls, pt = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 t, variant = sys.argv[3], sys.argv[4]
-print(f"threads {t}: Lockstep fast {ls['tokens_per_s']:.0f} tokens/s (OpenBLAS {ls['openblas_core']}, "
+print(f"threads {t}: Lockstep fast {ls['tokens_per_s']:.0f} tokens/s ({ls['fast_gemm']}, "
       f"step {ls['step_ms_median']:.1f} ms), PyTorch {pt['tokens_per_s']:.0f} tokens/s ({variant} OpenBLAS "
       f"{pt['openblas_core']}, step {pt['step_ms_median']:.1f} ms); Lockstep / PyTorch = "
       f"{ls['tokens_per_s'] / pt['tokens_per_s']:.3f} (best of each side's rounds)")

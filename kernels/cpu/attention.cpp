@@ -11,7 +11,8 @@
 // row's chains in one lane of a vector (canonical_rows8: the same chains, side by side).
 // Threads take whole (b, h) pairs — (b, g) pairs for dk/dv — never part of a reduction, so the
 // bits do not depend on the thread count.
-// Fast mode: OpenBLAS sgemm over blocks of rows, softmax with the 8-lane ls_expf (forward_fast).
+// Fast mode: sgemm (OpenBLAS, or matmul_fast: sgemm_threads.hpp) over blocks of rows, softmax
+// with the 8-lane ls_expf (forward_fast).
 //
 // Not here: RoPE (rope.cpp), the QKV and output projections (linear.cpp), flash-style tiling
 // (the (B, NH, T, T) probabilities are materialised and cached for backward, as in llm.c).
@@ -222,7 +223,7 @@ void forward_canonical(AttentionShape s, float* out, float* att, const float* qk
   }
 }
 
-// Fast mode: per (b, h) the products run as OpenBLAS sgemm on blocks of kBlock query rows, each
+// Fast mode: per (b, h) the products run as sgemm_serial on blocks of kBlock query rows, each
 // over the keys it can see. Inside the diagonal block a row t also meets keys t' > t: their scores
 // are computed and then overwritten by the masked 0. Where the other factor of a product that sums
 // over those zeros (att·v, ds·k, ds·q, att·dout) is finite in the whole head, the sgemm runs over

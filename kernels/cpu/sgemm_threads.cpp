@@ -38,6 +38,14 @@ bool openblas_kernel_is_avx512() {
 // OpenBLAS's register blocks (16 or fewer wide on AVX-512 and AVX2).
 constexpr int64_t kSliceAlign = 64;
 
+// The cblas_sgemm arguments as matmul_fast's: op(A) (M, K) and op(B) (K, N) as strides, a
+// transposed operand read down its columns. Threads itself outside a parallel region.
+void run_matmul_fast(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb, trans_b ? ldb : 1,
+              beta, C, ldc);
+}
+
 }  // namespace
 
 void set_fast_gemm(FastGemm choice) { g_fast_gemm.store(choice); }
@@ -60,6 +68,10 @@ BlasSerial::~BlasSerial() { openblas_set_num_threads(threads_); }
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (active_fast_gemm() == FastGemm::kLockstep) {
+    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
@@ -69,9 +81,7 @@ void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (active_fast_gemm() == FastGemm::kLockstep) {
-    // op(A) (M, K) and op(B) (K, N) as strides: a transposed operand is read down its columns.
-    matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb,
-                trans_b ? ldb : 1, beta, C, ldc);
+    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   const bool split_rows = M >= N;

@@ -46,7 +46,8 @@ class BlasSerial {
 };
 
 // C (M, N) = alpha·op(A)·op(B) + beta·C, row-major, op(X) = Xᵀ where trans_x; one single-threaded
-// OpenBLAS call, on the calling thread.
+// OpenBLAS call on the calling thread, or matmul_fast (active_fast_gemm()), which runs on the
+// calling thread inside a parallel region.
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
