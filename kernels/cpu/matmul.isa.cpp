@@ -595,7 +595,8 @@ void tile_single_chunk(int64_t K, const float* ap, const float* bp, float* parti
 // before's (only the pending group met by the first group can be a last one), otherwise this
 // tile's.
 template <int kAStride>
-LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const float* bp, const PendingGroup& tile) {
+LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const float* bp,
+                        const PendingGroup& tile) {
   LeftVectors left;
   const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
   for (int64_t g0 = 0; g0 < chunks; g0 += kGroup) {
@@ -621,7 +622,9 @@ LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const floa
       // Each group combined right after its own FMA loop; the tile's output fetched before the
       // last one.
       if (group.finish) {
-        for (uint32_t v = group_vectors(group); v != 0; v &= v - 1) prefetch_output(group.out, __builtin_ctz(v));
+        for (uint32_t v = group_vectors(group); v != 0; v &= v - 1) {
+          prefetch_output(group.out, __builtin_ctz(v));
+        }
       }
       fill([] {});
       const uint32_t vectors = combine_alone(group, dst);
@@ -1064,7 +1067,9 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
         out.ld_acc = N;
       }
     }
-    element_path(with_a_stride(a_stride, [&](auto stride) { return tile_groups<stride>(pl, kb_len, ap, bp, group); }));
+    element_path(with_a_stride(a_stride, [&](auto stride) {
+      return tile_groups<stride>(pl, kb_len, ap, bp, group);
+    }));
   };
   run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
               [&](int64_t p0, int64_t p1) {

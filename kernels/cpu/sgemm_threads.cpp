@@ -42,8 +42,8 @@ constexpr int64_t kSliceAlign = 64;
 // transposed operand read down its columns. Threads itself outside a parallel region.
 void run_matmul_fast(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb, trans_b ? ldb : 1,
-              beta, C, ldc);
+  matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb,
+              trans_b ? ldb : 1, beta, C, ldc);
 }
 
 }  // namespace
@@ -53,7 +53,8 @@ void set_fast_gemm(FastGemm choice) { g_fast_gemm.store(choice); }
 FastGemm active_fast_gemm() {
   const FastGemm choice = g_fast_gemm.load();
   if (choice != FastGemm::kAuto) return choice;
-  return active_isa() == Isa::kAvx512 && !openblas_kernel_is_avx512() ? FastGemm::kLockstep : FastGemm::kOpenBlas;
+  const bool narrower = active_isa() == Isa::kAvx512 && !openblas_kernel_is_avx512();
+  return narrower ? FastGemm::kLockstep : FastGemm::kOpenBlas;
 }
 
 std::string fast_gemm_name() {

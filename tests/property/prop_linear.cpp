@@ -156,22 +156,35 @@ RC_GTEST_PROP(LinearProperty, NonFinitePropagatesLikeTheReference, ()) {
   }
 }
 
+// A product for the matmul properties: M and N up to 9, the given K, A and B each row- or
+// column-major (values kActivations and kWeights), C's rows padded by 3.
+struct StridedProduct {
+  int64_t M, N, K, sam, sak, sbk, sbn, ldc;
+  std::vector<float> A, B;
+  std::string where;
+};
+StridedProduct gen_strided_product(int64_t K) {
+  StridedProduct p;
+  p.M = gen_dim(9), p.N = gen_dim(9), p.K = K;
+  const bool a_rowmajor = *rc::gen::arbitrary<bool>(), b_rowmajor = *rc::gen::arbitrary<bool>();
+  p.where = shape_str(
+      {{"M", p.M}, {"N", p.N}, {"K", K}, {"A_rowmajor", a_rowmajor}, {"B_rowmajor", b_rowmajor}});
+  p.A = gen_values(p.M * K, kActivations);
+  p.B = gen_values(K * p.N, kWeights);
+  p.sam = a_rowmajor ? K : 1, p.sak = a_rowmajor ? 1 : p.M;
+  p.sbk = b_rowmajor ? p.N : 1, p.sbn = b_rowmajor ? 1 : K;
+  p.ldc = p.N + 3;  // padded rows: the padding must stay untouched
+  return p;
+}
+
 // matmul_canonical with general strides (A row- or column-major, B either), K up to 2000:
 // bitwise equal to canonical_dot per element on every ISA, and within the Bounded<Mpfr64> dot
 // bound. Large values: A up to 2^100, B below 2^4 (Σ|a·b| < 2^115 < FLT_MAX).
 RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
-  const int64_t M = gen_dim(9), N = gen_dim(9);
-  const int64_t K = *rc::gen::weightedOneOf<int64_t>(
-      {{2, rc::gen::inRange<int64_t>(1, 200)}, {1, rc::gen::inRange<int64_t>(200, 2001)},
-       {1, rc::gen::element<int64_t>(63, 64, 65, 127, 128, 129, 1999)}});
-  const bool a_rowmajor = *rc::gen::arbitrary<bool>(), b_rowmajor = *rc::gen::arbitrary<bool>();
-  const std::string where = shape_str({{"M", M}, {"N", N}, {"K", K}, {"A_rowmajor", a_rowmajor},
-                                       {"B_rowmajor", b_rowmajor}});
-  const auto A = gen_values(M * K, kActivations);
-  const auto B = gen_values(K * N, kWeights);
-  const int64_t sam = a_rowmajor ? K : 1, sak = a_rowmajor ? 1 : M;
-  const int64_t sbk = b_rowmajor ? N : 1, sbn = b_rowmajor ? 1 : K;
-  const int64_t ldc = N + 3;  // padded rows: the padding must stay untouched
+  const auto [M, N, K, sam, sak, sbk, sbn, ldc, A, B, where] =
+      gen_strided_product(*rc::gen::weightedOneOf<int64_t>(
+          {{2, rc::gen::inRange<int64_t>(1, 200)}, {1, rc::gen::inRange<int64_t>(200, 2001)},
+           {1, rc::gen::element<int64_t>(63, 64, 65, 127, 128, 129, 1999)}}));
 
   std::vector<float> spec(M * ldc, 7.0f);
   std::vector<BM> ref(M * ldc, BM(7.0));
@@ -197,21 +210,13 @@ RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
 // NaNs (not read) or 1 (C's values one more term of the sum): within the order-free Bounded<Mpfr64>
 // bound of Σ alpha·a·b (+ C), on every ISA; the row padding of C stays untouched.
 RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
-  const int64_t M = gen_dim(9), N = gen_dim(9);
-  const int64_t K = *rc::gen::weightedOneOf<int64_t>(
-      {{2, rc::gen::inRange<int64_t>(0, 200)}, {1, rc::gen::inRange<int64_t>(200, 2049)},
-       {1, rc::gen::element<int64_t>(63, 64, 65, 1024, 1025, 1999, 2048)}});
-  const bool a_rowmajor = *rc::gen::arbitrary<bool>(), b_rowmajor = *rc::gen::arbitrary<bool>();
+  const auto [M, N, K, sam, sak, sbk, sbn, ldc, A, B, shape] =
+      gen_strided_product(*rc::gen::weightedOneOf<int64_t>(
+          {{2, rc::gen::inRange<int64_t>(0, 200)}, {1, rc::gen::inRange<int64_t>(200, 2049)},
+           {1, rc::gen::element<int64_t>(63, 64, 65, 1024, 1025, 1999, 2048)}}));
   const float alpha = *rc::gen::element(1.0f, -2.0f);
   const float beta = *rc::gen::element(0.0f, 1.0f);
-  const std::string where = shape_str({{"M", M}, {"N", N}, {"K", K}, {"A_rowmajor", a_rowmajor},
-                                       {"B_rowmajor", b_rowmajor}}) +
-                            " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
-  const auto A = gen_values(M * K, kActivations);
-  const auto B = gen_values(K * N, kWeights);
-  const int64_t sam = a_rowmajor ? K : 1, sak = a_rowmajor ? 1 : M;
-  const int64_t sbk = b_rowmajor ? N : 1, sbn = b_rowmajor ? 1 : K;
-  const int64_t ldc = N + 3;  // padded rows: the padding must stay untouched
+  const std::string where = shape + " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
   std::vector<float> C0(M * ldc, 7.0f);
   if (beta == 0.0f) {
     for (int64_t m = 0; m < M; ++m) std::fill_n(C0.begin() + m * ldc, N, std::nanf(""));
@@ -226,7 +231,9 @@ RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
     for (int64_t n = 0; n < N; ++n) {
       reference::OrderFree<Mpfr64> acc;
       if (beta != 0.0f) acc.add(BM(C0[m * ldc + n]));
-      for (int64_t k = 0; k < K; ++k) acc.add_product(BM(alpha) * bA[m * sam + k * sak], bB[n * sbn + k * sbk]);
+      for (int64_t k = 0; k < K; ++k) {
+        acc.add_product(BM(alpha) * bA[m * sam + k * sak], bB[n * sbn + k * sbk]);
+      }
       ref[m * ldc + n] = acc.finish<BM>(true);
     }
   }
