@@ -9,7 +9,8 @@
 # init_std 2, attention scores in the hundreds), checkpointing after step 2. From those checkpoints
 # the unmutated CLI must pass `verify step` in the four setups canon-ln, canon-rms (canonical mode,
 # bitwise against the CanonicalF32 emulation), fast-ln and fast-hot (fast mode, within the
-# Bounded<mpfr> bounds). Between them every mutated kernel runs.
+# Bounded<mpfr> bounds; fast-ln on OpenBLAS sgemm, fast-hot on Lockstep's fast GEMM, whatever the
+# machine's OpenBLAS kernel). Between them every mutated kernel runs.
 # Then for every scripts/mutants/*.patch: applies it, rebuilds (only the touched kernel files
 # recompile), runs every test binary and records which tests failed, runs the mutant CLI's
 # `verify step` in the four setups against the unmutated checkpoints and records which setups
@@ -167,7 +168,8 @@ for cfg in ln rms hot; do
     { echo "training the $cfg checkpoint failed: $logs/verify.train.$cfg.log"; keep=1; exit 2; }
 done
 # setup name, config, extra options
-setups=("canon-ln ln" "canon-rms rms" "fast-ln ln --train.mode=fast" "fast-hot hot --train.mode=fast")
+setups=("canon-ln ln" "canon-rms rms" "fast-ln ln --train.mode=fast --train.fast_gemm=openblas"
+        "fast-hot hot --train.mode=fast --train.fast_gemm=lockstep")
 
 # run_verify LOG: runs the built CLI's verify step in every setup, writes "setup: worst tensor"
 # lines (or the exit status when no summary line came) to LOG.failed; returns the number failing.
@@ -177,7 +179,7 @@ run_verify() {
   for setup in "${setups[@]}"; do
     read -r name cfg extra <<<"$setup"
     status=0
-    # shellcheck disable=SC2086  # extra is empty or one option
+    # shellcheck disable=SC2086  # extra is empty or options, one word each
     timeout 900 "$cli" verify step --config "$vdir/$cfg.toml" --checkpoint "$vdir/ck-$cfg/step_00000002" \
       $extra >"$log.$name" 2>&1 || status=$?
     if [[ $status -ne 0 ]]; then
