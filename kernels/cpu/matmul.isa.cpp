@@ -14,7 +14,8 @@
 //    up to kGroup chunks at a time (their partials wait in a buffer, so the sums are loaded and
 //    stored once a group). On AVX-512 a group is combined while the next group's FMA loop runs, a
 //    step between each of its k's, the tile's results going out one tile late. Beside the sums
-//    each element keeps big = max_j |t_j| and small = min |p_j| over its nonzero partials. Exactness argument (checked once per element, after the last chunk):
+//    each element keeps big = max_j |t_j| and small = min |p_j| over its nonzero partials.
+//    Exactness argument (checked once per element, after the last chunk):
 //      every finite fp32 value with biased exponent field e is an integer multiple of
 //      g(e) = 2^(max(e,1) − 150), and |p| >= small implies field(p) >= field(small); so every
 //      partial (zeros included) and every exact prefix sum S_j is a multiple of
@@ -412,9 +413,9 @@ class GroupCombiner {
  public:
   GroupCombiner(const PendingGroup& g, const float (*part)[kMr * kNr])
       : part_(part), g_(g), chunks_(g.chunks) {
-    todo_ = group_vectors(g_);
+    remaining_ = group_vectors(g_);
     if (g_.finish) {
-      uint32_t ahead = todo_;
+      uint32_t ahead = remaining_;
       for (int n = 0; n < kPrefetchAhead && ahead != 0; ++n, ahead &= ahead - 1) {
         prefetch_output(g_.out, __builtin_ctz(ahead));
       }
@@ -425,27 +426,27 @@ class GroupCombiner {
   uint32_t left() const { return left_; }
 
   [[gnu::always_inline]] inline void step() {
-    if (todo_ == 0) return;
-    const int i = __builtin_ctz(todo_) * kLanes;
+    if (remaining_ == 0) return;
+    const int i = __builtin_ctz(remaining_) * kLanes;
     if (chunk_ == 0) start_vector(i);
     add_chunk(i, chunk_);
     if (++chunk_ == chunks_) {
       end_vector(i);
       chunk_ = 0;
-      todo_ &= todo_ - 1;
+      remaining_ &= remaining_ - 1;
     }
   }
 
   // The steps left, one by one (beside an FMA loop, which has taken most of them).
   [[gnu::always_inline]] inline void finish_steps() {
-    while (todo_ != 0) step();
+    while (remaining_ != 0) step();
   }
 
-  // The steps left, vector after vector: the loop of a combination on its own.
+  // The whole combination, vector after vector, on a combiner that has taken no step: the loop of
+  // a combination on its own.
   [[gnu::always_inline]] inline void finish() {
-    while (chunk_ != 0) step();
-    for (; todo_ != 0; todo_ &= todo_ - 1) {
-      const int i = __builtin_ctz(todo_) * kLanes;
+    for (; remaining_ != 0; remaining_ &= remaining_ - 1) {
+      const int i = __builtin_ctz(remaining_) * kLanes;
       start_vector(i);
       for (int c = 0; c < chunks_; ++c) add_chunk(i, c);
       end_vector(i);
@@ -464,7 +465,7 @@ class GroupCombiner {
       v_.big[h] = g_.fresh ? dzero() : dload(s.big + i + h * kHalf);
     }
     if (g_.finish) {
-      uint32_t ahead = todo_;
+      uint32_t ahead = remaining_;
       for (int n = 0; n < kPrefetchAhead && ahead != 0; ++n) ahead &= ahead - 1;
       if (ahead != 0) prefetch_output(g_.out, __builtin_ctz(ahead));
     }
@@ -499,8 +500,8 @@ class GroupCombiner {
   const float (*part_)[kMr * kNr];
   PendingGroup g_;
   int chunks_;
-  int chunk_ = 0;       // the next chunk of the vector in progress
-  uint32_t todo_ = 0;   // vectors not combined yet
+  int chunk_ = 0;            // the next chunk of the vector in progress
+  uint32_t remaining_ = 0;  // vectors not combined yet
   uint32_t left_ = 0;
   LaneSums v_{};  // the vector in progress (set when it starts)
 };
@@ -894,7 +895,7 @@ void run_product(bool wide, bool split_a, int64_t a_panels, int64_t b_panels, in
   share_end();
 }
 
-// Where a tile's results go (one of the three Output modes).
+// Where a tile's results go (one of the Output modes).
 struct Sink {
   float* C = nullptr;
   int64_t ldc = 0;
