@@ -57,10 +57,12 @@ FastGemm active_fast_gemm() {
   return narrower ? FastGemm::kLockstep : FastGemm::kOpenBlas;
 }
 
+std::string openblas_sgemm_name() { return std::string("OpenBLAS sgemm (") + openblas_get_corename() + ")"; }
+
 std::string fast_gemm_name() {
-  const std::string core = openblas_get_corename();
-  if (active_fast_gemm() == FastGemm::kOpenBlas) return "OpenBLAS sgemm (" + core + ")";
-  return "Lockstep fast GEMM (" + std::string(isa_name(active_isa())) + "; OpenBLAS's kernel " + core +
+  if (active_fast_gemm() == FastGemm::kOpenBlas) return openblas_sgemm_name();
+  return "Lockstep fast GEMM (" + std::string(isa_name(active_isa())) + "; OpenBLAS's kernel " +
+         openblas_get_corename() +
          (openblas_kernel_is_avx512() ? " is AVX-512)" : " is not AVX-512)");
 }
 

@@ -28,6 +28,8 @@ enum class FastGemm { kAuto, kOpenBlas, kLockstep };
 void set_fast_gemm(FastGemm choice);
 // The GEMM sgemm_threads runs now (kAuto resolved against the active ISA).
 FastGemm active_fast_gemm();
+// OpenBLAS's sgemm with the kernel it runs: "OpenBLAS sgemm (SkylakeX)".
+std::string openblas_sgemm_name();
 // Names it for people: "OpenBLAS sgemm (SkylakeX)", "Lockstep fast GEMM (avx512; OpenBLAS's kernel
 // Haswell is not AVX-512)".
 std::string fast_gemm_name();

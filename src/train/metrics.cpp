@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
 
@@ -42,14 +43,13 @@ double best_gflops(int64_t n, Run run) {
   return best;
 }
 
-std::string openblas_name() { return std::string("OpenBLAS sgemm (") + openblas_get_corename() + ")"; }
 std::string lockstep_name(const char* which) {
   return std::string("Lockstep ") + which + " GEMM (" + std::string(cpu::isa_name(cpu::active_isa())) + ")";
 }
 
 // Sets the peak to the fastest candidate (the first of equals).
 GemmPeak with_fastest(GemmPeak peak) {
-  const std::pair<double, std::string> candidates[] = {{peak.openblas_gflops, openblas_name()},
+  const std::pair<double, std::string> candidates[] = {{peak.openblas_gflops, cpu::openblas_sgemm_name()},
                                                        {peak.canonical_gflops, lockstep_name("canonical")},
                                                        {peak.fast_gflops, lockstep_name("fast")}};
   peak.gflops = -1;
@@ -91,7 +91,7 @@ GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b) {
 
 std::string GemmPeak::describe() const {
   std::ostringstream s;
-  s << std::fixed << std::setprecision(1) << "the fastest of " << openblas_name() << " " << openblas_gflops
+  s << std::fixed << std::setprecision(1) << "the fastest of " << cpu::openblas_sgemm_name() << " " << openblas_gflops
     << ", " << lockstep_name("canonical") << " " << canonical_gflops << " and " << lockstep_name("fast")
     << " " << fast_gflops << " GFLOP/s, 1024^3";
   return s.str();
