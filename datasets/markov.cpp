@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "src/core/check.hpp"
-#include "src/data/splitmix64.hpp"
+#include "src/core/splitmix64.hpp"
 
 namespace lockstep::datasets {
 
@@ -51,7 +51,7 @@ MarkovChain MarkovChain::generate(const MarkovSpec& spec) {
   LS_REQUIRE(spec.branch >= 1 && spec.branch <= spec.alphabet, "markov: branch must be in [1, alphabet = ",
              spec.alphabet, "], got ", spec.branch);
   const int64_t A = spec.alphabet, groups = contexts / A;
-  data::SplitMix64 seeds(spec.seed);
+  SplitMix64 seeds(spec.seed);
   std::string last_problem;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     MarkovChain chain;
@@ -63,7 +63,7 @@ MarkovChain MarkovChain::generate(const MarkovSpec& spec) {
     chain.chain_seed_ = attempt == 0 ? spec.seed : seeds.next();
     chain.successors_.resize(contexts * spec.branch);
     chain.probs_.resize(contexts * spec.branch);
-    data::SplitMix64 rng(chain.chain_seed_);
+    SplitMix64 rng(chain.chain_seed_);
     std::vector<int32_t> perm(A);
     for (int64_t g = 0; g < groups; ++g) {
       std::iota(perm.begin(), perm.end(), 0);
@@ -242,7 +242,7 @@ int32_t MarkovChain::char_symbol(char c) const {
 
 std::string MarkovChain::sample(int64_t n, uint64_t seed) const {
   LS_REQUIRE(n >= 0, "markov: sample length must be >= 0, got ", n);
-  data::SplitMix64 rng(seed);
+  SplitMix64 rng(seed);
   // Initial context ~ pi, by inversion of the cumulative distribution.
   const double u0 = rng.unit();
   int64_t context = num_contexts_ - 1;

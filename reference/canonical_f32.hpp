@@ -125,8 +125,8 @@ inline CanonicalF32 sum_at(const int64_t* pos, const CanonicalF32* x, int64_t n)
 }
 
 // Sums whose chunking restarts at every segment boundary (bounds = {0, b1, ..., n}), all chunk
-// partials combined exactly, one rounding: the trainer's loss over micro-batches
-// (Gpt::forward_backward's add_losses) and the gradient norm over tensors (grad_sumsq_accumulate).
+// partials combined exactly, one rounding: the trainer's loss over micro-batches (the head layer
+// adds each micro-batch's losses) and the gradient norm over tensors (grad_sumsq_accumulate).
 inline CanonicalF32 sum_segments(const CanonicalF32* x, const std::vector<int64_t>& bounds) {
   ChunkCombiner c;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
@@ -201,7 +201,7 @@ inline void grad_sum_at(GradOut<CanonicalF32> g, int64_t i, const int64_t* pos,
 }
 
 // The model's parameter gradients: one exact running sum per element, rounded once by finish()
-// (Gpt::finish_grads).
+// (Model::finish_grads).
 template <>
 struct GradStore<CanonicalF32> {
   std::vector<CanonicalF32> g;

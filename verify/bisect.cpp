@@ -18,6 +18,7 @@
 #include "verify/child_process.hpp"
 #include "verify/compare.hpp"
 #include "verify/diff.hpp"
+#include "verify/op_bounds.hpp"
 #include "verify/op_graph.hpp"
 #include "verify/shell_words.hpp"
 
@@ -247,7 +248,7 @@ void check_options(const BisectOptions& o) {
 
 // The dumps of step `step` from both sides, diffed bitwise and, with `bounds` (the checkpoints
 // the step started from), against op-local bounds; fills op, op_note, op_detail.
-void name_op(const std::string& dump_a, const std::string& dump_b, int64_t step, int64_t n_layers,
+void name_op(const std::string& dump_a, const std::string& dump_b, int64_t step, const ModelDesc& model,
              const BoundsInputs* bounds, BisectResult& r) {
   const DiffReport bitwise = diff_dumps(dump_a, dump_b, DiffMode{});
   if (!bitwise.first_divergent) {
@@ -267,7 +268,7 @@ void name_op(const std::string& dump_a, const std::string& dump_b, int64_t step,
   for (const auto& t : d.tensors) by_name[t.name.substr(prefix.size())] = &t;
   const TensorDiff& first = d.tensors[index];
   r.op = first.name.substr(prefix.size());
-  const OpInputs in = op_inputs(r.op, n_layers);
+  const OpInputs in = op_inputs(r.op, model);
   nlohmann::json inputs = nlohmann::json::array();
   std::vector<std::string> bad;
   std::string listed;
@@ -401,9 +402,9 @@ BisectResult bisect(const BisectOptions& opt, std::ostream& progress) {
     const std::string da = runner.run(opt.a, "dump", root_a, d, 0, d, d);
     const std::string db = runner.run(opt.b, "dump", root_b, d, 0, d, d);
     const Dump dump = read_dump(da + "/dump");
-    const int64_t n_layers = dump.manifest.at("config").at("model").at("n_layers").get<int64_t>();
+    const ModelDesc model = describe_model(dump_run_config(dump).model);
     const BoundsInputs ckpts{da + "/ckpt", db + "/ckpt"};
-    name_op(da + "/dump", db + "/dump", d, n_layers, opt.bounds ? &ckpts : nullptr, r);
+    name_op(da + "/dump", db + "/dump", d, model, opt.bounds ? &ckpts : nullptr, r);
   } catch (const DataError& e) {
     r.op_note = e.what();
   }

@@ -152,7 +152,7 @@ class NameFilter {
 // Tensor parallelism as the dump needs it: the group, and what says how hook tensors split over it.
 struct DumpTp {
   comm::Communicator* group = nullptr;  // nullptr or a group of one: no tensor parallelism
-  ModelConfig model;
+  const ModelDesc* model = nullptr;     // the model's layer list (it must outlive the writer)
   bool sequence_parallel = false;
 };
 
@@ -279,7 +279,7 @@ class DumpWriter {
     for (const auto& name : order_) {
       Pending& p = pending_.at(name);
       if (!p.batch) continue;
-      const HookShard own = hook_shard(tp_.model, {tp.size(), tp.rank()}, tp_.sequence_parallel, name, p.shape);
+      const HookShard own = hook_shard(*tp_.model, {tp.size(), tp.rank()}, tp_.sequence_parallel, name, p.shape);
       if (own.whole()) continue;
       if (tp.rank() != 0) {
         tp.send(p.data.data(), static_cast<int64_t>(p.data.size()), comm::DataType::kF32, 0, kTag);
@@ -291,7 +291,7 @@ class DumpWriter {
       shard.resize(p.data.size());
       for (int r = 1; r < tp.size(); ++r) {
         tp.recv(shard.data(), static_cast<int64_t>(shard.size()), comm::DataType::kF32, r, kTag);
-        place_hook_shard(hook_shard(tp_.model, {tp.size(), r}, tp_.sequence_parallel, name, p.shape), p.shape,
+        place_hook_shard(hook_shard(*tp_.model, {tp.size(), r}, tp_.sequence_parallel, name, p.shape), p.shape,
                          shard.data(), global.data());
       }
       p.data = std::move(global);

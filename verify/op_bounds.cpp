@@ -21,9 +21,9 @@ namespace {
 
 using Real = reference::Bounded<double>;
 
-// The run's configuration as the dump's manifest records it (RunConfig::to_json): every key as an
-// override of an empty file, so that it is validated exactly as the trainer validated it.
-RunConfig config_of(const Dump& dump) {
+}  // namespace
+
+RunConfig dump_run_config(const Dump& dump) {
   std::vector<std::pair<std::string, std::string>> overrides;
   for (const auto& [section, keys] : dump.manifest.at("config").items()) {
     for (const auto& [key, value] : keys.items()) {
@@ -34,6 +34,8 @@ RunConfig config_of(const Dump& dump) {
   cfg.source = dump.dir + "/manifest.json";
   return cfg;
 }
+
+namespace {
 
 void record(const Real* x, int64_t n, OpLocalBound& out) {
   out.value.resize(static_cast<size_t>(n));
@@ -48,7 +50,7 @@ void record(const Real* x, int64_t n, OpLocalBound& out) {
 }  // namespace
 
 std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t step, const std::string& ckpt_root) {
-  const RunConfig cfg = config_of(dump);
+  const RunConfig cfg = dump_run_config(dump);
   const std::string step_dir = ckpt_root + "/" + ckpt::step_dir_name(step);
   const std::string dir = durable_io::exists(step_dir + "/" + ckpt::kManifestFile) ? step_dir : ckpt_root;
   StepState s;
@@ -77,7 +79,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
   reference::BoundedFormat own = reference::bounded_format();
   own.u = reference::kBoundedDoubleU;
   reference::ScopedBoundedFormat own_roundings(own);
-  reference::GptReference<Real> ref(setup.dims, setup.B, setup.rope_cos, setup.rope_sin);
+  reference::GptReference<Real> ref(s.model, setup.B, setup.rope_cos, setup.rope_sin);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "src/train/config.hpp"
 #include "verify/dump.hpp"
 
 namespace lockstep::verify {
@@ -37,6 +38,10 @@ struct OpLocalBound {
   std::vector<double> value;  // y*: the exact op on the side's dumped inputs (double)
   std::vector<double> bound;  // |kernel result − y*| <= bound for any valid fp32 kernel
 };
+
+// The run's configuration as the dump's manifest records it (RunConfig::to_json): every key as an
+// override of an empty file, so that it is validated exactly as the trainer validated it.
+RunConfig dump_run_config(const Dump& dump);
 
 // For every tensor of `step` in `dump` (keys are hook names without `step/N/`), its reference value
 // and bound. `ckpt_root` holds the checkpoint written before the step (`step_<N>` under it, or

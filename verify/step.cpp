@@ -17,10 +17,9 @@
 #include "src/core/check.hpp"
 #include "src/data/sampler.hpp"
 #include "src/data/token_file.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/train/cpu_setup.hpp"
-#include "verify/reference_dims.hpp"
 
 namespace lockstep::verify {
 
@@ -67,8 +66,8 @@ int64_t numel(const std::vector<int64_t>& shape) {
 std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup& u,
                                             std::vector<std::string>& order) {
   const TrainConfig& tc = s.cfg.train;
-  Gpt model(s.cfg.model, tc.mode, u.MB);
-  const auto ref_layout = reference::gpt_param_layout(u.dims);
+  Model model(s.model, tc.mode, u.MB);
+  const auto ref_layout = reference::reference_param_layout(s.model);
   LS_CHECK(ref_layout.size() == model.param_layout().size(), "reference layout has ",
            ref_layout.size(), " tensors, the model ", model.param_layout().size());
   for (size_t i = 0; i < ref_layout.size(); ++i) {
@@ -125,7 +124,7 @@ template <class Real>
 std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSetup& u,
                                                const std::map<std::string, Observed>& trainer,
                                                bool anchor) {
-  reference::GptReference<Real> ref(u.dims, u.B, u.rope_cos, u.rope_sin);
+  reference::GptReference<Real> ref(s.model, u.B, u.rope_cos, u.rope_sin);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);
@@ -205,7 +204,6 @@ void read_batch(const RunConfig& cfg, data::TrainSampler& sampler, StepState& s)
 StepSetup step_setup(const StepState& s) {
   const TrainConfig& tc = s.cfg.train;
   StepSetup u;
-  u.dims = reference_dims(s.cfg.model);
   u.B = tc.batch_size;
   u.MB = tc.micro_batch();
   u.T = s.cfg.model.seq_len;
@@ -220,11 +218,11 @@ StepSetup step_setup(const StepState& s) {
   u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
   u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
   u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
-  if (u.dims.rope) {
-    const int64_t half = u.dims.HS() / 2;
+  if (s.cfg.model.pos == PosKind::kRope) {
+    const int64_t HS = s.cfg.model.head_size(), half = HS / 2;
     u.rope_cos.resize(u.T * half);
     u.rope_sin.resize(u.T * half);
-    cpu::rope_tables(u.T, u.dims.HS(), s.cfg.model.rope_theta, u.rope_cos.data(), u.rope_sin.data());
+    cpu::rope_tables(u.T, HS, s.cfg.model.rope_theta, u.rope_cos.data(), u.rope_sin.data());
   }
   return u;
 }
@@ -233,7 +231,8 @@ StepSetup step_setup(const StepState& s) {
 StepState initial_step_state(const RunConfig& cfg) {
   StepState s;
   s.cfg = cfg;
-  Gpt model(cfg.model, cfg.train.mode, 1);
+  s.model = describe_model(cfg.model);
+  Model model(s.model, cfg.train.mode, 1);
   model.init_parameters();
   s.params.assign(model.params(), model.params() + model.num_params());
   s.m.assign(s.params.size(), 0.0f);
@@ -264,13 +263,14 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   }
   StepState s;
   s.cfg = cfg;
+  s.model = describe_model(cfg.model);
   s.step = ck->state.at("step").get<int64_t>();
-  Gpt shape_only(cfg.model, Mode::kFast, 1);
-  const auto n = static_cast<size_t>(shape_only.num_params());
+  const std::vector<ParamTensor> layout = build_param_layout(s.model);
+  const auto n = static_cast<size_t>(layout.back().offset + layout.back().numel);
   s.params.resize(n);
   s.m.resize(n);
   s.v.resize(n);
-  for (const auto& p : shape_only.param_layout()) {
+  for (const auto& p : layout) {
     ck->copy_to(ckpt::kModelPrefix + p.name, DType::kF32, p.shape, s.params.data() + p.offset);
     ck->copy_to("optim/m/" + p.name, DType::kF32, p.shape, s.m.data() + p.offset);
     ck->copy_to("optim/v/" + p.name, DType::kF32, p.shape, s.v.data() + p.offset);
@@ -284,8 +284,7 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
 }
 
 double estimate_reference_seconds(const RunConfig& cfg, const StepOptions& opt) {
-  Gpt shape_only(cfg.model, Mode::kFast, 1);
-  const double flops = shape_only.flops_per_token() *
+  const double flops = flops_per_token(describe_model(cfg.model)) *
                        static_cast<double>(cfg.train.batch_size * cfg.model.seq_len);
   double per_fma;
   if (cfg.train.mode == Mode::kCanonical) {
@@ -386,7 +385,7 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
     if (name == "losses") rows.push_back("loss");
   }
   rows.push_back("grad_norm");
-  const auto layout = reference::gpt_param_layout(u.dims);
+  const auto layout = reference::reference_param_layout(s.model);
   for (const auto& p : layout) rows.push_back("grad/" + p.name);
   for (const auto& p : layout) {
     rows.push_back("param/" + p.name);

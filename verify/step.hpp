@@ -3,7 +3,7 @@
 //
 // The trainer side is src/model + src/optim exactly as src/train/trainer.cpp runs a step
 // (micro-batches, exact loss sum / tokens, finish_grads, clip_grad_norm, AdamW), observed through
-// Gpt's TensorHook. The reference side is reference/gpt.hpp on the same parameters, moments and
+// the model's TensorHook. The reference side is reference/gpt.hpp on the same parameters, moments and
 // batch: canonical mode against the CanonicalF32 emulation run end to end (bitwise), fast mode
 // against Bounded<mpfr> (or Bounded<double>) re-anchored on the trainer's tensor at every hook point, so that each
 // tensor's bound covers the ops since the previous hook point (op-local bounds: first-order
@@ -25,8 +25,9 @@ namespace lockstep::verify {
 // Everything a step depends on.
 struct StepState {
   RunConfig cfg;                          // [model], [train] (mode, batch, schedule, AdamW, clip)
+  ModelDesc model;                        // the layer list (describe_model(cfg.model), or edited)
   int64_t step = 0;                       // 0-based index of the step to run (= steps done)
-  std::vector<float> params, m, v;        // flat, Gpt::param_layout() order
+  std::vector<float> params, m, v;        // flat, Model::param_layout() order
   std::vector<int32_t> inputs, targets;   // (B, T) the step's global batch
 };
 
@@ -46,10 +47,9 @@ struct StepOptions {
                                   // which canonical mode must catch; fast mode needs a larger one)
 };
 
-// What the reference needs besides the state: dimensions, hyper-parameters of this step (the
-// learning rate and AdamW bias corrections at s.step), loss segments per micro-batch, RoPE tables.
+// What the reference needs besides the state: hyper-parameters of this step (the learning rate and
+// AdamW bias corrections at s.step), loss segments per micro-batch, RoPE tables.
 struct StepSetup {
-  reference::GptDims dims;
   reference::StepHyper hyper;
   float dloss = 0;
   std::vector<int64_t> loss_segments;

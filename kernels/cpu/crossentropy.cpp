@@ -16,7 +16,7 @@
 // Both: rows are independent and threads take whole rows, so no reduction is split.
 // A NaN logit makes its row's loss and dlogits NaN (m skips it, but exp(NaN − m) poisons Z).
 // The vocabulary-parallel pieces use the same chains and formulas on a slice of the row.
-// Not here: the collectives between those pieces (src/parallel via the model's TpGroup).
+// Not here: the collectives between those pieces (src/parallel/tp_plan.cpp).
 #include <omp.h>
 
 #include <algorithm>

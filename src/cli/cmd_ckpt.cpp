@@ -14,7 +14,7 @@
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/train/config.hpp"
 
 namespace lockstep::cli {
@@ -108,9 +108,9 @@ void export_checkpoint(const std::string& dir, const std::string& out_path) {
             << meta["model_hash"] << ") to " << out_path << "\n";
 }
 
-// The initial parameters of a config's model (Gpt::init_parameters from [model] seed).
+// The initial parameters of a config's model (Model::init_parameters from [model] seed).
 void export_initial(const RunConfig& cfg, const std::string& out_path) {
-  Gpt model(cfg.model, cfg.train.mode, 1);
+  Model model(cfg.model, cfg.train.mode, 1);
   model.init_parameters();
   std::vector<ckpt::TensorRef> refs, hashed;
   const std::string prefix = ckpt::kModelPrefix;

@@ -12,7 +12,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
-#include "src/data/splitmix64.hpp"
+#include "src/core/splitmix64.hpp"
 #include "src/data/token_file.hpp"
 #include "src/data/tokenizer.hpp"
 

@@ -4,7 +4,7 @@
 #include <bit>
 
 #include "src/core/check.hpp"
-#include "src/data/splitmix64.hpp"
+#include "src/core/splitmix64.hpp"
 
 namespace lockstep::data {
 

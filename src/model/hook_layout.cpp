@@ -8,63 +8,45 @@
 
 namespace lockstep {
 
-namespace {
-
-// The op of a hook name without `grad/` and `layer/N/`.
-std::string_view op_of(std::string_view name) {
-  if (name.starts_with("grad/")) name.remove_prefix(5);
-  if (name.starts_with("layer/")) {
-    const size_t slash = name.find('/', 6);
-    if (slash != std::string_view::npos) name.remove_prefix(slash + 1);
-  }
-  return name;
-}
-
-bool one_of(std::string_view op, std::initializer_list<std::string_view> ops) {
-  return std::find(ops.begin(), ops.end(), op) != ops.end();
-}
-
-}  // namespace
-
-HookShard hook_shard(const ModelConfig& cfg, TpCoord tp, bool sp, std::string_view name,
+HookShard hook_shard(const ModelDesc& desc, TpCoord tp, bool sp, std::string_view name,
                      std::span<const int64_t> local_shape) {
   const int64_t p = tp.size, r = tp.rank;
   const bool grad = name.starts_with("grad/");
-  const std::string_view op = op_of(name);
-  // This rank's part of [0, n) split in p equal parts, offset by `base` (param_layout's split).
-  auto part = [&](int64_t n, int64_t base) { return std::pair{base + r * n / p, base + (r + 1) * n / p}; };
-  auto split = [&](int dim, int64_t extent, std::vector<std::pair<int64_t, int64_t>> ranges) {
+  const HookDecl* h = find_hook(desc, name);
+  LS_CHECK(h != nullptr, name, ": not a hook name of the model");
+  auto check_held = [&](int dim, int64_t held) {
     LS_CHECK(static_cast<int>(local_shape.size()) > dim, name, ": a rank-", local_shape.size(),
              " tensor has no dim ", dim);
-    int64_t held = 0;
-    for (const auto& [first, end] : ranges) held += end - first;
     LS_CHECK(held == local_shape[static_cast<size_t>(dim)], name, ": dim ", dim, " holds ",
              local_shape[static_cast<size_t>(dim)], " elements, tp rank ", r, " of ", p, " should hold ", held);
-    return HookShard{dim, std::move(ranges), extent, 0};
   };
   if (p == 1) return {};
-
-  const int64_t HS = cfg.head_size(), Q = cfg.n_heads * HS, KV = cfg.n_kv_heads * HS, F = cfg.ffn_width();
-  if (op == "attn/qkv") return split(2, Q + 2 * KV, {part(Q, 0), part(KV, Q), part(KV, Q + KV)});
-  if (op == "attn/att") return split(1, cfg.n_heads, {part(cfg.n_heads, 0)});
-  if (op == "attn/out") return split(2, Q, {part(Q, 0)});
-  if (op == "mlp/fc") {
-    if (cfg.ffn == FfnKind::kSwiglu) return split(2, 2 * F, {part(F, 0), part(F, F)});
-    return split(2, F, {part(F, 0)});
+  switch (h->region) {
+    case HookRegion::kWhole:
+      return {};
+    case HookRegion::kSplit: {
+      HookShard s{h->split_dim, {}, 0, 0};
+      int64_t held = 0;
+      for (int64_t n : h->segments) {
+        s.ranges.emplace_back(s.global_extent + r * n / p, s.global_extent + (r + 1) * n / p);
+        s.global_extent += n;
+        held += n / p;
+      }
+      check_held(h->split_dim, held);
+      return s;
+    }
+    case HookRegion::kNormOut:
+    case HookRegion::kStream:
+      break;
   }
-  if (op == "mlp/act") return split(2, F, {part(F, 0)});
-  if (op == "logits") return split(2, cfg.vocab_size, {part(cfg.vocab_size, 0)});
-  if (op == "losses") return {};
-  const bool norm_out = one_of(op, {"ln1/out", "ln2/out", "lnf/out"});
-  const bool residual = one_of(op, {"embed/out", "attn/res", "mlp/res"});
-  LS_CHECK(norm_out || residual, name, ": not a hook name of the model");
   // Norm outputs are gathered before use; their gradients, like the residual stream, are not.
-  if (!sp || (norm_out && !grad)) return {};
+  if (!sp || (h->region == HookRegion::kNormOut && !grad)) return {};
   LS_CHECK(local_shape.size() == 3, name, ": expected (micro-batches, tokens, d_model) under sequence parallelism");
-  HookShard s = split(1, p * local_shape[1], {part(p * local_shape[1], 0)});
-  s.tokens_per_sequence = cfg.seq_len;
-  LS_CHECK(s.global_extent % cfg.seq_len == 0, name, ": ", s.global_extent, " tokens are not whole sequences of ",
-           cfg.seq_len);
+  const int64_t tokens = p * local_shape[1];
+  check_held(1, tokens / p);
+  HookShard s{1, {{r * tokens / p, (r + 1) * tokens / p}}, tokens, desc.config.seq_len};
+  LS_CHECK(s.global_extent % s.tokens_per_sequence == 0, name, ": ", s.global_extent,
+           " tokens are not whole sequences of ", s.tokens_per_sequence);
   return s;
 }
 

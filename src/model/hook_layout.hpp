@@ -1,24 +1,17 @@
-// Where the tensor a tensor-parallel rank hands to the model's hook (gpt.hpp's TensorHook) lies in
+// Where the tensor a tensor-parallel rank hands to the model's hook (layer.hpp's TensorHook) lies in
 // the tensor one device hands to it under the same name: the activation counterpart of
-// param_layout.hpp, for gathering shards into global tensors (dumps, verify/dump.hpp).
-//
-// What Gpt (gpt.cpp, gpt_parallel.cpp) observes on tp rank r of p, by hook name (`grad/` names
-// follow the table on their own; `layer/N/` prefixes do not matter):
-//   attn/qkv, grad/attn/qkv    (B, T, ·) this rank's heads' q, k and v features: three ranges of
-//                              the feature dim [q | k | v] (param_layout's qkv rows)
-//   attn/att, grad/attn/att    (B, NH/p, T, T): heads [r·NH/p, (r+1)·NH/p) of dim 1
-//   attn/out, grad/attn/out    (B, T, NH·HS/p): features [r·NH·HS/p, ...) of dim 2
-//   mlp/fc, grad/mlp/fc        (B, T, ·) GELU: features [r·F/p, ...); SwiGLU: that range of the
-//                              gate half and of the up half
-//   mlp/act, grad/mlp/act      (B, T, F/p): features [r·F/p, ...)
-//   logits, grad/logits        (B, T, V/p): vocabulary [r·V/p, ...)
-//   ln1/out ln2/out lnf/out    whole on every rank (gathered over tp under sequence parallelism)
-//   losses                     whole on every rank (the vocabulary-parallel cross-entropy's rows)
-//   embed/out attn/res mlp/res and the gradients of these and of the norm outputs
-//   (grad/ln1/out, grad/ln2/out, grad/lnf/out): whole after the row-parallel reduction; under
-//                              sequence parallelism (1, B·T/p, C): block r of the micro-batch's
-//                              B·T tokens (flattened, contiguous), so the global tensor is the
-//                              blocks concatenated along dim 1 and read as (B, T, C).
+// param_layout.hpp, for gathering shards into global tensors (dumps, verify/dump.hpp), read off
+// each hook's declaration (layer_list.hpp's HookDecl) on tp rank r of p:
+//   kSplit    split along split_dim in its segments, rank r holding part r of each (attn/qkv:
+//             this rank's heads' q, k and v features; attn/att: its heads; mlp/fc, mlp/act: its
+//             hidden features, of both SwiGLU halves; logits: its vocabulary rows)
+//   kNormOut  whole on every rank (gathered over tp under sequence parallelism); its gradient as
+//             kStream
+//   kStream   the residual stream (embed/out, attn/res, mlp/res) and its gradient: whole after the
+//             row-parallel reduction; under sequence parallelism (1, B·T/p, C): block r of the
+//             micro-batch's B·T tokens (flattened, contiguous), so the global tensor is the blocks
+//             concatenated along dim 1 and read as (B, T, C)
+//   kWhole    whole on every rank (losses: the vocabulary-parallel cross-entropy's rows)
 // The dims after the batch dim are those of one micro-batch, so the same description holds for
 // a step's micro-batches concatenated along dim 0 (the dump's batch tensors).
 // Not here: the gather itself (collectives belong to the caller), parameters (param_layout.hpp).
@@ -30,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/model/config.hpp"
+#include "src/model/layer_list.hpp"
 #include "src/model/param_layout.hpp"
 
 namespace lockstep {
@@ -50,7 +43,7 @@ struct HookShard {
 
 // The shard of hook tensor `name` (local shape `local_shape`) on tp rank tp.rank. sp: sequence
 // parallelism. InternalError for a name the model does not observe or a shape that does not fit it.
-HookShard hook_shard(const ModelConfig& cfg, TpCoord tp, bool sp, std::string_view name,
+HookShard hook_shard(const ModelDesc& desc, TpCoord tp, bool sp, std::string_view name,
                      std::span<const int64_t> local_shape);
 
 // The shape of the global tensor of which `local_shape` is the shard `s`.

@@ -1,11 +1,14 @@
-// The model's parameter tensors: names, shapes, places in the flat buffer, and under tensor
-// parallelism the part of each global tensor a rank holds.
+// The model's parameter tensors as one rank holds them: names, shapes, places in the flat buffer,
+// and under tensor parallelism the part of each global tensor the rank holds — read off the layer
+// list's declarations (layer_list.hpp), in its order.
 //
-// Tensor-parallel split (Megatron-LM's), for tp ranks, rank r:
-//   column-parallel, split along the output features (dim 0 of the weight, and the bias):
-//     attn/qkv   the q, k and v rows of this rank's heads: three row ranges of [q | k | v]
+// A declared split (ParamDecl::split_dim and segments) gives tp rank r of p part r of every
+// segment along the split dim, concatenated; the parts are [r·n/p, (r+1)·n/p) of a segment of n.
+// Megatron-LM's split follows from what the layers declare:
+//   column-parallel (split along dim 0, the output features, and the bias):
+//     attn/qkv   the q, k and v rows of this rank's heads: three segments [q | k | v]
 //     mlp/fc     GELU: rows [r·F/tp, (r+1)·F/tp); SwiGLU: those rows of the gate and of the up half
-//   row-parallel, split along the input features (dim 1 of the weight):
+//   row-parallel (split along dim 1, the input features):
 //     attn/proj, mlp/proj   columns [r·C/tp, ...) and [r·F/tp, ...); their biases are replicated
 //   vocabulary-parallel: wte (and an untied lm_head): rows [r·V/tp, (r+1)·V/tp)
 //   replicated: norm weights and biases, wpe, the row-parallel biases.
@@ -20,7 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "src/core/dtype.hpp"
 #include "src/model/config.hpp"
+#include "src/model/layer_list.hpp"
 
 namespace lockstep {
 
@@ -32,6 +37,9 @@ struct ParamTensor {
   bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
   bool norm = false;           // a norm's weight or bias: under sequence parallelism each tp rank
                                // applies it to its own tokens, so its gradient covers only those
+  DType dtype = DType::kF32;
+  ParamInit init = ParamInit::kNormal;
+  float init_scale = 1.0f;
   // Tensor parallelism: the global tensor, and the split dim (-1: replicated on every tp rank,
   // shape == global_shape) with the global index ranges [first, end) this rank holds along it.
   std::vector<int64_t> global_shape;
@@ -49,8 +57,12 @@ struct TpCoord {
   int64_t rank = 0;
 };
 
-// The tensors of tp rank tp.rank, in the canonical order (that of the forward pass). The config's
-// dims must divide as src/parallel/tensor_parallel.hpp checks.
+// The tensors of tp rank tp.rank, in the canonical order (that of the forward pass): every layer's
+// declared parameters, or those of layers [first_layer, end_layer) (a pipeline stage). The split
+// segments must divide by tp.size (src/parallel/tensor_parallel.hpp checks a config's).
+std::vector<ParamTensor> build_param_layout(const ModelDesc& desc, TpCoord tp = {}, size_t first_layer = 0,
+                                            size_t end_layer = SIZE_MAX);
+// The same for the layer list of a [model] section.
 std::vector<ParamTensor> build_param_layout(const ModelConfig& cfg, TpCoord tp = {});
 
 }  // namespace lockstep

@@ -16,7 +16,7 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + (lr - min_lr) * 0.5 * (1.0 + det::cos(det::kPi * std::min(progress, 1.0)));
 }
 
-AdamW::AdamW(const Gpt& model, AdamWConfig cfg)
+AdamW::AdamW(const Model& model, AdamWConfig cfg)
     : cfg_(cfg), m_(model.num_params(), 0.0f), v_(model.num_params(), 0.0f) {}
 
 float adamw_bias_correction(float beta, int64_t t) {
@@ -28,7 +28,7 @@ float adamw_bias_correction(float beta, int64_t t) {
   return static_cast<float>(1.0 - r);
 }
 
-void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
+void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
                         int64_t end, float* m, float* v, const float* grads) {
   const float bc1 = adamw_bias_correction(cfg.beta1, t);
   const float bc2 = adamw_bias_correction(cfg.beta2, t);
@@ -42,11 +42,11 @@ void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t,
   }
 }
 
-void AdamW::update(Gpt& model, float lr, int64_t t) {
+void AdamW::update(Model& model, float lr, int64_t t) {
   adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), m_.data(), v_.data(), model.grads());
 }
 
-float clip_grad_norm(Gpt& model, float max_norm) {
+float clip_grad_norm(Model& model, float max_norm) {
   ChunkCombiner sumsq;
   for (const auto& p : model.param_layout()) {
     cpu::grad_sumsq_accumulate(model.mode(), p.numel, sumsq, model.grads() + p.offset);

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 
 namespace lockstep {
 
@@ -36,15 +36,15 @@ float adamw_bias_correction(float beta, int64_t t);
 // whole model): m, v and grads hold the moments and gradient of exactly those elements (m[0] is
 // element `first`; grads: the model's own buffer from `first`, or a ZeRO-2 shard).
 // Weight decay follows each ParamTensor's `decay`; a tensor cut by the range is updated in part.
-void adamw_update_range(Gpt& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
+void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
                         int64_t end, float* m, float* v, const float* grads);
 
 class AdamW {
  public:
-  AdamW(const Gpt& model, AdamWConfig cfg);
+  AdamW(const Model& model, AdamWConfig cfg);
 
   // One update with 1-based step count t (bias corrections from adamw_bias_correction).
-  void update(Gpt& model, float lr, int64_t t);
+  void update(Model& model, float lr, int64_t t);
 
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
@@ -59,6 +59,6 @@ class AdamW {
 // Global L2 norm of the gradients (canonical: exact chunked sum of squares, one rounding, then
 // fp32 sqrt); if max_norm > 0 and the norm exceeds it, scales every gradient by
 // max_norm / (norm + 1e-6). Returns the norm before clipping.
-float clip_grad_norm(Gpt& model, float max_norm);
+float clip_grad_norm(Model& model, float max_norm);
 
 }  // namespace lockstep

@@ -32,10 +32,10 @@ DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp,
   return b;
 }
 
-DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp,
+DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp,
                            int zero, ReduceMode reduce, AdamWConfig adam, DpOptions options)
     : model_(model), dp_(dp), tp_(tp), dp_tp_(dp_tp), zero_(zero), reduce_(reduce), adam_(adam),
-      plan_(make_shard_plan(model.param_layout(), dp.size())) {
+      plan_(make_shard_plan(model.param_layout(), dp.size())), sp_(options.sequence_parallel) {
   LS_CHECK(zero >= 0 && zero <= 2, "zero ", zero);
   LS_CHECK(options.bucket_bytes >= 1, "bucket_bytes ", options.bucket_bytes);
   if (zero_ == 0 || dp_.size() == 1) {
@@ -49,8 +49,7 @@ DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicato
   const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
   if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
   bucket_elems_ = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
-  const bool sp = model_.sequence_parallel();
-  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems_, sp, zero_ == 2);
+  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_, zero_ == 2);
   if (zero_ == 2) {
     // Budget: the largest bucket and three of the next largest (zero2_grads.hpp).
     std::vector<int64_t> sizes;
@@ -59,7 +58,7 @@ DataParallel::DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicato
     const int64_t budget = sizes[0] + 3 * (sizes.size() > 1 ? sizes[1] : 0);
     const bool exact_shard = reduce_ == ReduceMode::kExact && model_.mode() == Mode::kCanonical;
     staged_ = std::make_unique<Zero2Grads>(model_.param_layout(), buckets, model_.mode(), shard_first(),
-                                           shard_end(), exact_shard, sp, budget);
+                                           shard_end(), exact_shard, sp_, budget);
     model_.set_grad_storage(staged_.get());
   } else {
     shard_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
@@ -105,7 +104,7 @@ void DataParallel::all_gather_shards(float* buf) {
 
 void DataParallel::on_grads_ready(int64_t first, int64_t end, bool last) {
   if (!staged_ && !last) return;  // zero 0/1 reduce the step's sum: only the last micro-batch's
-  if (!model_.sequence_parallel()) {
+  if (!sp_) {
     buckets_->mark_ready(first, end);
     return;
   }

@@ -5,7 +5,7 @@
 // then:
 //   backward            the gradient buffer is cut into buckets of about DpOptions::bucket_bytes
 //                       (grad_buckets.hpp); during the last micro-batch's backward the model
-//                       reports each range whose gradient is final (Gpt::set_grad_ready_hook:
+//                       reports each range whose gradient is final (Model::set_grad_ready_hook:
 //                       head, lnf, the layers from the last op by op, the embeddings), and each
 //                       bucket whose elements are all final is reduced at once on a worker thread,
 //                       overlapped with the rest of the backward. A bucket's reduction is its part
@@ -53,7 +53,7 @@
 // main thread waited for after the backward, and the share hidden behind the backward.
 //
 // ZeRO-2 memory: zero 2 saves the optimizer state (as zero 1), the gradient all-gather and the
-// gradient memory. The model gives up its full gradient buffers (Gpt::set_grad_storage) and writes
+// gradient memory. The model gives up its full gradient buffers (Model::set_grad_storage) and writes
 // into Zero2Grads (zero2_grads.hpp): buckets of whole tensors staged in a small pool; in every
 // micro-batch each bucket is reduce-scattered as soon as the backward has finished it, and this
 // rank's part accumulated into its shard (exact reduction in canonical mode: the exact sums, one
@@ -107,6 +107,9 @@ struct DpOptions {
   // Reduce buckets during the backward on a worker thread (where MPI provides
   // MPI_THREAD_MULTIPLE); off: one after the other in reduce_gradients().
   bool overlap = true;
+  // The model runs under sequence parallelism (its norm gradients cover this tp rank's tokens
+  // until sum_norm_grads_over_tp).
+  bool sequence_parallel = false;
 };
 
 class DataParallel {
@@ -115,7 +118,7 @@ class DataParallel {
   // gradient (dp × tp; a group of one of each without parallelism). Installs the model's
   // grad-ready hook (removed by the destructor) and, with overlap, duplicates the dp group:
   // collective over dp.
-  DataParallel(Gpt& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp, int zero,
+  DataParallel(Model& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp, int zero,
                ReduceMode reduce, AdamWConfig adam, DpOptions options = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -177,7 +180,7 @@ class DataParallel {
   // Gradient element i (global index; under zero 2 inside this rank's shard).
   float* grad_at(int64_t i);
 
-  Gpt& model_;
+  Model& model_;
   comm::Communicator& dp_;
   comm::Communicator& tp_;
   comm::Communicator& dp_tp_;
@@ -186,6 +189,7 @@ class DataParallel {
   AdamWConfig adam_;
   ShardPlan plan_;
   int64_t bucket_elems_ = 0;  // DpOptions::bucket_bytes in fp32 elements
+  bool sp_ = false;           // DpOptions::sequence_parallel
   std::unique_ptr<AdamW> replicated_;  // zero 0
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
   std::vector<float> shard_;           // zero 0/1: reduced gradient shard (scratch; buckets write disjoint parts)

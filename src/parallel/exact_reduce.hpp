@@ -32,7 +32,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/core/exact_sum.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 
 namespace lockstep::parallel {
 

@@ -70,7 +70,7 @@ uint64_t tp_min_bytes(const ModelConfig& m, int64_t tp, bool sp, int64_t tokens)
   return values * per_value / p;
 }
 
-void sum_norm_grads(Gpt& model, comm::Communicator& tp) {
+void sum_norm_grads(Model& model, comm::Communicator& tp) {
   std::vector<size_t> idx;  // the norm parameters' elements, in buffer order (the same on every rank)
   for (const auto& t : model.param_layout()) {
     for (int64_t i = 0; t.norm && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));

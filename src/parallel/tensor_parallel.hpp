@@ -1,9 +1,9 @@
 // Tensor parallelism (Megatron style) over a mesh's tp group: the checks a layout must pass, the
-// model's TpGroup over a Communicator, and the gather/scatter between a rank's shards and the
+// plan's TpGroup over a Communicator, and the gather/scatter between a rank's shards and the
 // global tensors (checkpoints, model hash).
 //
 // The split itself (which rows or columns of each tensor a rank holds) is src/model/param_layout.hpp;
-// the layers that use it are src/model/gpt.cpp.
+// the ops that combine the ranks' parts are tp_plan.hpp.
 //
 // Collectives of CommTpGroup, and their cost in bytes sent per rank (p = tp, n elements):
 //   all_reduce_exact  exact_reduce_scatter of the exact sums (8 bytes per element, plus records for
@@ -23,9 +23,9 @@
 #include "kernels/ops/mode.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/model/config.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/model/param_layout.hpp"
-#include "src/model/tp_group.hpp"
+#include "src/parallel/tp_group.hpp"
 
 namespace lockstep::parallel {
 
@@ -52,7 +52,7 @@ uint64_t tp_min_bytes(const ModelConfig& model, int64_t tp, bool sp, int64_t tok
 // holds the gradient over all tokens — canonical: the exact sums (doubles, and the
 // SuperAccumulators of spilled elements) added exactly, still unrounded; fast: an fp32 sum with the
 // same bits on every rank. Collective over tp.
-void sum_norm_grads(Gpt& model, comm::Communicator& tp);
+void sum_norm_grads(Model& model, comm::Communicator& tp);
 // The same for elements idx (the same on every rank) of gradient storage: grads.f32[i] (fast) or
 // grads.exact's element i (canonical); grads.offset is ignored.
 void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communicator& tp);

@@ -1,7 +1,7 @@
 // ZeRO-2 gradient memory: all the gradient storage of one data-parallel rank under zero 2 — this
 // rank's shard of the reduced gradient, and staging for the buckets the backward is writing.
 //
-// The model writes each parameter's gradient through Gpt::GradStorage (sink()). A bucket (whole
+// The model writes each parameter's gradient through GradStorage (sink()). A bucket (whole
 // tensors: plan_grad_buckets with whole_tensors) gets a staging buffer from a pool when the
 // backward first writes to it in a micro-batch, zeroed; the bucket is reduced as soon as the
 // backward has reported all of its elements (close(), then the reduction on the dp worker reads
@@ -40,7 +40,7 @@
 
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/parallel/grad_buckets.hpp"
 
 namespace lockstep::parallel {

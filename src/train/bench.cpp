@@ -15,9 +15,9 @@
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
 #include "src/data/sampler.hpp"
-#include "src/data/splitmix64.hpp"
+#include "src/core/splitmix64.hpp"
 #include "src/data/token_file.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/train/cpu_setup.hpp"
 #include "src/train/metrics.hpp"
@@ -133,7 +133,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   // Tokens: the configured file through the trainer's sampler, else synthetic (see bench.hpp).
   std::optional<data::TokenFile> file;
   std::optional<data::TrainSampler> sampler;
-  data::SplitMix64 rng(tc.seed);
+  SplitMix64 rng(tc.seed);
   r.synthetic_tokens = cfg.data.train.empty();
   if (!r.synthetic_tokens) {
     file.emplace(cfg.data.train);
@@ -158,7 +158,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     }
   };
 
-  Gpt model(cfg.model, tc.mode, MB);
+  Model model(cfg.model, tc.mode, MB);
   model.init_parameters();
   AdamW adamw(model, {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
                       static_cast<float>(tc.weight_decay)});

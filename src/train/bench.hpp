@@ -6,7 +6,7 @@
 //
 // The step is the trainer's single-process step (src/train/trainer.cpp): zero_grad,
 // forward_backward_batch over the micro-batches, finish_grads, clip_grad_norm, AdamW update.
-// Phases: "forward" is a separate forward-only pass (Gpt::eval_loss) over the same batch, timed
+// Phases: "forward" is a separate forward-only pass (Model::eval_loss) over the same batch, timed
 // after each step and not part of the step time; "backward" is forward_backward − forward (the
 // model does not expose a timer between its forward and backward); "optimizer" is clip + AdamW.
 // Communication is 0 (one process). Verification: the periodic checks the trainer has, each timed
@@ -58,7 +58,7 @@ struct BenchResult {
   int64_t threads = 0;
   int64_t params = 0;
   int64_t tokens_per_step = 0;
-  double flops_per_token = 0;  // 6·N + 12·L·C·T (Gpt::flops_per_token)
+  double flops_per_token = 0;  // 6·N + 12·L·C·T (Model::flops_per_token)
   double peak_gflops = 0;      // fp32 GEMM peak: measured.gflops unless [train] peak_gflops is set
   bool peak_measured = true;
   GemmPeak measured;           // the higher of two measurements, before and after the timed steps

@@ -289,7 +289,7 @@ void validate(const RunConfig& c, ConfigUse use) {
              c.source, ": [parallel] debug_fault: expected \"none\", \"exit\", \"hang\" or \"flip\", got \"",
              p.debug_fault, "\"");
   verify::StepSet(c.dump.steps, c.source + ": [dump] steps");  // throws on a malformed list
-  parse_injection(c.inject, c.source);
+  parse_injection(c.inject, c.source, c.model);
 }
 
 }  // namespace

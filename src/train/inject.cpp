@@ -42,7 +42,7 @@ float round_through(const std::string& format, float x) {
 
 }  // namespace
 
-Injection parse_injection(const InjectConfig& c, const std::string& where) {
+Injection parse_injection(const InjectConfig& c, const std::string& where, const ModelConfig& model) {
   Injection inj;
   if (c.kind.empty() && c.site.empty()) return inj;
   LS_REQUIRE(!c.kind.empty() && !c.site.empty(), where,
@@ -65,9 +65,9 @@ Injection parse_injection(const InjectConfig& c, const std::string& where) {
     LS_REQUIRE(inj.index >= 0, where, ": [inject] kind bitflip: index must be >= 0");
   } else if (head == "order") {
     LS_REQUIRE(opts.empty(), where, ": [inject] kind order takes no options");
-    LS_REQUIRE(Gpt::is_op_site(c.site), where, ": [inject] kind order: site must be an op's forward output ",
-               "(embed/out, lnf/out, logits or layer/N/ one of ln1/out, attn/qkv, attn/att, attn/res, ln2/out, ",
-               "mlp/fc, mlp/act, mlp/res), got \"", c.site, "\"");
+    const ModelDesc desc = describe_model(model);
+    LS_REQUIRE(is_op_site(desc, c.site), where, ": [inject] kind order: site must be an op's forward output (",
+               op_sites_text(desc), "), got \"", c.site, "\"");
     inj.kind = Injection::Kind::kOrder;
   } else if (head == "cast") {
     inj.kind = Injection::Kind::kCast;
@@ -82,7 +82,7 @@ Injection parse_injection(const InjectConfig& c, const std::string& where) {
   return inj;
 }
 
-void Injector::begin_step(Gpt& model, int64_t step) {
+void Injector::begin_step(Model& model, int64_t step) {
   now_ = active() && step == inj_.step;
   applied_ = false;
   if (now_ && inj_.kind == Injection::Kind::kOrder) {
@@ -111,7 +111,7 @@ void Injector::on_tensor(std::string_view name, float* data, std::span<const int
   applied_ = true;
 }
 
-void Injector::end_step(Gpt& model) {
+void Injector::end_step(Model& model) {
   if (!now_) return;
   if (inj_.kind == Injection::Kind::kOrder) model.clear_op_modes();
   LS_REQUIRE(applied_, "[inject] site \"", inj_.site, "\" is not a tensor of this model (hook names look like ",

@@ -11,7 +11,7 @@
 //   accumulation order, the kind of change a new kernel or library brings;
 // cast:F:  rounds every element of the tensor to F (bf16, f16, e4m3, e5m2) and back, as running
 //   that op in a narrower format would.
-// Sites are the model's hook names (src/model/gpt.hpp); `grad/...` sites act on the backward.
+// Sites are the model's hook names (src/model/layer.hpp); `grad/...` sites act on the backward.
 // --inject.rank=R restricts the injection to world rank R (silent corruption on one device); by
 // default every rank injects at its own micro-batches. Under tensor parallelism a rank's tensor is
 // its shard (src/model/hook_layout.hpp says where it lies in the global one): bitflip's index is
@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/train/config.hpp"
 
 namespace lockstep {
@@ -40,8 +40,8 @@ struct Injection {
   std::string format;   // cast
 };
 
-// Parses and checks the [inject] section; `where` names the config for messages.
-Injection parse_injection(const InjectConfig& c, const std::string& where);
+// Parses and checks the [inject] section of a run of `model`; `where` names the config for messages.
+Injection parse_injection(const InjectConfig& c, const std::string& where, const ModelConfig& model);
 
 // Applies an Injection to a model step by step. The trainer calls begin_step() before each step's
 // forward/backward, on_tensor() from the model's hook, and end_step() after it; end_step() of the
@@ -53,9 +53,9 @@ class Injector {
       : inj_(std::move(injection)), here_(inj_.rank < 0 || inj_.rank == world_rank) {}
 
   bool active() const { return inj_.kind != Injection::Kind::kNone && here_; }
-  void begin_step(Gpt& model, int64_t step);
+  void begin_step(Model& model, int64_t step);
   void on_tensor(std::string_view name, float* data, std::span<const int64_t> shape);
-  void end_step(Gpt& model);
+  void end_step(Model& model);
 
  private:
   Injection inj_;

@@ -25,11 +25,12 @@
 #include "src/core/hash.hpp"
 #include "src/data/sampler.hpp"
 #include "src/data/token_file.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/mesh.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/parallel/tp_plan.hpp"
 #include "src/train/cpu_setup.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
@@ -89,7 +90,7 @@ void check_replicas(uint64_t mine, comm::Communicator& group, int64_t step, cons
 
 // Hash of the tensors this rank holds whole although tensor parallelism splits the model (norms,
 // row-parallel biases, wpe): every tp rank computes them from the same inputs.
-uint64_t tp_replicated_hash(const Gpt& model) {
+uint64_t tp_replicated_hash(const Model& model) {
   uint64_t h = 0;
   for (const auto& p : model.param_layout()) {
     if (p.replicated()) h = xxh64(model.params() + p.offset, static_cast<size_t>(p.numel) * sizeof(float), h);
@@ -98,7 +99,7 @@ uint64_t tp_replicated_hash(const Gpt& model) {
 }
 
 // --parallel.debug_fault: test-only faults, injected after step debug_step on rank debug_rank.
-void inject_fault(const ParallelConfig& p, int world_rank, int64_t step, Gpt& model) {
+void inject_fault(const ParallelConfig& p, int world_rank, int64_t step, Model& model) {
   if (p.debug_fault == "none" || world_rank != p.debug_rank || step != p.debug_step) return;
   std::fprintf(stderr, "rank %d: --parallel.debug_fault=%s after step %lld\n", world_rank, p.debug_fault.c_str(),
                static_cast<long long>(step));
@@ -177,14 +178,19 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 
   // Tensor parallelism: the model holds this rank's shards and reduces over the tp group.
   std::optional<parallel::CommTpGroup> tp_group;
-  if (tp > 1) tp_group.emplace(tpc);
-  Gpt model(cfg.model, tc.mode, MBL, tp_group ? &*tp_group : nullptr, pc.sp);
+  std::optional<parallel::TensorParallelPlan> tp_plan;
+  if (tp > 1) {
+    tp_group.emplace(tpc);
+    tp_plan.emplace(*tp_group, pc.sp);
+  }
+  Model model(cfg.model, tc.mode, MBL, {.plan = tp_plan ? &*tp_plan : nullptr});
+  const bool sp = tp > 1 && pc.sp;
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
   parallel::DataParallel ddp(model, dpc, tpc, world, static_cast<int>(pc.zero), reduce,
                              {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
                               static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)},
-                             parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap});
+                             parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap, sp});
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
 
   // [dump] and [inject]: the model gets a hook only while one of them is on, so that both cost
@@ -196,9 +202,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
                  nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"sp", pc.sp}, {"zero", pc.zero}, {"pp", pc.pp},
                                 {"ep", pc.ep}, {"cp", pc.cp}, {"mode", mode_name(tc.mode)}, {"micro_batch", MBL}},
-                 &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, cfg.model, pc.sp});
+                 &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp});
   }
-  Injector injector(parse_injection(cfg.inject, cfg.source), world.rank());
+  Injector injector(parse_injection(cfg.inject, cfg.source, cfg.model), world.rank());
   LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
              ") is not a rank of this run (", world.size(), " ranks)");
   if (dump || injector.active()) {
@@ -358,7 +364,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     model.forward_backward_batch(inputs.data(), targets.data(), BL, MBL, dp_rank * BL * T, dloss,
                                  loss_sum);
     injector.end_step(model);
-    if (model.sequence_parallel()) ddp.sum_norm_grads_over_tp();
+    if (sp) ddp.sum_norm_grads_over_tp();
     ddp.reduce_gradients();
     const parallel::OverlapStats overlap = ddp.overlap_stats();
     const float loss = ddp.reduce_loss(loss_sum) / static_cast<float>(B * T);

@@ -81,7 +81,7 @@ void rate(benchmark::State& state, const char* name, double per_iteration) {
   state.counters[name] = benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Canonical mode accumulates parameter gradients exactly (as Gpt does); fast mode into fp32.
+// Canonical mode accumulates parameter gradients exactly (as the model does); fast mode into fp32.
 struct Sink {
   Sink(Mode mode, int64_t n) : f32(static_cast<size_t>(n)), exact(mode == Mode::kCanonical ? n : 0), mode(mode) {}
   GradSink get() { return mode == Mode::kCanonical ? GradSink{nullptr, &exact, 0} : GradSink{f32.data(), nullptr, 0}; }

@@ -1,4 +1,4 @@
-// Bucketed gradient reduction overlapped with the backward pass, on a real Gpt, the whole world as
+// Bucketed gradient reduction overlapped with the backward pass, on a real Model, the whole world as
 // the dp group (2, 3 and 4 ranks), two steps (the schedule restarts every step):
 //  - for canonical and fast mode, exact and fast reduction, zero 0, 1 and 2, buckets of one and of
 //    four 64-element chunks (smaller than any weight tensor), a few tensors, and bigger than the model, reduced
@@ -27,6 +27,7 @@
 #include "src/core/hash.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/parallel/tp_plan.hpp"
 #include "tests/mpi/mpi_env.hpp"
 
 namespace lockstep::parallel {
@@ -99,9 +100,14 @@ StepsResult run(const ModelConfig& cfg, const Layout& l, Groups g, int64_t seqs,
   comm::SelfCommunicator alone("tp");
   comm::Communicator& tpc = g.tp ? *g.tp : alone;
   std::optional<CommTpGroup> tp_group;
-  if (g.tp) tp_group.emplace(*g.tp);
-  Gpt gpt(cfg, l.mode, 1, tp_group ? &*tp_group : nullptr, g.sp);
+  std::optional<TensorParallelPlan> tp_plan;
+  if (g.tp) {
+    tp_group.emplace(*g.tp);
+    tp_plan.emplace(*tp_group, g.sp);
+  }
+  Model gpt(cfg, l.mode, 1, {.plan = tp_plan ? &*tp_plan : nullptr});
   gpt.init_parameters();  // tp: this rank's shards of the one model
+  options.sequence_parallel = g.sp;
   DataParallel ddp(gpt, g.dp, tpc, *g_world, l.zero, l.reduce, AdamWConfig{}, options);
   const int64_t T = cfg.seq_len, B = seqs, BL = B / g.dp.size(), first = g.dp.rank() * BL;
   std::vector<int32_t> inputs(static_cast<size_t>(BL * T)), targets(inputs.size());
@@ -186,7 +192,7 @@ TEST(GradBucketsMpi, CanonicalExactIsTheSingleProcessStep) {
     const StepsResult one = run(cfg, l, {alone}, 2 * p, {});
     const StepsResult dp = run(cfg, l, {*g_world}, 2 * p, {int64_t{16} << 10, true});
     // zero 2: each rank holds its shard of the gradient.
-    const ShardPlan plan = make_shard_plan(Gpt(cfg, l.mode, 1).param_layout(), p);
+    const ShardPlan plan = make_shard_plan(Model(cfg, l.mode, 1).param_layout(), p);
     const int me = g_world->rank();
     expect_same(dp, one, zero == 2 ? plan.first(me) : 0, zero == 2 ? plan.end(me) : static_cast<int64_t>(one.params.size()),
                 describe(l, int64_t{16} << 10) + (tied ? ", tied" : "") + " against one process");

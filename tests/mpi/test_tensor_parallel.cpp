@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/parallel/tp_plan.hpp"
 #include "tests/mpi/mpi_env.hpp"
 
 namespace lockstep::parallel {
@@ -107,8 +108,9 @@ TEST(TensorParallelMpi, GatherOfTakenShardsIsTheGlobalBuffer) {
 
 TEST(TensorParallelMpi, NormGradientsAreSummedExactlyOverTheGroup) {
   CommTpGroup tp(*g_world);
+  const TensorParallelPlan plan(tp, true);
   const int p = g_world->size(), me = g_world->rank();
-  Gpt gpt(model(), Mode::kCanonical, 1, &tp, true);
+  Model gpt(model(), Mode::kCanonical, 1, {.plan = &plan});
   ExactAccumulator& acc = gpt.exact_grads();
   const auto n = static_cast<int64_t>(acc.size());
   for (int64_t e = 0; e < n; ++e)

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "src/core/check.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/grad_buckets.hpp"
 #include "tests/unit/parallel/small_model.hpp"
@@ -77,7 +77,7 @@ TEST(GradBuckets, SplitNormsKeepsNormTensorsApart) {
 // Runs a step of `micro` micro-batches with the grad-ready hook on; checks coverage, order and
 // that each range's values when reported are its final values.
 void check_hook(const ModelConfig& cfg, Mode mode, int64_t micro) {
-  Gpt gpt(cfg, mode, 1);
+  Model gpt(cfg, mode, 1);
   gpt.init_parameters();
   const int64_t T = cfg.seq_len, n = gpt.num_params();
   std::mt19937 gen(7);

@@ -1,5 +1,5 @@
-// hook_layout against the model itself: p threads each run one tp rank's Gpt over an in-process
-// TpGroup, in canonical mode, and every tensor their hooks see, placed with hook_shard into its
+// hook_layout against the model itself: p threads each run one tp rank's Model (the tensor-parallel
+// plan over an in-process TpGroup), in canonical mode, and every tensor their hooks see, placed with hook_shard into its
 // global tensor, must be bitwise the one-device model's under the same name and shape — every
 // hook name, tp 2 and 4, sequence parallelism off and on, two micro-batches per step (as a dump
 // concatenates them), and a second model (SwiGLU halves, grouped KV heads, RMSNorm, RoPE).
@@ -14,8 +14,9 @@
 #include <vector>
 
 #include "src/core/check.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/model/hook_layout.hpp"
+#include "src/parallel/tp_plan.hpp"
 
 namespace lockstep {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 // TpGroup between the threads of one process. Each collective: every rank publishes its input,
 // all wait, each computes its result from every rank's input into scratch, all wait again (no
 // input is overwritten while another rank reads it), then each writes its result.
-class ThreadTpGroup final : public TpGroup {
+class ThreadTpGroup final : public parallel::TpGroup {
  public:
   struct Shared {
     explicit Shared(int64_t p) : size(p), sync(p), inputs(static_cast<size_t>(p)) {}
@@ -108,7 +109,7 @@ struct Observed {
 
 constexpr int64_t kBatch = 8, kMicro = 4;  // two micro-batches
 
-void run_step(Gpt& model, const std::vector<int32_t>& tokens, Observed& seen) {
+void run_step(Model& model, const std::vector<int32_t>& tokens, Observed& seen) {
   model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
     auto [it, fresh] = seen.tensors.try_emplace(std::string(name));
     auto& [s, d] = it->second;
@@ -146,7 +147,7 @@ void check_layout(const ModelConfig& cfg, int64_t tp, bool sp) {
   for (auto& t : tokens) t = static_cast<int32_t>(gen() % static_cast<uint32_t>(cfg.vocab_size));
 
   Observed one;
-  Gpt single(cfg, Mode::kCanonical, kMicro);
+  Model single(cfg, Mode::kCanonical, kMicro);
   run_step(single, tokens, one);
 
   ThreadTpGroup::Shared shared(tp);
@@ -155,7 +156,8 @@ void check_layout(const ModelConfig& cfg, int64_t tp, bool sp) {
   for (int64_t r = 0; r < tp; ++r) {
     threads.emplace_back([&, r] {
       ThreadTpGroup group(shared, r);
-      Gpt model(cfg, Mode::kCanonical, kMicro, &group, sp);
+      const parallel::TensorParallelPlan plan(group, sp);
+      Model model(cfg, Mode::kCanonical, kMicro, {.plan = &plan});
       run_step(model, tokens, ranks[static_cast<size_t>(r)]);
     });
   }
@@ -165,13 +167,13 @@ void check_layout(const ModelConfig& cfg, int64_t tp, bool sp) {
   for (const auto& name : one.order) {
     const auto& [want_shape, want] = one.tensors.at(name);
     const auto& local_shape = ranks[0].tensors.at(name).first;
-    const HookShard first = hook_shard(cfg, {tp, 0}, sp, name, local_shape);
+    const HookShard first = hook_shard(single.desc(), {tp, 0}, sp, name, local_shape);
     EXPECT_EQ(global_hook_shape(first, local_shape), want_shape) << name;
     std::vector<float> global(want.size(), std::nanf(""));
     for (int64_t r = 0; r < tp; ++r) {
       const auto& [shape, data] = ranks[static_cast<size_t>(r)].tensors.at(name);
       ASSERT_EQ(shape, local_shape) << name << " on rank " << r;
-      const HookShard s = hook_shard(cfg, {tp, r}, sp, name, shape);
+      const HookShard s = hook_shard(single.desc(), {tp, r}, sp, name, shape);
       ASSERT_EQ(s.whole(), first.whole()) << name;
       if (s.whole()) {
         expect_bitwise(data, want, name + " (whole) on rank " + std::to_string(r));
@@ -214,8 +216,8 @@ TEST(HookLayout, SwigluGroupedKvRmsnormRope) {
 
 TEST(HookLayout, RefusesNamesTheModelDoesNotObserve) {
   const std::vector<int64_t> shape = {4, 64, 128};
-  EXPECT_THROW(hook_shard(gelu_model(), {2, 0}, false, "layer/0/attn/proj", shape), InternalError);
-  EXPECT_THROW(hook_shard(gelu_model(), {2, 0}, false, "layer/0/attn/qkv", shape), InternalError);  // 384 wide
+  EXPECT_THROW(hook_shard(describe_model(gelu_model()), {2, 0}, false, "layer/0/attn/proj", shape), InternalError);
+  EXPECT_THROW(hook_shard(describe_model(gelu_model()), {2, 0}, false, "layer/0/attn/qkv", shape), InternalError);  // 384 wide
 }
 
 }  // namespace

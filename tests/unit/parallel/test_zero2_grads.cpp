@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "src/core/check.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "src/parallel/grad_buckets.hpp"
 #include "tests/unit/parallel/small_model.hpp"
 #include "src/parallel/zero2_grads.hpp"
@@ -67,7 +67,7 @@ TEST(Zero2Buckets, SchedulerRestartsACompletedBucketAndReducesEagerly) {
 // shard), each complete bucket added to the shard; returns the shard after finish_shard().
 std::vector<float> staged_step(const ModelConfig& cfg, Mode mode, int64_t micro, int64_t bucket_elems, bool threaded,
                                const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets) {
-  Gpt gpt(cfg, mode, 1);
+  Model gpt(cfg, mode, 1);
   gpt.init_parameters();
   const int64_t n = gpt.num_params(), T = cfg.seq_len;
   auto buckets = plan_grad_buckets(gpt.param_layout(), bucket_elems, false, true);
@@ -120,7 +120,7 @@ std::vector<float> staged_step(const ModelConfig& cfg, Mode mode, int64_t micro,
 // gradient added in fp32 in micro-batch order (what the staged shard does).
 std::vector<float> own_step(const ModelConfig& cfg, Mode mode, int64_t micro, const std::vector<int32_t>& inputs,
                             const std::vector<int32_t>& targets) {
-  Gpt gpt(cfg, mode, 1);
+  Model gpt(cfg, mode, 1);
   gpt.init_parameters();
   const int64_t n = gpt.num_params(), T = cfg.seq_len;
   const float dloss = 1.0f / static_cast<float>(micro * T);
@@ -169,7 +169,7 @@ TEST(Zero2Grads, StagedBucketsGiveTheModelsOwnGradient) {
 
 TEST(Zero2Grads, ABudgetBelowTheBackwardsNeedIsAConfigError) {
   const ModelConfig cfg = small_model(true);
-  Gpt gpt(cfg, Mode::kFast, 1);
+  Model gpt(cfg, Mode::kFast, 1);
   gpt.init_parameters();
   const auto buckets = plan_grad_buckets(gpt.param_layout(), 1, false, true);
   int64_t largest = 0;

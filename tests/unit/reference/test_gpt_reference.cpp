@@ -10,11 +10,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 
 #include "reference/gpt.hpp"
 #include "reference/real.hpp"
-#include "src/model/gpt.hpp"
+#include "src/model/model.hpp"
 #include "verify/bounds.hpp"
 #include "verify/step.hpp"
 
@@ -23,21 +24,21 @@ namespace {
 
 using reference::Mpfr;
 
-reference::GptDims fd_dims(bool variant) {
-  reference::GptDims d;
-  d.V = 11;
-  d.T = 4;
-  d.C = 8;
-  d.L = 2;
-  d.NH = 2;
-  d.NKV = variant ? 1 : 2;
-  d.F = variant ? 8 : 16;
-  d.swiglu = variant;
-  d.rmsnorm = variant;
-  d.rope = variant;
-  d.tie_embeddings = !variant;
-  d.bias = !variant;
-  return d;
+ModelConfig fd_model(bool variant) {
+  ModelConfig m;
+  m.vocab_size = 11;
+  m.seq_len = 4;
+  m.d_model = 8;
+  m.n_layers = 2;
+  m.n_heads = 2;
+  m.n_kv_heads = variant ? 1 : 2;
+  m.ffn_hidden = variant ? 8 : 16;
+  m.ffn = variant ? FfnKind::kSwiglu : FfnKind::kGelu;
+  m.norm = variant ? NormKind::kRmsNorm : NormKind::kLayerNorm;
+  m.pos = variant ? PosKind::kRope : PosKind::kLearned;
+  m.tie_embeddings = !variant;
+  m.bias = !variant;
+  return m;
 }
 
 // Bounded<Mpfr> charges every operation the rounding of the MPFR precision in use (u = 2^-p) and
@@ -66,27 +67,27 @@ void check_finite_differences(bool variant) {
   reference::ScopedMpfrBits bits(kBits);
   reference::ScopedBoundedFormat format(mpfr_bounded_format(kBits));
   const double u = bounds::unit_roundoff(kBits);
-  const reference::GptDims d = fd_dims(variant);
-  const int64_t B = 2, BT = B * d.T;
+  const ModelConfig d = fd_model(variant);
+  const int64_t B = 2, BT = B * d.seq_len, HS = d.head_size();
   std::vector<float> cos_t, sin_t;
-  if (d.rope) {
-    for (int64_t t = 0; t < d.T; ++t) {
-      for (int64_t i = 0; i < d.HS() / 2; ++i) {
-        const double angle = static_cast<double>(t) * std::pow(10000.0, -2.0 * i / d.HS());
+  if (d.pos == PosKind::kRope) {
+    for (int64_t t = 0; t < d.seq_len; ++t) {
+      for (int64_t i = 0; i < HS / 2; ++i) {
+        const double angle = static_cast<double>(t) * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(HS));
         cos_t.push_back(static_cast<float>(std::cos(angle)));
         sin_t.push_back(static_cast<float>(std::sin(angle)));
       }
     }
   }
-  reference::GptReference<Real> ref(d, B, cos_t, sin_t);
+  reference::GptReference<Real> ref(describe_model(d), B, cos_t, sin_t);
   std::mt19937 rng(variant ? 7 : 3);
   std::normal_distribution<float> normal(0.0f, 0.5f);
   const size_t n = ref.params.size();
   std::vector<Mpfr> theta(n);
   for (size_t i = 0; i < n; ++i) theta[i] = Mpfr(normal(rng));
   std::vector<int32_t> inputs(BT), targets(BT);
-  for (auto& t : inputs) t = static_cast<int32_t>(rng() % d.V);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % d.V);
+  for (auto& t : inputs) t = static_cast<int32_t>(rng() % d.vocab_size);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % d.vocab_size);
 
   for (size_t i = 0; i < n; ++i) ref.params[i] = Real(theta[i]);
   ref.forward_backward(inputs.data(), targets.data(), {0, BT}, 1.0f / static_cast<float>(BT));
@@ -137,8 +138,9 @@ TEST(GptReference, BackwardMatchesMpfrFiniteDifferencesRopeSwigluRmsGqa) {
   check_finite_differences(true);
 }
 
-// A small trained-from-init state for the verify engine.
-verify::StepState tiny_state(Mode mode, bool variant) {
+// A small trained-from-init state for the verify engine, of the model `edit` makes of the config's
+// layer list (the list itself unless it edits it).
+verify::StepState tiny_state(Mode mode, bool variant, const std::function<void(ModelDesc&)>& edit = {}) {
   verify::StepState s;
   ModelConfig& m = s.cfg.model;
   m.vocab_size = 67;
@@ -166,7 +168,12 @@ verify::StepState tiny_state(Mode mode, bool variant) {
   t.grad_clip = 0.5;  // small, so that clipping happens
   t.threads = 2;
   s.step = 3;
-  Gpt model(m, mode, 1);
+  s.model = describe_model(m);
+  if (edit) {
+    edit(s.model);
+    declare_layers(s.model);
+  }
+  Model model(s.model, mode, 1);
   model.init_parameters();
   s.params.assign(model.params(), model.params() + model.num_params());
   std::mt19937 rng(11);
@@ -180,6 +187,23 @@ verify::StepState tiny_state(Mode mode, bool variant) {
     s.targets.push_back(static_cast<int32_t>(rng() % m.vocab_size));
   }
   return s;
+}
+
+// Blocks of different MLP widths, and a third block without attention: a model no [model] section
+// describes, built from the layer list alone.
+void uneven_blocks(ModelDesc& d) {
+  int64_t width = 32;
+  for (auto& l : d.layers) {
+    if (l.kind == LayerKind::kMlp) {
+      l.dims.F = width;
+      width += 64;
+    }
+  }
+  LayerDesc extra = d.layers[d.layers.size() - 3];  // the last MLP, as block 2
+  extra.block = 2;
+  extra.prefix = "layer/2/";
+  extra.dims.F = 16;
+  d.layers.insert(d.layers.end() - 2, extra);
 }
 
 void expect_pass(const verify::StepReport& r) {
@@ -205,6 +229,22 @@ TEST(VerifyStep, FastWithinBoundedMpfrRopeSwigluRmsGqaUntied) {
   verify::StepOptions opt;
   opt.reference_bits = 128;
   expect_pass(verify::verify_step(tiny_state(Mode::kFast, true), opt));
+}
+
+TEST(VerifyStep, ModelOfUnevenBlocksFromTheLayerList) {
+  const verify::StepState canonical = tiny_state(Mode::kCanonical, false, uneven_blocks);
+  // What the list says is what runs: the widths and the extra block's tensors are there.
+  EXPECT_EQ(build_param_layout(canonical.model)[0].name, "wte");
+  std::vector<std::string> fc;
+  for (const auto& t : build_param_layout(canonical.model)) {
+    if (t.name.ends_with("mlp/fc/weight")) fc.push_back(t.name + " " + std::to_string(t.shape[0]));
+  }
+  EXPECT_EQ(fc, (std::vector<std::string>{"layer/0/mlp/fc/weight 32", "layer/1/mlp/fc/weight 96",
+                                          "layer/2/mlp/fc/weight 16"}));
+  expect_pass(verify::verify_step(canonical, {}));
+  verify::StepOptions opt;
+  opt.reference_bits = 128;
+  expect_pass(verify::verify_step(tiny_state(Mode::kFast, true, uneven_blocks), opt));
 }
 
 TEST(VerifyStep, OneUlpPerturbationIsCaughtAndNamed) {

@@ -57,6 +57,9 @@ TEST(Bisect, ScanIntervalIsAboutSqrtSteps) {
 // first divergent tensor in that order has inputs that were compared and agreed.
 TEST(OpGraph, InputsPrecedeTheirOpInExecutionOrder) {
   const int64_t L = 3;
+  ModelConfig cfg;
+  cfg.n_layers = L;
+  const ModelDesc desc = describe_model(cfg);
   std::vector<std::string> order = {"embed/out"};
   for (int64_t l = 0; l < L; ++l) {
     for (const char* t : {"ln1/out", "attn/qkv", "attn/att", "attn/out", "attn/res", "ln2/out", "mlp/fc", "mlp/act",
@@ -73,16 +76,16 @@ TEST(OpGraph, InputsPrecedeTheirOpInExecutionOrder) {
   order.push_back("grad/embed/out");
   std::set<std::string> seen;
   for (const auto& name : order) {
-    const OpInputs in = op_inputs(name, L);
+    const OpInputs in = op_inputs(name, desc);
     EXPECT_NE(in.op, "unknown") << name;
     for (const auto& input : in.tensors) EXPECT_TRUE(seen.count(input)) << name << " <- " << input;
     seen.insert(name);
   }
-  EXPECT_EQ(op_inputs("layer/2/mlp/res", L).tensors, (Words{"layer/2/mlp/act", "layer/2/attn/res"}));
-  EXPECT_EQ(op_inputs("grad/layer/2/mlp/res", L).tensors, (Words{"grad/lnf/out", "layer/2/mlp/res"}));
-  EXPECT_EQ(op_inputs("grad/layer/0/mlp/res", L).tensors,
+  EXPECT_EQ(op_inputs("layer/2/mlp/res", desc).tensors, (Words{"layer/2/mlp/act", "layer/2/attn/res"}));
+  EXPECT_EQ(op_inputs("grad/layer/2/mlp/res", desc).tensors, (Words{"grad/lnf/out", "layer/2/mlp/res"}));
+  EXPECT_EQ(op_inputs("grad/layer/0/mlp/res", desc).tensors,
             (Words{"grad/layer/1/ln1/out", "layer/0/mlp/res", "grad/layer/1/attn/res"}));
-  EXPECT_EQ(op_inputs("layer/9/nonsense", L).op, "unknown");
+  EXPECT_EQ(op_inputs("layer/9/nonsense", desc).op, "unknown");
 }
 
 }  // namespace

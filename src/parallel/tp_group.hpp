@@ -1,13 +1,13 @@
-// The reductions the tensor-parallel model needs across the ranks that share one replica's shards,
-// as the model sees them: no ranks' transport, only what each reduction must give.
-// Implemented over a Communicator in src/parallel/tensor_parallel.hpp.
+// The reductions the tensor-parallel plan's ops (tp_plan.hpp) need across the ranks that share one
+// replica's shards: no transport, only what each reduction must give. Implemented over a
+// Communicator in tensor_parallel.hpp (and between threads in the tests).
 #pragma once
 
 #include <cstdint>
 
 #include "src/core/exact_sum.hpp"
 
-namespace lockstep {
+namespace lockstep::parallel {
 
 class TpGroup {
  public:
@@ -35,4 +35,4 @@ class TpGroup {
   virtual void reduce_scatter_sum(const float* full, float* local, int64_t n) = 0;
 };
 
-}  // namespace lockstep
+}  // namespace lockstep::parallel

@@ -1,14 +1,15 @@
 // SplitMix64: a tiny counter-based 64-bit generator and its finalizer (Steele, Lea, Flood 2014),
-// used wherever the data layer needs randomness that is identical on every machine and compiler:
-// the sampler's per-epoch permutation keys and the synthetic Markov sources in datasets/.
+// used wherever randomness must be identical on every machine and compiler: the sampler's
+// per-epoch permutation keys, the synthetic Markov sources in datasets/, the model's initial
+// parameters and the bench's synthetic tokens.
 // Bounded integers and unit doubles are derived here with exact integer arithmetic, never with
 // std::*_distribution (whose output is implementation-defined).
-// Not cryptographic, and not the trainer's Philox stream for dropout or initialisation.
+// Not cryptographic, and not the Philox stream (src/core/philox.hpp) of stochastic rounding.
 #pragma once
 
 #include <cstdint>
 
-namespace lockstep::data {
+namespace lockstep {
 
 // The SplitMix64 output function: a bijection on 64-bit words with full avalanche.
 constexpr uint64_t splitmix64_mix(uint64_t z) {
@@ -17,12 +18,18 @@ constexpr uint64_t splitmix64_mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+inline constexpr uint64_t kSplitMix64Gamma = 0x9e3779b97f4a7c15ULL;
+
+// The generator's output for counter x: a bijective mix of x, so draw x does not depend on which
+// draws came before (counter-based use: element i of a tensor draws splitmix64(key ^ i)).
+constexpr uint64_t splitmix64(uint64_t x) { return splitmix64_mix(x + kSplitMix64Gamma); }
+
 class SplitMix64 {
  public:
   explicit constexpr SplitMix64(uint64_t seed) : state_(seed) {}
 
   constexpr uint64_t next() {
-    state_ += 0x9e3779b97f4a7c15ULL;
+    state_ += kSplitMix64Gamma;
     return splitmix64_mix(state_);
   }
 
@@ -42,4 +49,4 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-}  // namespace lockstep::data
+}  // namespace lockstep

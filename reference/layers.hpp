@@ -1,0 +1,356 @@
+// The reference's layers: each layer kind of the model list (src/model/layer_list.hpp) in plain
+// single-threaded loops over a generic scalar Real, op for op and buffer for buffer the kernel
+// calls of src/model/layers/, on the whole step's batch at once. Walked by reference/gpt.hpp.
+//
+// Every reduction over tokens runs over the step's global token index, which is how canonical
+// mode chunks them whatever the micro-batching (token offsets of micro-batches are multiples of
+// the chunk). Each layer reports its tensors to the step's hook under the declared names, its
+// forward outputs as computed and, at the end of its backward, the gradient of its input.
+// Not here: which layers (the description), the optimizer (reference/optim.hpp), anything of
+// kernels/ or the trainer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "reference/activation.hpp"
+#include "reference/attention.hpp"
+#include "reference/crossentropy.hpp"
+#include "reference/embedding.hpp"
+#include "reference/linear.hpp"
+#include "reference/norm.hpp"
+#include "reference/reduce.hpp"
+#include "src/model/layer_list.hpp"
+
+namespace lockstep::reference {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0, numel = 0;
+  bool decay = false;  // AdamW weight decay (matrices and embeddings)
+};
+
+// Parameters in the canonical order of the description (that of src/model/param_layout.hpp).
+inline std::vector<ParamInfo> reference_param_layout(const ModelDesc& desc) {
+  std::vector<ParamInfo> layout;
+  int64_t offset = 0;
+  for (const ParamDecl* p : model_params(desc)) {
+    int64_t n = 1;
+    for (auto s : p->shape) n *= s;
+    layout.push_back({p->name, p->shape, offset, n, p->decay});
+    offset += n;
+  }
+  return layout;
+}
+
+// Observer of every named tensor. It may overwrite the tensor (the computation continues from what
+// it leaves there): `verify step` re-anchors the Bounded reference on the trainer's values so that
+// each tensor is bounded for the ops since the previous hook point (op-local bounds), because
+// worst-case bounds carried through a whole deep model grow by orders of magnitude per layer.
+template <class Real>
+using RefHook = std::function<void(std::string_view name, Real* data, const std::vector<int64_t>& shape)>;
+
+// What the layers of one reference step share.
+template <class Real>
+struct RefStep {
+  int64_t B = 0, T = 0;
+  const int32_t* inputs = nullptr;
+  const int32_t* targets = nullptr;
+  std::vector<Real>* params = nullptr;
+  GradStore<Real>* grads = nullptr;
+  const std::vector<ParamInfo>* layout = nullptr;
+  RefHook<Real> hook;
+  Real dloss = Real(0);
+  std::vector<int64_t> loss_segments;  // token boundaries of the trainer's micro-batches
+  Real loss = Real(0);                 // the loss layer's mean loss
+  bool eval = false;                   // forward only: the loss layer's forward computes the loss
+
+  int64_t BT() const { return B * T; }
+  const ParamInfo* find(const std::string& name) const {
+    for (const auto& t : *layout)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  Real* p(const ParamInfo* t) { return t ? params->data() + t->offset : nullptr; }
+  GradOut<Real> sink(const ParamInfo* t) { return t ? grads->out(t->offset) : GradOut<Real>{}; }
+  void observe(const std::string& name, std::vector<Real>& x, const std::vector<int64_t>& shape) const {
+    if (hook) hook(name, x.data(), shape);
+  }
+  void observe(const std::string& name, Real* x, const std::vector<int64_t>& shape) const {
+    if (hook) hook(name, x, shape);
+  }
+};
+
+template <class Real>
+class RefLayer {
+ public:
+  explicit RefLayer(const LayerDesc& d) : d_(d) {}
+  virtual ~RefLayer() = default;
+  const LayerDesc& desc() const { return d_; }
+  // in: the previous layer's output (nullptr for the embedding).
+  virtual void forward(RefStep<Real>& s, const Real* in) = 0;
+  virtual Real* output() = 0;
+  // dout: gradient of the output (nullptr for the loss layer); dinp: where the input's goes
+  // (== dout for a residual layer, nullptr for the embedding).
+  virtual void backward(RefStep<Real>& s, const Real* in, Real* dout, Real* dinp) = 0;
+  virtual bool residual() const { return false; }
+
+ protected:
+  std::string n(std::string_view local) const { return d_.prefix + std::string(local); }
+  void norm_forward(RefStep<Real>& s, Real* out, Real* mean, Real* rstd, const Real* inp, const ParamInfo* w,
+                    const ParamInfo* b) {
+    const int64_t N = s.BT();
+    if (d_.norm == NormKind::kRmsNorm) {
+      rmsnorm_forward(N, d_.dims.C, d_.norm_eps, out, rstd, inp, s.p(w));
+    } else {
+      layernorm_forward(N, d_.dims.C, d_.norm_eps, out, mean, rstd, inp, s.p(w), s.p(b));
+    }
+  }
+  void norm_backward(RefStep<Real>& s, Real* dinp, const Real* dout, const Real* inp, const Real* mean,
+                     const Real* rstd, const ParamInfo* w, const ParamInfo* b) {
+    const int64_t N = s.BT();
+    if (d_.norm == NormKind::kRmsNorm) {
+      rmsnorm_backward(N, d_.dims.C, dinp, s.sink(w), dout, inp, s.p(w), rstd);
+    } else {
+      layernorm_backward(N, d_.dims.C, dinp, s.sink(w), s.sink(b), dout, inp, s.p(w), mean, rstd);
+    }
+  }
+
+  LayerDesc d_;
+};
+
+template <class Real>
+class RefEmbedding final : public RefLayer<Real> {
+ public:
+  RefEmbedding(const LayerDesc& d, int64_t B) : RefLayer<Real>(d), out_(B * d.dims.T * d.dims.C) {}
+  Real* output() override { return out_.data(); }
+  void forward(RefStep<Real>& s, const Real*) override {
+    const LayerDims& m = this->d_.dims;
+    embedding_forward(s.B, s.T, m.C, m.V, out_.data(), s.inputs, s.p(s.find(this->n("wte"))),
+                      s.p(s.find(this->n("wpe"))));
+    s.observe(this->d_.output, out_, {s.B, s.T, m.C});
+  }
+  void backward(RefStep<Real>& s, const Real*, Real* dout, Real*) override {
+    const LayerDims& m = this->d_.dims;
+    embedding_backward(s.B, s.T, m.C, m.V, s.sink(s.find(this->n("wte"))), s.sink(s.find(this->n("wpe"))), dout,
+                       s.inputs);
+  }
+
+ private:
+  std::vector<Real> out_;
+};
+
+// x1 = x0 + proj(attn(rope(qkv(norm1(x0))))); RoPE tables are inputs (the kernels' fp32 tables,
+// exact in any Real).
+template <class Real>
+class RefAttention final : public RefLayer<Real> {
+ public:
+  RefAttention(const LayerDesc& d, int64_t B, const std::vector<Real>& rope_cos, const std::vector<Real>& rope_sin)
+      : RefLayer<Real>(d), rope_cos_(rope_cos), rope_sin_(rope_sin) {
+    const LayerDims& m = d.dims;
+    const int64_t BT = B * m.T;
+    for (auto* buf : {&ln_, &out_, &res_}) buf->resize(BT * m.C);
+    mean_.resize(BT);
+    rstd_.resize(BT);
+    qkv_.resize(BT * m.qkv_width());
+    att_.resize(B * m.NH * m.T * m.T);
+  }
+  bool residual() const override { return true; }
+  Real* output() override { return res_.data(); }
+
+  void forward(RefStep<Real>& s, const Real* x) override {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT(), A = m.NH * m.HS;
+    this->norm_forward(s, ln_.data(), mean_.data(), rstd_.data(), x, param(s, "ln1/weight"), param(s, "ln1/bias"));
+    s.observe(this->n("ln1/out"), ln_, {s.B, s.T, m.C});
+    linear_forward(BT, m.C, m.qkv_width(), qkv_.data(), ln_.data(), s.p(param(s, "attn/qkv/weight")),
+                   s.p(param(s, "attn/qkv/bias")));
+    if (this->d_.pos == PosKind::kRope) {
+      rope_forward(s.B, s.T, m.NH, m.NKV, m.HS, qkv_.data(), rope_cos_.data(), rope_sin_.data());
+    }
+    s.observe(this->n("attn/qkv"), qkv_, {s.B, s.T, m.qkv_width()});
+    attention_forward(s.B, s.T, m.NH, m.NKV, m.HS, out_.data(), att_.data(), qkv_.data());
+    s.observe(this->n("attn/att"), att_, {s.B, m.NH, s.T, s.T});
+    s.observe(this->n("attn/out"), out_, {s.B, s.T, A});
+    linear_forward(BT, A, m.C, res_.data(), out_.data(), s.p(param(s, "attn/proj/weight")),
+                   s.p(param(s, "attn/proj/bias")));
+    residual_forward(BT * m.C, res_.data(), res_.data(), x);
+    s.observe(this->d_.output, res_, {s.B, s.T, m.C});
+  }
+
+  void backward(RefStep<Real>& s, const Real* x, Real* dres, Real*) override {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT(), A = m.NH * m.HS;
+    std::vector<Real> dnorm(BT * m.C), dqkv(BT * m.qkv_width()), dout(BT * A), datt(s.B * m.NH * s.T * s.T);
+    const ParamInfo* proj_w = param(s, "attn/proj/weight");
+    linear_backward(BT, A, m.C, dout.data(), s.sink(proj_w), s.sink(param(s, "attn/proj/bias")), dres, out_.data(),
+                    s.p(proj_w));
+    s.observe("grad/" + this->n("attn/out"), dout, {s.B, s.T, A});
+    attention_backward(s.B, s.T, m.NH, m.NKV, m.HS, dqkv.data(), datt.data(), dout.data(), qkv_.data(), att_.data());
+    s.observe("grad/" + this->n("attn/qkv"), dqkv, {s.B, s.T, m.qkv_width()});
+    if (this->d_.pos == PosKind::kRope) {
+      rope_backward(s.B, s.T, m.NH, m.NKV, m.HS, dqkv.data(), rope_cos_.data(), rope_sin_.data());
+    }
+    const ParamInfo* qkv_w = param(s, "attn/qkv/weight");
+    linear_backward(BT, m.C, m.qkv_width(), dnorm.data(), s.sink(qkv_w), s.sink(param(s, "attn/qkv/bias")),
+                    dqkv.data(), ln_.data(), s.p(qkv_w));
+    s.observe("grad/" + this->n("ln1/out"), dnorm, {s.B, s.T, m.C});
+    this->norm_backward(s, dres, dnorm.data(), x, mean_.data(), rstd_.data(), param(s, "ln1/weight"),
+                        param(s, "ln1/bias"));
+    s.observe("grad/" + this->d_.input, dres, {s.B, s.T, m.C});
+  }
+
+ private:
+  const ParamInfo* param(const RefStep<Real>& s, const char* local) const { return s.find(this->n(local)); }
+  const std::vector<Real>& rope_cos_;
+  const std::vector<Real>& rope_sin_;
+  std::vector<Real> ln_, mean_, rstd_, qkv_, att_, out_, res_;
+};
+
+// x2 = x1 + proj(act(fc(norm2(x1)))).
+template <class Real>
+class RefMlp final : public RefLayer<Real> {
+ public:
+  RefMlp(const LayerDesc& d, int64_t B) : RefLayer<Real>(d) {
+    const LayerDims& m = d.dims;
+    const int64_t BT = B * m.T;
+    ln_.resize(BT * m.C);
+    res_.resize(BT * m.C);
+    mean_.resize(BT);
+    rstd_.resize(BT);
+    fc_.resize(BT * fc_out());
+    act_.resize(BT * m.F);
+  }
+  bool residual() const override { return true; }
+  Real* output() override { return res_.data(); }
+
+  void forward(RefStep<Real>& s, const Real* x) override {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT();
+    this->norm_forward(s, ln_.data(), mean_.data(), rstd_.data(), x, param(s, "ln2/weight"), param(s, "ln2/bias"));
+    s.observe(this->n("ln2/out"), ln_, {s.B, s.T, m.C});
+    linear_forward(BT, m.C, fc_out(), fc_.data(), ln_.data(), s.p(param(s, "mlp/fc/weight")),
+                   s.p(param(s, "mlp/fc/bias")));
+    s.observe(this->n("mlp/fc"), fc_, {s.B, s.T, fc_out()});
+    if (this->d_.ffn == FfnKind::kSwiglu) {
+      swiglu_forward(BT, m.F, act_.data(), fc_.data());
+    } else {
+      gelu_forward(BT * m.F, act_.data(), fc_.data());
+    }
+    s.observe(this->n("mlp/act"), act_, {s.B, s.T, m.F});
+    linear_forward(BT, m.F, m.C, res_.data(), act_.data(), s.p(param(s, "mlp/proj/weight")),
+                   s.p(param(s, "mlp/proj/bias")));
+    residual_forward(BT * m.C, res_.data(), res_.data(), x);
+    s.observe(this->d_.output, res_, {s.B, s.T, m.C});
+  }
+
+  void backward(RefStep<Real>& s, const Real* x, Real* dres, Real*) override {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT();
+    std::vector<Real> dnorm(BT * m.C), dfc(BT * fc_out()), dact(BT * m.F);
+    const ParamInfo* proj_w = param(s, "mlp/proj/weight");
+    linear_backward(BT, m.F, m.C, dact.data(), s.sink(proj_w), s.sink(param(s, "mlp/proj/bias")), dres, act_.data(),
+                    s.p(proj_w));
+    s.observe("grad/" + this->n("mlp/act"), dact, {s.B, s.T, m.F});
+    if (this->d_.ffn == FfnKind::kSwiglu) {
+      swiglu_backward(BT, m.F, dfc.data(), fc_.data(), dact.data());
+    } else {
+      gelu_backward(BT * m.F, dfc.data(), fc_.data(), dact.data());
+    }
+    s.observe("grad/" + this->n("mlp/fc"), dfc, {s.B, s.T, fc_out()});
+    const ParamInfo* fc_w = param(s, "mlp/fc/weight");
+    linear_backward(BT, m.C, fc_out(), dnorm.data(), s.sink(fc_w), s.sink(param(s, "mlp/fc/bias")), dfc.data(),
+                    ln_.data(), s.p(fc_w));
+    s.observe("grad/" + this->n("ln2/out"), dnorm, {s.B, s.T, m.C});
+    this->norm_backward(s, dres, dnorm.data(), x, mean_.data(), rstd_.data(), param(s, "ln2/weight"),
+                        param(s, "ln2/bias"));
+    s.observe("grad/" + this->d_.input, dres, {s.B, s.T, m.C});
+  }
+
+ private:
+  int64_t fc_out() const { return this->d_.ffn == FfnKind::kSwiglu ? 2 * this->d_.dims.F : this->d_.dims.F; }
+  const ParamInfo* param(const RefStep<Real>& s, const char* local) const { return s.find(this->n(local)); }
+  std::vector<Real> ln_, mean_, rstd_, fc_, act_, res_;
+};
+
+template <class Real>
+class RefFinalNorm final : public RefLayer<Real> {
+ public:
+  RefFinalNorm(const LayerDesc& d, int64_t B) : RefLayer<Real>(d) {
+    out_.resize(B * d.dims.T * d.dims.C);
+    mean_.resize(B * d.dims.T);
+    rstd_.resize(B * d.dims.T);
+  }
+  Real* output() override { return out_.data(); }
+  void forward(RefStep<Real>& s, const Real* x) override {
+    this->norm_forward(s, out_.data(), mean_.data(), rstd_.data(), x, s.find(this->n("lnf/weight")),
+                       s.find(this->n("lnf/bias")));
+    s.observe(this->d_.output, out_, {s.B, s.T, this->d_.dims.C});
+  }
+  void backward(RefStep<Real>& s, const Real* x, Real* dout, Real* dinp) override {
+    std::fill(dinp, dinp + s.BT() * this->d_.dims.C, Real(0));
+    this->norm_backward(s, dinp, dout, x, mean_.data(), rstd_.data(), s.find(this->n("lnf/weight")),
+                        s.find(this->n("lnf/bias")));
+    s.observe("grad/" + this->d_.input, dinp, {s.B, s.T, this->d_.dims.C});
+  }
+
+ private:
+  std::vector<Real> out_, mean_, rstd_;
+};
+
+// logits = x · headᵀ (wte when tied); the mean cross-entropy over the batch: the one sum whose
+// chunks restart at each micro-batch (the trainer adds each micro-batch's losses), so its segments
+// are an input.
+template <class Real>
+class RefHead final : public RefLayer<Real> {
+ public:
+  RefHead(const LayerDesc& d, int64_t B) : RefLayer<Real>(d) {
+    logits_.resize(B * d.dims.T * d.dims.V);
+    losses_.resize(B * d.dims.T);
+  }
+  Real* output() override { return logits_.data(); }
+  void forward(RefStep<Real>& s, const Real* x) override {
+    const LayerDims& m = this->d_.dims;
+    linear_forward(s.BT(), m.C, m.V, logits_.data(), x, s.p(head(s)), static_cast<Real*>(nullptr));
+    s.observe(this->d_.output, logits_, {s.B, s.T, m.V});
+    if (!s.eval) return;
+    crossentropy_forward(s.BT(), m.V, losses_.data(), logits_.data(), s.targets);
+    s.loss = sum(losses_.data(), 1, s.BT()) / Real(static_cast<float>(s.BT()));
+  }
+  void backward(RefStep<Real>& s, const Real* x, Real*, Real* dinp) override {
+    const LayerDims& m = this->d_.dims;
+    crossentropy_forward_backward(s.BT(), m.V, s.dloss, losses_.data(), logits_.data(), s.targets);
+    s.observe(this->n("losses"), losses_, {s.B, s.T});
+    s.observe("grad/" + this->d_.output, logits_, {s.B, s.T, m.V});
+    s.loss = sum_segments(losses_.data(), s.loss_segments) / Real(static_cast<float>(s.BT()));
+    linear_backward(s.BT(), m.C, m.V, dinp, s.sink(head(s)), GradOut<Real>{}, logits_.data(), x, s.p(head(s)));
+    s.observe("grad/" + this->d_.input, dinp, {s.B, s.T, m.C});
+  }
+
+ private:
+  const ParamInfo* head(const RefStep<Real>& s) const {
+    return s.find(this->d_.tied ? std::string("wte") : this->n("lm_head/weight"));
+  }
+  std::vector<Real> logits_, losses_;
+};
+
+// The reference layer of a description entry. A new layer kind adds its class above and a case here.
+template <class Real>
+std::unique_ptr<RefLayer<Real>> make_ref_layer(const LayerDesc& d, int64_t B, const std::vector<Real>& rope_cos,
+                                               const std::vector<Real>& rope_sin) {
+  switch (d.kind) {
+    case LayerKind::kEmbedding: return std::make_unique<RefEmbedding<Real>>(d, B);
+    case LayerKind::kAttention: return std::make_unique<RefAttention<Real>>(d, B, rope_cos, rope_sin);
+    case LayerKind::kMlp: return std::make_unique<RefMlp<Real>>(d, B);
+    case LayerKind::kFinalNorm: return std::make_unique<RefFinalNorm<Real>>(d, B);
+    case LayerKind::kHead: return std::make_unique<RefHead<Real>>(d, B);
+  }
+  return nullptr;
+}
+
+}  // namespace lockstep::reference

@@ -1,0 +1,183 @@
+// One layer of the model list as it runs: the interface every kind in src/model/layers/ implements,
+// the micro-batch a call works on (Pass), and the model-wide state layers share (LayerContext:
+// parameters, gradient sinks, observers, op modes, backward scratch).
+//
+// Data flow: layer i reads the output of layer i−1 for the same micro-batch; a forward keeps what
+// its backward needs in the layer's own activations, one slot per micro-batch in flight, so
+// several micro-batches can be between their forward and their backward at once (a pipeline
+// schedule). Backward receives the gradient of the layer's output and writes that of its input:
+// a residual layer (y = x + f(x)) updates it in place, the others write another buffer. Each layer
+// shows its tensors to the observer under its declared hook names, and at the end of its backward
+// the gradient of its input under `grad/` + its input's name.
+// Not here: which layers (layer_list.hpp), how a parallel plan runs the ops that cross ranks
+// (modules.hpp), the list itself and its buffers (model.hpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kernels/ops/canonical.hpp"
+#include "kernels/ops/mode.hpp"
+#include "src/core/exact_sum.hpp"
+#include "src/model/layer_list.hpp"
+#include "src/model/param_layout.hpp"
+
+namespace lockstep {
+
+class ModelPlan;
+
+// Observer of named tensors as the model computes them (verify/, dumps, fault injection): called
+// with the stable hook name, the data and the shape. Names are the layers' declared hooks: forward
+// `embed/out`, `layer/3/ln1/out`, `layer/3/attn/qkv` (after RoPE), `layer/3/attn/att`,
+// `layer/3/attn/out`, `layer/3/attn/res`, `layer/3/ln2/out`, `layer/3/mlp/fc`, `layer/3/mlp/act`,
+// `layer/3/mlp/res`, `lnf/out`, `logits`, `losses`; backward the same names prefixed `grad/` for
+// the gradient of the loss with respect to that tensor (`grad/logits`, `grad/layer/3/mlp/act`,
+// ..., `grad/embed/out`). Parameter gradients are observed after finish_grads() through grads()
+// and param_layout(). The data is the model's own buffer: observers only read it, except fault
+// injection (src/train/inject.hpp), which edits it in place; the model continues from the edited
+// tensor.
+using TensorHook = std::function<void(std::string_view name, float* data, std::span<const int64_t> shape)>;
+
+// Where the backward adds parameter gradients when not into the model's own full buffers (ZeRO-2
+// stages a few buckets at a time: src/parallel/zero2_grads.hpp). sink(t) is asked before every op
+// that adds to t's gradient, possibly more than once per micro-batch (a tied wte: the head, then
+// the embedding); it must give the same storage for t until the grad-ready hook has reported all
+// of t in that micro-batch, and storage it hands out first in a micro-batch holds zeros.
+class GradStorage {
+ public:
+  virtual ~GradStorage() = default;
+  virtual GradSink sink(const ParamTensor& t) = 0;
+  // The model's zero_grad(): a step begins.
+  virtual void zero() = 0;
+};
+
+// Called in every micro-batch each time a contiguous range [first, end) of the flat gradient
+// buffer has received its last contribution of the micro-batch (canonical mode: its exact sums
+// are complete); last_micro: the step's last micro-batch, after which the range is final.
+using GradReadyHook = std::function<void(int64_t first, int64_t end, bool last_micro)>;
+
+// One micro-batch's pass through the layers.
+struct Pass {
+  int slot = 0;              // activation slot of this micro-batch
+  int64_t B = 0, T = 0;      // sequences, tokens per sequence
+  int64_t BT = 0;            // tokens
+  // The residual stream's tokens here (all BT, or a plan's share of them: sequence parallelism),
+  // as (RB, RT) for hooks, and the global index of the first of them.
+  int64_t RS = 0, RB = 0, RT = 0;
+  int64_t stream_offset = 0;
+  int64_t token_offset = 0;  // global index of the micro-batch's first token in the step's batch
+  const int32_t* inputs = nullptr;   // (B, T)
+  const int32_t* targets = nullptr;  // (B, T)
+  bool eval = false;         // forward only: the loss layer computes the losses in its forward
+  bool last_micro = false;   // the step's last micro-batch (grad-ready hook)
+  float dloss = 0;           // gradient scale of each token's loss
+  ChunkCombiner* loss_sum = nullptr;  // per-token losses added chunk by chunk
+};
+
+// The model-wide state the layers of one model share.
+class LayerContext {
+ public:
+  LayerContext(Mode mode, const ModelPlan& plan) : mode_(mode), plan_(plan) {}
+
+  Mode mode() const { return mode_; }
+  const ModelPlan& plan() const { return plan_; }
+
+  // The mode the op whose forward output is hook `site` runs in: mode() unless set_op_mode.
+  Mode mode_of(const std::string& site) const {
+    if (op_modes_.empty()) return mode_;
+    for (const auto& [op, mode] : op_modes_)
+      if (op == site) return mode;
+    return mode_;
+  }
+  void set_op_mode(std::string op, Mode mode) { op_modes_.emplace_back(std::move(op), mode); }
+  void clear_op_modes() { op_modes_.clear(); }
+
+  // The parameter named `name` in this rank's layout, nullptr if the model has none.
+  const ParamTensor* find_param(const std::string& name) const;
+  float* param(const ParamTensor* t) { return t ? params_.data() + t->offset : nullptr; }
+  // Where t's gradient goes (empty for nullptr).
+  GradSink sink(const ParamTensor* t);
+  // Reports [first->offset, last's end) to the grad-ready hook (last: nullptr for first alone).
+  void grads_ready(const Pass& p, const ParamTensor* first, const ParamTensor* last = nullptr) const {
+    if (last == nullptr) last = first;
+    if (grad_ready_) grad_ready_(first->offset, last->offset + last->numel, p.last_micro);
+  }
+
+  bool observing() const { return static_cast<bool>(hook_); }
+  void observe(const std::string& name, float* data, std::initializer_list<int64_t> shape) const {
+    if (hook_) hook_(name, data, std::span<const int64_t>(shape.begin(), shape.size()));
+  }
+
+  // Backward scratch shared by every layer (sized for the largest need): a layer's backward may
+  // use it freely, from the start, for as many floats as it declared.
+  float* scratch() { return scratch_.data(); }
+
+ private:
+  friend class Model;
+  // Allocates the own gradient buffers, zeroed, unless they exist or a GradStorage is set.
+  void own_grads();
+
+  Mode mode_;
+  const ModelPlan& plan_;
+  std::vector<ParamTensor> layout_;
+  std::vector<float> params_, grads_;
+  // Canonical mode only; a pointer so that Model::set_grad_storage can free it (it does not move).
+  std::unique_ptr<ExactAccumulator> exact_grads_ = std::make_unique<ExactAccumulator>();
+  GradStorage* storage_ = nullptr;  // instead of grads_ and exact_grads_
+  std::vector<std::pair<std::string, Mode>> op_modes_;
+  TensorHook hook_;
+  GradReadyHook grad_ready_;
+  std::vector<float> scratch_;
+};
+
+class Layer {
+ public:
+  explicit Layer(const LayerDesc& desc) : desc_(desc) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const LayerDesc& desc() const { return desc_; }
+
+  // Forward of pass p; `in` is the previous layer's output of the same micro-batch (stream layout:
+  // p.RS tokens of d_model), nullptr for a layer that reads tokens.
+  virtual void forward(LayerContext& ctx, const Pass& p, const float* in) = 0;
+  // This layer's output of slot `slot` (what the next layer reads): stream layout, except a loss
+  // layer's (its logits).
+  virtual const float* output(int slot) const = 0;
+  // Backward of pass p (its forward ran with the same slot): `dout` the gradient of the output
+  // (nullptr for the loss layer, whose gradient starts at its loss), `dinp` where the gradient of
+  // the input goes (== dout for a residual layer; nullptr for a layer that reads tokens); `in` as
+  // in forward.
+  virtual void backward(LayerContext& ctx, const Pass& p, const float* in, float* dout, float* dinp) = 0;
+  // y = x + f(x): backward updates the stream gradient in place.
+  virtual bool residual() const { return false; }
+  // Floats of LayerContext::scratch its backward uses for a micro-batch of max_tokens tokens.
+  virtual int64_t scratch_floats() const { return 0; }
+
+ protected:
+  // Full hook names (prefix included), built once.
+  std::string name(std::string_view local) const { return desc_.prefix + std::string(local); }
+
+ private:
+  LayerDesc desc_;
+};
+
+// What a layer kind's constructor gets: its dims on this rank, the plan's ops and the sizes to
+// allocate for.
+struct LayerBuild {
+  LayerContext& ctx;
+  LayerDims local;      // this rank's dims (the plan's share of heads, features, vocabulary)
+  int64_t max_batch;    // sequences of the largest micro-batch
+  int64_t max_stream;   // stream tokens of the largest micro-batch
+  int slots;            // micro-batches in flight at once
+};
+
+}  // namespace lockstep

@@ -1,0 +1,296 @@
+#include "src/model/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/core/check.hpp"
+#include "src/core/det_math.hpp"
+#include "src/core/hash.hpp"
+#include "src/core/splitmix64.hpp"
+#include "src/model/layers/registry.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// Uniform in (0, 1) from the top 53 bits, never 0 (Box-Muller takes its log).
+double uniform_open(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53; }
+
+// Standard normal for element i of a tensor keyed by `key` (Box-Muller, cosine branch), with the
+// deterministic log/cos of det_math.hpp so every machine draws the same initial model.
+double normal_at(uint64_t key, uint64_t i) {
+  const double u1 = uniform_open(splitmix64(key ^ splitmix64(2 * i)));
+  const double u2 = uniform_open(splitmix64(key ^ splitmix64(2 * i + 1)));
+  return std::sqrt(-2.0 * det::log(u1)) * det::cos(2.0 * det::kPi * u2);
+}
+
+// f(b, e) over blocks [b, e) of [first, end), split over the OpenMP threads. Zeroing and rounding
+// the gradients are memory-bound passes over every parameter (canonical mode: a double and a
+// spill flag each, and the fp32 gradient written); on one thread they were a few percent of a
+// two-thread step.
+template <class F>
+void for_param_blocks(int64_t first, int64_t end, const F& f) {
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t blocks = (end - first + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t b = first + i * kBlock;
+    f(static_cast<size_t>(b), static_cast<size_t>(std::min(end, b + kBlock)));
+  }
+}
+
+}  // namespace
+
+const ParamTensor* LayerContext::find_param(const std::string& name) const {
+  for (const auto& t : layout_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+GradSink LayerContext::sink(const ParamTensor* t) {
+  if (t == nullptr) return {};
+  if (storage_) return storage_->sink(*t);
+  own_grads();
+  if (mode_ == Mode::kCanonical) return {nullptr, exact_grads_.get(), t->offset};
+  return {grads_.data() + t->offset, nullptr, 0};
+}
+
+void LayerContext::own_grads() {
+  if (storage_ || !grads_.empty()) return;
+  grads_.assign(params_.size(), 0.0f);
+  if (mode_ == Mode::kCanonical) exact_grads_->reset(params_.size());
+}
+
+Model::Model(const ModelConfig& cfg, Mode mode, int64_t micro_batch, ModelOptions options)
+    : Model(describe_model(cfg), mode, micro_batch, options) {}
+
+Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions options)
+    : desc_(std::move(desc)),
+      options_(options),
+      plan_(options.plan ? options.plan : &default_plan_),
+      ctx_(mode, *plan_),
+      max_batch_(micro_batch) {
+  desc_.config.validate();
+  LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
+  LS_REQUIRE(options.slots >= 1, "micro-batches in flight (", options.slots, ") must be >= 1");
+  options_.end_layer = std::min(options_.end_layer, desc_.layers.size());
+  LS_CHECK(options_.first_layer < options_.end_layer, "stage of layers [", options_.first_layer, ", ",
+           options_.end_layer, ") of ", desc_.layers.size());
+  const std::vector<ParamTensor> all = plan_->param_layout(desc_);
+  // This stage's parameters: those its layers declare, numbered from 0 (a tied head needs the
+  // embedding in the same stage).
+  size_t before = 0, count = 0;
+  for (size_t l = 0; l < options_.end_layer; ++l) {
+    (l < options_.first_layer ? before : count) += desc_.layers[l].params.size();
+  }
+  ctx_.layout_.assign(all.begin() + static_cast<std::ptrdiff_t>(before),
+                      all.begin() + static_cast<std::ptrdiff_t>(before + count));
+  const int64_t base = ctx_.layout_.empty() ? 0 : ctx_.layout_.front().offset;
+  for (auto& t : ctx_.layout_) t.offset -= base;
+  ctx_.params_.assign(ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel, 0.0f);
+
+  const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
+  int64_t scratch = 0;
+  for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
+    const LayerDesc& d = desc_.layers[l];
+    const LayerBuild b{ctx_, plan_->local_dims(d), micro_batch, max_stream, options_.slots};
+    layers_.push_back(layer_type(d.kind).build(d, b));
+    scratch = std::max(scratch, layers_.back()->scratch_floats());
+  }
+  ctx_.scratch_.resize(static_cast<size_t>(scratch));
+  const size_t stream = static_cast<size_t>(max_stream * desc_.config.d_model);
+  for (auto& g : stream_grad_) g.resize(stream);
+  slots_.resize(static_cast<size_t>(options_.slots));
+  for (auto& s : slots_) {
+    s.inputs.resize(static_cast<size_t>(micro_batch * T));
+    s.targets.resize(s.inputs.size());
+    if (options_.first_layer > 0) s.stage_input.resize(stream);
+  }
+}
+
+Model::~Model() = default;
+
+const ParamTensor& Model::param(const std::string& name) const {
+  const ParamTensor* t = ctx_.find_param(name);
+  if (t == nullptr) throw InternalError(str_cat("no parameter named ", name));
+  return *t;
+}
+
+uint64_t Model::grad_bytes() const {
+  return ctx_.grads_.capacity() * sizeof(float) + ctx_.exact_grads_->size() * (sizeof(double) + 1);
+}
+
+void Model::set_grad_storage(GradStorage* storage) {
+  ctx_.storage_ = storage;
+  if (storage) {
+    std::vector<float>().swap(ctx_.grads_);
+    ctx_.exact_grads_ = std::make_unique<ExactAccumulator>();
+  }
+}
+
+float* Model::grads() {
+  ctx_.own_grads();
+  return ctx_.grads_.data();
+}
+
+ExactAccumulator& Model::exact_grads() {
+  ctx_.own_grads();
+  return *ctx_.exact_grads_;
+}
+
+void Model::init_parameters() {
+  for (const auto& t : ctx_.layout_) {
+    float* w = ctx_.params_.data() + t.offset;
+    switch (t.init) {
+      case ParamInit::kOnes: std::fill(w, w + t.numel, 1.0f); break;
+      case ParamInit::kZeros: std::fill(w, w + t.numel, 0.0f); break;
+      case ParamInit::kNormal: {
+        const double stddev = static_cast<double>(desc_.config.init_std) * t.init_scale;
+        const uint64_t key = xxh64(t.name.data(), t.name.size(), desc_.config.seed);
+        for (int64_t i = 0; i < t.numel; ++i) {
+          w[i] = static_cast<float>(stddev * normal_at(key, static_cast<uint64_t>(t.global_index(i))));
+        }
+        break;
+      }
+    }
+  }
+}
+
+void Model::zero_grad() {
+  ctx_.own_grads();
+  if (ctx_.storage_) {
+    ctx_.storage_->zero();
+  } else if (mode() == Mode::kCanonical) {
+    for_param_blocks(0, num_params(), [&](size_t b, size_t e) { ctx_.exact_grads_->zero(b, e); });
+  } else {
+    for_param_blocks(0, num_params(), [&](size_t b, size_t e) {
+      std::fill(ctx_.grads_.begin() + static_cast<std::ptrdiff_t>(b),
+                ctx_.grads_.begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
+    });
+  }
+}
+
+void Model::finish_grads(int64_t first, int64_t end) {
+  LS_CHECK(ctx_.storage_ == nullptr, "finish_grads: the gradients are in a GradStorage, not in the model");
+  ctx_.own_grads();
+  if (mode() != Mode::kCanonical) return;
+  for_param_blocks(first, end, [&](size_t b, size_t e) { ctx_.exact_grads_->round_to(b, e, ctx_.grads_.data() + b); });
+}
+
+Model::Slot& Model::acquire(int64_t mb, const MicroBatch& batch) {
+  LS_CHECK(batch.B >= 1 && batch.B <= max_batch_, "micro batch ", batch.B, " exceeds ", max_batch_);
+  Slot& s = reserve(mb);
+  LS_CHECK(s.input_only, "micro-batch ", mb, " is already in flight");
+  s.input_only = false;
+  const int64_t T = desc_.config.seq_len, BT = batch.B * T;
+  if (batch.inputs) std::copy(batch.inputs, batch.inputs + BT, s.inputs.begin());
+  if (batch.targets) std::copy(batch.targets, batch.targets + BT, s.targets.begin());
+  Pass& p = s.pass;
+  p = Pass{};
+  p.slot = static_cast<int>(&s - slots_.data());
+  p.B = batch.B;
+  p.T = T;
+  p.BT = BT;
+  p.RS = plan_->stream_tokens(BT);
+  const bool whole = p.RS == BT;
+  p.RB = whole ? batch.B : 1;
+  p.RT = whole ? T : p.RS;
+  p.token_offset = batch.token_offset;
+  p.stream_offset = batch.token_offset + plan_->stream_first(BT);
+  p.inputs = s.inputs.data();
+  p.targets = s.targets.data();
+  return s;
+}
+
+Model::Slot& Model::find(int64_t mb) {
+  for (auto& s : slots_)
+    if (s.mb == mb && !s.input_only) return s;
+  throw InternalError(str_cat("micro-batch ", mb, " has no forward in flight"));
+}
+
+const Model::Slot& Model::find(int64_t mb) const { return const_cast<Model*>(this)->find(mb); }
+
+Model::Slot& Model::reserve(int64_t mb) {
+  Slot* free = nullptr;
+  for (auto& s : slots_) {
+    if (s.mb == mb) return s;
+    if (s.mb < 0 && free == nullptr) free = &s;
+  }
+  LS_CHECK(free != nullptr, "more than ", slots_.size(), " micro-batches in flight (ModelOptions::slots)");
+  free->mb = mb;
+  free->input_only = true;
+  return *free;
+}
+
+float* Model::stage_input(int64_t mb) {
+  LS_CHECK(options_.first_layer > 0, "a stage that starts with the embedding reads tokens");
+  Slot& s = reserve(mb);
+  LS_CHECK(s.input_only, "micro-batch ", mb, " is already in flight: its input is in use");
+  return s.stage_input.data();
+}
+
+const float* Model::stage_output(int64_t mb) const { return layers_.back()->output(find(mb).pass.slot); }
+
+void Model::run_forward(Slot& s) {
+  const float* in = options_.first_layer > 0 ? s.stage_input.data() : nullptr;
+  for (auto& layer : layers_) {
+    layer->forward(ctx_, s.pass, in);
+    in = layer->output(s.pass.slot);
+  }
+}
+
+void Model::forward(int64_t mb, const MicroBatch& batch) {
+  Slot& s = acquire(mb, batch);
+  run_forward(s);
+}
+
+void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro) {
+  Slot& s = find(mb);
+  Pass& p = s.pass;
+  p.dloss = dloss;
+  p.loss_sum = &loss_sum;
+  p.last_micro = last_micro;
+  const bool has_loss = options_.end_layer == desc_.layers.size();
+  float* dout = has_loss ? nullptr : stream_grad_[0].data();
+  for (size_t i = layers_.size(); i-- > 0;) {
+    Layer& layer = *layers_[i];
+    const float* in = i > 0 ? layers_[i - 1]->output(p.slot)
+                            : (options_.first_layer > 0 ? s.stage_input.data() : nullptr);
+    float* dinp = nullptr;
+    if (!layer.desc().input.empty()) {
+      dinp = layer.residual() ? dout
+                              : (dout == stream_grad_[0].data() ? stream_grad_[1].data() : stream_grad_[0].data());
+    }
+    layer.backward(ctx_, p, in, dout, dinp);
+    dout = dinp;
+  }
+  input_grad_ = dout;
+  s.mb = -1;
+}
+
+void Model::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t B, int64_t token_offset,
+                             float dloss, ChunkCombiner& loss_sum) {
+  forward(0, {inputs, targets, B, token_offset});
+  backward(0, dloss, loss_sum, false);
+}
+
+void Model::forward_backward_batch(const int32_t* inputs, const int32_t* targets, int64_t B, int64_t MB,
+                                   int64_t first_token, float dloss, ChunkCombiner& loss_sum) {
+  LS_CHECK(MB >= 1 && B % MB == 0, "batch ", B, " is not a multiple of micro-batch ", MB);
+  const int64_t T = desc_.config.seq_len;
+  for (int64_t mb = 0; mb < B / MB; ++mb) {
+    forward(0, {inputs + mb * MB * T, targets + mb * MB * T, MB, first_token + mb * MB * T});
+    backward(0, dloss, loss_sum, mb == B / MB - 1);
+  }
+}
+
+void Model::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum) {
+  LS_CHECK(options_.end_layer == desc_.layers.size(), "eval_loss needs the loss layer");
+  Slot& s = acquire(0, {inputs, targets, B, 0});
+  s.pass.eval = true;
+  s.pass.loss_sum = &loss_sum;
+  run_forward(s);
+  s.mb = -1;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,171 @@
+// The model on one device (or one rank's part of it): the layer list built from its description,
+// the parameters and gradients, and the passes of micro-batches through the layers.
+//
+// Layout follows llm.c: every parameter lives in one flat fp32 buffer, in the canonical order of
+// the layer list's declarations (param_layout.hpp: also the checkpoint and model-hash order);
+// gradients in a second one. Each layer owns its activations, one slot per micro-batch in flight,
+// allocated once and reused; backward scratch is one buffer the layers share.
+//
+// Passes: forward(mb) runs micro-batch mb through the layers, keeping what backward(mb) needs; up
+// to `slots` micro-batches may be between their forward and their backward at once, in any order
+// (a 1F1B pipeline schedule runs forwards ahead of backwards). A model may hold a contiguous range
+// of the layers only (a pipeline stage): it then reads its input from stage_input(mb), and its
+// backward starts from the gradient the caller writes into stage_output_grad().
+//
+// Gradients: fast mode accumulates into the fp32 gradient buffer; canonical mode accumulates every
+// chunk partial exactly (ExactAccumulator) across micro-batches and rounds once in finish_grads(),
+// so the gradient does not depend on how the batch was split, nor on the order of micro-batches.
+//
+// Parallel layouts come from outside: the ModelPlan (modules.hpp) gives this rank's dims,
+// parameters and the ops that combine ranks (src/parallel/tp_plan.hpp); this file never sees a
+// rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/model/layer.hpp"
+#include "src/model/layer_list.hpp"
+#include "src/model/modules.hpp"
+
+namespace lockstep {
+
+// One micro-batch of a step.
+struct MicroBatch {
+  const int32_t* inputs = nullptr;   // (B, T): the embedding's tokens (a stage without it: unused)
+  const int32_t* targets = nullptr;  // (B, T): the loss's targets (a stage without it: unused)
+  int64_t B = 0;                     // sequences
+  int64_t token_offset = 0;          // global index of its first token in the step's batch
+};
+
+struct ModelOptions {
+  const ModelPlan* plan = nullptr;  // nullptr: one device; it must outlive the model
+  int slots = 1;                    // micro-batches whose activations may be alive at once
+  size_t first_layer = 0;           // the layers [first_layer, end_layer) of the list (a stage)
+  size_t end_layer = SIZE_MAX;
+};
+
+class Model {
+ public:
+  // micro_batch: the largest number of sequences of one micro-batch.
+  Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions options = {});
+  // The list of a [model] section (describe_model).
+  Model(const ModelConfig& cfg, Mode mode, int64_t micro_batch, ModelOptions options = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelDesc& desc() const { return desc_; }
+  const ModelConfig& config() const { return desc_.config; }
+  Mode mode() const { return ctx_.mode(); }
+  const std::vector<ParamTensor>& param_layout() const { return ctx_.layout_; }
+  const ParamTensor& param(const std::string& name) const;
+  int64_t num_params() const { return static_cast<int64_t>(ctx_.params_.size()); }
+  float* params() { return ctx_.params_.data(); }
+  const float* params() const { return ctx_.params_.data(); }
+  // The model's own gradient buffers (zero until a backward adds to them), allocated at their
+  // first use — so that a model whose gradients go to a GradStorage from the start never holds
+  // them, not even at its peak — and released (grads() is nullptr) while a GradStorage is set.
+  float* grads();
+  const float* grads() const { return ctx_.grads_.data(); }
+  // Canonical mode: the exact per-element gradient sums before finish_grads() rounds them (data
+  // parallelism combines these across ranks exactly).
+  ExactAccumulator& exact_grads();
+  // Bytes of the model's own gradient buffers (fp32, and in canonical mode the exact sums' doubles
+  // and spill flags; 0 while a GradStorage is set).
+  uint64_t grad_bytes() const;
+  // Sends every parameter gradient to `storage` (it must outlive its use) and releases the
+  // model's own buffers; nullptr takes them back (allocated, zeroed, at their next use).
+  // finish_grads() needs the own buffers.
+  void set_grad_storage(GradStorage* storage);
+
+  // Installs (or, with an empty function, removes) the tensor observer. Without one, observing
+  // costs one branch per tensor.
+  void set_hook(TensorHook hook) { ctx_.hook_ = std::move(hook); }
+  // Runs one op's forward in `mode` instead of the model's mode: a different but valid
+  // accumulation order for that op's forward (divergence injection and bisect tests; the backward
+  // keeps the model's mode, whose gradient sinks it needs). The op is named by its forward output's
+  // hook name, e.g. `layer/1/attn/att` or `logits` (is_op_site).
+  void set_op_mode(std::string op, Mode mode) { ctx_.set_op_mode(std::move(op), mode); }
+  void clear_op_modes() { ctx_.clear_op_modes(); }
+  // The grad-ready hook (layer.hpp): ranges come op by op in backward order — the untied head,
+  // lnf, then per block from the last to the first mlp/proj, mlp/fc, ln2, attn/proj, attn/qkv,
+  // ln1, then wte and wpe (a tied wte only after the embedding's backward, its second write).
+  // Every element is reported once per micro-batch. Under sequence parallelism the norm tensors
+  // are reported although they still need the caller's sum over tp (sum_norm_grads). An empty
+  // function removes the hook.
+  void set_grad_ready_hook(GradReadyHook hook) { ctx_.grad_ready_ = std::move(hook); }
+
+  // Deterministic initialisation from the config's seed: each element is a function of (seed,
+  // tensor name, element index in the global tensor) only (GPT-2 scheme: N(0, init_std), residual
+  // projections scaled by 1/sqrt(2·n_layers), biases 0, norm weights 1: ParamDecl::init).
+  void init_parameters();
+
+  // Model FLOPs per trained token of the whole model (layer_list.hpp's flops_per_token).
+  double flops_per_token() const { return lockstep::flops_per_token(desc_); }
+
+  void zero_grad();
+  // Canonical mode: rounds the exact gradient sums into grads(). Fast mode: nothing to do.
+  void finish_grads() { finish_grads(0, num_params()); }
+  // The same for the elements [first, end) of the flat buffer only.
+  void finish_grads(int64_t first, int64_t end);
+
+  // Forward of micro-batch `mb` (an id of the caller's: distinct among those in flight); the
+  // tokens are copied, so the caller's buffers may change after the call.
+  void forward(int64_t mb, const MicroBatch& batch);
+  // Backward of micro-batch `mb` (after its forward): the loss layer computes the per-token losses
+  // with their gradient scaled by dloss (1 / tokens in the global batch) and adds them, chunk by
+  // chunk, to loss_sum; parameter gradients accumulate. last_micro: the step's last micro-batch
+  // (grad-ready hook).
+  void backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro);
+  // A stage without the embedding: where the previous stage's output for mb goes before forward(mb).
+  float* stage_input(int64_t mb);
+  // After forward(mb): the last layer's output of mb (the stream, or a loss layer's logits).
+  const float* stage_output(int64_t mb) const;
+  // A stage without the loss: where the gradient of stage_output(mb) goes before backward(mb).
+  float* stage_output_grad() { return stream_grad_[0].data(); }
+  // After the last backward: the gradient of its stage input (a stage without the embedding).
+  const float* stage_input_grad() const { return input_grad_; }
+  // Stream tokens of a B-sequence micro-batch here (its stage input and output have these rows).
+  int64_t stream_tokens(int64_t B) const { return plan_->stream_tokens(B * desc_.config.seq_len); }
+
+  // One micro-batch of B sequences: forward, loss, backward; parameter gradients accumulate.
+  void forward_backward(const int32_t* inputs, const int32_t* targets,  // (B, T) (B, T)
+                        int64_t B, int64_t token_offset, float dloss, ChunkCombiner& loss_sum);
+  // Runs forward_backward over a batch of B sequences in micro-batches of MB (B % MB == 0);
+  // first_token is the global index of the batch's first token.
+  void forward_backward_batch(const int32_t* inputs, const int32_t* targets,  // (B, T) (B, T)
+                              int64_t B, int64_t MB, int64_t first_token, float dloss, ChunkCombiner& loss_sum);
+  // Forward only; adds the per-token losses to loss_sum.
+  void eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum);
+
+ private:
+  struct Slot {
+    int64_t mb = -1;          // -1: free
+    bool input_only = false;  // stage_input(mb) was asked for, forward(mb) not run yet
+    Pass pass;
+    std::vector<int32_t> inputs, targets;
+    std::vector<float> stage_input;
+  };
+  // The slot of mb (stage_input's, or a free one marked input_only).
+  Slot& reserve(int64_t mb);
+  Slot& acquire(int64_t mb, const MicroBatch& batch);
+  Slot& find(int64_t mb);
+  const Slot& find(int64_t mb) const;
+  void run_forward(Slot& s);
+
+  ModelDesc desc_;
+  ModelOptions options_;
+  ModelPlan default_plan_;
+  const ModelPlan* plan_;
+  LayerContext ctx_;
+  int64_t max_batch_;
+  std::vector<std::unique_ptr<Layer>> layers_;  // [first_layer, end_layer) of desc_.layers
+  std::vector<Slot> slots_;
+  std::vector<float> stream_grad_[2];  // the stream's gradient between layers
+  const float* input_grad_ = nullptr;
+};
+
+}  // namespace lockstep

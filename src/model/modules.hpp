@@ -1,0 +1,98 @@
+// The ops of a layer that a parallel plan runs differently, and the plan that hands them out.
+//
+// Layers are single-device code: they call these ops on their own (per-rank) shapes and never see
+// ranks. The default ModelPlan here runs one device: every op is the kernel call. A tensor-
+// parallel plan (src/parallel/tp_plan.hpp) gives each rank's layers its share of the dims and ops
+// that combine the ranks' parts (Megatron's column-, row- and vocabulary-parallel layers, and
+// sequence parallelism's norms), so that the same layer code runs every layout:
+//   NormOp        out (all BT tokens) = norm of this rank's stream tokens of inp
+//   LinearOp      out = inp · wᵀ + b and its backward, however the weight is split
+//   EmbeddingOp   the stream from the tokens, and the tables' gradients
+//   LossOp        per-token cross-entropy (and dlogits) over however the vocabulary is split
+// A linear whose weight the layer declares split along dim 0 (output features) is column-
+// parallel, along dim 1 (input features) row-parallel (layer_list.hpp's ParamDecl::split_dim,
+// carried by the rank's ParamTensor).
+// Not here: the kernels' contracts (kernels/ops), the layer list (layer_list.hpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/ops/crossentropy.hpp"
+#include "kernels/ops/embedding.hpp"
+#include "kernels/ops/linear.hpp"
+#include "kernels/ops/mode.hpp"
+#include "kernels/ops/norm.hpp"
+#include "src/model/layer_list.hpp"
+#include "src/model/param_layout.hpp"
+
+namespace lockstep {
+
+// The norm kernels of a layer's kind (LayerNorm with bias, or RMSNorm: mean and b unused), over
+// `rows` rows of d_model.
+void norm_forward_rows(const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
+                       const float* inp, const float* w, const float* b);
+void norm_backward_rows(const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
+                        GradSink dw, GradSink db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd);
+
+class NormOp {
+ public:
+  virtual ~NormOp() = default;
+  // out (BT, C) = norm of the stream tokens of inp held here; mean, rstd: the stream tokens'.
+  virtual void forward(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b) = 0;
+};
+
+class LinearOp {
+ public:
+  virtual ~LinearOp() = default;
+  // s: this rank's shape. out: s.N rows (a row-parallel plan under sequence parallelism: the
+  // stream tokens' rows only).
+  virtual void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w,
+                       const float* b) = 0;
+  // dout: s.N rows (row-parallel under sequence parallelism: the stream tokens' rows, gathered
+  // here); dinp: s.N rows (column-parallel under sequence parallelism: the stream tokens' rows).
+  virtual void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+                        const float* dout, const float* inp, const float* w) = 0;
+};
+
+class EmbeddingOp {
+ public:
+  virtual ~EmbeddingOp() = default;
+  // out: the stream tokens of B sequences.
+  virtual void forward(Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe) = 0;
+  // dout: the stream tokens' gradient.
+  virtual void backward(Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+                        const int32_t* tokens) = 0;
+};
+
+class LossOp {
+ public:
+  virtual ~LossOp() = default;
+  // losses (N) of logits (N, this rank's vocabulary); with backward, dlogits in place over them.
+  virtual void forward(Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
+                       bool backward) = 0;
+};
+
+// How the layers run on this rank. The base class is one device.
+class ModelPlan {
+ public:
+  virtual ~ModelPlan() = default;
+  // The layer's dims here.
+  virtual LayerDims local_dims(const LayerDesc& layer) const { return layer.dims; }
+  // This rank's parameters in canonical order.
+  virtual std::vector<ParamTensor> param_layout(const ModelDesc& desc) const { return build_param_layout(desc); }
+  // Tokens of a BT-token micro-batch in the residual stream here, and the first of them.
+  virtual int64_t stream_tokens(int64_t BT) const { return BT; }
+  virtual int64_t stream_first(int64_t BT) const { return 0; }
+  virtual std::unique_ptr<NormOp> norm(const LayerDesc& layer) const;
+  // The linear whose weight is `weight` (this rank's tensor: its split_dim says how it is split).
+  virtual std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight) const;
+  virtual std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const;
+  virtual std::unique_ptr<LossOp> loss(const LayerDesc& layer) const;
+};
+
+}  // namespace lockstep

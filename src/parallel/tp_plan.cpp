@@ -1,0 +1,239 @@
+// The tensor-parallel plan's ops (see tp_plan.hpp).
+#include "src/parallel/tp_plan.hpp"
+
+#include "src/core/check.hpp"
+#include "src/core/exact_sum.hpp"
+
+namespace lockstep::parallel {
+
+struct TensorParallelPlan::Scratch {
+  ExactAccumulator sum;  // exact partial sums of a split reduction
+  std::vector<float> buf, gathered, ce_max, ce_z, ce_target;
+
+  // v's storage for at least n floats (grown once to the largest need, then reused).
+  static float* floats(std::vector<float>& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+};
+
+namespace {
+
+// What every op of the plan knows: the group, sequence parallelism, the shared scratch.
+struct Group {
+  TpGroup& tp;
+  bool sp;
+  TensorParallelPlan::Scratch& scratch;
+
+  int64_t p() const { return tp.size(); }
+  int64_t stream(int64_t BT) const { return sp ? BT / tp.size() : BT; }
+  // The stream gradient of all BT tokens: dres itself, or all-gathered under sequence parallelism.
+  const float* gathered(const float* dres, int64_t BT, int64_t C) {
+    if (!sp) return dres;
+    float* full = TensorParallelPlan::Scratch::floats(scratch.gathered, BT * C);
+    tp.all_gather(dres, full, stream(BT) * C);
+    return full;
+  }
+};
+
+class SequenceParallelNorm final : public NormOp {
+ public:
+  SequenceParallelNorm(const LayerDesc& layer, Group g) : layer_(layer), g_(g) {}
+  void forward(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
+               const float* b) override {
+    const int64_t rows = g_.stream(BT), C = layer_.dims.C;
+    float* local = TensorParallelPlan::Scratch::floats(g_.scratch.buf, rows * C);
+    norm_forward_rows(layer_, mode, rows, local, mean, rstd, inp, w, b);
+    g_.tp.all_gather(local, out, rows * C);
+  }
+
+ private:
+  const LayerDesc& layer_;
+  Group g_;
+};
+
+class ColumnParallelLinear final : public LinearOp {
+ public:
+  explicit ColumnParallelLinear(Group g) : g_(g) {}
+  void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
+    cpu::linear_forward(mode, s, out, inp, w, b);
+  }
+  // Weight and bias gradients are this rank's rows; dinp sums over the output features, split
+  // across the group, and is written like linear_backward's `dinp =`.
+  void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+                const float* dout, const float* inp, const float* w) override {
+    cpu::linear_backward(mode, s, token_offset, nullptr, dw, db, dout, inp, w);
+    const int64_t n = s.N * s.IC, kept = g_.stream(s.N) * s.IC;
+    if (mode == Mode::kCanonical) {
+      g_.scratch.sum.reset(static_cast<size_t>(n));
+      cpu::linear_backward_dinp_partials(s, g_.scratch.sum, dout, w);
+      if (g_.sp) {
+        g_.tp.reduce_scatter_exact(g_.scratch.sum, dinp);
+      } else {
+        g_.tp.all_reduce_exact(g_.scratch.sum, dinp);
+      }
+    } else if (g_.sp) {
+      float* full = TensorParallelPlan::Scratch::floats(g_.scratch.buf, n);
+      cpu::linear_backward(mode, s, token_offset, full, {}, {}, dout, inp, w);
+      g_.tp.reduce_scatter_sum(full, dinp, kept);
+    } else {
+      cpu::linear_backward(mode, s, token_offset, dinp, {}, {}, dout, inp, w);
+      g_.tp.all_reduce_sum(dinp, n);
+    }
+  }
+
+ private:
+  Group g_;
+};
+
+class RowParallelLinear final : public LinearOp {
+ public:
+  explicit RowParallelLinear(Group g) : g_(g) {}
+  // out[n,o] = Σ over the input features, split across the group; under sequence parallelism
+  // this rank keeps only its stream tokens' rows (a reduce-scatter instead of an all-reduce).
+  void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
+    const int64_t n = s.N * s.OC, rows = g_.stream(s.N);
+    if (mode == Mode::kCanonical) {
+      g_.scratch.sum.reset(static_cast<size_t>(n));
+      cpu::linear_forward_partials(s, g_.scratch.sum, inp, w);
+      if (g_.sp) {
+        g_.tp.reduce_scatter_exact(g_.scratch.sum, out);
+      } else {
+        g_.tp.all_reduce_exact(g_.scratch.sum, out);
+      }
+    } else if (g_.sp) {
+      float* full = TensorParallelPlan::Scratch::floats(g_.scratch.buf, n);
+      cpu::linear_forward(mode, s, full, inp, w, nullptr);
+      g_.tp.reduce_scatter_sum(full, out, rows * s.OC);
+    } else {
+      cpu::linear_forward(mode, s, out, inp, w, nullptr);
+      g_.tp.all_reduce_sum(out, n);
+    }
+    // The replicated bias, once, after the rounding: linear_forward's epilogue `dot + bias[o]`.
+    if (b != nullptr) {
+      for (int64_t i = 0; i < rows; ++i) {
+        float* row = out + i * s.OC;
+        for (int64_t o = 0; o < s.OC; ++o) row[o] = row[o] + b[o];
+      }
+    }
+  }
+  void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+                const float* dout, const float* inp, const float* w) override {
+    cpu::linear_backward(mode, s, token_offset, dinp, dw, db, g_.gathered(dout, s.N, s.OC), inp, w);
+  }
+
+ private:
+  Group g_;
+};
+
+// Vocabulary-parallel: one rank holds each token's row, the others give -0.0f: an exact sum.
+class VocabParallelEmbedding final : public EmbeddingOp {
+ public:
+  VocabParallelEmbedding(const LayerDesc& layer, Group g) : layer_(layer), g_(g) {}
+  void forward(Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
+    const int64_t BT = B * layer_.dims.T, C = layer_.dims.C;
+    float* embedded = g_.sp ? TensorParallelPlan::Scratch::floats(g_.scratch.buf, BT * C) : out;
+    cpu::embedding_forward(mode, shape(B), embedded, tokens, wte, wpe);
+    if (g_.sp) {
+      g_.tp.reduce_scatter_sum(embedded, out, g_.stream(BT) * C);
+    } else {
+      g_.tp.all_reduce_sum(out, BT * C);
+    }
+  }
+  // The gradients from all the tokens (the conjugate of the forward's reduce-scatter).
+  void backward(Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+                const int32_t* tokens) override {
+    const float* full = g_.gathered(dout, B * layer_.dims.T, layer_.dims.C);
+    cpu::embedding_backward(mode, shape(B), token_offset, dwte, dwpe, full, tokens);
+  }
+
+ private:
+  cpu::EmbeddingShape shape(int64_t B) const {
+    const int64_t V = layer_.dims.V, rows = V / g_.p();
+    return {B, layer_.dims.T, layer_.dims.C, V, g_.tp.rank() * rows, rows};
+  }
+  const LayerDesc& layer_;
+  Group g_;
+};
+
+// The row max, the softmax denominator and the target's logit are combined across the group
+// (kernels/ops/crossentropy.hpp), then each rank finishes its columns.
+class VocabParallelCrossEntropy final : public LossOp {
+ public:
+  VocabParallelCrossEntropy(const LayerDesc& layer, Group g) : V_(layer.dims.V), g_(g) {}
+  void forward(Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
+               bool backward) override {
+    Scratch& sc = g_.scratch;
+    const int64_t held = V_ / g_.p();
+    const cpu::CrossEntropyShard s{N, held, g_.tp.rank() * held, V_};
+    float* m = Scratch::floats(sc.ce_max, N);
+    float* z = Scratch::floats(sc.ce_z, N);
+    float* target = Scratch::floats(sc.ce_target, N);
+    cpu::crossentropy_shard_max(s, m, logits);
+    g_.tp.all_reduce_max(m, N);
+    sc.sum.reset(static_cast<size_t>(N));
+    cpu::crossentropy_shard_partition(mode, s, sc.sum, target, logits, m, targets);
+    g_.tp.all_reduce_exact(sc.sum, z);
+    g_.tp.all_reduce_sum(target, N);
+    cpu::crossentropy_shard_finish(mode, s, dloss, losses, backward ? logits : nullptr, logits, m, z, target, targets);
+  }
+
+ private:
+  using Scratch = TensorParallelPlan::Scratch;
+  int64_t V_;
+  Group g_;
+};
+
+}  // namespace
+
+TensorParallelPlan::TensorParallelPlan(TpGroup& group, bool sequence_parallel)
+    : group_(group), sp_(sequence_parallel), scratch_(std::make_unique<Scratch>()) {}
+
+TensorParallelPlan::~TensorParallelPlan() = default;
+
+LayerDims TensorParallelPlan::local_dims(const LayerDesc& layer) const {
+  LayerDims d = layer.dims;
+  const int64_t p = group_.size();
+  LS_CHECK(d.NH % p == 0 && d.NKV % p == 0 && d.F % p == 0 && d.V % p == 0, layer.prefix,
+           layer_kind_name(layer.kind), ": tensor-parallel split over ", p, " ranks (checked by check_tp_layout)");
+  d.NH /= p;
+  d.NKV /= p;
+  d.F /= p;
+  d.V /= p;
+  return d;
+}
+
+std::vector<ParamTensor> TensorParallelPlan::param_layout(const ModelDesc& desc) const {
+  return build_param_layout(desc, {group_.size(), group_.rank()});
+}
+
+int64_t TensorParallelPlan::stream_tokens(int64_t BT) const { return sp_ ? BT / group_.size() : BT; }
+
+// Asked for every pass (the model sizes its buffers with stream_tokens alone): a micro-batch's
+// tokens must split evenly (check_tp_layout refuses the configs where they would not).
+int64_t TensorParallelPlan::stream_first(int64_t BT) const {
+  LS_CHECK(!sp_ || BT % group_.size() == 0, "sequence parallelism: ", BT, " tokens over ", group_.size(), " ranks");
+  return sp_ ? group_.rank() * stream_tokens(BT) : 0;
+}
+
+std::unique_ptr<NormOp> TensorParallelPlan::norm(const LayerDesc& layer) const {
+  if (!sp_) return ModelPlan::norm(layer);
+  return std::make_unique<SequenceParallelNorm>(layer, Group{group_, sp_, *scratch_});
+}
+
+std::unique_ptr<LinearOp> TensorParallelPlan::linear(const LayerDesc& layer, const ParamTensor& weight) const {
+  const Group g{group_, sp_, *scratch_};
+  if (weight.split_dim == 0) return std::make_unique<ColumnParallelLinear>(g);
+  if (weight.split_dim == 1) return std::make_unique<RowParallelLinear>(g);
+  return ModelPlan::linear(layer, weight);
+}
+
+std::unique_ptr<EmbeddingOp> TensorParallelPlan::embedding(const LayerDesc& layer) const {
+  return std::make_unique<VocabParallelEmbedding>(layer, Group{group_, sp_, *scratch_});
+}
+
+std::unique_ptr<LossOp> TensorParallelPlan::loss(const LayerDesc& layer) const {
+  return std::make_unique<VocabParallelCrossEntropy>(layer, Group{group_, sp_, *scratch_});
+}
+
+}  // namespace lockstep::parallel
