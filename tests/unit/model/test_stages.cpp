@@ -1,0 +1,124 @@
+// A model run as pipeline stages: two Models over layers [0, k) and [k, n) of one list, the first
+// holding several micro-batches between their forward and their backward (what a 1F1B schedule
+// needs), backwards in another order than the forwards. Canonical gradients and the loss must be
+// bitwise those of the whole model run one micro-batch after the other, for every cut.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "src/core/check.hpp"
+#include "src/model/model.hpp"
+
+namespace lockstep {
+namespace {
+
+ModelConfig stage_model() {
+  ModelConfig m;
+  m.vocab_size = 96;
+  m.seq_len = 64;
+  m.d_model = 64;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.tie_embeddings = false;  // a tied head needs the embedding in its stage
+  m.seed = 3;
+  return m;
+}
+
+constexpr int64_t kMicro = 4;  // micro-batches of one sequence
+
+std::vector<int32_t> tokens(const ModelConfig& m) {
+  std::mt19937 gen(9);
+  std::vector<int32_t> t(static_cast<size_t>(kMicro * m.seq_len + 1));
+  for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(m.vocab_size));
+  return t;
+}
+
+uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
+  const ModelConfig cfg = stage_model();
+  const ModelDesc desc = describe_model(cfg);
+  const int64_t T = cfg.seq_len;
+  const std::vector<int32_t> tok = tokens(cfg);
+  const float dloss = 1.0f / static_cast<float>(kMicro * T);
+
+  Model whole(desc, Mode::kCanonical, 1);
+  whole.init_parameters();
+  whole.zero_grad();
+  ChunkCombiner whole_loss;
+  whole.forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, whole_loss);
+  whole.finish_grads();
+
+  for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
+    SCOPED_TRACE(testing::Message() << "stages [0, " << cut << ") and [" << cut << ", " << desc.layers.size() << ")");
+    Model first(desc, Mode::kCanonical, 1, {.slots = static_cast<int>(kMicro), .end_layer = cut});
+    Model last(desc, Mode::kCanonical, 1, {.first_layer = cut});
+    ASSERT_EQ(first.num_params() + last.num_params(), whole.num_params());
+    first.init_parameters();
+    last.init_parameters();
+    first.zero_grad();
+    last.zero_grad();
+    const int64_t rows = first.stream_tokens(1) * cfg.d_model;
+    // All forwards of the first stage, then each micro-batch through the last stage, the first
+    // stage's backwards in the order 0, 2, 1, 3.
+    std::vector<std::vector<float>> grads_in(kMicro);
+    ChunkCombiner loss;
+    for (int64_t mb = 0; mb < kMicro; ++mb) {
+      const MicroBatch batch{tok.data() + mb * T, tok.data() + mb * T + 1, 1, mb * T};
+      first.forward(mb, batch);
+      std::copy(first.stage_output(mb), first.stage_output(mb) + rows, last.stage_input(mb));
+      last.forward(mb, batch);
+      last.backward(mb, dloss, loss, mb == kMicro - 1);
+      grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
+    }
+    for (int64_t mb : {0, 2, 1, 3}) {
+      const auto& g = grads_in[static_cast<size_t>(mb)];
+      std::copy(g.begin(), g.end(), first.stage_output_grad());
+      first.backward(mb, dloss, loss, mb == 3);
+    }
+    first.finish_grads();
+    last.finish_grads();
+    EXPECT_EQ(bits(loss.finish()), bits(whole_loss.finish()));
+    for (const Model* stage : {&first, &last}) {
+      for (const auto& t : stage->param_layout()) {
+        const ParamTensor& w = whole.param(t.name);
+        ASSERT_EQ(t.numel, w.numel) << t.name;
+        for (int64_t i = 0; i < t.numel; ++i) {
+          ASSERT_EQ(bits(stage->grads()[t.offset + i]), bits(whole.grads()[w.offset + i])) << t.name << " " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(ModelStages, MoreMicroBatchesInFlightThanSlotsAreRefused) {
+  const ModelConfig cfg = stage_model();
+  const std::vector<int32_t> tok = tokens(cfg);
+  Model model(describe_model(cfg), Mode::kCanonical, 1, {.slots = 2});
+  model.init_parameters();
+  const MicroBatch batch{tok.data(), tok.data() + 1, 1, 0};
+  model.forward(0, batch);
+  EXPECT_THROW(model.forward(0, batch), InternalError);  // already in flight
+  model.forward(1, batch);
+  EXPECT_THROW(model.forward(2, batch), InternalError);
+  ChunkCombiner loss;
+  model.backward(1, 1.0f, loss, false);
+  EXPECT_NO_THROW(model.forward(2, batch));
+  EXPECT_THROW(model.backward(3, 1.0f, loss, false), InternalError);  // no forward of 3
+}
+
+TEST(ModelStages, TiedHeadWithoutItsEmbeddingIsRefused) {
+  ModelConfig cfg = stage_model();
+  cfg.tie_embeddings = true;
+  const ModelDesc desc = describe_model(cfg);
+  EXPECT_THROW(Model(desc, Mode::kCanonical, 1, {.first_layer = desc.layers.size() - 1}), ConfigError);
+}
+
+}  // namespace
+}  // namespace lockstep
