@@ -217,9 +217,6 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("overlap", c.parallel.overlap);
   p.field("timeout_s", c.parallel.timeout_s);
   p.field("check_replicas", c.parallel.check_replicas);
-  p.field("debug_fault", c.parallel.debug_fault);
-  p.field("debug_rank", c.parallel.debug_rank);
-  p.field("debug_step", c.parallel.debug_step);
   p.finish();
 
   Section u = section("dump");
@@ -284,10 +281,6 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(p.bucket_mb > 0 && p.bucket_mb <= 1 << 20, c.source, ": [parallel] bucket_mb (", p.bucket_mb,
              ") must be > 0 and at most 1048576 (MiB of fp32 gradient per reduction bucket)");
   LS_REQUIRE(p.timeout_s > 0, c.source, ": [parallel] timeout_s (", p.timeout_s, ") must be > 0");
-  LS_REQUIRE(p.debug_fault == "none" || p.debug_fault == "exit" || p.debug_fault == "hang" ||
-                 p.debug_fault == "flip",
-             c.source, ": [parallel] debug_fault: expected \"none\", \"exit\", \"hang\" or \"flip\", got \"",
-             p.debug_fault, "\"");
   verify::StepSet(c.dump.steps, c.source + ": [dump] steps");  // throws on a malformed list
   parse_injection(c.inject, c.source, c.model);
 }

@@ -75,11 +75,6 @@ struct ParallelConfig {
   bool overlap = true;              // reduce buckets on a communication thread during the backward
   double timeout_s = 300;           // watchdog: a collective waiting longer ends the job
   bool check_replicas = false;      // all-gather a parameter hash every step; fail naming the odd rank
-  // Test-only fault injection: after step debug_step, rank debug_rank does debug_fault:
-  // "exit" (_exit(9)), "hang" (sleeps forever), "flip" (flips one parameter bit); "none" = off.
-  std::string debug_fault = "none";
-  int64_t debug_rank = 0;
-  int64_t debug_step = 0;
 };
 
 // Tensor dumps for `lockstep diff` (verify/dump.hpp); off (and free: no hook) while dir is "".
@@ -90,10 +85,11 @@ struct DumpConfig {
 };
 
 // One planted divergence or fault (src/train/inject.hpp); off while site and kind are "".
+// One planted fault or divergence (src/train/inject.hpp); off while kind is "".
 struct InjectConfig {
-  std::string site;  // hook name, e.g. layer/2/mlp/res
+  std::string site;  // hook name (e.g. layer/2/mlp/res) or param/NAME; none for exit and hang
   int64_t step = 0;  // 0-based optimizer step
-  std::string kind;  // bitflip:bit=B[,index=I] | order | cast:bf16|f16|e4m3|e5m2
+  std::string kind;  // bitflip:bit=B[,index=I] | order | cast:bf16|f16|e4m3|e5m2 | exit | hang
   int64_t rank = -1; // world rank that injects (-1 = every rank)
 };
 

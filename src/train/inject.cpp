@@ -1,8 +1,13 @@
 #include "src/train/inject.hpp"
 
+#include <unistd.h>
+
 #include <bit>
+#include <chrono>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "src/core/check.hpp"
 #include "src/core/formats.hpp"
@@ -45,8 +50,7 @@ float round_through(const std::string& format, float x) {
 Injection parse_injection(const InjectConfig& c, const std::string& where, const ModelConfig& model) {
   Injection inj;
   if (c.kind.empty() && c.site.empty()) return inj;
-  LS_REQUIRE(!c.kind.empty() && !c.site.empty(), where,
-             ": [inject] needs both site (a tensor name such as layer/1/attn/att) and kind");
+  LS_REQUIRE(!c.kind.empty(), where, ": [inject] needs a kind (bitflip:bit=B, order, cast:FORMAT, exit or hang)");
   LS_REQUIRE(c.step >= 0, where, ": [inject] step (", c.step, ") must be >= 0");
   LS_REQUIRE(c.rank >= -1, where, ": [inject] rank (", c.rank, ") must be a world rank or -1 (every rank)");
   inj.site = c.site;
@@ -56,6 +60,21 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
   const size_t colon = kind.find(':');
   const std::string_view head = kind.substr(0, colon);
   const std::string_view opts = colon == std::string_view::npos ? std::string_view() : kind.substr(colon + 1);
+  if (head == "exit" || head == "hang") {
+    LS_REQUIRE(opts.empty() && c.site.empty(), where, ": [inject] kind ", head,
+               " takes no options and no site (the whole process ", head == "exit" ? "ends" : "hangs", ")");
+    inj.kind = head == "exit" ? Injection::Kind::kExit : Injection::Kind::kHang;
+    return inj;
+  }
+  LS_REQUIRE(!c.site.empty(), where, ": [inject] kind ", head,
+             " needs a site (a tensor name such as layer/1/attn/att, or param/NAME)");
+  if (c.site.starts_with("param/")) {
+    const std::string name = c.site.substr(6);
+    bool found = false;
+    for (const auto& t : build_param_layout(model)) found = found || t.name == name;
+    LS_REQUIRE(found, where, ": [inject] site ", c.site, ": the model has no parameter ", name,
+               " (names as `lockstep ckpt info` lists them without model/, e.g. param/lnf/weight)");
+  }
   if (head == "bitflip") {
     inj.kind = Injection::Kind::kBitflip;
     const int64_t bit = option(opts, "bit", -1, where);
@@ -76,47 +95,64 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
                where, ": [inject] kind cast: expected cast:bf16, cast:f16, cast:e4m3 or cast:e5m2, got \"",
                c.kind, "\"");
   } else {
-    throw ConfigError(str_cat(where, ": [inject] kind: expected bitflip:bit=B[,index=I], order or cast:FORMAT, got \"",
-                              c.kind, "\""));
+    throw ConfigError(str_cat(where, ": [inject] kind: expected bitflip:bit=B[,index=I], order, cast:FORMAT, exit ",
+                              "or hang, got \"", c.kind, "\""));
   }
   return inj;
 }
 
-void Injector::begin_step(Model& model, int64_t step) {
+bool Injector::watches_tensors() const {
+  return active() && inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang &&
+         !inj_.site.starts_with("param/");
+}
+
+void Injector::begin_step(int64_t step) {
   now_ = active() && step == inj_.step;
   applied_ = false;
   if (now_ && inj_.kind == Injection::Kind::kOrder) {
-    model.set_op_mode(inj_.site, model.mode() == Mode::kCanonical ? Mode::kFast : Mode::kCanonical);
+    model_.set_op_mode(inj_.site, model_.mode() == Mode::kCanonical ? Mode::kFast : Mode::kCanonical);
   }
+}
+
+void Injector::apply(std::string_view name, float* data, int64_t n) {
+  if (inj_.kind == Injection::Kind::kBitflip) {
+    if (applied_) return;  // one element of the step's first micro-batch
+    LS_REQUIRE(inj_.index < n, "[inject] bitflip index ", inj_.index, " is outside ", name, " (", n, " elements)");
+    data[inj_.index] = std::bit_cast<float>(std::bit_cast<uint32_t>(data[inj_.index]) ^ (1u << inj_.bit));
+  } else if (inj_.kind == Injection::Kind::kCast) {
+    for (int64_t i = 0; i < n; ++i) data[i] = round_through(inj_.format, data[i]);
+  }
+  // order: the op ran in the other mode; its output is seen here.
+  applied_ = true;
 }
 
 void Injector::on_tensor(std::string_view name, float* data, std::span<const int64_t> shape) {
   if (!now_ || name != inj_.site) return;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  switch (inj_.kind) {
-    case Injection::Kind::kBitflip:
-      if (applied_) return;  // one element of the step's first micro-batch
-      LS_REQUIRE(inj_.index < n, "[inject] bitflip index ", inj_.index, " is outside ", name, " (",
-                 n, " elements)");
-      data[inj_.index] = std::bit_cast<float>(std::bit_cast<uint32_t>(data[inj_.index]) ^ (1u << inj_.bit));
-      break;
-    case Injection::Kind::kCast:
-      for (int64_t i = 0; i < n; ++i) data[i] = round_through(inj_.format, data[i]);
-      break;
-    case Injection::Kind::kOrder:  // the op ran in the other mode; its output is seen here
-    case Injection::Kind::kNone:
-      break;
-  }
-  applied_ = true;
+  apply(name, data, n);
 }
 
-void Injector::end_step(Model& model) {
-  if (!now_) return;
-  if (inj_.kind == Injection::Kind::kOrder) model.clear_op_modes();
+void Injector::after_reduce(int64_t, float) {
+  if (!now_ || !watches_tensors()) return;
+  if (inj_.kind == Injection::Kind::kOrder) model_.clear_op_modes();
   LS_REQUIRE(applied_, "[inject] site \"", inj_.site, "\" is not a tensor of this model (hook names look like ",
              "layer/0/attn/qkv, layer/0/mlp/fc, grad/layer/0/ln1/out, logits; see `lockstep train --dump.dir`)");
-  now_ = false;
+}
+
+void Injector::after_update(int64_t) {
+  if (!now_ || !inj_.site.starts_with("param/")) return;
+  const ParamTensor& t = model_.param(inj_.site.substr(6));
+  apply(inj_.site, model_.params() + t.offset, t.numel);
+}
+
+void Injector::end_step(const StepRecord& r) {
+  if (!now_ || (inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang)) return;
+  std::fprintf(stderr, "rank %lld: [inject] kind %s after step %lld\n", static_cast<long long>(rank_),
+               inj_.kind == Injection::Kind::kExit ? "exit" : "hang", static_cast<long long>(r.done()));
+  std::fflush(stderr);
+  if (inj_.kind == Injection::Kind::kExit) _exit(9);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace lockstep

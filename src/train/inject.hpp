@@ -1,21 +1,26 @@
-// Divergence and fault injection for tests and demos of `lockstep diff` / `lockstep bisect`:
-// one planted change at one step and one site of the model, chosen by name on the command line,
+// Fault and divergence injection, for tests, demos of `lockstep diff` / `lockstep bisect` and the
+// detectors: one planted change at one step and one site, chosen on the command line,
 //
 //   --inject.site=layer/2/mlp/res --inject.step=7 --inject.kind=bitflip:bit=27[,index=N]
 //   --inject.site=layer/1/attn/att --inject.step=7 --inject.kind=order
 //   --inject.site=layer/3/mlp/fc --inject.step=7 --inject.kind=cast:bf16
+//   --inject.site=param/lnf/weight --inject.step=1 --inject.kind=bitflip:bit=0 --inject.rank=1
+//   --inject.kind=exit --inject.step=2 --inject.rank=1       (or kind=hang)
 //
-// bitflip: flips one bit of one element of the tensor (the first micro-batch's), as silent data
-//   corruption would;
+// Sites: the model's hook names (src/model/layer.hpp; `grad/...` sites act on the backward), the
+// tensor as the step computes it (the first micro-batch's for bitflip); or `param/NAME`, the
+// parameter NAME after the step's update.
+// bitflip: flips one bit of one element, as silent data corruption would;
 // order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
-//   accumulation order, the kind of change a new kernel or library brings;
-// cast:F:  rounds every element of the tensor to F (bf16, f16, e4m3, e5m2) and back, as running
-//   that op in a narrower format would.
-// Sites are the model's hook names (src/model/layer.hpp); `grad/...` sites act on the backward.
-// --inject.rank=R restricts the injection to world rank R (silent corruption on one device); by
-// default every rank injects at its own micro-batches. Under tensor parallelism a rank's tensor is
-// its shard (src/model/hook_layout.hpp says where it lies in the global one): bitflip's index is
-// an element of that shard.
+//   accumulation order, the kind of change a new kernel or library brings (hook sites of an op's
+//   forward output only);
+// cast:F:  rounds every element to F (bf16, f16, e4m3, e5m2) and back, as running that op in a
+//   narrower format would;
+// exit, hang (no site): after the step the process ends at once (_exit(9)) or sleeps forever, as
+//   a dead or hung rank would.
+// --inject.rank=R restricts the injection to world rank R (a fault on one device); by default every
+// rank injects. Under tensor parallelism a rank's tensor is its shard (src/model/hook_layout.hpp
+// and param_layout.hpp say where it lies in the global one): bitflip's index is an element of it.
 #pragma once
 
 #include <cstdint>
@@ -26,11 +31,12 @@
 
 #include "src/model/model.hpp"
 #include "src/train/config.hpp"
+#include "src/train/step_observer.hpp"
 
 namespace lockstep {
 
 struct Injection {
-  enum class Kind { kNone, kBitflip, kOrder, kCast };
+  enum class Kind { kNone, kBitflip, kOrder, kCast, kExit, kHang };
   Kind kind = Kind::kNone;
   std::string site;
   int64_t step = 0;
@@ -43,23 +49,33 @@ struct Injection {
 // Parses and checks the [inject] section of a run of `model`; `where` names the config for messages.
 Injection parse_injection(const InjectConfig& c, const std::string& where, const ModelConfig& model);
 
-// Applies an Injection to a model step by step. The trainer calls begin_step() before each step's
-// forward/backward, on_tensor() from the model's hook, and end_step() after it; end_step() of the
-// injection step fails if the site never appeared (a misspelt name must not pass silently).
-class Injector {
+// Applies an Injection to a model step by step: a step observer (begin_step sets an op's mode,
+// after_reduce checks that a hook site was seen, after_update edits a parameter site, end_step
+// ends or hangs the process), and on_tensor() from the model's hook. A hook site that never
+// appeared in the injection step is an error: a misspelt name must not pass silently.
+class Injector final : public StepObserver {
  public:
   // world_rank: this process's rank; an injection restricted to another rank does nothing here.
-  Injector(Injection injection, int64_t world_rank)
-      : inj_(std::move(injection)), here_(inj_.rank < 0 || inj_.rank == world_rank) {}
+  Injector(Injection injection, int64_t world_rank, Model& model)
+      : inj_(std::move(injection)), here_(inj_.rank < 0 || inj_.rank == world_rank), rank_(world_rank),
+        model_(model) {}
 
-  bool active() const { return inj_.kind != Injection::Kind::kNone && here_; }
-  void begin_step(Model& model, int64_t step);
+  // The model needs its hook for this injection.
+  bool watches_tensors() const;
   void on_tensor(std::string_view name, float* data, std::span<const int64_t> shape);
-  void end_step(Model& model);
+  void begin_step(int64_t step) override;
+  void after_reduce(int64_t step, float loss) override;
+  void after_update(int64_t step) override;
+  void end_step(const StepRecord& r) override;
 
  private:
+  bool active() const { return inj_.kind != Injection::Kind::kNone && here_; }
+  // Applies the bitflip or cast to n elements at data.
+  void apply(std::string_view name, float* data, int64_t n);
   Injection inj_;
   bool here_ = true;      // this rank injects
+  int64_t rank_ = 0;
+  Model& model_;
   bool now_ = false;      // this step is the injection step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
 };

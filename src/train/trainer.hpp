@@ -1,6 +1,7 @@
-// The training loop: data -> model -> loss -> backward -> gradient sync -> clip -> AdamW -> ckpt,
-// with per-step progress, JSONL metrics, periodic evaluation and checkpoints, resume from the
-// newest valid checkpoint, and an emergency checkpoint on SIGINT/SIGTERM.
+// The training loop: data -> model -> loss -> backward -> gradient sync -> clip -> AdamW, as
+// set-up, resume and the step, with everything else a step observer (step_observer.hpp): fault
+// injection, dumps, replica checks, per-step progress and JSONL metrics, periodic evaluation,
+// checkpoints (and an emergency one on SIGINT/SIGTERM).
 //
 // Single process, or one rank of an MPI job (started by mpirun/srun; [parallel] gives the layout):
 // each data-parallel rank trains on its part of the global batch (src/parallel/data_parallel.hpp);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Faults in a data-parallel job end it promptly and say where (test-only --parallel.debug_fault):
+# Faults in a data-parallel job end it promptly and say where ([inject] kinds exit and hang, and a
+# parameter bit flipped):
 #  - a rank that dies (rank 1 _exit(9) after step 3): the job exits non-zero well within the
 #    watchdog timeout, and mpirun's message names rank 1 (process [[job,1],1], exit code 9);
 #  - a rank that hangs (rank 1 sleeps after step 3): rank 0's watchdog ends the job after
@@ -15,7 +16,7 @@ mpi() { mpirun --oversubscribe -np 2 "$LOCKSTEP" train --config cfg.toml --train
 status=0
 start=$(date +%s)
 timeout 120 bash -c "$(declare -f mpi); LOCKSTEP='$LOCKSTEP' mpi --parallel.timeout_s=30 \
-  --parallel.debug_fault=exit --parallel.debug_rank=1 --parallel.debug_step=3" > died.log 2>&1 || status=$?
+  --inject.kind=exit --inject.rank=1 --inject.step=2" > died.log 2>&1 || status=$?
 took=$(( $(date +%s) - start ))
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "dead rank: expected a non-zero exit before the timeout, got $status"
 [ "$took" -le 30 ] || fail "dead rank: the job took $took s to end (watchdog timeout 30 s)"
@@ -24,14 +25,14 @@ grep -q '^done:' died.log && fail "dead rank: the job finished"
 
 status=0
 timeout 120 bash -c "$(declare -f mpi); LOCKSTEP='$LOCKSTEP' mpi --parallel.timeout_s=3 \
-  --parallel.debug_fault=hang --parallel.debug_rank=1 --parallel.debug_step=3" > hung.log 2>&1 || status=$?
+  --inject.kind=hang --inject.rank=1 --inject.step=2" > hung.log 2>&1 || status=$?
 [ "$status" -eq 4 ] || fail "hung rank: expected exit 4 (watchdog), got $status: $(cat hung.log)"
 grep -Eq "^rank 0: [a-z_]+ on [a-z]+ group \(world ranks 0,1\) did not complete in 3 s; a peer may have died" hung.log \
   || fail "hung rank: no watchdog message: $(cat hung.log)"
 
 status=0
-mpi --parallel.check_replicas=true --parallel.debug_fault=flip --parallel.debug_rank=1 \
-  --parallel.debug_step=2 > flipped.log 2>&1 || status=$?
+mpi --parallel.check_replicas=true --inject.site=param/lnf/weight --inject.kind=bitflip:bit=0 --inject.rank=1 \
+  --inject.step=1 > flipped.log 2>&1 || status=$?
 [ "$status" -eq 6 ] || fail "flipped bit: expected exit 6 (replicas differ), got $status: $(cat flipped.log)"
 grep -q "replica check after step 2: dp rank 1 (world rank 1) has parameter hash" flipped.log \
   || fail "flipped bit: no message naming dp rank 1: $(cat flipped.log)"

@@ -94,8 +94,8 @@ done
 
 # A tensor every tp rank holds whole that differs on one rank ends the job naming it.
 status=0
-mpi 2 --parallel.tp=2 --parallel.check_replicas=true --parallel.debug_fault=flip --parallel.debug_rank=1 \
-  --parallel.debug_step=2 > flipped.log 2>&1 || status=$?
+mpi 2 --parallel.tp=2 --parallel.check_replicas=true --inject.site=param/lnf/weight --inject.kind=bitflip:bit=0 \
+  --inject.rank=1 --inject.step=1 > flipped.log 2>&1 || status=$?
 [ "$status" -eq 6 ] || fail "flipped bit under tp2: expected exit 6 (replicas differ), got $status: $(tail -3 flipped.log)"
 grep -q "replica check after step 2: tp rank 1 (world rank 1) has replicated-tensor hash" flipped.log \
   || fail "the tp replica check did not name tp rank 1: $(tail -3 flipped.log)"

@@ -14,6 +14,13 @@ expect_error "wrong_type.toml: \[train\] steps: expected an integer" "$LOCKSTEP"
 expect_error "--train.lr: expected a number, got 'fast'" "$LOCKSTEP" train --config cfg.toml --train.lr=fast
 expect_error "--model.colour: unknown key 'colour'" "$LOCKSTEP" train --config cfg.toml --model.colour=red
 expect_error "unknown section 'trian'" "$LOCKSTEP" train --config cfg.toml --trian.lr=1
+# [inject]: process faults take no site, parameter sites must name a parameter, order needs an op.
+expect_error "\[inject\] kind exit takes no options and no site" "$LOCKSTEP" train --config cfg.toml \
+  --inject.kind=exit --inject.site=logits
+expect_error "\[inject\] site param/lnf/wieght: the model has no parameter lnf/wieght" "$LOCKSTEP" train \
+  --config cfg.toml --inject.kind=bitflip:bit=3 --inject.site=param/lnf/wieght
+expect_error "kind order: site must be an op's forward output \(embed/out, layer/N/ln1/out, layer/N/attn/qkv, " \
+  "$LOCKSTEP" train --config cfg.toml --inject.kind=order --inject.site=layer/0/attn/out
 expect_error "d_model \(64\) must be divisible by n_heads \(5\)" "$LOCKSTEP" train --config cfg.toml --model.n_heads=5
 expect_error "\[parallel\] bucket_mb \(0\) must be > 0" "$LOCKSTEP" train --config cfg.toml --parallel.bucket_mb=0
 expect_error "cfg.toml: \[train\] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"mkl\"" \

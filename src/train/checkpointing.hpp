@@ -1,0 +1,39 @@
+// Checkpoints of a training run: resuming from the newest valid one, the observer that saves them,
+// and the model hash (the checkpoint's) a run ends with.
+//
+// Checkpoints hold whole tensors (the tp = 1 layout) and whole AdamW moments: ZeRO's shards are
+// gathered over dp and tensor parallelism's over tp, and world rank 0 writes them, so a checkpoint
+// does not depend on the layout that wrote it (the state records that layout and where each tp
+// shard lay). Resuming, every rank reads it and keeps its shards and its part of the moments.
+// Not here: the format (src/ckpt), the sharded save of the checkpoint issue.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "src/train/run.hpp"
+#include "src/train/step_observer.hpp"
+
+namespace lockstep {
+
+// Loads the newest valid checkpoint under [checkpoint] dir into the run (parameters, moments,
+// sampler) and returns its step; 0 (nothing loaded) without one. ConfigError when it was written
+// by a run whose trajectory differs ([model], batch_size, mode, seed).
+int64_t resume(TrainRun& run);
+
+class Checkpointer final : public StepObserver {
+ public:
+  explicit Checkpointer(TrainRun& run) : run_(run) {}
+  // Saves after every [checkpoint] every steps, the last step, and a step a signal stops after.
+  // Collective.
+  void end_step(const StepRecord& r) override;
+
+ private:
+  void save(int64_t step_done, float loss);
+  TrainRun& run_;
+};
+
+// The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp.
+std::string model_hash(const TrainRun& run);
+
+}  // namespace lockstep

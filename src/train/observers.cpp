@@ -1,0 +1,160 @@
+#include "src/train/observers.hpp"
+
+#include <algorithm>
+#include <iomanip>
+
+#include "src/comm/mpi_communicator.hpp"
+#include "src/core/check.hpp"
+#include "src/core/hash.hpp"
+
+namespace lockstep {
+
+void Progress::end_step(const StepRecord& r) {
+  const RunConfig& cfg = run_.cfg;
+  std::ostream& out = run_.out;
+  const int64_t done = r.done();
+  if (run_.world.size() > 1 && first_) {
+    out << "parallel: step " << done << " sent " << r.comm_bytes << " bytes from rank 0 (" << std::fixed
+        << std::setprecision(2)
+        << (costs_.min_bytes > 0 ? static_cast<double>(r.comm_bytes) / static_cast<double>(costs_.min_bytes) : 0.0)
+        << " x the minimum)";
+    if (r.overlap.buckets > 0) {
+      out << "; " << r.overlap.buckets << " gradient buckets, " << std::setprecision(0)
+          << 100 * r.overlap.hidden_share() << "% of their communication hidden behind the backward";
+    }
+    // After a step: ZeRO-2's staging pool fills as the backward needs it.
+    out << "; gradient storage " << run_.ddp.grad_bytes() << " bytes per rank (full buffers: "
+        << costs_.full_grad_bytes << ")\n";
+  }
+  first_ = false;
+  const double tokens_per_s = static_cast<double>(run_.B * run_.T) / r.seconds;
+  // The peak is one rank's (measured with its own threads); the job's is world.size() of them.
+  const double mfu = tokens_per_s * costs_.flops_per_token /
+                     (costs_.peak_gflops * 1e9 * static_cast<double>(run_.world.size()));
+  const double mem = peak_memory_mib();
+  if (done % cfg.log.every == 0 || r.last) {
+    out << "step " << std::setw(6) << done << "/" << cfg.train.steps << " | loss " << std::fixed
+        << std::setprecision(4) << r.loss << " | lr " << std::scientific << std::setprecision(3) << r.lr
+        << std::fixed << " | grad norm " << std::setprecision(3) << r.grad_norm << " | " << std::setprecision(0)
+        << tokens_per_s << " tok/s | MFU " << std::setprecision(1) << 100 * mfu << "% | " << std::setprecision(0)
+        << mem << " MiB\n"
+        << std::flush;
+  }
+  nlohmann::json record = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                           {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_ms", r.seconds * 1e3},
+                           {"peak_mem_mib", mem}};
+  if (run_.world.size() > 1) {
+    record["comm_bytes"] = r.comm_bytes;
+    record["optimizer_state_bytes"] = run_.ddp.optimizer_state_bytes();
+    record["grad_bytes"] = run_.ddp.grad_bytes();
+    record["grad_buckets"] = r.overlap.buckets;
+    record["grad_comm_ms"] = 1e3 * r.overlap.comm_s;
+    record["grad_exposed_ms"] = 1e3 * r.overlap.exposed_s;
+    record["grad_hidden"] = r.overlap.hidden_share();
+  }
+  metrics_.write(record);
+}
+
+Evaluation::Evaluation(TrainRun& run, MetricsWriter& metrics, data::EvalReader* val)
+    : run_(run), metrics_(metrics), val_(val), inputs_(static_cast<size_t>(run.MBL * run.T)), targets_(inputs_.size()) {}
+
+// The first dp replica evaluates (replicas are equal; its tp ranks together); the same windows as
+// one process, MBL at a time.
+float Evaluation::evaluate() {
+  const RunConfig& cfg = run_.cfg;
+  ChunkCombiner loss_sum;
+  for (int64_t s = 0; s < cfg.eval.batches * run_.MB; s += run_.MBL) {
+    val_->fill(s, run_.MBL, inputs_.data(), targets_.data());
+    run_.model.eval_loss(inputs_.data(), targets_.data(), run_.MBL, loss_sum);
+  }
+  return loss_sum.finish() / static_cast<float>(cfg.eval.batches * run_.MB * run_.T);
+}
+
+void Evaluation::end_step(const StepRecord& r) {
+  const EvalConfig& e = run_.cfg.eval;
+  const bool due = (e.every > 0 && r.done() % e.every == 0) || r.last;
+  if (val_ == nullptr || !due || run_.dp.rank() != 0) return;
+  last_ = evaluate();
+  run_.out << "eval step " << r.done() << " | val loss " << std::fixed << std::setprecision(4) << last_ << "\n";
+  metrics_.write({{"step", r.done()}, {"val_loss", last_}});
+}
+
+namespace {
+
+// Every member of `group` must hold the same hash `mine` of what it replicates (`what`: a dp
+// replica's parameters; under tp, the tensors every tp rank holds whole). The reference is the
+// most common hash (rank 0's on a tie); rank 0 ends the job naming every rank that differs.
+void check_replicas(uint64_t mine, comm::Communicator& group, int64_t step, const char* what) {
+  const std::vector<uint64_t> all = group.all_gather(mine);
+  uint64_t ref = all[0];
+  int64_t best = 0;
+  for (uint64_t h : all) {
+    const auto n = std::count(all.begin(), all.end(), h);
+    if (n > best) best = n, ref = h;
+  }
+  std::string odd;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != ref) {
+      odd += str_cat(odd.empty() ? "" : "; ", group.name(), " rank ", r, " (world rank ", group.world_ranks()[r],
+                     ") has ", what, " hash ", hex64(all[r]));
+    }
+  }
+  if (odd.empty()) return;
+  if (group.rank() == 0) {
+    comm::abort_job(str_cat("replica check after step ", step, ": ", odd, ", the others ", hex64(ref), " (the ",
+                            group.name(), " group's ranks must agree bitwise)"),
+                    comm::kExitDiverged);
+  }
+  group.barrier();  // rank 0 of the group is ending the job
+}
+
+// Hash of the tensors this rank holds whole although tensor parallelism splits the model (norms,
+// row-parallel biases, wpe): every tp rank computes them from the same inputs.
+uint64_t tp_replicated_hash(const Model& model) {
+  uint64_t h = 0;
+  for (const auto& p : model.param_layout()) {
+    if (p.replicated()) h = xxh64(model.params() + p.offset, static_cast<size_t>(p.numel) * sizeof(float), h);
+  }
+  return h;
+}
+
+}  // namespace
+
+void ReplicaCheck::end_step(const StepRecord& r) {
+  const Model& model = run_.model;
+  if (run_.dp.size() > 1) {
+    check_replicas(xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float)), run_.dp, r.done(),
+                   "parameter");
+  }
+  if (run_.tensor_parallel()) check_replicas(tp_replicated_hash(model), run_.tp, r.done(), "replicated-tensor");
+}
+
+void DumpSteps::dump_params(int64_t step, const std::string& prefix, const float* local, bool dp_sharded) {
+  std::vector<std::string> names;
+  for (const auto& p : run_.global_layout) names.push_back(prefix + p.name);
+  if (!dump_.wants_any(step, names)) return;
+  std::vector<float> replica;
+  if (dp_sharded) {
+    replica.resize(static_cast<size_t>(run_.model.num_params()));
+    run_.ddp.gather_shards(local, replica.data());
+    local = replica.data();
+  }
+  const std::vector<float> global = run_.gather(local);
+  for (size_t i = 0; i < run_.global_layout.size(); ++i) {
+    dump_.add(names[i], global.data() + run_.global_layout[i].offset, run_.global_layout[i].shape);
+  }
+}
+
+void DumpSteps::after_reduce(int64_t step, float loss) {
+  dump_.add("loss", &loss, {});
+  // Reduced, before clipping.
+  const bool sharded = run_.ddp.grads_sharded();
+  dump_params(step, "grad/param/", sharded ? run_.ddp.grad_shard() : run_.model.grads(), sharded);
+}
+
+void DumpSteps::after_update(int64_t step) {
+  dump_params(step, "param/", run_.model.params(), false);
+  dump_.end_step();
+}
+
+}  // namespace lockstep

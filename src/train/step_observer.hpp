@@ -1,0 +1,40 @@
+// The training loop's observers: everything a step does besides computing it — fault injection,
+// dumps, replica checks, progress and metrics, evaluation, checkpoints, and the detectors to come —
+// is an observer called at fixed points of every step, in the order the trainer lists them.
+// Not here: the loop (trainer.cpp), the observers themselves (observers.hpp, inject.hpp,
+// checkpointing.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "src/parallel/grad_buckets.hpp"
+
+namespace lockstep {
+
+// What a step did.
+struct StepRecord {
+  int64_t step = 0;           // 0-based
+  float loss = 0, lr = 0, grad_norm = 0;
+  double seconds = 0;         // the step, from the batch to the update
+  uint64_t comm_bytes = 0;    // sent by this rank in the step (dp and tp groups)
+  parallel::OverlapStats overlap;
+  bool last = false;          // the run's last step ([train] steps, or stop_after)
+  bool stopping = false;      // a signal stops the run after it (every rank agrees)
+
+  int64_t done() const { return step + 1; }
+};
+
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // Before the step's forward.
+  virtual void begin_step(int64_t step) {}
+  // After the gradient reduction, before clipping; loss is the step's mean loss.
+  virtual void after_reduce(int64_t step, float loss) {}
+  // After the optimizer's update.
+  virtual void after_update(int64_t step) {}
+  // The step is done. Collective observers are called on every rank.
+  virtual void end_step(const StepRecord& r) {}
+};
+
+}  // namespace lockstep
