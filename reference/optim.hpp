@@ -13,7 +13,7 @@
 
 namespace lockstep::reference {
 
-// The same fields as lockstep::cpu::AdamWParams (the reference does not depend on kernels/).
+// The same fields as kernels/ops/optim.hpp's AdamWParams (the reference does not depend on kernels/).
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bc1, bc2;  // bias corrections 1 - beta^t

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "kernels/ops/attention.hpp"
+#include "kernels/ops/rope.hpp"
 #include "reference/canonical_f32.hpp"
 #include "reference/gpt.hpp"
 #include "reference/real.hpp"
@@ -19,7 +20,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
-#include "src/train/cpu_setup.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
 
 namespace lockstep::verify {
 
@@ -63,10 +64,10 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }
 
 // The trainer's step (src/train/trainer.cpp's loop body), every tensor observed.
-std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup& u,
+std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup& u, Backend& backend,
                                             std::vector<std::string>& order) {
   const TrainConfig& tc = s.cfg.train;
-  Model model(s.model, tc.mode, u.MB);
+  Model model(s.model, tc.mode, u.MB, {.backend = &backend});
   const auto ref_layout = reference::reference_param_layout(s.model);
   LS_CHECK(ref_layout.size() == model.param_layout().size(), "reference layout has ",
            ref_layout.size(), " tensors, the model ", model.param_layout().size());
@@ -326,7 +327,7 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
                "; use a smaller [model]/[train] batch_size", faster,
                ", or --verify.force to run it anyway");
   }
-  apply_cpu_settings(tc);
+  CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});
 
   const StepSetup u = step_setup(s);
   StepReport report;
@@ -335,7 +336,7 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
 
   std::vector<std::string> order;
   auto t0 = Clock::now();
-  auto got = run_trainer(s, u, order);
+  auto got = run_trainer(s, u, backend, order);
   report.trainer_seconds = seconds_since(t0);
 
   if (!opt.perturb.empty()) {

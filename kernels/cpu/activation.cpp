@@ -136,9 +136,4 @@ void swiglu_backward(Mode mode, int64_t N, int64_t F, float* dinp, const float* 
   }
 }
 
-void residual_forward(int64_t n, float* out, const float* a, const float* b) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
 }  // namespace lockstep::cpu

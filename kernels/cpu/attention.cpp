@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/cpu/simd_math.hpp"
 #include "kernels/ops/attention.hpp"

@@ -3,7 +3,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul_isa.hpp"
 #include "kernels/ops/canonical.hpp"
-#include "kernels/ops/linear.hpp"
+#include "kernels/cpu/matmul.hpp"
 #include "src/core/check.hpp"
 
 namespace lockstep::cpu {

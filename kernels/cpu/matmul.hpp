@@ -1,9 +1,7 @@
-// Canonical matrix products for CPU kernels that build on matmul_canonical (linear, attention).
-//
-// matmul_canonical itself is declared in kernels/ops/linear.hpp; this header adds the two variants
-// other kernels need:
-//  - an epilogue (a column bias) applied after the single rounding, so that out = dot + bias
-//    needs no temporary;
+// The canonical matrix product of the CPU kernels (linear, attention) and its variants:
+//  - matmul_canonical: C[m,n] = canonical_dot over k of A[m*sam + k*sak] · B[k*sbk + n*sbn]
+//    (overwrites C), with an optional epilogue (a column bias) applied after the single rounding,
+//    so that out = dot + bias needs no temporary;
 //  - the chunk partials of a reduction over "tokens": C = one fp32 FMA chain of K <= 64 terms per
 //    element (no rounding step of its own), and matmul_chunks_exact, which cuts a longer K into
 //    chunks of kCanonicalChunk and adds every chunk partial into an ExactAccumulator — the
@@ -26,12 +24,18 @@ struct MatmulEpilogue {
   const float* col_bias = nullptr;  // (N) or nullptr
 };
 
-// matmul_canonical (kernels/ops/linear.hpp) followed by the epilogue.
+// A SIMD kernel: one FMA chain per output lane (kernels/ops/canonical.hpp's contract), so the bits
+// do not depend on the vector width, the tiles or the threads.
 void matmul_canonical(int64_t M, int64_t N, int64_t K,
                       float* C, int64_t ldc,                     // (M, N) row stride ldc
                       const float* A, int64_t sam, int64_t sak,  // (M, K) strides
                       const float* B, int64_t sbk, int64_t sbn,  // (K, N) strides
                       MatmulEpilogue epilogue);
+// The same without an epilogue.
+void matmul_canonical(int64_t M, int64_t N, int64_t K,
+                      float* C, int64_t ldc,                     // (M, N) row stride ldc
+                      const float* A, int64_t sam, int64_t sak,  // (M, K) strides
+                      const float* B, int64_t sbk, int64_t sbn); // (K, N) strides
 
 // One canonical chunk: C[m,n] = chunk_dot over k in [0,K) (sequential fp32 FMA chain from +0.0f,
 // increasing k), K <= kCanonicalChunk. Overwrites C.

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/ops/attention.hpp"
+#include "kernels/ops/rope.hpp"
 #include "src/core/check.hpp"
 #include "src/core/det_math.hpp"
 

@@ -41,7 +41,4 @@ void swiglu_backward(Mode mode, int64_t N, int64_t F,
                      float* dinp,                                 // (N, 2F) overwritten
                      const float* inp, const float* dout);        // (N, 2F) (N, F)
 
-// out = a + b (the residual stream). One fp32 add per element in both modes.
-void residual_forward(int64_t n, float* out, const float* a, const float* b);
-
 }  // namespace lockstep::cpu

@@ -1,4 +1,4 @@
-// Causal multi-head self-attention with grouped key/value heads, and rotary embeddings.
+// Causal multi-head self-attention with grouped key/value heads.
 //
 // qkv rows hold [q: NH heads | k: NKV heads | v: NKV heads], each head HS wide. Query head h
 // uses key/value head g = h / (NH / NKV). scale = 1/sqrt(HS), rounded once to fp32.
@@ -25,11 +25,15 @@
 
 #include "kernels/ops/mode.hpp"
 
-namespace lockstep::cpu {
+namespace lockstep {
 
 struct AttentionShape {
   int64_t B, T, NH, NKV, HS;
 };
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
 
 void attention_forward(Mode mode, AttentionShape s,
                        float* out,                                // (B, T, NH*HS)
@@ -41,17 +45,5 @@ void attention_backward(Mode mode, AttentionShape s,
                         float* scratch,                           // (B, NH, T, T) workspace
                         const float* dout,                        // (B, T, NH*HS)
                         const float* qkv, const float* att);      // inputs of the forward
-
-// Rotary position embedding (RoPE, rotate-half convention as in Llama): for each q and k head,
-// pairs (x[i], x[i + HS/2]) rotated by angle t·theta^(-2i/HS). cos/sin tables are (T, HS/2) fp32,
-// built once by rope_tables (angles in double with the project's own sin/cos so that the tables
-// are identical on every machine). rope_forward rotates qkv in place; rope_backward rotates dqkv
-// back (the transpose of the rotation) in place. v is untouched.
-void rope_tables(int64_t T, int64_t HS, double theta,
-                 float* cos_table, float* sin_table);             // (T, HS/2) (T, HS/2)
-void rope_forward(AttentionShape s, float* qkv,
-                  const float* cos_table, const float* sin_table);
-void rope_backward(AttentionShape s, float* dqkv,
-                   const float* cos_table, const float* sin_table);
 
 }  // namespace lockstep::cpu

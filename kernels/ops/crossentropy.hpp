@@ -25,12 +25,23 @@
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
 
-namespace lockstep::cpu {
+namespace lockstep {
 
 struct CrossEntropyShape {
   int64_t N;  // rows (tokens)
   int64_t V;  // vocabulary
 };
+
+struct CrossEntropyShard {
+  int64_t N;        // rows (tokens)
+  int64_t V;        // columns held by this rank
+  int64_t v0;       // global index of the first of them
+  int64_t V_total;  // the whole vocabulary (targets lie in [0, V_total))
+};
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
 
 void crossentropy_forward_backward(Mode mode, CrossEntropyShape s, float dloss,
                                    float* losses,                 // (N)
@@ -42,13 +53,6 @@ void crossentropy_forward(Mode mode, CrossEntropyShape s,
                           float* losses,                          // (N)
                           const float* logits,                    // (N, V)
                           const int32_t* targets);                // (N)
-
-struct CrossEntropyShard {
-  int64_t N;        // rows (tokens)
-  int64_t V;        // columns held by this rank
-  int64_t v0;       // global index of the first of them
-  int64_t V_total;  // the whole vocabulary (targets lie in [0, V_total))
-};
 
 void crossentropy_shard_max(CrossEntropyShard s,
                             float* m,                             // (N)

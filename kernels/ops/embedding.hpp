@@ -21,13 +21,17 @@
 
 #include "kernels/ops/mode.hpp"
 
-namespace lockstep::cpu {
+namespace lockstep {
 
 struct EmbeddingShape {
   int64_t B, T, C, V;
   int64_t rows_first = 0;  // vocabulary-parallel shard: first row of wte held
   int64_t rows = 0;        // rows of wte held; 0: all V
 };
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
 
 // Tokens outside [0, V) are an error (ConfigError naming the token and position).
 void embedding_forward(Mode mode, EmbeddingShape s,

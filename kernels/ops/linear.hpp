@@ -25,13 +25,17 @@
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
 
-namespace lockstep::cpu {
+namespace lockstep {
 
 struct LinearShape {
   int64_t N;   // rows (tokens)
   int64_t IC;  // input features
   int64_t OC;  // output features
 };
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
 
 void linear_forward(Mode mode, LinearShape s,
                     float* out,                                  // (N, OC)
@@ -56,13 +60,5 @@ void linear_backward_dinp_partials(LinearShape s,
                                    ExactAccumulator& dinp,       // (N, IC) +=
                                    const float* dout,            // (N, OC) this rank's OC slice
                                    const float* weight);         // (OC, IC) this rank's rows
-
-// General canonical matrix product used by linear and attention:
-//   C[m,n] = canonical_dot over k of A[m*sam + k*sak] · B[k*sbk + n*sbn]      (overwrites C)
-// A SIMD kernel: one FMA chain per output lane, so bits do not depend on the vector width.
-void matmul_canonical(int64_t M, int64_t N, int64_t K,
-                      float* C, int64_t ldc,                     // (M, N) row stride ldc
-                      const float* A, int64_t sam, int64_t sak,  // (M, K) strides
-                      const float* B, int64_t sbk, int64_t sbn); // (K, N) strides
 
 }  // namespace lockstep::cpu

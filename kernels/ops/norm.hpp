@@ -23,13 +23,17 @@
 
 #include "kernels/ops/mode.hpp"
 
-namespace lockstep::cpu {
+namespace lockstep {
 
 struct NormShape {
   int64_t N;  // rows
   int64_t C;  // normalised dim
   float eps = 1e-5f;
 };
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
 
 void layernorm_forward(Mode mode, NormShape s,
                        float* out, float* mean, float* rstd,      // (N, C) (N) (N)

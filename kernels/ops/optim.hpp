@@ -20,12 +20,16 @@
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/mode.hpp"
 
-namespace lockstep::cpu {
+namespace lockstep {
 
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bc1, bc2;  // bias corrections 1 - beta^t, computed by the caller
 };
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
 
 void adamw_update(int64_t n, AdamWParams h,
                   float* param, float* m, float* v,               // (n) (n) (n) updated

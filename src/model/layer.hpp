@@ -1,6 +1,6 @@
 // One layer of the model list as it runs: the interface every kind in src/model/layers/ implements,
 // the micro-batch a call works on (Pass), and the model-wide state layers share (LayerContext:
-// parameters, gradient sinks, observers, op modes, backward scratch).
+// the backend that runs the ops, parameters, gradient sinks, observers, op modes, backward scratch).
 //
 // Data flow: layer i reads the output of layer i−1 for the same micro-batch; a forward keeps what
 // its backward needs in the layer's own activations, one slot per micro-batch in flight, so
@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
@@ -84,10 +85,11 @@ struct Pass {
 // The model-wide state the layers of one model share.
 class LayerContext {
  public:
-  LayerContext(Mode mode, const ModelPlan& plan) : mode_(mode), plan_(plan) {}
+  LayerContext(Mode mode, const ModelPlan& plan, Backend& backend) : mode_(mode), plan_(plan), backend_(backend) {}
 
   Mode mode() const { return mode_; }
   const ModelPlan& plan() const { return plan_; }
+  Backend& backend() const { return backend_; }
 
   // The mode the op whose forward output is hook `site` runs in: mode() unless set_op_mode.
   Mode mode_of(const std::string& site) const {
@@ -126,6 +128,7 @@ class LayerContext {
 
   Mode mode_;
   const ModelPlan& plan_;
+  Backend& backend_;
   std::vector<ParamTensor> layout_;
   std::vector<float> params_, grads_;
   // Canonical mode only; a pointer so that Model::set_grad_storage can free it (it does not move).

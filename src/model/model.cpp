@@ -68,7 +68,7 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     : desc_(std::move(desc)),
       options_(options),
       plan_(options.plan ? options.plan : &default_plan_),
-      ctx_(mode, *plan_),
+      ctx_(mode, *plan_, options.backend ? *options.backend : process_backend()),
       max_batch_(micro_batch) {
   desc_.config.validate();
   LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");

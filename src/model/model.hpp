@@ -42,6 +42,7 @@ struct MicroBatch {
 
 struct ModelOptions {
   const ModelPlan* plan = nullptr;  // nullptr: one device; it must outlive the model
+  Backend* backend = nullptr;       // runs the ops (nullptr: process_backend()); it must outlive the model
   int slots = 1;                    // micro-batches whose activations may be alive at once
   size_t first_layer = 0;           // the layers [first_layer, end_layer) of the list (a stage)
   size_t end_layer = SIZE_MAX;
@@ -60,6 +61,7 @@ class Model {
   const ModelDesc& desc() const { return desc_; }
   const ModelConfig& config() const { return desc_.config; }
   Mode mode() const { return ctx_.mode(); }
+  Backend& backend() const { return ctx_.backend(); }
   const std::vector<ParamTensor>& param_layout() const { return ctx_.layout_; }
   const ParamTensor& param(const std::string& name) const;
   int64_t num_params() const { return static_cast<int64_t>(ctx_.params_.size()); }

@@ -1,26 +1,26 @@
-// The one-device ops of modules.hpp: each a kernel call.
+// The one-device ops of modules.hpp: each one backend call.
 #include "src/model/modules.hpp"
 
 namespace lockstep {
 
-void norm_forward_rows(const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
+void norm_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
                        const float* inp, const float* w, const float* b) {
-  const cpu::NormShape s{rows, layer.dims.C, layer.norm_eps};
+  const NormShape s{rows, layer.dims.C, layer.norm_eps};
   if (layer.norm == NormKind::kLayerNorm) {
-    cpu::layernorm_forward(mode, s, out, mean, rstd, inp, w, b);
+    be.layernorm_forward(mode, s, out, mean, rstd, inp, w, b);
   } else {
-    cpu::rmsnorm_forward(mode, s, out, rstd, inp, w);
+    be.rmsnorm_forward(mode, s, out, rstd, inp, w);
   }
 }
 
-void norm_backward_rows(const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
+void norm_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
                         GradSink dw, GradSink db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd) {
-  const cpu::NormShape s{rows, layer.dims.C, layer.norm_eps};
+  const NormShape s{rows, layer.dims.C, layer.norm_eps};
   if (layer.norm == NormKind::kLayerNorm) {
-    cpu::layernorm_backward(mode, s, token_offset, dinp, dw, db, dout, inp, w, mean, rstd);
+    be.layernorm_backward(mode, s, token_offset, dinp, dw, db, dout, inp, w, mean, rstd);
   } else {
-    cpu::rmsnorm_backward(mode, s, token_offset, dinp, dw, dout, inp, w, rstd);
+    be.rmsnorm_backward(mode, s, token_offset, dinp, dw, dout, inp, w, rstd);
   }
 }
 
@@ -29,9 +29,9 @@ namespace {
 class Norm final : public NormOp {
  public:
   explicit Norm(const LayerDesc& layer) : layer_(layer) {}
-  void forward(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
+  void forward(Backend& be, Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
                const float* b) override {
-    norm_forward_rows(layer_, mode, BT, out, mean, rstd, inp, w, b);
+    norm_forward_rows(be, layer_, mode, BT, out, mean, rstd, inp, w, b);
   }
 
  private:
@@ -40,40 +40,40 @@ class Norm final : public NormOp {
 
 class Linear final : public LinearOp {
  public:
-  void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
-    cpu::linear_forward(mode, s, out, inp, w, b);
+  void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
+    be.linear_forward(mode, s, out, inp, w, b);
   }
-  void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+  void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
-    cpu::linear_backward(mode, s, token_offset, dinp, dw, db, dout, inp, w);
+    be.linear_backward(mode, s, token_offset, dinp, dw, db, dout, inp, w);
   }
 };
 
 class Embedding final : public EmbeddingOp {
  public:
   explicit Embedding(const LayerDesc& layer) : layer_(layer) {}
-  void forward(Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
-    cpu::embedding_forward(mode, shape(B), out, tokens, wte, wpe);
+  void forward(Backend& be, Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
+    be.embedding_forward(mode, shape(B), out, tokens, wte, wpe);
   }
-  void backward(Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+  void backward(Backend& be, Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
                 const int32_t* tokens) override {
-    cpu::embedding_backward(mode, shape(B), token_offset, dwte, dwpe, dout, tokens);
+    be.embedding_backward(mode, shape(B), token_offset, dwte, dwpe, dout, tokens);
   }
 
  private:
-  cpu::EmbeddingShape shape(int64_t B) const { return {B, layer_.dims.T, layer_.dims.C, layer_.dims.V}; }
+  EmbeddingShape shape(int64_t B) const { return {B, layer_.dims.T, layer_.dims.C, layer_.dims.V}; }
   const LayerDesc& layer_;
 };
 
 class CrossEntropy final : public LossOp {
  public:
   explicit CrossEntropy(const LayerDesc& layer) : V_(layer.dims.V) {}
-  void forward(Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
+  void forward(Backend& be, Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
                bool backward) override {
     if (backward) {
-      cpu::crossentropy_forward_backward(mode, {N, V_}, dloss, losses, logits, targets);
+      be.crossentropy_forward_backward(mode, {N, V_}, dloss, losses, logits, targets);
     } else {
-      cpu::crossentropy_forward(mode, {N, V_}, losses, logits, targets);
+      be.crossentropy_forward(mode, {N, V_}, losses, logits, targets);
     }
   }
 

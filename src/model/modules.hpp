@@ -1,7 +1,7 @@
 // The ops of a layer that a parallel plan runs differently, and the plan that hands them out.
 //
-// Layers are single-device code: they call these ops on their own (per-rank) shapes and never see
-// ranks. The default ModelPlan here runs one device: every op is the kernel call. A tensor-
+// Layers are single-device code: they call these ops (and the others, through the model's
+// Backend) on their own (per-rank) shapes and never see ranks. The default ModelPlan here runs one device: every op is the kernel call. A tensor-
 // parallel plan (src/parallel/tp_plan.hpp) gives each rank's layers its share of the dims and ops
 // that combine the ranks' parts (Megatron's column-, row- and vocabulary-parallel layers, and
 // sequence parallelism's norms), so that the same layer code runs every layout:
@@ -19,11 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/ops/crossentropy.hpp"
-#include "kernels/ops/embedding.hpp"
-#include "kernels/ops/linear.hpp"
-#include "kernels/ops/mode.hpp"
-#include "kernels/ops/norm.hpp"
+#include "kernels/backend.hpp"
 #include "src/model/layer_list.hpp"
 #include "src/model/param_layout.hpp"
 
@@ -31,9 +27,9 @@ namespace lockstep {
 
 // The norm kernels of a layer's kind (LayerNorm with bias, or RMSNorm: mean and b unused), over
 // `rows` rows of d_model.
-void norm_forward_rows(const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
+void norm_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
                        const float* inp, const float* w, const float* b);
-void norm_backward_rows(const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
+void norm_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
                         GradSink dw, GradSink db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd);
 
@@ -41,7 +37,7 @@ class NormOp {
  public:
   virtual ~NormOp() = default;
   // out (BT, C) = norm of the stream tokens of inp held here; mean, rstd: the stream tokens'.
-  virtual void forward(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
+  virtual void forward(Backend& be, Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b) = 0;
 };
 
@@ -50,11 +46,11 @@ class LinearOp {
   virtual ~LinearOp() = default;
   // s: this rank's shape. out: s.N rows (a row-parallel plan under sequence parallelism: the
   // stream tokens' rows only).
-  virtual void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w,
+  virtual void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w,
                        const float* b) = 0;
   // dout: s.N rows (row-parallel under sequence parallelism: the stream tokens' rows, gathered
   // here); dinp: s.N rows (column-parallel under sequence parallelism: the stream tokens' rows).
-  virtual void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+  virtual void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                         const float* dout, const float* inp, const float* w) = 0;
 };
 
@@ -62,10 +58,10 @@ class EmbeddingOp {
  public:
   virtual ~EmbeddingOp() = default;
   // out: the stream tokens of B sequences.
-  virtual void forward(Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte,
+  virtual void forward(Backend& be, Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe) = 0;
   // dout: the stream tokens' gradient.
-  virtual void backward(Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+  virtual void backward(Backend& be, Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
                         const int32_t* tokens) = 0;
 };
 
@@ -73,7 +69,7 @@ class LossOp {
  public:
   virtual ~LossOp() = default;
   // losses (N) of logits (N, this rank's vocabulary); with backward, dlogits in place over them.
-  virtual void forward(Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
+  virtual void forward(Backend& be, Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
                        bool backward) = 0;
 };
 

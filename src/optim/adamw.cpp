@@ -35,9 +35,9 @@ void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t 
   for (const auto& p : model.param_layout()) {
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
     if (a >= b) continue;
-    const cpu::AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f,
+    const AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f,
                              bc1, bc2};
-    cpu::adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
+    model.backend().adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
                       grads + (a - first));
   }
 }
@@ -49,12 +49,12 @@ void AdamW::update(Model& model, float lr, int64_t t) {
 float clip_grad_norm(Model& model, float max_norm) {
   ChunkCombiner sumsq;
   for (const auto& p : model.param_layout()) {
-    cpu::grad_sumsq_accumulate(model.mode(), p.numel, sumsq, model.grads() + p.offset);
+    model.backend().grad_sumsq_accumulate(model.mode(), p.numel, sumsq, model.grads() + p.offset);
   }
   const float norm = std::sqrt(sumsq.finish());
   if (max_norm > 0.0f && norm > max_norm) {
     const float scale = max_norm / (norm + 1e-6f);
-    cpu::scale_inplace(model.num_params(), model.grads(), scale);
+    model.backend().scale_inplace(model.num_params(), model.grads(), scale);
   }
   return norm;
 }

@@ -212,12 +212,12 @@ float DataParallel::clip_grad_norm(float max_norm) {
   for (const auto& p : model_.param_layout()) {
     if (p.replicated() && tp_.rank() != 0) continue;
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
-    if (a < b) cpu::grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grad_at(a));
+    if (a < b) model_.backend().grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grad_at(a));
   }
   const float norm = std::sqrt(combine_exact(sumsq, sharded ? dp_tp_ : tp_));
   if (max_norm > 0.0f && norm > max_norm) {
     const float scale = max_norm / (norm + 1e-6f);  // as optim's clip_grad_norm
-    cpu::scale_inplace(end - first, grad_at(first), scale);
+    model_.backend().scale_inplace(end - first, grad_at(first), scale);
   }
   return norm;
 }

@@ -39,11 +39,11 @@ struct Group {
 class SequenceParallelNorm final : public NormOp {
  public:
   SequenceParallelNorm(const LayerDesc& layer, Group g) : layer_(layer), g_(g) {}
-  void forward(Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
+  void forward(Backend& be, Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
                const float* b) override {
     const int64_t rows = g_.stream(BT), C = layer_.dims.C;
     float* local = TensorParallelPlan::Scratch::floats(g_.scratch.buf, rows * C);
-    norm_forward_rows(layer_, mode, rows, local, mean, rstd, inp, w, b);
+    norm_forward_rows(be, layer_, mode, rows, local, mean, rstd, inp, w, b);
     g_.tp.all_gather(local, out, rows * C);
   }
 
@@ -55,18 +55,18 @@ class SequenceParallelNorm final : public NormOp {
 class ColumnParallelLinear final : public LinearOp {
  public:
   explicit ColumnParallelLinear(Group g) : g_(g) {}
-  void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
-    cpu::linear_forward(mode, s, out, inp, w, b);
+  void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
+    be.linear_forward(mode, s, out, inp, w, b);
   }
   // Weight and bias gradients are this rank's rows; dinp sums over the output features, split
   // across the group, and is written like linear_backward's `dinp =`.
-  void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+  void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
-    cpu::linear_backward(mode, s, token_offset, nullptr, dw, db, dout, inp, w);
+    be.linear_backward(mode, s, token_offset, nullptr, dw, db, dout, inp, w);
     const int64_t n = s.N * s.IC, kept = g_.stream(s.N) * s.IC;
     if (mode == Mode::kCanonical) {
       g_.scratch.sum.reset(static_cast<size_t>(n));
-      cpu::linear_backward_dinp_partials(s, g_.scratch.sum, dout, w);
+      be.linear_backward_dinp_partials(s, g_.scratch.sum, dout, w);
       if (g_.sp) {
         g_.tp.reduce_scatter_exact(g_.scratch.sum, dinp);
       } else {
@@ -74,10 +74,10 @@ class ColumnParallelLinear final : public LinearOp {
       }
     } else if (g_.sp) {
       float* full = TensorParallelPlan::Scratch::floats(g_.scratch.buf, n);
-      cpu::linear_backward(mode, s, token_offset, full, {}, {}, dout, inp, w);
+      be.linear_backward(mode, s, token_offset, full, {}, {}, dout, inp, w);
       g_.tp.reduce_scatter_sum(full, dinp, kept);
     } else {
-      cpu::linear_backward(mode, s, token_offset, dinp, {}, {}, dout, inp, w);
+      be.linear_backward(mode, s, token_offset, dinp, {}, {}, dout, inp, w);
       g_.tp.all_reduce_sum(dinp, n);
     }
   }
@@ -91,11 +91,11 @@ class RowParallelLinear final : public LinearOp {
   explicit RowParallelLinear(Group g) : g_(g) {}
   // out[n,o] = Σ over the input features, split across the group; under sequence parallelism
   // this rank keeps only its stream tokens' rows (a reduce-scatter instead of an all-reduce).
-  void forward(Mode mode, cpu::LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
+  void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
     const int64_t n = s.N * s.OC, rows = g_.stream(s.N);
     if (mode == Mode::kCanonical) {
       g_.scratch.sum.reset(static_cast<size_t>(n));
-      cpu::linear_forward_partials(s, g_.scratch.sum, inp, w);
+      be.linear_forward_partials(s, g_.scratch.sum, inp, w);
       if (g_.sp) {
         g_.tp.reduce_scatter_exact(g_.scratch.sum, out);
       } else {
@@ -103,10 +103,10 @@ class RowParallelLinear final : public LinearOp {
       }
     } else if (g_.sp) {
       float* full = TensorParallelPlan::Scratch::floats(g_.scratch.buf, n);
-      cpu::linear_forward(mode, s, full, inp, w, nullptr);
+      be.linear_forward(mode, s, full, inp, w, nullptr);
       g_.tp.reduce_scatter_sum(full, out, rows * s.OC);
     } else {
-      cpu::linear_forward(mode, s, out, inp, w, nullptr);
+      be.linear_forward(mode, s, out, inp, w, nullptr);
       g_.tp.all_reduce_sum(out, n);
     }
     // The replicated bias, once, after the rounding: linear_forward's epilogue `dot + bias[o]`.
@@ -117,9 +117,9 @@ class RowParallelLinear final : public LinearOp {
       }
     }
   }
-  void backward(Mode mode, cpu::LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+  void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
-    cpu::linear_backward(mode, s, token_offset, dinp, dw, db, g_.gathered(dout, s.N, s.OC), inp, w);
+    be.linear_backward(mode, s, token_offset, dinp, dw, db, g_.gathered(dout, s.N, s.OC), inp, w);
   }
 
  private:
@@ -130,10 +130,10 @@ class RowParallelLinear final : public LinearOp {
 class VocabParallelEmbedding final : public EmbeddingOp {
  public:
   VocabParallelEmbedding(const LayerDesc& layer, Group g) : layer_(layer), g_(g) {}
-  void forward(Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
+  void forward(Backend& be, Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
     const int64_t BT = B * layer_.dims.T, C = layer_.dims.C;
     float* embedded = g_.sp ? TensorParallelPlan::Scratch::floats(g_.scratch.buf, BT * C) : out;
-    cpu::embedding_forward(mode, shape(B), embedded, tokens, wte, wpe);
+    be.embedding_forward(mode, shape(B), embedded, tokens, wte, wpe);
     if (g_.sp) {
       g_.tp.reduce_scatter_sum(embedded, out, g_.stream(BT) * C);
     } else {
@@ -141,14 +141,14 @@ class VocabParallelEmbedding final : public EmbeddingOp {
     }
   }
   // The gradients from all the tokens (the conjugate of the forward's reduce-scatter).
-  void backward(Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+  void backward(Backend& be, Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
                 const int32_t* tokens) override {
     const float* full = g_.gathered(dout, B * layer_.dims.T, layer_.dims.C);
-    cpu::embedding_backward(mode, shape(B), token_offset, dwte, dwpe, full, tokens);
+    be.embedding_backward(mode, shape(B), token_offset, dwte, dwpe, full, tokens);
   }
 
  private:
-  cpu::EmbeddingShape shape(int64_t B) const {
+  EmbeddingShape shape(int64_t B) const {
     const int64_t V = layer_.dims.V, rows = V / g_.p();
     return {B, layer_.dims.T, layer_.dims.C, V, g_.tp.rank() * rows, rows};
   }
@@ -161,21 +161,21 @@ class VocabParallelEmbedding final : public EmbeddingOp {
 class VocabParallelCrossEntropy final : public LossOp {
  public:
   VocabParallelCrossEntropy(const LayerDesc& layer, Group g) : V_(layer.dims.V), g_(g) {}
-  void forward(Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
+  void forward(Backend& be, Mode mode, int64_t N, float* losses, float* logits, const int32_t* targets, float dloss,
                bool backward) override {
     Scratch& sc = g_.scratch;
     const int64_t held = V_ / g_.p();
-    const cpu::CrossEntropyShard s{N, held, g_.tp.rank() * held, V_};
+    const CrossEntropyShard s{N, held, g_.tp.rank() * held, V_};
     float* m = Scratch::floats(sc.ce_max, N);
     float* z = Scratch::floats(sc.ce_z, N);
     float* target = Scratch::floats(sc.ce_target, N);
-    cpu::crossentropy_shard_max(s, m, logits);
+    be.crossentropy_shard_max(s, m, logits);
     g_.tp.all_reduce_max(m, N);
     sc.sum.reset(static_cast<size_t>(N));
-    cpu::crossentropy_shard_partition(mode, s, sc.sum, target, logits, m, targets);
+    be.crossentropy_shard_partition(mode, s, sc.sum, target, logits, m, targets);
     g_.tp.all_reduce_exact(sc.sum, z);
     g_.tp.all_reduce_sum(target, N);
-    cpu::crossentropy_shard_finish(mode, s, dloss, losses, backward ? logits : nullptr, logits, m, z, target, targets);
+    be.crossentropy_shard_finish(mode, s, dloss, losses, backward ? logits : nullptr, logits, m, z, target, targets);
   }
 
  private:

@@ -1,6 +1,5 @@
 #include "src/train/bench.hpp"
 
-#include <cblas.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -9,8 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/cpu/isa.hpp"
-#include "kernels/cpu/sgemm_threads.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
@@ -19,7 +17,6 @@
 #include "src/data/token_file.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
-#include "src/train/cpu_setup.hpp"
 #include "src/train/metrics.hpp"
 
 namespace lockstep {
@@ -68,18 +65,18 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
   return {{"config", cfg.source},
           {"mode", mode_name(cfg.train.mode)},
           {"threads", threads},
-          {"isa", cpu::isa_name(cpu::active_isa())},
+          {"isa", isa},
           {"params", params},
           {"tokens_per_step", tokens_per_step},
           {"synthetic_tokens", synthetic_tokens},
           {"flops_per_token", flops_per_token},
           {"flops_formula", "6*N + 12*L*d_model*seq_len per token (N: parameters in matmuls, tied head once)"},
           {"peak_gflops", peak_gflops},
-          {"openblas_core", openblas_get_corename()},
+          {"openblas_core", blas_core},
           {"peak_openblas_gflops", measured.openblas_gflops},
           {"peak_canonical_gflops", measured.canonical_gflops},
           {"peak_lockstep_fast_gflops", measured.fast_gflops},
-          {"fast_gemm", cpu::fast_gemm_name()},
+          {"fast_gemm", fast_gemm},
           {"peak_source", peak_measured ? "measured: " + measured.describe() +
                                               ", same process and threads, each the higher of before and "
                                               "after the timed steps"
@@ -124,7 +121,11 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
   const TrainConfig& tc = cfg.train;
   BenchResult r;
-  r.threads = apply_cpu_settings(tc);
+  CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});
+  r.threads = backend.threads();
+  r.isa = backend.isa_name();
+  r.fast_gemm = backend.fast_gemm_name();
+  r.blas_core = backend.blas_core();
 
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   r.tokens_per_step = B * T;
@@ -158,7 +159,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     }
   };
 
-  Model model(cfg.model, tc.mode, MB);
+  Model model(cfg.model, tc.mode, MB, {.backend = &backend});
   model.init_parameters();
   AdamW adamw(model, {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
                       static_cast<float>(tc.weight_decay)});
@@ -166,7 +167,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   // The peak is measured before and after the timed steps and the higher figure kept: on a shared
   // machine one measurement can fall in a busy moment, and an underestimated peak inflates MFU.
   r.peak_measured = tc.peak_gflops <= 0;
-  if (r.peak_measured) r.measured = measure_gemm_peak();
+  if (r.peak_measured) r.measured = backend.measure_gemm_peak();
   r.peak_gflops = r.peak_measured ? r.measured.gflops : tc.peak_gflops;
   r.flops_per_token = model.flops_per_token();
   r.params = model.num_params();
@@ -174,13 +175,13 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   out << "bench: " << cfg.source << "; " << model.num_params() << " parameters, " << std::fixed
       << std::setprecision(2) << r.flops_per_token / 1e6
       << " MFLOP/token (6*N + 12*L*d_model*seq_len); mode " << mode_name(tc.mode) << ", " << r.threads
-      << " threads, " << cpu::isa_name(cpu::active_isa()) << "; batch " << B << " x " << T
+      << " threads, " << r.isa << "; batch " << B << " x " << T
       << " tokens (micro-batch " << MB << "); "
       << (r.synthetic_tokens ? "synthetic uniform tokens" : "tokens from " + cfg.data.train) << "\n"
       << "fp32 GEMM peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
       << (r.peak_measured ? " (measured, same threads: " + r.measured.describe() + "; measured again after the steps)"
                           : " (configured)")
-      << "; fast mode's GEMM " << cpu::fast_gemm_name()
+      << "; fast mode's GEMM " << r.fast_gemm
       << "; " << opt.warmup << " warm-up + " << opt.steps << " timed steps\n";
 
   std::optional<durable_io::AtomicFile> tokens_file;
@@ -234,7 +235,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
 
   if (tokens_file) tokens_file->commit();
   if (r.peak_measured) {
-    r.measured = higher_peak(r.measured, measure_gemm_peak());
+    r.measured = higher_peak(r.measured, backend.measure_gemm_peak());
     r.peak_gflops = r.measured.gflops;
   }
   r.step_ms = stats_of(step_ms);

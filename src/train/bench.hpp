@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/train/config.hpp"
+#include "kernels/cpu/gemm_peak.hpp"
 #include "src/train/metrics.hpp"
 
 namespace lockstep {
@@ -56,6 +57,7 @@ struct BenchStats {
 
 struct BenchResult {
   int64_t threads = 0;
+  std::string isa, fast_gemm, blas_core;  // the backend's choices (kernels/cpu/cpu_backend.hpp)
   int64_t params = 0;
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;  // 6·N + 12·L·C·T (Model::flops_per_token)

@@ -10,8 +10,7 @@
 #include <optional>
 #include <span>
 
-#include "kernels/cpu/isa.hpp"
-#include "kernels/cpu/sgemm_threads.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/data/sampler.hpp"
@@ -23,7 +22,6 @@
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
 #include "src/train/checkpointing.hpp"
-#include "src/train/cpu_setup.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
@@ -51,20 +49,19 @@ std::optional<double> source_entropy(const std::string& train_path) {
 
 // The start-up lines — the model and its numerics; under a parallel layout what a rank holds and
 // the least it must send — and the costs Progress reports against.
-Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, int64_t threads) {
+Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, const CpuBackend& backend) {
   const RunConfig& cfg = run.cfg;
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
   std::ostream& out = run.out;
   Progress::Costs costs;
-  const GemmPeak measured = tc.peak_gflops > 0 ? GemmPeak{} : measure_gemm_peak();
+  const GemmPeak measured = tc.peak_gflops > 0 ? GemmPeak{} : backend.measure_gemm_peak();
   costs.peak_gflops = tc.peak_gflops > 0 ? tc.peak_gflops : measured.gflops;
   costs.flops_per_token = run.model.flops_per_token();
   const int64_t global_params = run.global_layout.back().offset + run.global_layout.back().numel;
   out << "model: " << global_params << " parameters, " << std::fixed << std::setprecision(2)
-      << costs.flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << threads << " threads, "
-      << cpu::isa_name(cpu::active_isa())
-      << (tc.mode == Mode::kFast ? " (fast mode's GEMM " + cpu::fast_gemm_name() + ")" : std::string()) << "; batch "
+      << costs.flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << backend.threads()
+      << " threads, " << backend.describe(tc.mode) << "; batch "
       << run.B << " x " << run.T << " tokens (micro-batch " << run.MB << "); MFU against " << std::setprecision(1)
       << costs.peak_gflops << " GFLOP/s fp32 GEMM peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured: " + measured.describe() + ")") << "\n";
@@ -133,7 +130,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::ostream& out = world.rank() == 0 ? console : null_stream;
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
-  const int64_t threads = apply_cpu_settings(tc);
+  CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});
 
   // Set-up: the mesh, the data, the model (this rank's part of it) and data parallelism over it.
   parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
@@ -162,7 +159,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     tp_group.emplace(tpc);
     tp_plan.emplace(*tp_group, pc.sp);
   }
-  Model model(cfg.model, tc.mode, part.local_micro, {.plan = tp_plan ? &*tp_plan : nullptr});
+  Model model(cfg.model, tc.mode, part.local_micro, {.plan = tp_plan ? &*tp_plan : nullptr, .backend = &backend});
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
   parallel::DataParallel ddp(
@@ -204,7 +201,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
              tc.stop_after, ") is a step before the one this run resumes from (", summary.first_step, ", ",
              cfg.checkpoint.dir, ")");
 
-  const Progress::Costs costs = report_setup(run, mesh, threads);
+  const Progress::Costs costs = report_setup(run, mesh, backend);
   MetricsWriter metrics;
   if (world.rank() == 0 && !cfg.log.metrics.empty()) metrics = MetricsWriter(cfg.log.metrics, summary.first_step > 0);
   std::optional<DumpSteps> dump_steps;

@@ -141,7 +141,7 @@ void BM_sgemm_openblas(benchmark::State& state) {
 template <Mode M>
 void BM_linear_forward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::LinearShape ls{s.BT(), s.C, s.F()};
+  const LinearShape ls{s.BT(), s.C, s.F()};
   const auto inp = filled(ls.N * ls.IC, 1), w = filled(ls.OC * ls.IC, 2), bias = filled(ls.OC, 3);
   std::vector<float> out(static_cast<size_t>(ls.N * ls.OC));
   for (auto _ : state) {
@@ -154,7 +154,7 @@ void BM_linear_forward(benchmark::State& state) {
 template <Mode M>
 void BM_linear_backward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::LinearShape ls{s.BT(), s.C, s.F()};
+  const LinearShape ls{s.BT(), s.C, s.F()};
   const auto inp = filled(ls.N * ls.IC, 1), w = filled(ls.OC * ls.IC, 2), dout = filled(ls.N * ls.OC, 4);
   std::vector<float> dinp(static_cast<size_t>(ls.N * ls.IC));
   Sink dw(M, ls.OC * ls.IC), db(M, ls.OC);
@@ -166,15 +166,15 @@ void BM_linear_backward(benchmark::State& state) {
 }
 
 // ---- attention (causal, NKV = NH as in the bench configs).
-cpu::AttentionShape attention_shape(const ModelShape& s) { return {s.B, s.T, s.NH, s.NH, s.C / s.NH}; }
+AttentionShape attention_shape(const ModelShape& s) { return {s.B, s.T, s.NH, s.NH, s.C / s.NH}; }
 // Scores and values over t' <= t: 2 products of T(T+1)/2 · HS multiply-adds per head.
-double attention_flops(const cpu::AttentionShape& a) {
+double attention_flops(const AttentionShape& a) {
   return 2.0 * 2.0 * static_cast<double>(a.B * a.NH * a.HS) * static_cast<double>(a.T * (a.T + 1) / 2);
 }
 
 template <Mode M>
 void BM_attention_forward(benchmark::State& state) {
-  const cpu::AttentionShape a = attention_shape(shape_of(state));
+  const AttentionShape a = attention_shape(shape_of(state));
   const auto qkv = filled(a.B * a.T * 3 * a.NH * a.HS, 1);
   std::vector<float> out(static_cast<size_t>(a.B * a.T * a.NH * a.HS));
   std::vector<float> att(static_cast<size_t>(a.B * a.NH * a.T * a.T));
@@ -187,7 +187,7 @@ void BM_attention_forward(benchmark::State& state) {
 
 template <Mode M>
 void BM_attention_backward(benchmark::State& state) {
-  const cpu::AttentionShape a = attention_shape(shape_of(state));
+  const AttentionShape a = attention_shape(shape_of(state));
   const auto qkv = filled(a.B * a.T * 3 * a.NH * a.HS, 1), dout = filled(a.B * a.T * a.NH * a.HS, 2);
   std::vector<float> out(dout.size()), att(static_cast<size_t>(a.B * a.NH * a.T * a.T)), scratch(att.size());
   std::vector<float> dqkv(qkv.size());
@@ -203,7 +203,7 @@ void BM_attention_backward(benchmark::State& state) {
 template <Mode M>
 void BM_layernorm_forward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::NormShape ns{s.BT(), s.C};
+  const NormShape ns{s.BT(), s.C};
   const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2), b = filled(ns.C, 3);
   std::vector<float> out(inp.size()), mean(static_cast<size_t>(ns.N)), rstd(mean.size());
   for (auto _ : state) {
@@ -216,7 +216,7 @@ void BM_layernorm_forward(benchmark::State& state) {
 template <Mode M>
 void BM_layernorm_backward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::NormShape ns{s.BT(), s.C};
+  const NormShape ns{s.BT(), s.C};
   const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2), b = filled(ns.C, 3), dout = filled(ns.N * ns.C, 4);
   std::vector<float> out(inp.size()), mean(static_cast<size_t>(ns.N)), rstd(mean.size()), dinp(inp.size());
   cpu::layernorm_forward(M, ns, out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data());
@@ -232,7 +232,7 @@ void BM_layernorm_backward(benchmark::State& state) {
 template <Mode M>
 void BM_rmsnorm_forward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::NormShape ns{s.BT(), s.C};
+  const NormShape ns{s.BT(), s.C};
   const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2);
   std::vector<float> out(inp.size()), rstd(static_cast<size_t>(ns.N));
   for (auto _ : state) {
@@ -245,7 +245,7 @@ void BM_rmsnorm_forward(benchmark::State& state) {
 template <Mode M>
 void BM_rmsnorm_backward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::NormShape ns{s.BT(), s.C};
+  const NormShape ns{s.BT(), s.C};
   const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2), dout = filled(ns.N * ns.C, 4);
   std::vector<float> out(inp.size()), rstd(static_cast<size_t>(ns.N)), dinp(inp.size());
   cpu::rmsnorm_forward(M, ns, out.data(), rstd.data(), inp.data(), w.data());
@@ -314,7 +314,7 @@ void BM_swiglu_backward(benchmark::State& state) {
 template <Mode M>
 void BM_crossentropy_forward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::CrossEntropyShape cs{s.BT(), s.V};
+  const CrossEntropyShape cs{s.BT(), s.V};
   const auto logits = filled(cs.N * cs.V, 1);
   const auto targets = tokens(cs.N, cs.V);
   std::vector<float> losses(static_cast<size_t>(cs.N));
@@ -330,7 +330,7 @@ void BM_crossentropy_forward(benchmark::State& state) {
 template <Mode M>
 void BM_crossentropy_forward_backward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::CrossEntropyShape cs{s.BT(), s.V};
+  const CrossEntropyShape cs{s.BT(), s.V};
   const auto logits = filled(cs.N * cs.V, 1);
   const auto targets = tokens(cs.N, cs.V);
   std::vector<float> work(logits.size()), losses(static_cast<size_t>(cs.N));
@@ -349,7 +349,7 @@ void BM_crossentropy_forward_backward(benchmark::State& state) {
 template <Mode M>
 void BM_embedding_forward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::EmbeddingShape es{s.B, s.T, s.C, s.V};
+  const EmbeddingShape es{s.B, s.T, s.C, s.V};
   const auto wte = filled(es.V * es.C, 1), wpe = filled(es.T * es.C, 2);
   const auto tok = tokens(es.B * es.T, es.V);
   std::vector<float> out(static_cast<size_t>(es.B * es.T * es.C));
@@ -363,7 +363,7 @@ void BM_embedding_forward(benchmark::State& state) {
 template <Mode M>
 void BM_embedding_backward(benchmark::State& state) {
   const ModelShape& s = shape_of(state);
-  const cpu::EmbeddingShape es{s.B, s.T, s.C, s.V};
+  const EmbeddingShape es{s.B, s.T, s.C, s.V};
   const auto dout = filled(es.B * es.T * es.C, 1);
   const auto tok = tokens(es.B * es.T, es.V);
   Sink dwte(M, es.V * es.C), dwpe(M, es.T * es.C);
@@ -380,7 +380,7 @@ void BM_adamw(benchmark::State& state) {
   auto param = filled(n, 1), m = filled(n, 2), v = filled(n, 3);
   for (auto& x : v) x = x * x;
   const auto grad = filled(n, 4);
-  const cpu::AdamWParams h{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};
+  const AdamWParams h{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};
   for (auto _ : state) {
     cpu::adamw_update(n, h, param.data(), m.data(), v.data(), grad.data());
     benchmark::ClobberMemory();

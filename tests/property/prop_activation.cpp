@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/ops/activation.hpp"
+#include "kernels/ops/residual.hpp"
 #include "reference/activation.hpp"
 #include "tests/property/spec.hpp"
 #include "tests/property/support.hpp"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/ops/attention.hpp"
+#include "kernels/ops/rope.hpp"
 #include "reference/attention.hpp"
 #include "tests/property/spec.hpp"
 #include "tests/property/support.hpp"
@@ -18,7 +19,6 @@
 namespace lockstep::prop {
 namespace {
 
-using cpu::AttentionShape;
 
 AttentionShape gen_shape(bool even_hs) {
   AttentionShape s{};

@@ -17,7 +17,6 @@
 namespace lockstep::prop {
 namespace {
 
-using cpu::EmbeddingShape;
 
 RC_GTEST_PROP(EmbeddingProperty, ForwardBackwardWithinBoundAndCanonicalBitwise, ()) {
   EmbeddingShape s{};

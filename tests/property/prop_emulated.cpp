@@ -54,7 +54,7 @@ RC_GTEST_PROP(EmulatedCanonicalProperty, LinearAndNormsBitwise, ()) {
   cpu::linear_forward(Mode::kCanonical, {N, IC, OC}, out.data(), inp.data(), w.data(), b.data());
   check_bitwise("emulated linear_forward out", where, out, floats(rout));
 
-  const cpu::NormShape ns{N, IC, 1e-5f};
+  const NormShape ns{N, IC, 1e-5f};
   std::vector<CanonicalF32> lo(N * IC), lm(N), lr(N);
   reference::layernorm_forward(N, IC, ns.eps, lo.data(), lm.data(), lr.data(), ei.data(), enw.data(),
                                enb.data());
@@ -108,7 +108,7 @@ RC_GTEST_PROP(EmulatedCanonicalProperty, ActivationsAndCrossEntropyBitwise, ()) 
 }
 
 RC_GTEST_PROP(EmulatedCanonicalProperty, AttentionForwardBitwise, ()) {
-  cpu::AttentionShape s{};
+  AttentionShape s{};
   s.B = *rc::gen::inRange<int64_t>(1, 3);
   s.T = *rc::gen::element<int64_t>(1, 2, 5, 17, 65);
   s.NKV = *rc::gen::inRange<int64_t>(1, 3);

@@ -22,7 +22,6 @@
 namespace lockstep::prop {
 namespace {
 
-using cpu::LinearShape;
 
 std::vector<cpu::Isa> isas() {
   std::vector<cpu::Isa> r{cpu::Isa::kAvx2};

@@ -19,7 +19,6 @@
 namespace lockstep::prop {
 namespace {
 
-using cpu::NormShape;
 
 const ValueKinds kValues{3, true, true, 50};
 const ValueKinds kSmall{3, true, true, 0};

@@ -37,7 +37,7 @@ RC_GTEST_PROP(AdamWProperty, BitwiseToSpecAndWithinBound, ()) {
   auto v0 = gen_values(n);
   for (float& x : v0) x = std::fabs(x);  // second moments are non-negative
 
-  const cpu::AdamWParams kp{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.bc1, h.bc2};
+  const AdamWParams kp{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.bc1, h.bc2};
   std::vector<float> p = p0, m = m0, v = v0;
   cpu::adamw_update(n, kp, p.data(), m.data(), v.data(), g.data());
 

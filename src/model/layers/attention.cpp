@@ -8,8 +8,6 @@
 // rows), proj row-parallel (their input columns).
 #include <vector>
 
-#include "kernels/ops/activation.hpp"
-#include "kernels/ops/attention.hpp"
 #include "src/model/layers/registry.hpp"
 #include "src/model/modules.hpp"
 
@@ -97,7 +95,7 @@ class Attention final : public Layer {
       const int64_t half = m_.HS / 2;
       rope_cos_.resize(m_.T * half);
       rope_sin_.resize(m_.T * half);
-      cpu::rope_tables(m_.T, m_.HS, desc.rope_theta, rope_cos_.data(), rope_sin_.data());
+      b.ctx.backend().rope_tables(m_.T, m_.HS, desc.rope_theta, rope_cos_.data(), rope_sin_.data());
     }
   }
 
@@ -108,20 +106,20 @@ class Attention final : public Layer {
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     const int64_t C = m_.C, BT = p.BT, A = m_.NH * m_.HS;
-    const cpu::AttentionShape as = shape(p);
-    norm_->forward(ctx.mode_of(ln_name_), BT, a.ln.data(), a.mean.data(), a.rstd.data(), x, ctx.param(ln_w_),
+    const AttentionShape as = shape(p);
+    norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), BT, a.ln.data(), a.mean.data(), a.rstd.data(), x, ctx.param(ln_w_),
                    ctx.param(ln_b_));
     ctx.observe(ln_name_, a.ln.data(), {p.B, p.T, C});
-    qkv_->forward(ctx.mode_of(qkv_name_), {BT, C, m_.qkv_width()}, a.qkv.data(), a.ln.data(), ctx.param(qkv_w_),
+    qkv_->forward(ctx.backend(), ctx.mode_of(qkv_name_), {BT, C, m_.qkv_width()}, a.qkv.data(), a.ln.data(), ctx.param(qkv_w_),
                   ctx.param(qkv_b_));
-    if (!rope_cos_.empty()) cpu::rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+    if (!rope_cos_.empty()) ctx.backend().rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
     ctx.observe(qkv_name_, a.qkv.data(), {p.B, p.T, m_.qkv_width()});
-    cpu::attention_forward(ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
+    ctx.backend().attention_forward(ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
     ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, p.T});
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, A});
-    proj_->forward(ctx.mode_of(res_name_), {BT, A, C}, a.res.data(), a.out.data(), ctx.param(proj_w_),
+    proj_->forward(ctx.backend(), ctx.mode_of(res_name_), {BT, A, C}, a.res.data(), a.out.data(), ctx.param(proj_w_),
                    ctx.param(proj_b_));
-    cpu::residual_forward(p.RS * C, a.res.data(), a.res.data(), x);
+    ctx.backend().residual_forward(p.RS * C, a.res.data(), a.res.data(), x);
     ctx.observe(res_name_, a.res.data(), {p.RB, p.RT, C});
   }
 
@@ -130,23 +128,23 @@ class Attention final : public Layer {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     const Mode mode = ctx.mode();
     const int64_t C = m_.C, BT = p.BT, A = m_.NH * m_.HS;
-    const cpu::AttentionShape as = shape(p);
+    const AttentionShape as = shape(p);
     float* dnorm = ctx.scratch();              // (stream tokens, C)
     float* dqkv = dnorm + p.RS * C;            // (BT, qkv)
     float* dout = dqkv + BT * m_.qkv_width();  // (BT, A)
     float* datt = dout + BT * A;               // (B, NH, T, T)
-    proj_->backward(mode, {BT, A, C}, p.token_offset, dout, ctx.sink(proj_w_), ctx.sink(proj_b_), dres,
+    proj_->backward(ctx.backend(), mode, {BT, A, C}, p.token_offset, dout, ctx.sink(proj_w_), ctx.sink(proj_b_), dres,
                     a.out.data(), ctx.param(proj_w_));
     ctx.grads_ready(p, proj_w_, proj_b_);
     ctx.observe(grad_out_name_, dout, {p.B, p.T, A});
-    cpu::attention_backward(mode, as, dqkv, datt, dout, a.qkv.data(), a.att.data());
+    ctx.backend().attention_backward(mode, as, dqkv, datt, dout, a.qkv.data(), a.att.data());
     ctx.observe(grad_qkv_name_, dqkv, {p.B, p.T, m_.qkv_width()});
-    if (!rope_cos_.empty()) cpu::rope_backward(as, dqkv, rope_cos_.data(), rope_sin_.data());
-    qkv_->backward(mode, {BT, C, m_.qkv_width()}, p.token_offset, dnorm, ctx.sink(qkv_w_), ctx.sink(qkv_b_), dqkv,
+    if (!rope_cos_.empty()) ctx.backend().rope_backward(as, dqkv, rope_cos_.data(), rope_sin_.data());
+    qkv_->backward(ctx.backend(), mode, {BT, C, m_.qkv_width()}, p.token_offset, dnorm, ctx.sink(qkv_w_), ctx.sink(qkv_b_), dqkv,
                    a.ln.data(), ctx.param(qkv_w_));
     ctx.grads_ready(p, qkv_w_, qkv_b_);
     ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C});
-    norm_backward_rows(desc(), mode, p.RS, p.stream_offset, dres, ctx.sink(ln_w_), ctx.sink(ln_b_), dnorm, x,
+    norm_backward_rows(ctx.backend(), desc(), mode, p.RS, p.stream_offset, dres, ctx.sink(ln_w_), ctx.sink(ln_b_), dnorm, x,
                        ctx.param(ln_w_), a.mean.data(), a.rstd.data());
     ctx.grads_ready(p, ln_w_, ln_b_);
     ctx.observe(grad_in_name_, dres, {p.RB, p.RT, C});
@@ -156,7 +154,7 @@ class Attention final : public Layer {
   struct Acts {
     std::vector<float> ln, mean, rstd, qkv, att, out, res;
   };
-  cpu::AttentionShape shape(const Pass& p) const { return {p.B, p.T, m_.NH, m_.NKV, m_.HS}; }
+  AttentionShape shape(const Pass& p) const { return {p.B, p.T, m_.NH, m_.NKV, m_.HS}; }
 
   LayerDims m_;
   std::unique_ptr<NormOp> norm_;

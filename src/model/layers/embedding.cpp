@@ -31,13 +31,13 @@ class Embedding final : public Layer {
 
   void forward(LayerContext& ctx, const Pass& p, const float*) override {
     float* out = out_[static_cast<size_t>(p.slot)].data();
-    op_->forward(ctx.mode_of(out_name_), p.B, out, p.inputs, ctx.param(wte_), ctx.param(wpe_));
+    op_->forward(ctx.backend(), ctx.mode_of(out_name_), p.B, out, p.inputs, ctx.param(wte_), ctx.param(wpe_));
     ctx.observe(out_name_, out, {p.RB, p.RT, C_});
   }
   const float* output(int slot) const override { return out_[static_cast<size_t>(slot)].data(); }
 
   void backward(LayerContext& ctx, const Pass& p, const float*, float* dout, float*) override {
-    op_->backward(ctx.mode(), p.B, p.token_offset, ctx.sink(wte_), ctx.sink(wpe_), dout, p.inputs);
+    op_->backward(ctx.backend(), ctx.mode(), p.B, p.token_offset, ctx.sink(wte_), ctx.sink(wpe_), dout, p.inputs);
     ctx.grads_ready(p, wte_, wpe_);
   }
 

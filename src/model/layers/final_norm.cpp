@@ -46,7 +46,7 @@ class FinalNorm final : public Layer {
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    norm_->forward(ctx.mode_of(out_name_), p.BT, a.out.data(), a.mean.data(), a.rstd.data(), x, ctx.param(w_),
+    norm_->forward(ctx.backend(), ctx.mode_of(out_name_), p.BT, a.out.data(), a.mean.data(), a.rstd.data(), x, ctx.param(w_),
                    ctx.param(b_));
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, C_});
   }
@@ -55,7 +55,7 @@ class FinalNorm final : public Layer {
   void backward(LayerContext& ctx, const Pass& p, const float* x, float* dout, float* dinp) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     std::fill_n(dinp, p.RS * C_, 0.0f);
-    norm_backward_rows(desc(), ctx.mode(), p.RS, p.stream_offset, dinp, ctx.sink(w_), ctx.sink(b_), dout, x,
+    norm_backward_rows(ctx.backend(), desc(), ctx.mode(), p.RS, p.stream_offset, dinp, ctx.sink(w_), ctx.sink(b_), dout, x,
                        ctx.param(w_), a.mean.data(), a.rstd.data());
     ctx.grads_ready(p, w_, b_);
     ctx.observe(grad_in_name_, dinp, {p.RB, p.RT, C_});

@@ -67,10 +67,10 @@ class Head final : public Layer {
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    linear_->forward(ctx.mode_of(logits_name_), {p.BT, C_, V_}, a.logits.data(), x, ctx.param(w_), nullptr);
+    linear_->forward(ctx.backend(), ctx.mode_of(logits_name_), {p.BT, C_, V_}, a.logits.data(), x, ctx.param(w_), nullptr);
     ctx.observe(logits_name_, a.logits.data(), {p.B, p.T, V_});
     if (!p.eval) return;
-    loss_->forward(ctx.mode(), p.BT, a.losses.data(), a.logits.data(), p.targets, 0.0f, false);
+    loss_->forward(ctx.backend(), ctx.mode(), p.BT, a.losses.data(), a.logits.data(), p.targets, 0.0f, false);
     ctx.observe(losses_name_, a.losses.data(), {p.B, p.T});
     add_losses(*p.loss_sum, a.losses.data(), p.BT);
   }
@@ -78,11 +78,11 @@ class Head final : public Layer {
   // dinp = d(lnf/out): the stream's tokens (the head's input is gathered; its gradient is not).
   void backward(LayerContext& ctx, const Pass& p, const float* x, float*, float* dinp) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    loss_->forward(ctx.mode(), p.BT, a.losses.data(), a.logits.data(), p.targets, p.dloss, true);
+    loss_->forward(ctx.backend(), ctx.mode(), p.BT, a.losses.data(), a.logits.data(), p.targets, p.dloss, true);
     ctx.observe(losses_name_, a.losses.data(), {p.B, p.T});
     ctx.observe(grad_logits_name_, a.logits.data(), {p.B, p.T, V_});
     add_losses(*p.loss_sum, a.losses.data(), p.BT);
-    linear_->backward(ctx.mode(), {p.BT, C_, V_}, p.token_offset, dinp, ctx.sink(w_), {}, a.logits.data(), x,
+    linear_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, V_}, p.token_offset, dinp, ctx.sink(w_), {}, a.logits.data(), x,
                       ctx.param(w_));
     // A tied weight is the embedding's too: its gradient is final after the embedding's backward.
     if (!desc().tied) ctx.grads_ready(p, w_);

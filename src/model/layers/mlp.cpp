@@ -7,7 +7,6 @@
 // hidden features: fc column-parallel (SwiGLU: the same rows of both halves), proj row-parallel.
 #include <vector>
 
-#include "kernels/ops/activation.hpp"
 #include "src/model/layers/registry.hpp"
 #include "src/model/modules.hpp"
 
@@ -100,21 +99,21 @@ class Mlp final : public Layer {
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     const int64_t C = m_.C, BT = p.BT, F = m_.F;
-    norm_->forward(ctx.mode_of(ln_name_), BT, a.ln.data(), a.mean.data(), a.rstd.data(), x, ctx.param(ln_w_),
+    norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), BT, a.ln.data(), a.mean.data(), a.rstd.data(), x, ctx.param(ln_w_),
                    ctx.param(ln_b_));
     ctx.observe(ln_name_, a.ln.data(), {p.B, p.T, C});
-    fc_->forward(ctx.mode_of(fc_name_), {BT, C, fc_out_}, a.fc.data(), a.ln.data(), ctx.param(fc_w_),
+    fc_->forward(ctx.backend(), ctx.mode_of(fc_name_), {BT, C, fc_out_}, a.fc.data(), a.ln.data(), ctx.param(fc_w_),
                  ctx.param(fc_b_));
     ctx.observe(fc_name_, a.fc.data(), {p.B, p.T, fc_out_});
     if (desc().ffn == FfnKind::kGelu) {
-      cpu::gelu_forward(ctx.mode_of(act_name_), BT * F, a.act.data(), a.fc.data());
+      ctx.backend().gelu_forward(ctx.mode_of(act_name_), BT * F, a.act.data(), a.fc.data());
     } else {
-      cpu::swiglu_forward(ctx.mode_of(act_name_), BT, F, a.act.data(), a.fc.data());
+      ctx.backend().swiglu_forward(ctx.mode_of(act_name_), BT, F, a.act.data(), a.fc.data());
     }
     ctx.observe(act_name_, a.act.data(), {p.B, p.T, F});
-    proj_->forward(ctx.mode_of(res_name_), {BT, F, C}, a.res.data(), a.act.data(), ctx.param(proj_w_),
+    proj_->forward(ctx.backend(), ctx.mode_of(res_name_), {BT, F, C}, a.res.data(), a.act.data(), ctx.param(proj_w_),
                    ctx.param(proj_b_));
-    cpu::residual_forward(p.RS * C, a.res.data(), a.res.data(), x);
+    ctx.backend().residual_forward(p.RS * C, a.res.data(), a.res.data(), x);
     ctx.observe(res_name_, a.res.data(), {p.RB, p.RT, C});
   }
 
@@ -126,21 +125,21 @@ class Mlp final : public Layer {
     float* dnorm = ctx.scratch();        // (stream tokens, C)
     float* dfc = dnorm + p.RS * C;       // (BT, fc_out)
     float* dact = dfc + BT * fc_out_;    // (BT, F)
-    proj_->backward(mode, {BT, F, C}, p.token_offset, dact, ctx.sink(proj_w_), ctx.sink(proj_b_), dres,
+    proj_->backward(ctx.backend(), mode, {BT, F, C}, p.token_offset, dact, ctx.sink(proj_w_), ctx.sink(proj_b_), dres,
                     a.act.data(), ctx.param(proj_w_));
     ctx.grads_ready(p, proj_w_, proj_b_);
     ctx.observe(grad_act_name_, dact, {p.B, p.T, F});
     if (desc().ffn == FfnKind::kGelu) {
-      cpu::gelu_backward(mode, BT * F, dfc, a.fc.data(), dact);
+      ctx.backend().gelu_backward(mode, BT * F, dfc, a.fc.data(), dact);
     } else {
-      cpu::swiglu_backward(mode, BT, F, dfc, a.fc.data(), dact);
+      ctx.backend().swiglu_backward(mode, BT, F, dfc, a.fc.data(), dact);
     }
     ctx.observe(grad_fc_name_, dfc, {p.B, p.T, fc_out_});
-    fc_->backward(mode, {BT, C, fc_out_}, p.token_offset, dnorm, ctx.sink(fc_w_), ctx.sink(fc_b_), dfc, a.ln.data(),
+    fc_->backward(ctx.backend(), mode, {BT, C, fc_out_}, p.token_offset, dnorm, ctx.sink(fc_w_), ctx.sink(fc_b_), dfc, a.ln.data(),
                   ctx.param(fc_w_));
     ctx.grads_ready(p, fc_w_, fc_b_);
     ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C});
-    norm_backward_rows(desc(), mode, p.RS, p.stream_offset, dres, ctx.sink(ln_w_), ctx.sink(ln_b_), dnorm, x,
+    norm_backward_rows(ctx.backend(), desc(), mode, p.RS, p.stream_offset, dres, ctx.sink(ln_w_), ctx.sink(ln_b_), dnorm, x,
                        ctx.param(ln_w_), a.mean.data(), a.rstd.data());
     ctx.grads_ready(p, ln_w_, ln_b_);
     ctx.observe(grad_in_name_, dres, {p.RB, p.RT, C});

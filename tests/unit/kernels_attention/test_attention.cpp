@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/ops/attention.hpp"
+#include "kernels/ops/rope.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "reference/attention.hpp"
@@ -23,7 +24,6 @@
 namespace lockstep {
 namespace {
 
-using cpu::AttentionShape;
 using test::Bd;
 
 // The shapes every test runs: T = 1, primes, MHA (NH = NKV), GQA (4/2), MQA (4/1), HS odd and

@@ -24,7 +24,6 @@
 namespace lockstep {
 namespace {
 
-using cpu::CrossEntropyShape;
 using test::Bd;
 
 std::vector<int32_t> random_targets(int64_t N, int64_t V, uint32_t seed) {

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/isa.hpp"
 #include "kernels/ops/activation.hpp"
+#include "kernels/ops/residual.hpp"
 #include "kernels/ops/transcendental.hpp"
 #include "reference/activation.hpp"
 #include "support.hpp"

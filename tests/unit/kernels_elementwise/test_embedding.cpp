@@ -13,12 +13,12 @@ namespace lockstep::test {
 namespace {
 
 struct EmbeddingData {
-  cpu::EmbeddingShape s;
+  EmbeddingShape s;
   std::vector<int32_t> tokens;
   std::vector<float> wte, wpe, dout;
 };
 
-EmbeddingData make_embedding_data(cpu::EmbeddingShape s, uint32_t seed) {
+EmbeddingData make_embedding_data(EmbeddingShape s, uint32_t seed) {
   EmbeddingData d{s, std::vector<int32_t>(s.B * s.T), random_floats(s.V * s.C, seed, -1.0f, 1.0f),
                   random_floats(s.T * s.C, seed + 1, -1.0f, 1.0f),
                   random_floats(s.B * s.T * s.C, seed + 2, -1.0f, 1.0f)};
@@ -103,7 +103,7 @@ EmbeddingResult embedding_contract(const EmbeddingData& d) {
   return r;
 }
 
-const cpu::EmbeddingShape kShapes[] = {
+const EmbeddingShape kShapes[] = {
     {1, 1, 1, 1}, {2, 3, 7, 5}, {3, 37, 65, 11}, {5, 32, 13, 3}, {2, 97, 31, 257}};
 
 TEST(Embedding, WithinReferenceBoundsBothModes) {

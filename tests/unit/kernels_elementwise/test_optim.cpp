@@ -14,14 +14,14 @@
 namespace lockstep::test {
 namespace {
 
-cpu::AdamWParams adamw_params(int step) {
+AdamWParams adamw_params(int step) {
   const float b1 = 0.9f, b2 = 0.95f;
   return {1e-2f, b1, b2, 1e-8f, 0.1f,
           1.0f - std::pow(b1, static_cast<float>(step)), 1.0f - std::pow(b2, static_cast<float>(step))};
 }
 
 // The header's per-element formula, scalar.
-void adamw_contract(int64_t n, cpu::AdamWParams h, float* p, float* m, float* v, const float* g) {
+void adamw_contract(int64_t n, AdamWParams h, float* p, float* m, float* v, const float* g) {
   for (int64_t i = 0; i < n; ++i) {
     m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * g[i];
     v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * (g[i] * g[i]);
@@ -37,7 +37,7 @@ TEST(AdamW, StepsWithinReferenceBoundsAndBitwiseEqualToFormula) {
   auto bp = to_bounded(p), bm = to_bounded(m), bv = to_bounded(v);
   for (int step = 1; step <= 4; ++step) {
     const auto g = random_floats(n, 8000 + step, -0.5f, 0.5f);
-    const cpu::AdamWParams h = adamw_params(step);
+    const AdamWParams h = adamw_params(step);
     // Every thread count must produce the contract's bits from the same state.
     const auto got = expect_thread_invariant("adamw step " + std::to_string(step), [&] {
       std::vector<float> tp = p, tm = m, tv = v;

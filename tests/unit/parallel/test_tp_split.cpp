@@ -187,7 +187,7 @@ TEST(TpSplit, VocabularyParallelEmbeddingGivesTheUnsplitBits) {
 
   std::vector<float> sum(N * C, -0.0f), out(N * C);
   for (int64_t r = 0; r < 2; ++r) {
-    const cpu::EmbeddingShape s{B, T, C, V, r * VL, VL};
+    const EmbeddingShape s{B, T, C, V, r * VL, VL};
     cpu::embedding_forward(Mode::kCanonical, s, out.data(), tokens.data(), wte.data() + r * VL * C, wpe.data());
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = sum[i] + out[i];
     ExactAccumulator dwte(VL * C), dwpe(T * C);

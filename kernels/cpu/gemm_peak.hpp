@@ -1,0 +1,34 @@
+// The fp32 GEMM peak of this CPU with the current threads (CpuBackend::measure_gemm_peak).
+#pragma once
+
+#include <string>
+
+namespace lockstep {
+
+// The fp32 GEMM peak MFU is reported against: the best of the GEMMs this process can run, each
+// timed on a square 1024 problem with the current thread count (measured, since nominal peaks are
+// not what a CPU sustains). Every candidate is timed because any may be the fastest: OpenBLAS
+// runs the kernel its environment selects (OPENBLAS_CORETYPE may hold it to AVX2, a DYNAMIC_ARCH
+// build that does not know the CPU falls back to an old core), while Lockstep's GEMMs always use
+// the widest ISA the CPU has; an MFU against a slower one could exceed 1.
+struct GemmPeak {
+  double gflops = 0;            // the highest of the three
+  double openblas_gflops = 0;   // cblas_sgemm
+  double canonical_gflops = 0;  // Lockstep's canonical GEMM (kernels/cpu/matmul.isa.cpp)
+  double fast_gflops = 0;       // Lockstep's fast-mode GEMM (matmul_fast, the same kernel)
+  std::string source;           // which one, with its kernel: "OpenBLAS sgemm (SkylakeX)"
+  // "the fastest of OpenBLAS sgemm (Haswell) 104.6, Lockstep canonical GEMM (avx512) 141.9 and
+  // Lockstep fast GEMM (avx512) 160.2 GFLOP/s, 1024^3": what a report prints beside the peak.
+  std::string describe() const;
+};
+// Each candidate's higher figure of two measurements (a busy moment on a shared machine lowers
+// one), and the fastest of those.
+GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b);
+
+}  // namespace lockstep
+
+namespace lockstep::cpu {
+
+GemmPeak measure_gemm_peak();
+
+}  // namespace lockstep::cpu
