@@ -2,8 +2,8 @@
 # Mutation check: proof that the kernel tests and `lockstep verify step` bite (issue 3, part 6).
 #
 # Copies the committed tree (git archive HEAD; --worktree: the tracked files as they are now) into
-# a temporary directory, builds test_property, the kernel unit-test binaries and the lockstep CLI
-# once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests pass unmutated, and trains three tiny
+# a temporary directory, builds test_property, the kernel unit-test binaries (the op test driver
+# among them) and the lockstep CLI once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests pass unmutated, and trains three tiny
 # models 2 steps with the unmutated CLI (d_model 32, 2 layers, seq_len 16; "ln": LayerNorm, GELU,
 # learned positions, biases; "rms": RMSNorm, SwiGLU, RoPE, GQA, untied, no biases; "hot": ln with
 # init_std 2, attention scores in the hundreds), checkpointing after step 2. From those checkpoints
@@ -62,7 +62,7 @@ else
 fi
 echo "mutation check: tree from $source_mode in $src"
 
-binaries=(test_property test_unit_kernels test_unit_kernels_attention test_unit_kernels_elementwise)
+binaries=(test_property test_unit_kernels test_unit_kernels_attention test_unit_kernels_elementwise test_unit_kernels_ops)
 export RC_PARAMS="${RC_PARAMS:-noshrink=1}"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 

@@ -11,6 +11,8 @@
 // Vocabulary-parallel pieces (tensor parallelism): a rank holds the columns [v0, v0 + V) of rows
 // V_total wide and never the whole row; the caller combines across ranks between the steps:
 //   1. crossentropy_shard_max:       m[n] = max over the shard          -> max over the ranks
+//      (the loop m = -inf; m = x > m ? x : m: NaN skipped; a row of NaN gives -inf, and its loss
+//      is NaN all the same through the denominator)
 //   2. crossentropy_shard_partition: Z[n] += the shard's part of Σ exp(logits − m): canonical, its
 //      chunk partials (v0 must be a multiple of 64, so they are the unsplit op's chunks); fast, one
 //      fp32 chain over the shard. target[n] = logits[n, y] where this rank holds y, else -0.0f

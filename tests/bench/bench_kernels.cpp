@@ -1,13 +1,14 @@
-// lockstep-kernel-bench: Google Benchmark suite for every CPU kernel, forward and backward, in
-// both modes, at the shapes of scripts/configs/bench_small.toml and bench_medium.toml, with
-// OpenBLAS cblas_sgemm next to our canonical and fast GEMMs at the same shapes.
+// lockstep-kernel-bench: Google Benchmark suite for every op of kernels/ops/ops.def (generated from
+// the op test driver's cases), forward and backward, in both modes, at the shapes of
+// scripts/configs/bench_small.toml and bench_medium.toml, and OpenBLAS cblas_sgemm next to our
+// canonical and fast GEMMs at the model's products.
 //
 // Names: BM_<op>_<mode> (BM_sgemm_openblas for the library GEMM, BM_matmul_fast for Lockstep's,
 // which fast mode runs where OpenBLAS's kernel is narrower than the CPU: the fast-mode linear
 // benchmarks time whichever sgemm_threads picks, printed at start-up); the argument `shape` is 0 for
 // bench_small, 1 for bench_medium (`gemm` selects the product: 0 qkv, 1 fc, 2 head, 3 the head's
-// input gradient, whose K is the vocabulary). Counters are
-// rates: FLOP/s for products (2 per multiply-add, causal attention counting only t' <= t) and
+// input gradient, whose K is the vocabulary); each op's label gives its dims. Counters are
+// rates: FLOP/s for products (2 per multiply-add, causal attention counting its full T×T) and
 // bytes/s for memory-bound ops (each fp32 array read or written once counted at 4 bytes/element).
 // Times are wall-clock (UseRealTime: the kernels run OpenMP/OpenBLAS threads), and so are the rates.
 // Threads: OpenMP and OpenBLAS defaults (set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to pin them).
@@ -32,15 +33,9 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
-#include "kernels/ops/activation.hpp"
-#include "kernels/ops/attention.hpp"
 #include "kernels/ops/canonical.hpp"
-#include "kernels/ops/crossentropy.hpp"
-#include "kernels/ops/embedding.hpp"
-#include "kernels/ops/linear.hpp"
-#include "kernels/ops/norm.hpp"
-#include "kernels/ops/optim.hpp"
 #include "src/core/exact_sum.hpp"
+#include "tests/support/op_cases.hpp"
 
 namespace {
 
@@ -71,24 +66,9 @@ std::vector<float> filled(int64_t n, uint64_t seed) {
   return x;
 }
 
-std::vector<int32_t> tokens(int64_t n, int64_t V) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 2654435761LL) % V);
-  return t;
-}
-
 void rate(benchmark::State& state, const char* name, double per_iteration) {
   state.counters[name] = benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
-
-// Canonical mode accumulates parameter gradients exactly (as the model does); fast mode into fp32.
-struct Sink {
-  Sink(Mode mode, int64_t n) : f32(static_cast<size_t>(n)), exact(mode == Mode::kCanonical ? n : 0), mode(mode) {}
-  GradSink get() { return mode == Mode::kCanonical ? GradSink{nullptr, &exact, 0} : GradSink{f32.data(), nullptr, 0}; }
-  std::vector<float> f32;
-  ExactAccumulator exact;
-  Mode mode;
-};
 
 // ---- GEMMs: (M, N, K) = (B·T, out, C) for qkv, fc and the tied head; (B·T, C, V) for the head's
 // input gradient.
@@ -137,269 +117,6 @@ void BM_sgemm_openblas(benchmark::State& state) {
   rate(state, "FLOP/s", 2.0 * g.M * g.N * g.K);
 }
 
-// ---- linear (the MLP's fc: C -> 4C, with bias).
-template <Mode M>
-void BM_linear_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const LinearShape ls{s.BT(), s.C, s.F()};
-  const auto inp = filled(ls.N * ls.IC, 1), w = filled(ls.OC * ls.IC, 2), bias = filled(ls.OC, 3);
-  std::vector<float> out(static_cast<size_t>(ls.N * ls.OC));
-  for (auto _ : state) {
-    cpu::linear_forward(M, ls, out.data(), inp.data(), w.data(), bias.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "FLOP/s", 2.0 * ls.N * ls.IC * ls.OC);
-}
-
-template <Mode M>
-void BM_linear_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const LinearShape ls{s.BT(), s.C, s.F()};
-  const auto inp = filled(ls.N * ls.IC, 1), w = filled(ls.OC * ls.IC, 2), dout = filled(ls.N * ls.OC, 4);
-  std::vector<float> dinp(static_cast<size_t>(ls.N * ls.IC));
-  Sink dw(M, ls.OC * ls.IC), db(M, ls.OC);
-  for (auto _ : state) {
-    cpu::linear_backward(M, ls, 0, dinp.data(), dw.get(), db.get(), dout.data(), inp.data(), w.data());
-    benchmark::DoNotOptimize(dinp.data());
-  }
-  rate(state, "FLOP/s", 4.0 * ls.N * ls.IC * ls.OC);  // dinp and dweight products
-}
-
-// ---- attention (causal, NKV = NH as in the bench configs).
-AttentionShape attention_shape(const ModelShape& s) { return {s.B, s.T, s.NH, s.NH, s.C / s.NH}; }
-// Scores and values over t' <= t: 2 products of T(T+1)/2 · HS multiply-adds per head.
-double attention_flops(const AttentionShape& a) {
-  return 2.0 * 2.0 * static_cast<double>(a.B * a.NH * a.HS) * static_cast<double>(a.T * (a.T + 1) / 2);
-}
-
-template <Mode M>
-void BM_attention_forward(benchmark::State& state) {
-  const AttentionShape a = attention_shape(shape_of(state));
-  const auto qkv = filled(a.B * a.T * 3 * a.NH * a.HS, 1);
-  std::vector<float> out(static_cast<size_t>(a.B * a.T * a.NH * a.HS));
-  std::vector<float> att(static_cast<size_t>(a.B * a.NH * a.T * a.T));
-  for (auto _ : state) {
-    cpu::attention_forward(M, a, out.data(), att.data(), qkv.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "FLOP/s", attention_flops(a));
-}
-
-template <Mode M>
-void BM_attention_backward(benchmark::State& state) {
-  const AttentionShape a = attention_shape(shape_of(state));
-  const auto qkv = filled(a.B * a.T * 3 * a.NH * a.HS, 1), dout = filled(a.B * a.T * a.NH * a.HS, 2);
-  std::vector<float> out(dout.size()), att(static_cast<size_t>(a.B * a.NH * a.T * a.T)), scratch(att.size());
-  std::vector<float> dqkv(qkv.size());
-  cpu::attention_forward(M, a, out.data(), att.data(), qkv.data());
-  for (auto _ : state) {
-    cpu::attention_backward(M, a, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data());
-    benchmark::DoNotOptimize(dqkv.data());
-  }
-  rate(state, "FLOP/s", 2.0 * attention_flops(a));  // datt, dq, dk, dv: twice the forward products
-}
-
-// ---- norms (rows B·T, width C).
-template <Mode M>
-void BM_layernorm_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const NormShape ns{s.BT(), s.C};
-  const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2), b = filled(ns.C, 3);
-  std::vector<float> out(inp.size()), mean(static_cast<size_t>(ns.N)), rstd(mean.size());
-  for (auto _ : state) {
-    cpu::layernorm_forward(M, ns, out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "bytes/s", 4.0 * 2 * ns.N * ns.C);
-}
-
-template <Mode M>
-void BM_layernorm_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const NormShape ns{s.BT(), s.C};
-  const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2), b = filled(ns.C, 3), dout = filled(ns.N * ns.C, 4);
-  std::vector<float> out(inp.size()), mean(static_cast<size_t>(ns.N)), rstd(mean.size()), dinp(inp.size());
-  cpu::layernorm_forward(M, ns, out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data());
-  Sink dw(M, ns.C), db(M, ns.C);
-  for (auto _ : state) {
-    cpu::layernorm_backward(M, ns, 0, dinp.data(), dw.get(), db.get(), dout.data(), inp.data(), w.data(),
-                            mean.data(), rstd.data());
-    benchmark::DoNotOptimize(dinp.data());
-  }
-  rate(state, "bytes/s", 4.0 * 4 * ns.N * ns.C);  // read inp, dout, dinp; write dinp
-}
-
-template <Mode M>
-void BM_rmsnorm_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const NormShape ns{s.BT(), s.C};
-  const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2);
-  std::vector<float> out(inp.size()), rstd(static_cast<size_t>(ns.N));
-  for (auto _ : state) {
-    cpu::rmsnorm_forward(M, ns, out.data(), rstd.data(), inp.data(), w.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "bytes/s", 4.0 * 2 * ns.N * ns.C);
-}
-
-template <Mode M>
-void BM_rmsnorm_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const NormShape ns{s.BT(), s.C};
-  const auto inp = filled(ns.N * ns.C, 1), w = filled(ns.C, 2), dout = filled(ns.N * ns.C, 4);
-  std::vector<float> out(inp.size()), rstd(static_cast<size_t>(ns.N)), dinp(inp.size());
-  cpu::rmsnorm_forward(M, ns, out.data(), rstd.data(), inp.data(), w.data());
-  Sink dw(M, ns.C);
-  for (auto _ : state) {
-    cpu::rmsnorm_backward(M, ns, 0, dinp.data(), dw.get(), dout.data(), inp.data(), w.data(), rstd.data());
-    benchmark::DoNotOptimize(dinp.data());
-  }
-  rate(state, "bytes/s", 4.0 * 4 * ns.N * ns.C);
-}
-
-// ---- activations over the MLP hidden (B·T, F).
-template <Mode M>
-void BM_gelu_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const int64_t n = s.BT() * s.F();
-  const auto inp = filled(n, 1);
-  std::vector<float> out(inp.size());
-  for (auto _ : state) {
-    cpu::gelu_forward(M, n, out.data(), inp.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "bytes/s", 4.0 * 2 * n);
-}
-
-template <Mode M>
-void BM_gelu_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const int64_t n = s.BT() * s.F();
-  const auto inp = filled(n, 1), dout = filled(n, 2);
-  std::vector<float> dinp(inp.size());
-  for (auto _ : state) {
-    cpu::gelu_backward(M, n, dinp.data(), inp.data(), dout.data());
-    benchmark::DoNotOptimize(dinp.data());
-  }
-  rate(state, "bytes/s", 4.0 * 3 * n);
-}
-
-template <Mode M>
-void BM_swiglu_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const int64_t N = s.BT(), F = s.F();
-  const auto inp = filled(N * 2 * F, 1);
-  std::vector<float> out(static_cast<size_t>(N * F));
-  for (auto _ : state) {
-    cpu::swiglu_forward(M, N, F, out.data(), inp.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "bytes/s", 4.0 * 3 * N * F);
-}
-
-template <Mode M>
-void BM_swiglu_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const int64_t N = s.BT(), F = s.F();
-  const auto inp = filled(N * 2 * F, 1), dout = filled(N * F, 2);
-  std::vector<float> dinp(inp.size());
-  for (auto _ : state) {
-    cpu::swiglu_backward(M, N, F, dinp.data(), inp.data(), dout.data());
-    benchmark::DoNotOptimize(dinp.data());
-  }
-  rate(state, "bytes/s", 4.0 * 5 * N * F);
-}
-
-// ---- cross-entropy over (B·T, V) logits.
-template <Mode M>
-void BM_crossentropy_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const CrossEntropyShape cs{s.BT(), s.V};
-  const auto logits = filled(cs.N * cs.V, 1);
-  const auto targets = tokens(cs.N, cs.V);
-  std::vector<float> losses(static_cast<size_t>(cs.N));
-  for (auto _ : state) {
-    cpu::crossentropy_forward(M, cs, losses.data(), logits.data(), targets.data());
-    benchmark::DoNotOptimize(losses.data());
-  }
-  rate(state, "bytes/s", 4.0 * cs.N * cs.V);
-}
-
-// Forward and backward are one kernel (dlogits overwrite the logits); each iteration restores the
-// logits first, outside the timed region.
-template <Mode M>
-void BM_crossentropy_forward_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const CrossEntropyShape cs{s.BT(), s.V};
-  const auto logits = filled(cs.N * cs.V, 1);
-  const auto targets = tokens(cs.N, cs.V);
-  std::vector<float> work(logits.size()), losses(static_cast<size_t>(cs.N));
-  const float dloss = 1.0f / static_cast<float>(cs.N);
-  for (auto _ : state) {
-    state.PauseTiming();
-    std::copy(logits.begin(), logits.end(), work.begin());
-    state.ResumeTiming();
-    cpu::crossentropy_forward_backward(M, cs, dloss, losses.data(), work.data(), targets.data());
-    benchmark::DoNotOptimize(work.data());
-  }
-  rate(state, "bytes/s", 4.0 * 2 * cs.N * cs.V);
-}
-
-// ---- embedding (token + learned position).
-template <Mode M>
-void BM_embedding_forward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const EmbeddingShape es{s.B, s.T, s.C, s.V};
-  const auto wte = filled(es.V * es.C, 1), wpe = filled(es.T * es.C, 2);
-  const auto tok = tokens(es.B * es.T, es.V);
-  std::vector<float> out(static_cast<size_t>(es.B * es.T * es.C));
-  for (auto _ : state) {
-    cpu::embedding_forward(M, es, out.data(), tok.data(), wte.data(), wpe.data());
-    benchmark::DoNotOptimize(out.data());
-  }
-  rate(state, "bytes/s", 4.0 * 3 * es.B * es.T * es.C);
-}
-
-template <Mode M>
-void BM_embedding_backward(benchmark::State& state) {
-  const ModelShape& s = shape_of(state);
-  const EmbeddingShape es{s.B, s.T, s.C, s.V};
-  const auto dout = filled(es.B * es.T * es.C, 1);
-  const auto tok = tokens(es.B * es.T, es.V);
-  Sink dwte(M, es.V * es.C), dwpe(M, es.T * es.C);
-  for (auto _ : state) {
-    cpu::embedding_backward(M, es, 0, dwte.get(), dwpe.get(), dout.data(), tok.data());
-    benchmark::ClobberMemory();
-  }
-  rate(state, "bytes/s", 4.0 * 3 * es.B * es.T * es.C);
-}
-
-// ---- optimizer over a buffer the size of the model's parameters. AdamW has no mode (same bits).
-void BM_adamw(benchmark::State& state) {
-  const int64_t n = shape_of(state).params();
-  auto param = filled(n, 1), m = filled(n, 2), v = filled(n, 3);
-  for (auto& x : v) x = x * x;
-  const auto grad = filled(n, 4);
-  const AdamWParams h{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};
-  for (auto _ : state) {
-    cpu::adamw_update(n, h, param.data(), m.data(), v.data(), grad.data());
-    benchmark::ClobberMemory();
-  }
-  rate(state, "bytes/s", 4.0 * 7 * n);  // read p, m, v, g; write p, m, v
-}
-
-template <Mode M>
-void BM_grad_sumsq(benchmark::State& state) {
-  const int64_t n = shape_of(state).params();
-  const auto grad = filled(n, 1);
-  for (auto _ : state) {
-    ChunkCombiner acc;
-    cpu::grad_sumsq_accumulate(M, n, acc, grad.data());
-    benchmark::DoNotOptimize(acc.finish());
-  }
-  rate(state, "bytes/s", 4.0 * n);
-}
-
 void shapes(benchmark::internal::Benchmark* b) {
   b->ArgName("shape")->DenseRange(0, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 }
@@ -408,46 +125,30 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-constexpr Mode kC = Mode::kCanonical, kF = Mode::kFast;
-
 BENCHMARK(BM_matmul_canonical)->Apply(gemm_shapes);
 BENCHMARK(BM_matmul_fast)->Apply(gemm_shapes);
 BENCHMARK(BM_sgemm_openblas)->Apply(gemm_shapes);
-BENCHMARK(BM_linear_forward<kC>)->Name("BM_linear_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_linear_forward<kF>)->Name("BM_linear_forward_fast")->Apply(shapes);
-BENCHMARK(BM_linear_backward<kC>)->Name("BM_linear_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_linear_backward<kF>)->Name("BM_linear_backward_fast")->Apply(shapes);
-BENCHMARK(BM_attention_forward<kC>)->Name("BM_attention_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_attention_forward<kF>)->Name("BM_attention_forward_fast")->Apply(shapes);
-BENCHMARK(BM_attention_backward<kC>)->Name("BM_attention_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_attention_backward<kF>)->Name("BM_attention_backward_fast")->Apply(shapes);
-BENCHMARK(BM_layernorm_forward<kC>)->Name("BM_layernorm_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_layernorm_forward<kF>)->Name("BM_layernorm_forward_fast")->Apply(shapes);
-BENCHMARK(BM_layernorm_backward<kC>)->Name("BM_layernorm_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_layernorm_backward<kF>)->Name("BM_layernorm_backward_fast")->Apply(shapes);
-BENCHMARK(BM_rmsnorm_forward<kC>)->Name("BM_rmsnorm_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_rmsnorm_forward<kF>)->Name("BM_rmsnorm_forward_fast")->Apply(shapes);
-BENCHMARK(BM_rmsnorm_backward<kC>)->Name("BM_rmsnorm_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_rmsnorm_backward<kF>)->Name("BM_rmsnorm_backward_fast")->Apply(shapes);
-BENCHMARK(BM_gelu_forward<kC>)->Name("BM_gelu_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_gelu_forward<kF>)->Name("BM_gelu_forward_fast")->Apply(shapes);
-BENCHMARK(BM_gelu_backward<kC>)->Name("BM_gelu_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_gelu_backward<kF>)->Name("BM_gelu_backward_fast")->Apply(shapes);
-BENCHMARK(BM_swiglu_forward<kC>)->Name("BM_swiglu_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_swiglu_forward<kF>)->Name("BM_swiglu_forward_fast")->Apply(shapes);
-BENCHMARK(BM_swiglu_backward<kC>)->Name("BM_swiglu_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_swiglu_backward<kF>)->Name("BM_swiglu_backward_fast")->Apply(shapes);
-BENCHMARK(BM_crossentropy_forward<kC>)->Name("BM_crossentropy_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_crossentropy_forward<kF>)->Name("BM_crossentropy_forward_fast")->Apply(shapes);
-BENCHMARK(BM_crossentropy_forward_backward<kC>)->Name("BM_crossentropy_forward_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_crossentropy_forward_backward<kF>)->Name("BM_crossentropy_forward_backward_fast")->Apply(shapes);
-BENCHMARK(BM_embedding_forward<kC>)->Name("BM_embedding_forward_canonical")->Apply(shapes);
-BENCHMARK(BM_embedding_forward<kF>)->Name("BM_embedding_forward_fast")->Apply(shapes);
-BENCHMARK(BM_embedding_backward<kC>)->Name("BM_embedding_backward_canonical")->Apply(shapes);
-BENCHMARK(BM_embedding_backward<kF>)->Name("BM_embedding_backward_fast")->Apply(shapes);
-BENCHMARK(BM_adamw)->Apply(shapes);
-BENCHMARK(BM_grad_sumsq<kC>)->Name("BM_grad_sumsq_canonical")->Apply(shapes);
-BENCHMARK(BM_grad_sumsq<kF>)->Name("BM_grad_sumsq_fast")->Apply(shapes);
+
+// Every op of ops.def in both modes at both bench shapes, from the op test driver's cases
+// (tests/support/op_cases.hpp): BM_<op>_<mode>/shape:S. One run untimed first (page faults,
+// caches); in-place ops then work on their own outputs, which does not change their cost.
+void register_ops() {
+  for (const test::OpEntry& op : test::op_entries()) {
+    for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
+      const std::string name = "BM_" + std::string(op.name) + "_" + std::string(mode_name(mode));
+      benchmark::RegisterBenchmark(name.c_str(), [&op, mode](benchmark::State& state) {
+        const auto size = state.range(0) == 0 ? test::SizeClass::kBenchSmall : test::SizeClass::kBenchMedium;
+        const auto c = op.make({size, test::ValueClass::kOrdinary, 1});
+        Backend& be = process_backend();
+        c->run(be, mode);
+        for (auto _ : state) c->run(be, mode);
+        if (c->flops() > 0) rate(state, "FLOP/s", c->flops());
+        if (c->bytes() > 0) rate(state, "bytes/s", c->bytes());
+        state.SetLabel(c->shape());
+      })->Apply(shapes);
+    }
+  }
+}
 
 // The check before timing, on the bench_small fc product: matmul_canonical must equal
 // canonical_dot bit for bit on sampled elements; cblas_sgemm (any order) must lie within
@@ -496,6 +197,7 @@ int main(int argc, char** argv) {
     std::copy(argv + 2, argv + argc, argv + 1);
     --argc;
   }
+  register_ops();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (!results_match()) return 1;

@@ -1,0 +1,936 @@
+// One case type for every op of kernels/ops/ops.def (op_case.hpp's frame): its dims at each size
+// class, the values each operand takes, the backend call, and the references its outputs must
+// match. make_op_case(name, spec) builds the case of an op by its name in ops.def; ops.def's
+// X-macro expands to one make_<op> each, so an op listed there without a case here does not
+// compile.
+//
+// Conventions: canonical-mode references are the templated reference ops instantiated with
+// CanonicalF32 (bit for bit), bounds come from the same ops over Bounded<double> (the caller sets
+// reference::kBoundedDoubleU so that the reference's own double roundings are covered); parameter
+// gradients start at zero and token offsets at 0; an op's cached inputs (norm statistics, the
+// attention probabilities) are the backend's own forward outputs, so that a backward is checked as
+// a function of its inputs. The split pieces (linear partials, the vocabulary-parallel
+// cross-entropy) are checked through their contract: combined over two chunk-aligned slices they
+// give the unsplit op.
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "reference/activation.hpp"
+#include "reference/attention.hpp"
+#include "reference/crossentropy.hpp"
+#include "reference/embedding.hpp"
+#include "reference/linear.hpp"
+#include "reference/norm.hpp"
+#include "reference/optim.hpp"
+#include "reference/real.hpp"
+#include "tests/support/op_case.hpp"
+
+namespace lockstep::test {
+
+using Bd = reference::Bounded<double>;
+using Cf = reference::CanonicalF32;
+using reference::GradOut;
+using reference::GradStore;
+
+// A dimension per size class: {one, prime, odd, long, bench_small, bench_medium}.
+inline int64_t dim(SizeClass s, std::initializer_list<int64_t> per_class) {
+  return per_class.begin()[static_cast<int>(s)];
+}
+
+// The chunk-aligned cut of [0, n) into two slices a split op is checked with (n itself when the
+// range is a single chunk).
+inline int64_t chunk_cut(int64_t n) { return n > kCanonicalChunk ? (n / 2 / kCanonicalChunk + 1) * kCanonicalChunk : n; }
+
+// Columns [c0, c1) of a row-major (rows, cols) matrix.
+inline std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), m.begin() + r * cols + c0, m.begin() + r * cols + c1);
+  return out;
+}
+
+// A check of one output: the Bounded reference always, CanonicalF32 in canonical mode.
+inline Check check_of(std::string what, std::vector<float> got, std::vector<Bd> bounded, Mode mode,
+                      const std::function<std::vector<float>()>& exact) {
+  Check c{std::move(what), std::move(got), std::move(bounded), {}};
+  if (mode == Mode::kCanonical && exact) c.exact = exact();
+  return c;
+}
+
+// ---- linear.hpp
+
+class LinearForward final : public OpCase {
+ public:
+  explicit LinearForward(const CaseSpec& c)
+      : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 61, 33, 1031, 256, 512}), dim(c.size, {1, 13, 15, 5, 1024, 2048})} {
+    Draw d(c);
+    inp_ = d.values(s_.N * s_.IC, 100, true);
+    w_ = d.values(s_.OC * s_.IC);
+    b_ = d.values(s_.OC);
+    out_.assign(static_cast<size_t>(s_.N * s_.OC), -1.0f);
+  }
+  std::string shape() const override { return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}}); }
+  double flops() const override { return 2.0 * static_cast<double>(s_.N * s_.IC * s_.OC); }
+  void run(Backend& be, Mode mode) override { be.linear_forward(mode, s_, out_.data(), inp_.data(), w_.data(), b_.data()); }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", out_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> out(out_.size());
+    const auto i = as<Real>(inp_), w = as<Real>(w_), b = as<Real>(b_);
+    reference::linear_forward(s_.N, s_.IC, s_.OC, out.data(), i.data(), w.data(), b.data());
+    return out;
+  }
+  LinearShape s_;
+  std::vector<float> inp_, w_, b_, out_;
+};
+
+class LinearBackward final : public OpCase {
+ public:
+  explicit LinearBackward(const CaseSpec& c)
+      : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 61, 33, 1031, 256, 512}), dim(c.size, {1, 13, 15, 5, 1024, 2048})},
+        dw_(s_.OC * s_.IC), db_(s_.OC) {
+    Draw d(c);
+    dout_ = d.values(s_.N * s_.OC, 0, true);
+    inp_ = d.values(s_.N * s_.IC, 100);
+    w_ = d.values(s_.OC * s_.IC);
+    dinp_.assign(static_cast<size_t>(s_.N * s_.IC), -1.0f);
+  }
+  std::string shape() const override { return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}}); }
+  double flops() const override { return 4.0 * static_cast<double>(s_.N * s_.IC * s_.OC); }
+  void run(Backend& be, Mode mode) override {
+    mode_ = mode;
+    be.linear_backward(mode, s_, 0, dinp_.data(), dw_.sink(mode), db_.sink(mode), dout_.data(), inp_.data(), w_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref<Bd>();
+    std::vector<Check> out;
+    const char* names[] = {"dinp", "dweight", "dbias"};
+    const std::vector<float>* got[] = {&dinp_, nullptr, nullptr};
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> g = k == 0 ? *got[0] : (k == 1 ? dw_.values(mode_) : db_.values(mode_));
+      out.push_back(check_of(names[k], std::move(g), b[static_cast<size_t>(k)], mode, [&] { return floats(ref<Cf>()[static_cast<size_t>(k)]); }));
+    }
+    return out;
+  }
+
+ private:
+  template <class Real>
+  std::vector<std::vector<Real>> ref() const {
+    std::vector<Real> dinp(dinp_.size());
+    GradStore<Real> dw, db;
+    dw.reset(s_.OC * s_.IC);
+    db.reset(s_.OC);
+    const auto o = as<Real>(dout_), i = as<Real>(inp_), w = as<Real>(w_);
+    reference::linear_backward(s_.N, s_.IC, s_.OC, dinp.data(), dw.out(0), db.out(0), o.data(), i.data(), w.data());
+    dw.finish();
+    db.finish();
+    return {dinp, dw.g, db.g};
+  }
+  LinearShape s_;
+  std::vector<float> dout_, inp_, w_, dinp_;
+  GradBuffer dw_, db_;
+  Mode mode_ = Mode::kCanonical;
+};
+
+// linear_forward_partials over two chunk-aligned slices of IC into one exact sum, rounded once:
+// the unsplit linear's product without bias.
+class LinearForwardPartials final : public OpCase {
+ public:
+  explicit LinearForwardPartials(const CaseSpec& c)
+      : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 67, 131, 1031, 256, 512}), dim(c.size, {1, 13, 15, 5, 1024, 2048})} {
+    Draw d(c);
+    inp_ = d.values(s_.N * s_.IC, 100, true);
+    w_ = d.values(s_.OC * s_.IC);
+    cut_ = chunk_cut(s_.IC);
+  }
+  std::string shape() const override {
+    return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}, {"cut", cut_}});
+  }
+  void run(Backend& be, Mode) override {
+    ExactAccumulator acc(static_cast<size_t>(s_.N * s_.OC));
+    for (const auto& [c0, c1] : {std::pair{int64_t{0}, cut_}, std::pair{cut_, s_.IC}}) {
+      if (c1 == c0) continue;
+      const auto i = columns(inp_, s_.N, s_.IC, c0, c1), w = columns(w_, s_.OC, s_.IC, c0, c1);
+      be.linear_forward_partials({s_.N, c1 - c0, s_.OC}, acc, i.data(), w.data());
+    }
+    out_.resize(acc.size());
+    acc.round_to(out_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", out_, ref<Bd>(), Mode::kCanonical, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> out(static_cast<size_t>(s_.N * s_.OC));
+    const auto i = as<Real>(inp_), w = as<Real>(w_);
+    reference::linear_forward(s_.N, s_.IC, s_.OC, out.data(), i.data(), w.data(), static_cast<const Real*>(nullptr));
+    return out;
+  }
+  LinearShape s_;
+  int64_t cut_ = 0;
+  std::vector<float> inp_, w_, out_;
+};
+
+// linear_backward_dinp_partials over two chunk-aligned slices of OC: the unsplit dinp.
+class LinearBackwardDinpPartials final : public OpCase {
+ public:
+  explicit LinearBackwardDinpPartials(const CaseSpec& c)
+      : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 13, 15, 5, 256, 512}), dim(c.size, {1, 67, 131, 1031, 1024, 2048})} {
+    Draw d(c);
+    dout_ = d.values(s_.N * s_.OC, 0, true);
+    w_ = d.values(s_.OC * s_.IC, 100);
+    cut_ = chunk_cut(s_.OC);
+  }
+  std::string shape() const override {
+    return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}, {"cut", cut_}});
+  }
+  void run(Backend& be, Mode) override {
+    ExactAccumulator acc(static_cast<size_t>(s_.N * s_.IC));
+    for (const auto& [o0, o1] : {std::pair{int64_t{0}, cut_}, std::pair{cut_, s_.OC}}) {
+      if (o1 == o0) continue;
+      const auto o = columns(dout_, s_.N, s_.OC, o0, o1);
+      const std::vector<float> w(w_.begin() + o0 * s_.IC, w_.begin() + o1 * s_.IC);
+      be.linear_backward_dinp_partials({s_.N, s_.IC, o1 - o0}, acc, o.data(), w.data());
+    }
+    dinp_.resize(acc.size());
+    acc.round_to(dinp_.data());
+  }
+  std::vector<Check> checks(Mode) const override {
+    return {check_of("dinp", dinp_, ref<Bd>(), Mode::kCanonical, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> dinp(static_cast<size_t>(s_.N * s_.IC));
+    const auto o = as<Real>(dout_), w = as<Real>(w_);
+    const std::vector<Real> inp(dinp.size());
+    reference::linear_backward(s_.N, s_.IC, s_.OC, dinp.data(), GradOut<Real>{}, GradOut<Real>{}, o.data(), inp.data(),
+                               w.data());
+    return dinp;
+  }
+  LinearShape s_;
+  int64_t cut_ = 0;
+  std::vector<float> dout_, w_, dinp_;
+};
+
+// ---- norm.hpp (LayerNorm and RMSNorm: the same frame, `layer` says which)
+
+class NormCase : public OpCase {
+ public:
+  NormCase(const CaseSpec& c, bool layer)
+      : layer_(layer), s_{dim(c.size, {1, 5, 9, 3, 1024, 1024}), dim(c.size, {1, 67, 45, 1031, 256, 512}), 1e-5f},
+        dw_(s_.C), db_(s_.C) {
+    Draw d(c);
+    inp_ = d.values(s_.N * s_.C, 40, true);
+    w_ = d.values(s_.C);
+    b_ = d.values(s_.C);
+    dout_ = d.values(s_.N * s_.C);
+    dinp0_ = d.values(s_.N * s_.C);
+    out_.assign(inp_.size(), -1.0f);
+    mean_.assign(static_cast<size_t>(s_.N), -1.0f);
+    rstd_ = mean_;
+  }
+  std::string shape() const override { return dims_text({{"N", s_.N}, {"C", s_.C}}); }
+  double bytes() const override { return 4.0 * 3 * static_cast<double>(s_.N * s_.C); }
+
+ protected:
+  void forward(Backend& be, Mode mode) {
+    if (layer_) {
+      be.layernorm_forward(mode, s_, out_.data(), mean_.data(), rstd_.data(), inp_.data(), w_.data(), b_.data());
+    } else {
+      be.rmsnorm_forward(mode, s_, out_.data(), rstd_.data(), inp_.data(), w_.data());
+    }
+  }
+  template <class Real>
+  std::vector<std::vector<Real>> ref_forward() const {
+    std::vector<Real> out(out_.size()), mean(mean_.size()), rstd(rstd_.size());
+    const auto i = as<Real>(inp_), w = as<Real>(w_), b = as<Real>(b_);
+    if (layer_) {
+      reference::layernorm_forward(s_.N, s_.C, s_.eps, out.data(), mean.data(), rstd.data(), i.data(), w.data(), b.data());
+    } else {
+      reference::rmsnorm_forward(s_.N, s_.C, s_.eps, out.data(), rstd.data(), i.data(), w.data());
+    }
+    return {out, mean, rstd};
+  }
+  // Backward from the backend's own forward statistics (mean_, rstd_), dinp accumulating into dinp0.
+  template <class Real>
+  std::vector<std::vector<Real>> ref_backward() const {
+    auto dinp = as<Real>(dinp0_);
+    GradStore<Real> dw, db;
+    dw.reset(s_.C);
+    db.reset(s_.C);
+    const auto o = as<Real>(dout_), i = as<Real>(inp_), w = as<Real>(w_), m = as<Real>(mean_), r = as<Real>(rstd_);
+    if (layer_) {
+      reference::layernorm_backward(s_.N, s_.C, dinp.data(), dw.out(0), db.out(0), o.data(), i.data(), w.data(),
+                                    m.data(), r.data());
+    } else {
+      reference::rmsnorm_backward(s_.N, s_.C, dinp.data(), dw.out(0), o.data(), i.data(), w.data(), r.data());
+    }
+    dw.finish();
+    db.finish();
+    return {dinp, dw.g, db.g};
+  }
+
+  bool layer_;
+  NormShape s_;
+  std::vector<float> inp_, w_, b_, dout_, dinp0_, out_, mean_, rstd_, dinp_;
+  GradBuffer dw_, db_;
+  Mode mode_ = Mode::kCanonical;
+};
+
+class NormForward final : public NormCase {
+ public:
+  using NormCase::NormCase;
+  void run(Backend& be, Mode mode) override { forward(be, mode); }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref_forward<Bd>();
+    std::vector<Check> out{check_of("out", out_, b[0], mode, [&] { return floats(ref_forward<Cf>()[0]); })};
+    if (layer_) out.push_back(check_of("mean", mean_, b[1], mode, [&] { return floats(ref_forward<Cf>()[1]); }));
+    out.push_back(check_of("rstd", rstd_, b[2], mode, [&] { return floats(ref_forward<Cf>()[2]); }));
+    return out;
+  }
+};
+
+class NormBackward final : public NormCase {
+ public:
+  using NormCase::NormCase;
+  void run(Backend& be, Mode mode) override {
+    if (dinp_.empty()) forward(be, Mode::kCanonical);  // the statistics the backward reads
+    mode_ = mode;
+    dinp_ = dinp0_;
+    if (layer_) {
+      be.layernorm_backward(mode, s_, 0, dinp_.data(), dw_.sink(mode), db_.sink(mode), dout_.data(), inp_.data(),
+                            w_.data(), mean_.data(), rstd_.data());
+    } else {
+      be.rmsnorm_backward(mode, s_, 0, dinp_.data(), dw_.sink(mode), dout_.data(), inp_.data(), w_.data(),
+                          rstd_.data());
+    }
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref_backward<Bd>();
+    std::vector<Check> out{check_of("dinp", dinp_, b[0], mode, [&] { return floats(ref_backward<Cf>()[0]); }),
+                           check_of("dweight", dw_.values(mode_), b[1], mode, [&] { return floats(ref_backward<Cf>()[1]); })};
+    if (layer_) {
+      out.push_back(check_of("dbias", db_.values(mode_), b[2], mode, [&] { return floats(ref_backward<Cf>()[2]); }));
+    }
+    return out;
+  }
+};
+
+// ---- attention.hpp
+
+inline AttentionShape attention_shape(SizeClass s) {
+  return {dim(s, {1, 1, 2, 1, 8, 4}), dim(s, {1, 7, 9, 130, 128, 256}), dim(s, {1, 2, 3, 2, 4, 8}),
+          dim(s, {1, 1, 3, 1, 4, 8}), dim(s, {1, 5, 3, 8, 64, 64})};
+}
+
+inline std::string attention_text(const AttentionShape& s) {
+  return dims_text({{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"NKV", s.NKV}, {"HS", s.HS}});
+}
+
+class AttentionCase : public OpCase {
+ public:
+  explicit AttentionCase(const CaseSpec& c) : s_(attention_shape(c.size)) {
+    Draw d(c);
+    qkv_ = d.values(s_.B * s_.T * row(), 20, true);
+    dout_ = d.values(s_.B * s_.T * s_.NH * s_.HS);
+    out_.assign(static_cast<size_t>(s_.B * s_.T * s_.NH * s_.HS), -1.0f);
+    att_.assign(static_cast<size_t>(s_.B * s_.NH * s_.T * s_.T), -1.0f);
+  }
+  std::string shape() const override { return attention_text(s_); }
+  double flops() const override {
+    return 2.0 * static_cast<double>(s_.B * s_.NH * s_.T * s_.T * s_.HS);  // scores and values, causal
+  }
+
+ protected:
+  int64_t row() const { return (s_.NH + 2 * s_.NKV) * s_.HS; }
+  template <class Real>
+  std::vector<std::vector<Real>> ref_forward() const {
+    std::vector<Real> out(out_.size()), att(att_.size());
+    const auto q = as<Real>(qkv_);
+    reference::attention_forward(s_.B, s_.T, s_.NH, s_.NKV, s_.HS, out.data(), att.data(), q.data());
+    return {out, att};
+  }
+  AttentionShape s_;
+  std::vector<float> qkv_, dout_, out_, att_, dqkv_;
+};
+
+class AttentionForward final : public AttentionCase {
+ public:
+  using AttentionCase::AttentionCase;
+  void run(Backend& be, Mode mode) override { be.attention_forward(mode, s_, out_.data(), att_.data(), qkv_.data()); }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref_forward<Bd>();
+    return {check_of("out", out_, b[0], mode, [&] { return floats(ref_forward<Cf>()[0]); }),
+            check_of("att", att_, b[1], mode, [&] { return floats(ref_forward<Cf>()[1]); })};
+  }
+};
+
+class AttentionBackward final : public AttentionCase {
+ public:
+  using AttentionCase::AttentionCase;
+  void run(Backend& be, Mode mode) override {
+    if (dqkv_.empty()) be.attention_forward(Mode::kCanonical, s_, out_.data(), att_.data(), qkv_.data());
+    dqkv_.assign(qkv_.size(), -1.0f);
+    scratch_.resize(att_.size());
+    be.attention_backward(mode, s_, dqkv_.data(), scratch_.data(), dout_.data(), qkv_.data(), att_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("dqkv", dqkv_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  // From the backend's own probabilities att_.
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> dqkv(qkv_.size()), scratch(att_.size());
+    const auto q = as<Real>(qkv_), o = as<Real>(dout_), a = as<Real>(att_);
+    reference::attention_backward(s_.B, s_.T, s_.NH, s_.NKV, s_.HS, dqkv.data(), scratch.data(), o.data(), q.data(),
+                                  a.data());
+    return dqkv;
+  }
+  std::vector<float> scratch_;
+};
+
+// ---- rope.hpp
+
+// cos/sin(t·θ^(−2i/HS)) in MPFR against the tables, within rope.hpp's accuracy: one fp32 rounding
+// (u·|value|) plus T·2^-49 for the double evaluation of the angle.
+class RopeTables final : public OpCase {
+ public:
+  explicit RopeTables(const CaseSpec& c)
+      : T_(dim(c.size, {1, 7, 9, 130, 128, 256})), HS_(dim(c.size, {2, 6, 10, 128, 64, 64})),
+        theta_(c.values == ValueClass::kLarge ? 500000.0 : 10000.0) {}
+  std::string shape() const override { return dims_text({{"T", T_}, {"HS", HS_}}); }
+  void run(Backend& be, Mode) override {
+    cos_.assign(static_cast<size_t>(T_ * HS_ / 2), -2.0f);
+    sin_ = cos_;
+    be.rope_tables(T_, HS_, theta_, cos_.data(), sin_.data());
+  }
+  std::vector<Check> checks(Mode) const override {
+    reference::ScopedMpfrBits bits(128);
+    std::vector<Bd> c, s;
+    for (int64_t t = 0; t < T_; ++t) {
+      for (int64_t i = 0; i < HS_ / 2; ++i) {
+        const reference::Mpfr angle = reference::Mpfr(t) * pow(reference::Mpfr(theta_), reference::Mpfr(-2 * i) / HS_);
+        for (auto [fn, out] : {std::pair{0, &c}, std::pair{1, &s}}) {
+          const double v = static_cast<double>(fn == 0 ? reference::Mpfr(cos(angle)) : reference::Mpfr(sin(angle)));
+          out->push_back(Bd(v, 0x1p-24 * std::fabs(v) + static_cast<double>(T_) * 0x1p-49 + 0x1p-53 * std::fabs(v)));
+        }
+      }
+    }
+    return {{"cos", cos_, c, {}}, {"sin", sin_, s, {}}};
+  }
+
+ private:
+  int64_t T_, HS_;
+  double theta_;
+  std::vector<float> cos_, sin_;
+};
+
+class RopeCase : public OpCase {
+ public:
+  RopeCase(const CaseSpec& c, bool backward) : backward_(backward), s_(attention_shape(c.size)) {
+    Draw d(c);
+    x_ = d.values(s_.B * s_.T * (s_.NH + 2 * s_.NKV) * s_.HS, 60, true);
+    s_.HS += s_.HS % 2;  // RoPE rotates pairs
+    x_.resize(static_cast<size_t>(s_.B * s_.T * (s_.NH + 2 * s_.NKV) * s_.HS), 0.5f);
+    cos_.resize(static_cast<size_t>(s_.T * s_.HS / 2));
+    sin_.resize(cos_.size());
+    process_backend().rope_tables(s_.T, s_.HS, 10000.0, cos_.data(), sin_.data());
+  }
+  std::string shape() const override { return attention_text(s_); }
+  void run(Backend& be, Mode) override {
+    got_ = x_;
+    if (backward_) {
+      be.rope_backward(s_, got_.data(), cos_.data(), sin_.data());
+    } else {
+      be.rope_forward(s_, got_.data(), cos_.data(), sin_.data());
+    }
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of(backward_ ? "dqkv" : "qkv", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    auto x = as<Real>(x_);
+    const auto c = as<Real>(cos_), s = as<Real>(sin_);
+    if (backward_) {
+      reference::rope_backward(s_.B, s_.T, s_.NH, s_.NKV, s_.HS, x.data(), c.data(), s.data());
+    } else {
+      reference::rope_forward(s_.B, s_.T, s_.NH, s_.NKV, s_.HS, x.data(), c.data(), s.data());
+    }
+    return x;
+  }
+  bool backward_;
+  AttentionShape s_;
+  std::vector<float> x_, cos_, sin_, got_;
+};
+
+// ---- activation.hpp, residual.hpp
+
+// GELU on N·F elements, SwiGLU on (N, 2F) inputs; forward or backward.
+class ActivationCase final : public OpCase {
+ public:
+  ActivationCase(const CaseSpec& c, bool swiglu, bool backward)
+      : swiglu_(swiglu), backward_(backward), N_(dim(c.size, {1, 7, 9, 3, 1024, 1024})),
+        F_(dim(c.size, {1, 61, 45, 1031, 1024, 2048})) {
+    Draw d(c);
+    inp_ = d.values(N_ * width(), 40, true);
+    if (backward_) dout_ = d.values(N_ * F_);
+  }
+  std::string shape() const override { return dims_text({{"N", N_}, {"F", F_}}); }
+  double bytes() const override { return 4.0 * static_cast<double>(got_.size() + inp_.size() + dout_.size()); }
+  void run(Backend& be, Mode mode) override {
+    got_.assign(static_cast<size_t>(backward_ ? N_ * width() : N_ * F_), -1.0f);
+    if (swiglu_ && backward_) {
+      be.swiglu_backward(mode, N_, F_, got_.data(), inp_.data(), dout_.data());
+    } else if (swiglu_) {
+      be.swiglu_forward(mode, N_, F_, got_.data(), inp_.data());
+    } else if (backward_) {
+      be.gelu_backward(mode, N_ * F_, got_.data(), inp_.data(), dout_.data());
+    } else {
+      be.gelu_forward(mode, N_ * F_, got_.data(), inp_.data());
+    }
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of(backward_ ? "dinp" : "out", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  int64_t width() const { return swiglu_ ? 2 * F_ : F_; }
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> out(got_.size());
+    const auto i = as<Real>(inp_), o = as<Real>(dout_);
+    if (swiglu_ && backward_) {
+      reference::swiglu_backward(N_, F_, out.data(), i.data(), o.data());
+    } else if (swiglu_) {
+      reference::swiglu_forward(N_, F_, out.data(), i.data());
+    } else if (backward_) {
+      reference::gelu_backward(N_ * F_, out.data(), i.data(), o.data());
+    } else {
+      reference::gelu_forward(N_ * F_, out.data(), i.data());
+    }
+    return out;
+  }
+  bool swiglu_, backward_;
+  int64_t N_, F_;
+  std::vector<float> inp_, dout_, got_;
+};
+
+class ResidualForward final : public OpCase {
+ public:
+  explicit ResidualForward(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})) {
+    Draw d(c);
+    a_ = d.values(n_, 127, true);
+    b_ = d.values(n_, 127);
+  }
+  std::string shape() const override { return dims_text({{"n", n_}}); }
+  double bytes() const override { return 4.0 * 3 * static_cast<double>(n_); }
+  void run(Backend& be, Mode) override {
+    out_.assign(static_cast<size_t>(n_), -1.0f);
+    be.residual_forward(n_, out_.data(), a_.data(), b_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", out_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> out(out_.size());
+    const auto a = as<Real>(a_), b = as<Real>(b_);
+    reference::residual_forward(n_, out.data(), a.data(), b.data());
+    return out;
+  }
+  int64_t n_;
+  std::vector<float> a_, b_, out_;
+};
+
+// ---- embedding.hpp (with learned positions)
+
+class EmbeddingCase : public OpCase {
+ public:
+  explicit EmbeddingCase(const CaseSpec& c)
+      : s_{dim(c.size, {1, 2, 3, 2, 8, 4}), dim(c.size, {1, 7, 9, 130, 128, 256}), dim(c.size, {1, 13, 15, 8, 256, 512}),
+           dim(c.size, {2, 11, 21, 37, 4096, 8192})},
+        dwte_(s_.V * s_.C), dwpe_(s_.T * s_.C) {
+    Draw d(c);
+    tokens_ = d.ints(s_.B * s_.T, static_cast<int32_t>(s_.V));
+    wte_ = d.values(s_.V * s_.C, 126, true);
+    wpe_ = d.values(s_.T * s_.C, 126);
+    dout_ = d.values(s_.B * s_.T * s_.C, 100, true);
+  }
+  std::string shape() const override {
+    return dims_text({{"B", s_.B}, {"T", s_.T}, {"C", s_.C}, {"V", s_.V}});
+  }
+  double bytes() const override { return 4.0 * 2 * static_cast<double>(s_.B * s_.T * s_.C); }
+
+ protected:
+  EmbeddingShape s_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> wte_, wpe_, dout_, out_;
+  GradBuffer dwte_, dwpe_;
+  Mode mode_ = Mode::kCanonical;
+};
+
+class EmbeddingForward final : public EmbeddingCase {
+ public:
+  using EmbeddingCase::EmbeddingCase;
+  void run(Backend& be, Mode mode) override {
+    out_.assign(static_cast<size_t>(s_.B * s_.T * s_.C), -1.0f);
+    be.embedding_forward(mode, s_, out_.data(), tokens_.data(), wte_.data(), wpe_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", out_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    std::vector<Real> out(out_.size());
+    const auto e = as<Real>(wte_), p = as<Real>(wpe_);
+    reference::embedding_forward(s_.B, s_.T, s_.C, s_.V, out.data(), tokens_.data(), e.data(), p.data());
+    return out;
+  }
+};
+
+class EmbeddingBackward final : public EmbeddingCase {
+ public:
+  using EmbeddingCase::EmbeddingCase;
+  void run(Backend& be, Mode mode) override {
+    mode_ = mode;
+    be.embedding_backward(mode, s_, 0, dwte_.sink(mode), dwpe_.sink(mode), dout_.data(), tokens_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref<Bd>();
+    return {check_of("dwte", dwte_.values(mode_), b[0], mode, [&] { return floats(ref<Cf>()[0]); }),
+            check_of("dwpe", dwpe_.values(mode_), b[1], mode, [&] { return floats(ref<Cf>()[1]); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<std::vector<Real>> ref() const {
+    GradStore<Real> dwte, dwpe;
+    dwte.reset(s_.V * s_.C);
+    dwpe.reset(s_.T * s_.C);
+    const auto o = as<Real>(dout_);
+    reference::embedding_backward(s_.B, s_.T, s_.C, s_.V, dwte.out(0), dwpe.out(0), o.data(), tokens_.data());
+    dwte.finish();
+    dwpe.finish();
+    return {dwte.g, dwpe.g};
+  }
+};
+
+// ---- crossentropy.hpp
+
+class CrossEntropyCase : public OpCase {
+ public:
+  explicit CrossEntropyCase(const CaseSpec& c)
+      : N_(dim(c.size, {1, 7, 9, 3, 1024, 1024})), V_(dim(c.size, {1, 61, 131, 4099, 4096, 8192})) {
+    Draw d(c);
+    logits_ = d.values(N_ * V_, 20, true);
+    targets_ = d.ints(N_, static_cast<int32_t>(V_));
+  }
+  std::string shape() const override { return dims_text({{"N", N_}, {"V", V_}}); }
+  double bytes() const override { return 4.0 * 2 * static_cast<double>(N_ * V_); }
+
+ protected:
+  // losses and, with backward, dlogits (dloss 1/N).
+  template <class Real>
+  std::vector<std::vector<Real>> ref(bool backward) const {
+    std::vector<Real> losses(static_cast<size_t>(N_));
+    auto x = as<Real>(logits_);
+    if (backward) {
+      reference::crossentropy_forward_backward(N_, V_, Real(dloss()), losses.data(), x.data(), targets_.data());
+    } else {
+      reference::crossentropy_forward(N_, V_, losses.data(), x.data(), targets_.data());
+    }
+    return {losses, x};
+  }
+  float dloss() const { return 1.0f / static_cast<float>(N_); }
+  int64_t N_, V_;
+  std::vector<float> logits_, losses_, got_logits_;
+  std::vector<int32_t> targets_;
+};
+
+class CrossEntropyForward final : public CrossEntropyCase {
+ public:
+  CrossEntropyForward(const CaseSpec& c, bool backward) : CrossEntropyCase(c), backward_(backward) {}
+  void run(Backend& be, Mode mode) override {
+    losses_.assign(static_cast<size_t>(N_), -1.0f);
+    got_logits_ = logits_;
+    if (backward_) {
+      be.crossentropy_forward_backward(mode, {N_, V_}, dloss(), losses_.data(), got_logits_.data(), targets_.data());
+    } else {
+      be.crossentropy_forward(mode, {N_, V_}, losses_.data(), got_logits_.data(), targets_.data());
+    }
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref<Bd>(backward_);
+    std::vector<Check> out{check_of("losses", losses_, b[0], mode, [&] { return floats(ref<Cf>(backward_)[0]); })};
+    if (backward_) {
+      out.push_back(check_of("dlogits", got_logits_, b[1], mode, [&] { return floats(ref<Cf>(backward_)[1]); }));
+    }
+    return out;
+  }
+
+ private:
+  bool backward_;
+};
+
+// The row maxima of a vocabulary shard: exact in any order, so equal to the contract's loop over
+// the shard's columns in both modes.
+class CrossEntropyShardMax final : public CrossEntropyCase {
+ public:
+  using CrossEntropyCase::CrossEntropyCase;
+  void run(Backend& be, Mode) override {
+    const int64_t cut = chunk_cut(V_);
+    shard_ = columns(logits_, N_, V_, cut == V_ ? 0 : cut, V_);
+    const int64_t held = V_ - (cut == V_ ? 0 : cut);
+    m_.assign(static_cast<size_t>(N_), -1.0f);
+    be.crossentropy_shard_max({N_, held, V_ - held, V_}, m_.data(), shard_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const int64_t held = static_cast<int64_t>(shard_.size()) / std::max<int64_t>(N_, 1);
+    std::vector<float> want;
+    std::vector<Bd> bounded;
+    for (int64_t n = 0; n < N_; ++n) {
+      // The contract's loop (crossentropy.hpp): from -inf, x > m wins, NaN skipped.
+      const float* x = shard_.data() + n * held;
+      float m = -INFINITY;
+      for (int64_t v = 0; v < held; ++v) m = x[v] > m ? x[v] : m;
+      want.push_back(m);
+      bounded.emplace_back(Bd(m));
+    }
+    return {check_of("m", m_, bounded, mode, [&] { return want; })};
+  }
+
+ private:
+  std::vector<float> shard_, m_;
+};
+
+// The three vocabulary-parallel pieces over two chunk-aligned shards, combined as a tensor-parallel
+// plan combines them (max, exact sum of the denominators' partials, the owner's target logit): the
+// unsplit cross-entropy's losses and dlogits. Registered for crossentropy_shard_partition and
+// crossentropy_shard_finish, which only work together.
+class CrossEntropyShards final : public CrossEntropyCase {
+ public:
+  using CrossEntropyCase::CrossEntropyCase;
+  void run(Backend& be, Mode mode) override {
+    const int64_t cut = chunk_cut(V_);
+    const std::pair<int64_t, int64_t> shards[] = {{0, cut}, {cut, V_}};
+    std::vector<float> m(static_cast<size_t>(N_), -INFINITY), part(m.size()), target(m.size(), -0.0f);
+    std::vector<std::vector<float>> logits;
+    for (const auto& [v0, v1] : shards) {
+      logits.push_back(columns(logits_, N_, V_, v0, v1));
+      if (v1 == v0) continue;
+      be.crossentropy_shard_max({N_, v1 - v0, v0, V_}, part.data(), logits.back().data());
+      for (size_t n = 0; n < m.size(); ++n) m[n] = std::isnan(part[n]) || std::isnan(m[n]) ? NAN : std::max(m[n], part[n]);
+    }
+    ExactAccumulator Z(static_cast<size_t>(N_));
+    for (size_t k = 0; k < 2; ++k) {
+      const auto [v0, v1] = shards[k];
+      if (v1 == v0) continue;
+      be.crossentropy_shard_partition(mode, {N_, v1 - v0, v0, V_}, Z, part.data(), logits[k].data(), m.data(),
+                                      targets_.data());
+      for (size_t n = 0; n < target.size(); ++n) target[n] = target[n] + part[n];
+    }
+    std::vector<float> z(m.size());
+    Z.round_to(z.data());
+    losses_.assign(m.size(), -1.0f);
+    got_logits_.assign(logits_.size(), -1.0f);
+    for (size_t k = 0; k < 2; ++k) {
+      const auto [v0, v1] = shards[k];
+      if (v1 == v0) continue;
+      std::vector<float> d(logits[k].size());
+      be.crossentropy_shard_finish(mode, {N_, v1 - v0, v0, V_}, dloss(), losses_.data(), d.data(), logits[k].data(),
+                                   m.data(), z.data(), target.data(), targets_.data());
+      for (int64_t n = 0; n < N_; ++n) {
+        std::copy(d.begin() + n * (v1 - v0), d.begin() + (n + 1) * (v1 - v0), got_logits_.begin() + n * V_ + v0);
+      }
+    }
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref<Bd>(true);
+    return {check_of("losses", losses_, b[0], mode, [&] { return floats(ref<Cf>(true)[0]); }),
+            check_of("dlogits", got_logits_, b[1], mode, [&] { return floats(ref<Cf>(true)[1]); })};
+  }
+};
+
+// ---- optim.hpp
+
+class OptimCase : public OpCase {
+ public:
+  explicit OptimCase(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 4227072, 23199744})) {
+    Draw d(c);
+    g_ = d.values(n_, 60, true);
+    p_ = d.values(n_);
+    m_ = d.values(n_);
+    v_ = d.positive(n_);
+  }
+  std::string shape() const override { return dims_text({{"n", n_}}); }
+
+ protected:
+  int64_t n_;
+  std::vector<float> g_, p_, m_, v_;
+};
+
+class AdamWUpdate final : public OptimCase {
+ public:
+  using OptimCase::OptimCase;
+  double bytes() const override { return 4.0 * 7 * static_cast<double>(n_); }  // p, m, v read and written, g read
+  void run(Backend& be, Mode) override {
+    gp_ = p_, gm_ = m_, gv_ = v_;
+    be.adamw_update(n_, {kH.lr, kH.beta1, kH.beta2, kH.eps, kH.weight_decay, kH.bc1, kH.bc2}, gp_.data(), gm_.data(),
+                    gv_.data(), g_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref<Bd>();
+    const char* names[] = {"param", "m", "v"};
+    const std::vector<float>* got[] = {&gp_, &gm_, &gv_};
+    std::vector<Check> out;
+    for (size_t k = 0; k < 3; ++k) {
+      out.push_back(check_of(names[k], *got[k], b[k], mode, [&] { return floats(ref<Cf>()[k]); }));
+    }
+    return out;
+  }
+
+ private:
+  static constexpr reference::AdamWParams kH{0x1p-10f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.271f, 0.0975f};
+  template <class Real>
+  std::vector<std::vector<Real>> ref() const {
+    auto p = as<Real>(p_), m = as<Real>(m_), v = as<Real>(v_);
+    const auto g = as<Real>(g_);
+    reference::adamw_update(n_, kH, p.data(), m.data(), v.data(), g.data());
+    return {p, m, v};
+  }
+  std::vector<float> gp_, gm_, gv_;
+};
+
+class GradSumsq final : public OptimCase {
+ public:
+  using OptimCase::OptimCase;
+  double bytes() const override { return 4.0 * static_cast<double>(n_); }
+  void run(Backend& be, Mode mode) override {
+    ChunkCombiner acc;
+    be.grad_sumsq_accumulate(mode, n_, acc, g_.data());
+    got_ = {acc.finish()};
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("sumsq", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    Real acc = Real(0);
+    const auto g = as<Real>(g_);
+    reference::grad_sumsq_accumulate(n_, acc, g.data());
+    return {acc};
+  }
+  std::vector<float> got_;
+};
+
+class ScaleInplace final : public OptimCase {
+ public:
+  using OptimCase::OptimCase;
+  double bytes() const override { return 4.0 * 2 * static_cast<double>(n_); }
+  void run(Backend& be, Mode) override {
+    got_ = g_;
+    be.scale_inplace(n_, got_.data(), kScale);
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("g", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  static constexpr float kScale = 0.3f;
+  template <class Real>
+  std::vector<Real> ref() const {
+    auto g = as<Real>(g_);
+    reference::scale_inplace(n_, g.data(), kScale);
+    return g;
+  }
+  std::vector<float> got_;
+};
+
+// ---- the registry: one maker per line of ops.def.
+
+inline std::unique_ptr<OpCase> make_linear_forward(const CaseSpec& c) { return std::make_unique<LinearForward>(c); }
+inline std::unique_ptr<OpCase> make_linear_backward(const CaseSpec& c) { return std::make_unique<LinearBackward>(c); }
+inline std::unique_ptr<OpCase> make_linear_forward_partials(const CaseSpec& c) {
+  return std::make_unique<LinearForwardPartials>(c);
+}
+inline std::unique_ptr<OpCase> make_linear_backward_dinp_partials(const CaseSpec& c) {
+  return std::make_unique<LinearBackwardDinpPartials>(c);
+}
+inline std::unique_ptr<OpCase> make_layernorm_forward(const CaseSpec& c) { return std::make_unique<NormForward>(c, true); }
+inline std::unique_ptr<OpCase> make_layernorm_backward(const CaseSpec& c) {
+  return std::make_unique<NormBackward>(c, true);
+}
+inline std::unique_ptr<OpCase> make_rmsnorm_forward(const CaseSpec& c) { return std::make_unique<NormForward>(c, false); }
+inline std::unique_ptr<OpCase> make_rmsnorm_backward(const CaseSpec& c) { return std::make_unique<NormBackward>(c, false); }
+inline std::unique_ptr<OpCase> make_attention_forward(const CaseSpec& c) { return std::make_unique<AttentionForward>(c); }
+inline std::unique_ptr<OpCase> make_attention_backward(const CaseSpec& c) { return std::make_unique<AttentionBackward>(c); }
+inline std::unique_ptr<OpCase> make_rope_tables(const CaseSpec& c) { return std::make_unique<RopeTables>(c); }
+inline std::unique_ptr<OpCase> make_rope_forward(const CaseSpec& c) { return std::make_unique<RopeCase>(c, false); }
+inline std::unique_ptr<OpCase> make_rope_backward(const CaseSpec& c) { return std::make_unique<RopeCase>(c, true); }
+inline std::unique_ptr<OpCase> make_gelu_forward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, false, false); }
+inline std::unique_ptr<OpCase> make_gelu_backward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, false, true); }
+inline std::unique_ptr<OpCase> make_swiglu_forward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, true, false); }
+inline std::unique_ptr<OpCase> make_swiglu_backward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, true, true); }
+inline std::unique_ptr<OpCase> make_residual_forward(const CaseSpec& c) { return std::make_unique<ResidualForward>(c); }
+inline std::unique_ptr<OpCase> make_embedding_forward(const CaseSpec& c) { return std::make_unique<EmbeddingForward>(c); }
+inline std::unique_ptr<OpCase> make_embedding_backward(const CaseSpec& c) { return std::make_unique<EmbeddingBackward>(c); }
+inline std::unique_ptr<OpCase> make_crossentropy_forward_backward(const CaseSpec& c) {
+  return std::make_unique<CrossEntropyForward>(c, true);
+}
+inline std::unique_ptr<OpCase> make_crossentropy_forward(const CaseSpec& c) {
+  return std::make_unique<CrossEntropyForward>(c, false);
+}
+inline std::unique_ptr<OpCase> make_crossentropy_shard_max(const CaseSpec& c) {
+  return std::make_unique<CrossEntropyShardMax>(c);
+}
+inline std::unique_ptr<OpCase> make_crossentropy_shard_partition(const CaseSpec& c) {
+  return std::make_unique<CrossEntropyShards>(c);
+}
+inline std::unique_ptr<OpCase> make_crossentropy_shard_finish(const CaseSpec& c) {
+  return std::make_unique<CrossEntropyShards>(c);
+}
+inline std::unique_ptr<OpCase> make_adamw_update(const CaseSpec& c) { return std::make_unique<AdamWUpdate>(c); }
+inline std::unique_ptr<OpCase> make_grad_sumsq_accumulate(const CaseSpec& c) { return std::make_unique<GradSumsq>(c); }
+inline std::unique_ptr<OpCase> make_scale_inplace(const CaseSpec& c) { return std::make_unique<ScaleInplace>(c); }
+
+struct OpEntry {
+  std::string_view name;
+  std::unique_ptr<OpCase> (*make)(const CaseSpec&);
+};
+
+// Every op of ops.def with its case maker, in ops.def's order.
+inline const std::vector<OpEntry>& op_entries() {
+  static const std::vector<OpEntry> kEntries = {
+#define LS_OP(name, params, args) {#name, &make_##name},
+#include "kernels/ops/ops.def"
+#undef LS_OP
+  };
+  return kEntries;
+}
+
+}  // namespace lockstep::test
