@@ -3,10 +3,10 @@
 #
 # Copies the committed tree (git archive HEAD; --worktree: the tracked files as they are now) into
 # a temporary directory, builds test_property, the kernel unit-test binaries (the op test driver
-# among them) and the lockstep CLI once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests pass unmutated, and trains three tiny
-# models 2 steps with the unmutated CLI (d_model 32, 2 layers, seq_len 16; "ln": LayerNorm, GELU,
-# learned positions, biases; "rms": RMSNorm, SwiGLU, RoPE, GQA, untied, no biases; "hot": ln with
-# init_std 2, attention scores in the hundreds), checkpointing after step 2. From those checkpoints
+# among them) and the lockstep CLI once (Release, LOCKSTEP_CUDA=OFF, -j2), checks that the tests
+# pass unmutated, and trains three tiny models 2 steps with the unmutated CLI (d_model 32, 2
+# layers, seq_len 16; "ln": LayerNorm, GELU, learned positions, biases; "rms": RMSNorm, SwiGLU,
+# RoPE, GQA, untied, no biases; "hot": ln with init_std 2, attention scores in the hundreds), checkpointing after step 2. From those checkpoints
 # the unmutated CLI must pass `verify step` in the four setups canon-ln, canon-rms (canonical mode,
 # bitwise against the CanonicalF32 emulation), fast-ln and fast-hot (fast mode, within the
 # Bounded<mpfr> bounds; fast-ln on OpenBLAS sgemm, fast-hot on Lockstep's fast GEMM, whatever the
