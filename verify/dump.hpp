@@ -282,7 +282,7 @@ class DumpWriter {
       const HookShard own = hook_shard(*tp_.model, {tp.size(), tp.rank()}, tp_.sequence_parallel, name, p.shape);
       if (own.whole()) continue;
       if (tp.rank() != 0) {
-        tp.send(p.data.data(), static_cast<int64_t>(p.data.size()), comm::DataType::kF32, 0, kTag);
+        tp.send(p.data.data(), static_cast<int64_t>(p.data.size()), DType::kF32, 0, kTag);
         continue;
       }
       const std::vector<int64_t> global_shape = global_hook_shape(own, p.shape);
@@ -290,7 +290,7 @@ class DumpWriter {
       place_hook_shard(own, p.shape, p.data.data(), global.data());
       shard.resize(p.data.size());
       for (int r = 1; r < tp.size(); ++r) {
-        tp.recv(shard.data(), static_cast<int64_t>(shard.size()), comm::DataType::kF32, r, kTag);
+        tp.recv(shard.data(), static_cast<int64_t>(shard.size()), DType::kF32, r, kTag);
         place_hook_shard(hook_shard(*tp_.model, {tp.size(), r}, tp_.sequence_parallel, name, p.shape), p.shape,
                          shard.data(), global.data());
       }
@@ -319,13 +319,13 @@ class DumpWriter {
                  " vs ", row, " elements)");
       }
       if (dp_->rank() != 0) {
-        dp_->send(p.data.data(), static_cast<int64_t>(p.data.size()), comm::DataType::kF32, 0, kTag);
+        dp_->send(p.data.data(), static_cast<int64_t>(p.data.size()), DType::kF32, 0, kTag);
         continue;
       }
       for (int r = 1; r < dp_->size(); ++r) {
         const size_t at = p.data.size();
         p.data.resize(at + static_cast<size_t>(rows[r] * row));
-        dp_->recv(p.data.data() + at, rows[r] * row, comm::DataType::kF32, r, kTag);
+        dp_->recv(p.data.data() + at, rows[r] * row, DType::kF32, r, kTag);
         p.shape[0] += rows[r];
       }
     }

@@ -83,7 +83,9 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
   opt.v() = s.v;
 
   std::map<std::string, Observed> seen;
-  model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
+  model.set_hook([&](std::string_view name, const TensorView& t) {
+    const float* data = t.f32();
+    const std::span<const int64_t> shape = t.shape.dims();
     auto [it, fresh] = seen.try_emplace(std::string(name));
     Observed& o = it->second;
     if (fresh) {

@@ -8,38 +8,14 @@
 
 namespace lockstep::comm {
 
-size_t data_type_size(DataType t) {
-  switch (t) {
-    case DataType::kU8: return 1;
-    case DataType::kI32: return 4;
-    case DataType::kF32: return 4;
-    case DataType::kI64: return 8;
-    case DataType::kU64: return 8;
-    case DataType::kF64: return 8;
-  }
-  throw InternalError("data_type_size: unknown DataType");
-}
-
-const char* data_type_name(DataType t) {
-  switch (t) {
-    case DataType::kU8: return "u8";
-    case DataType::kI32: return "i32";
-    case DataType::kF32: return "f32";
-    case DataType::kI64: return "i64";
-    case DataType::kU64: return "u64";
-    case DataType::kF64: return "f64";
-  }
-  throw InternalError("data_type_name: unknown DataType");
-}
-
-Handle Communicator::iall_gather(const void* send, void* recv, int64_t count_per_rank, DataType t) {
+Handle Communicator::iall_gather(const void* send, void* recv, int64_t count_per_rank, DType t) {
   const auto p = static_cast<size_t>(size());
   std::vector<int64_t> counts(p, count_per_rank), displs(p);
   for (size_t r = 0; r < p; ++r) displs[r] = static_cast<int64_t>(r) * count_per_rank;
   return iall_gatherv(send, recv, counts, displs, t);
 }
 
-Handle Communicator::iall_to_all(const void* send, void* recv, int64_t count_per_rank, DataType t) {
+Handle Communicator::iall_to_all(const void* send, void* recv, int64_t count_per_rank, DType t) {
   const auto p = static_cast<size_t>(size());
   std::vector<int64_t> counts(p, count_per_rank), displs(p);
   for (size_t r = 0; r < p; ++r) displs[r] = static_cast<int64_t>(r) * count_per_rank;
@@ -58,22 +34,22 @@ std::unique_ptr<Communicator> SelfCommunicator::split(int, int, const std::strin
   return std::make_unique<SelfCommunicator>(name, world_ranks_[0]);
 }
 
-Handle SelfCommunicator::iall_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp) {
-  if (send != recv) std::memmove(recv, send, static_cast<size_t>(count) * data_type_size(t));
+Handle SelfCommunicator::iall_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp) {
+  if (send != recv) std::memmove(recv, send, static_cast<size_t>(count) * dtype_size(t));
   return Handle();
 }
 
 Handle SelfCommunicator::ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts,
-                                         DataType t, ReduceOp) {
+                                         DType t, ReduceOp) {
   LS_CHECK(recv_counts.size() == 1);
-  if (send != recv) std::memmove(recv, send, static_cast<size_t>(recv_counts[0]) * data_type_size(t));
+  if (send != recv) std::memmove(recv, send, static_cast<size_t>(recv_counts[0]) * dtype_size(t));
   return Handle();
 }
 
 Handle SelfCommunicator::iall_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
-                                      std::span<const int64_t> displs, DataType t) {
+                                      std::span<const int64_t> displs, DType t) {
   LS_CHECK(counts.size() == 1 && displs.size() == 1);
-  const size_t es = data_type_size(t);
+  const size_t es = dtype_size(t);
   std::memmove(static_cast<char*>(recv) + static_cast<size_t>(displs[0]) * es, send,
                static_cast<size_t>(counts[0]) * es);
   return Handle();
@@ -82,25 +58,25 @@ Handle SelfCommunicator::iall_gatherv(const void* send, void* recv, std::span<co
 Handle SelfCommunicator::iall_to_allv(const void* send, std::span<const int64_t> send_counts,
                                       std::span<const int64_t> send_displs, void* recv,
                                       std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                                      DataType t) {
+                                      DType t) {
   LS_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0]);
-  const size_t es = data_type_size(t);
+  const size_t es = dtype_size(t);
   std::memmove(static_cast<char*>(recv) + static_cast<size_t>(recv_displs[0]) * es,
                static_cast<const char*>(send) + static_cast<size_t>(send_displs[0]) * es,
                static_cast<size_t>(send_counts[0]) * es);
   return Handle();
 }
 
-Handle SelfCommunicator::ibroadcast(void*, int64_t, DataType, int root) {
+Handle SelfCommunicator::ibroadcast(void*, int64_t, DType, int root) {
   LS_CHECK(root == 0, "root ", root);
   return Handle();
 }
 
-Handle SelfCommunicator::isend(const void*, int64_t, DataType, int dest, int) {
+Handle SelfCommunicator::isend(const void*, int64_t, DType, int dest, int) {
   throw InternalError(str_cat("send to rank ", dest, " on a group of one (", name_, ")"));
 }
 
-Handle SelfCommunicator::irecv(void*, int64_t, DataType, int source, int) {
+Handle SelfCommunicator::irecv(void*, int64_t, DType, int source, int) {
   throw InternalError(str_cat("recv from rank ", source, " on a group of one (", name_, ")"));
 }
 

@@ -33,21 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "src/core/dtype.hpp"
+
 namespace lockstep::comm {
 
-enum class DataType : uint8_t { kU8, kI32, kI64, kU64, kF32, kF64 };
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 
-size_t data_type_size(DataType t);
-const char* data_type_name(DataType t);
-
-template <class T> constexpr DataType data_type_of();
-template <> constexpr DataType data_type_of<uint8_t>() { return DataType::kU8; }
-template <> constexpr DataType data_type_of<int32_t>() { return DataType::kI32; }
-template <> constexpr DataType data_type_of<int64_t>() { return DataType::kI64; }
-template <> constexpr DataType data_type_of<uint64_t>() { return DataType::kU64; }
-template <> constexpr DataType data_type_of<float>() { return DataType::kF32; }
-template <> constexpr DataType data_type_of<double>() { return DataType::kF64; }
 
 // Bytes this rank sent, by operation kind (see the header comment for the model).
 struct CommStats {
@@ -116,58 +107,58 @@ class Communicator {
 
   // Non-blocking operations. Counts are in elements. Buffers must stay valid until wait().
   // all_reduce: recv[i] = op over ranks of send[i], i < count (send == recv allowed).
-  virtual Handle iall_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp op) = 0;
+  virtual Handle iall_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op) = 0;
   // reduce_scatter: rank r receives recv_counts[r] elements: the op over ranks of the r-th block
   // of send (blocks laid out back to back in rank order).
   virtual Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts,
-                                 DataType t, ReduceOp op) = 0;
+                                 DType t, ReduceOp op) = 0;
   // all_gatherv: recv is the concatenation, in rank order, of every rank's send (counts[r] elements
   // from rank r, placed at displs[r]).
   virtual Handle iall_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
-                              std::span<const int64_t> displs, DataType t) = 0;
+                              std::span<const int64_t> displs, DType t) = 0;
   // all_to_allv: rank r sends send_counts[q] elements from send + send_displs[q] to rank q, and
   // receives recv_counts[q] elements from rank q at recv + recv_displs[q].
   virtual Handle iall_to_allv(const void* send, std::span<const int64_t> send_counts,
                               std::span<const int64_t> send_displs, void* recv,
                               std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                              DataType t) = 0;
-  virtual Handle ibroadcast(void* buf, int64_t count, DataType t, int root) = 0;
-  virtual Handle isend(const void* buf, int64_t count, DataType t, int dest, int tag) = 0;
-  virtual Handle irecv(void* buf, int64_t count, DataType t, int source, int tag) = 0;
+                              DType t) = 0;
+  virtual Handle ibroadcast(void* buf, int64_t count, DType t, int root) = 0;
+  virtual Handle isend(const void* buf, int64_t count, DType t, int dest, int tag) = 0;
+  virtual Handle irecv(void* buf, int64_t count, DType t, int source, int tag) = 0;
   virtual Handle ibarrier() = 0;
 
   // Equal-block forms of the above.
-  Handle iall_gather(const void* send, void* recv, int64_t count_per_rank, DataType t);
-  Handle iall_to_all(const void* send, void* recv, int64_t count_per_rank, DataType t);
+  Handle iall_gather(const void* send, void* recv, int64_t count_per_rank, DType t);
+  Handle iall_to_all(const void* send, void* recv, int64_t count_per_rank, DType t);
 
   // Blocking forms: start and wait.
-  void all_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp op) {
+  void all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op) {
     iall_reduce(send, recv, count, t, op).wait();
   }
-  void reduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DataType t,
+  void reduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DType t,
                       ReduceOp op) {
     ireduce_scatter(send, recv, recv_counts, t, op).wait();
   }
-  void all_gather(const void* send, void* recv, int64_t count_per_rank, DataType t) {
+  void all_gather(const void* send, void* recv, int64_t count_per_rank, DType t) {
     iall_gather(send, recv, count_per_rank, t).wait();
   }
   void all_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
-                   std::span<const int64_t> displs, DataType t) {
+                   std::span<const int64_t> displs, DType t) {
     iall_gatherv(send, recv, counts, displs, t).wait();
   }
-  void all_to_all(const void* send, void* recv, int64_t count_per_rank, DataType t) {
+  void all_to_all(const void* send, void* recv, int64_t count_per_rank, DType t) {
     iall_to_all(send, recv, count_per_rank, t).wait();
   }
   void all_to_allv(const void* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                    void* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                   DataType t) {
+                   DType t) {
     iall_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t).wait();
   }
-  void broadcast(void* buf, int64_t count, DataType t, int root) { ibroadcast(buf, count, t, root).wait(); }
-  void send(const void* buf, int64_t count, DataType t, int dest, int tag) {
+  void broadcast(void* buf, int64_t count, DType t, int root) { ibroadcast(buf, count, t, root).wait(); }
+  void send(const void* buf, int64_t count, DType t, int dest, int tag) {
     isend(buf, count, t, dest, tag).wait();
   }
-  void recv(void* buf, int64_t count, DataType t, int source, int tag) {
+  void recv(void* buf, int64_t count, DType t, int source, int tag) {
     irecv(buf, count, t, source, tag).wait();
   }
   void barrier() { ibarrier().wait(); }
@@ -175,12 +166,12 @@ class Communicator {
   // Typed conveniences.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op) {
-    all_reduce(data.data(), data.data(), static_cast<int64_t>(data.size()), data_type_of<T>(), op);
+    all_reduce(data.data(), data.data(), static_cast<int64_t>(data.size()), dtype_of<T>(), op);
   }
   template <class T>
   std::vector<T> all_gather(const T& value) {
     std::vector<T> out(static_cast<size_t>(size()));
-    all_gather(&value, out.data(), 1, data_type_of<T>());
+    all_gather(&value, out.data(), 1, dtype_of<T>());
     return out;
   }
 
@@ -213,17 +204,17 @@ class SelfCommunicator final : public Communicator {
   double timeout_s() const override { return 0; }
   bool concurrent_threads() const override { return true; }  // no shared state between groups
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
-  Handle iall_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp op) override;
-  Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DataType t,
+  Handle iall_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override;
+  Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DType t,
                          ReduceOp op) override;
   Handle iall_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
-                      std::span<const int64_t> displs, DataType t) override;
+                      std::span<const int64_t> displs, DType t) override;
   Handle iall_to_allv(const void* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                       void* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                      DataType t) override;
-  Handle ibroadcast(void* buf, int64_t count, DataType t, int root) override;
-  Handle isend(const void* buf, int64_t count, DataType t, int dest, int tag) override;
-  Handle irecv(void* buf, int64_t count, DataType t, int source, int tag) override;
+                      DType t) override;
+  Handle ibroadcast(void* buf, int64_t count, DType t, int root) override;
+  Handle isend(const void* buf, int64_t count, DType t, int dest, int tag) override;
+  Handle irecv(void* buf, int64_t count, DType t, int source, int tag) override;
   Handle ibarrier() override { return Handle(); }
 
  private:

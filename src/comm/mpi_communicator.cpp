@@ -58,16 +58,27 @@ void abort_job(const std::string& message, int code) {
 
 namespace {
 
-MPI_Datatype mpi_type(DataType t) {
+// The MPI type that moves elements of t. The narrow float formats travel as their bit patterns
+// (MPI has no arithmetic for them: reduce_type refuses them).
+MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DataType::kU8: return MPI_UINT8_T;
-    case DataType::kI32: return MPI_INT32_T;
-    case DataType::kI64: return MPI_INT64_T;
-    case DataType::kU64: return MPI_UINT64_T;
-    case DataType::kF32: return MPI_FLOAT;
-    case DataType::kF64: return MPI_DOUBLE;
+    case DType::kU8: case DType::kE4M3: case DType::kE5M2: case DType::kE8M0: return MPI_UINT8_T;
+    case DType::kU16: case DType::kBF16: case DType::kF16: return MPI_UINT16_T;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kU64: return MPI_UINT64_T;
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
   }
-  throw InternalError("mpi_type: unknown DataType");
+  throw InternalError("mpi_type: unknown DType");
+}
+
+// The MPI type of a reduction over t: only the formats MPI computes in.
+MPI_Datatype reduce_type(DType t) {
+  LS_CHECK(t == DType::kI32 || t == DType::kI64 || t == DType::kU64 || t == DType::kF32 || t == DType::kF64 ||
+               t == DType::kU8,
+           "MPI cannot reduce ", dtype_name(t), " elements");
+  return mpi_type(t);
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -165,28 +176,28 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(sub, name, timeout_s_);
   }
 
-  Handle iall_reduce(const void* send, void* recv, int64_t count, DataType t, ReduceOp op) override {
+  Handle iall_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
     auto req = start("all_reduce");
     const void* s = send == recv ? MPI_IN_PLACE : send;
-    LS_MPI_CHECK(MPI_Iallreduce(s, recv, to_int(count, "count"), mpi_type(t), mpi_op(op), comm_, req->request()),
+    LS_MPI_CHECK(MPI_Iallreduce(s, recv, to_int(count, "count"), reduce_type(t), mpi_op(op), comm_, req->request()),
                  what("all_reduce"));
     stats_.all_reduce += ring_bytes(count, t) * 2;
     return Handle(std::move(req));
   }
 
-  Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DataType t,
+  Handle ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts, DType t,
                          ReduceOp op) override {
     LS_CHECK(static_cast<int>(recv_counts.size()) == size_);
     auto req = start("reduce_scatter");
     const std::vector<int>& counts = req->keep(to_ints(recv_counts, "recv_counts"));
-    LS_MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), mpi_type(t), mpi_op(op), comm_, req->request()),
+    LS_MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), reduce_type(t), mpi_op(op), comm_, req->request()),
                  what("reduce_scatter"));
     stats_.reduce_scatter += others_bytes(recv_counts, t);
     return Handle(std::move(req));
   }
 
   Handle iall_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
-                      std::span<const int64_t> displs, DataType t) override {
+                      std::span<const int64_t> displs, DType t) override {
     LS_CHECK(static_cast<int>(counts.size()) == size_ && counts.size() == displs.size());
     auto req = start("all_gather");
     const std::vector<int>& c = req->keep(to_ints(counts, "counts"));
@@ -200,7 +211,7 @@ class MpiCommunicator final : public Communicator {
 
   Handle iall_to_allv(const void* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                       void* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                      DataType t) override {
+                      DType t) override {
     LS_CHECK(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_);
     auto req = start("all_to_all");
     const std::vector<int>& sc = req->keep(to_ints(send_counts, "send_counts"));
@@ -214,26 +225,26 @@ class MpiCommunicator final : public Communicator {
     return Handle(std::move(req));
   }
 
-  Handle ibroadcast(void* buf, int64_t count, DataType t, int root) override {
+  Handle ibroadcast(void* buf, int64_t count, DType t, int root) override {
     auto req = start("broadcast");
     LS_MPI_CHECK(MPI_Ibcast(buf, to_int(count, "count"), mpi_type(t), root, comm_, req->request()),
                  what("broadcast"));
-    if (rank_ == root) stats_.broadcast += static_cast<uint64_t>(count) * data_type_size(t);
+    if (rank_ == root) stats_.broadcast += static_cast<uint64_t>(count) * dtype_size(t);
     return Handle(std::move(req));
   }
 
-  Handle isend(const void* buf, int64_t count, DataType t, int dest, int tag) override {
+  Handle isend(const void* buf, int64_t count, DType t, int dest, int tag) override {
     auto req = std::make_unique<MpiRequest>(
         str_cat("send to rank ", dest, " (world rank ", world_ranks_.at(static_cast<size_t>(dest)), ") on ",
                 describe()),
         timeout_s_);
     LS_MPI_CHECK(MPI_Isend(buf, to_int(count, "count"), mpi_type(t), dest, tag, comm_, req->request()),
                  what("send"));
-    stats_.send += static_cast<uint64_t>(count) * data_type_size(t);
+    stats_.send += static_cast<uint64_t>(count) * dtype_size(t);
     return Handle(std::move(req));
   }
 
-  Handle irecv(void* buf, int64_t count, DataType t, int source, int tag) override {
+  Handle irecv(void* buf, int64_t count, DType t, int source, int tag) override {
     auto req = std::make_unique<MpiRequest>(
         str_cat("recv from rank ", source, " (world rank ", world_ranks_.at(static_cast<size_t>(source)), ") on ",
                 describe()),
@@ -255,16 +266,16 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(what(op), timeout_s_);
   }
   // Ring algorithms send (p-1)/p of the data from each rank.
-  uint64_t ring_bytes(int64_t count, DataType t) const {
-    return static_cast<uint64_t>(count) * data_type_size(t) * static_cast<uint64_t>(size_ - 1) /
+  uint64_t ring_bytes(int64_t count, DType t) const {
+    return static_cast<uint64_t>(count) * dtype_size(t) * static_cast<uint64_t>(size_ - 1) /
            static_cast<uint64_t>(size_);
   }
-  uint64_t others_bytes(std::span<const int64_t> counts, DataType t) const {
+  uint64_t others_bytes(std::span<const int64_t> counts, DType t) const {
     uint64_t n = 0;
     for (size_t q = 0; q < counts.size(); ++q) {
       if (static_cast<int>(q) != rank_) n += static_cast<uint64_t>(counts[q]);
     }
-    return n * data_type_size(t);
+    return n * dtype_size(t);
   }
 
   MPI_Comm comm_;

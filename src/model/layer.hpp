@@ -27,6 +27,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
+#include "src/core/tensor_view.hpp"
 #include "src/model/layer_list.hpp"
 #include "src/model/param_layout.hpp"
 
@@ -35,7 +36,7 @@ namespace lockstep {
 class ModelPlan;
 
 // Observer of named tensors as the model computes them (verify/, dumps, fault injection): called
-// with the stable hook name, the data and the shape. Names are the layers' declared hooks: forward
+// with the stable hook name and a view of the tensor (its dtype, shape and data). Names are the layers' declared hooks: forward
 // `embed/out`, `layer/3/ln1/out`, `layer/3/attn/qkv` (after RoPE), `layer/3/attn/att`,
 // `layer/3/attn/out`, `layer/3/attn/res`, `layer/3/ln2/out`, `layer/3/mlp/fc`, `layer/3/mlp/act`,
 // `layer/3/mlp/res`, `lnf/out`, `logits`, `losses`; backward the same names prefixed `grad/` for
@@ -44,7 +45,7 @@ class ModelPlan;
 // and param_layout(). The data is the model's own buffer: observers only read it, except fault
 // injection (src/train/inject.hpp), which edits it in place; the model continues from the edited
 // tensor.
-using TensorHook = std::function<void(std::string_view name, float* data, std::span<const int64_t> shape)>;
+using TensorHook = std::function<void(std::string_view name, const TensorView& tensor)>;
 
 // Where the backward adds parameter gradients when not into the model's own full buffers (ZeRO-2
 // stages a few buckets at a time: src/parallel/zero2_grads.hpp). sink(t) is asked before every op
@@ -114,7 +115,7 @@ class LayerContext {
 
   bool observing() const { return static_cast<bool>(hook_); }
   void observe(const std::string& name, float* data, std::initializer_list<int64_t> shape) const {
-    if (hook_) hook_(name, data, std::span<const int64_t>(shape.begin(), shape.size()));
+    if (hook_) hook_(name, TensorView::contiguous(data, DType::kF32, Shape(shape)));
   }
 
   // Backward scratch shared by every layer (sized for the largest need): a layer's backward may

@@ -94,7 +94,7 @@ float* DataParallel::grad_at(int64_t i) {
 }
 
 void DataParallel::gather_shards(const float* mine, float* out) {
-  dp_.all_gatherv(mine, out, plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+  dp_.all_gatherv(mine, out, plan_.sizes(), plan_.firsts(), DType::kF32);
 }
 
 void DataParallel::all_gather_shards(float* buf) {
@@ -151,7 +151,7 @@ void DataParallel::reduce_staged_piece(const GradSink& g, int64_t lo, int64_t fi
   if (reduce_ == ReduceMode::kExact) {
     exact_reduce_scatter(send, window, comm, part_.data());
   } else {
-    comm.reduce_scatter(send, part_.data(), window.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
+    comm.reduce_scatter(send, part_.data(), window.sizes(), DType::kF32, comm::ReduceOp::kSum);
   }
   float* shard = staged_->shard() + at;
   for (int64_t i = 0; i < n; ++i) shard[i] += part_[static_cast<size_t>(i)];
@@ -177,9 +177,9 @@ void DataParallel::reduce_bucket(const GradBucket& bucket) {
     }
   } else {
     model_.finish_grads(bucket.first, bucket.end);  // canonical: this rank's exact sums rounded once
-    comm.reduce_scatter(grads, part, sizes, comm::DataType::kF32, comm::ReduceOp::kSum);
+    comm.reduce_scatter(grads, part, sizes, DType::kF32, comm::ReduceOp::kSum);
   }
-  comm.all_gatherv(part, grads, sizes, window.firsts(), comm::DataType::kF32);
+  comm.all_gatherv(part, grads, sizes, window.firsts(), DType::kF32);
 }
 
 void DataParallel::sum_norm_grads_over_tp() {
@@ -249,8 +249,8 @@ void DataParallel::gather_optimizer_state(std::vector<float>& m, std::vector<flo
   }
   m.resize(static_cast<size_t>(model_.num_params()));
   v.resize(m.size());
-  dp_.all_gatherv(m_.data(), m.data(), plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
-  dp_.all_gatherv(v_.data(), v.data(), plan_.sizes(), plan_.firsts(), comm::DataType::kF32);
+  dp_.all_gatherv(m_.data(), m.data(), plan_.sizes(), plan_.firsts(), DType::kF32);
+  dp_.all_gatherv(v_.data(), v.data(), plan_.sizes(), plan_.firsts(), DType::kF32);
 }
 
 void DataParallel::load_optimizer_state(const float* m, const float* v) {

@@ -88,7 +88,7 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
                              block_firsts = block_displs(parts, shard);
   std::vector<double> recv(np * static_cast<size_t>(shard));
   comm::Handle doubles = comm.iall_to_allv(local.partial_sums() + offset, sizes, firsts, recv.data(), blocks,
-                                           block_firsts, comm::DataType::kF64);
+                                           block_firsts, DType::kF64);
 
   // 2. Spilled elements, grouped by owner: counts, then the records.
   std::vector<int64_t> spill_send, send_counts(np), send_displs(np), recv_counts(np), recv_displs(np);
@@ -103,7 +103,7 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
     }
     send_counts[static_cast<size_t>(q)] = static_cast<int64_t>(spill_send.size()) - send_displs[static_cast<size_t>(q)];
   }
-  comm.all_to_all(send_counts.data(), recv_counts.data(), 1, comm::DataType::kI64);
+  comm.all_to_all(send_counts.data(), recv_counts.data(), 1, DType::kI64);
   int64_t recv_total = 0;
   for (int q = 0; q < parts; ++q) {
     recv_displs[static_cast<size_t>(q)] = recv_total;
@@ -111,7 +111,7 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
   }
   std::vector<int64_t> spill_recv(static_cast<size_t>(recv_total));
   comm.all_to_allv(spill_send.data(), send_counts, send_displs, spill_recv.data(), recv_counts, recv_displs,
-                   comm::DataType::kI64);
+                   DType::kI64);
   doubles.wait();
 
   // 3. A spilled element's double is already in its SuperAccumulator: drop it, add the rest exactly
@@ -136,7 +136,7 @@ void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Commu
   const std::vector<int64_t> blocks(static_cast<size_t>(parts), shard);
   std::vector<float> recv(static_cast<size_t>(parts) * static_cast<size_t>(shard));
   comm.all_to_allv(local, plan.sizes(), plan.firsts(), recv.data(), blocks, block_displs(parts, shard),
-                   comm::DataType::kF32);
+                   DType::kF32);
   ExactAccumulator sum(static_cast<size_t>(shard));
   add_blocks(recv, shard, parts, sum);
   sum.round_to(out);
@@ -158,7 +158,7 @@ float combine_exact(const ChunkCombiner& local, comm::Communicator& comm) {
   float mine[kCombinerTerms];
   combiner_terms(local, mine);
   std::vector<float> all(static_cast<size_t>(comm.size() * kCombinerTerms));
-  comm.all_gather(mine, all.data(), kCombinerTerms, comm::DataType::kF32);
+  comm.all_gather(mine, all.data(), kCombinerTerms, DType::kF32);
   SuperAccumulator total;
   for (float t : all) total.add(static_cast<double>(t));
   return total.round_to_float();

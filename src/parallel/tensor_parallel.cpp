@@ -106,12 +106,12 @@ void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communica
     records.insert(records.end(), s.digits(), s.digits() + SuperAccumulator::kDigits);
   }
   std::vector<double> all(idx.size() * static_cast<size_t>(p));
-  tp.all_gather(mine.data(), all.data(), n, comm::DataType::kF64);
+  tp.all_gather(mine.data(), all.data(), n, DType::kF64);
   const std::vector<int64_t> counts = tp.all_gather(static_cast<int64_t>(records.size()));
   std::vector<int64_t> displs(counts.size(), 0);
   for (size_t q = 1; q < counts.size(); ++q) displs[q] = displs[q - 1] + counts[q - 1];
   std::vector<int64_t> theirs(static_cast<size_t>(displs.back() + counts.back()));
-  tp.all_gatherv(records.data(), theirs.data(), counts, displs, comm::DataType::kI64);
+  tp.all_gatherv(records.data(), theirs.data(), counts, displs, DType::kI64);
   for (int q = 0; q < p; ++q) {
     if (q == me) continue;
     const double* d = all.data() + static_cast<size_t>(q) * idx.size();
@@ -130,22 +130,22 @@ void CommTpGroup::all_reduce_exact(const ExactAccumulator& acc, float* x) {
   const ShardPlan plan = even_plan(static_cast<int64_t>(acc.size()), comm_.size());
   shard_.resize(static_cast<size_t>(plan.size(comm_.rank())));
   exact_reduce_scatter(acc, plan, comm_, shard_.data());
-  comm_.all_gatherv(shard_.data(), x, plan.sizes(), plan.firsts(), comm::DataType::kF32);
+  comm_.all_gatherv(shard_.data(), x, plan.sizes(), plan.firsts(), DType::kF32);
 }
 
 void CommTpGroup::all_reduce_sum(float* x, int64_t n) {
   const ShardPlan plan = even_plan(n, comm_.size());
   shard_.resize(static_cast<size_t>(plan.size(comm_.rank())));
-  comm_.reduce_scatter(x, shard_.data(), plan.sizes(), comm::DataType::kF32, comm::ReduceOp::kSum);
-  comm_.all_gatherv(shard_.data(), x, plan.sizes(), plan.firsts(), comm::DataType::kF32);
+  comm_.reduce_scatter(x, shard_.data(), plan.sizes(), DType::kF32, comm::ReduceOp::kSum);
+  comm_.all_gatherv(shard_.data(), x, plan.sizes(), plan.firsts(), DType::kF32);
 }
 
 void CommTpGroup::all_reduce_max(float* x, int64_t n) {
-  comm_.all_reduce(x, x, n, comm::DataType::kF32, comm::ReduceOp::kMax);
+  comm_.all_reduce(x, x, n, DType::kF32, comm::ReduceOp::kMax);
 }
 
 void CommTpGroup::all_gather(const float* local, float* full, int64_t n) {
-  comm_.all_gather(local, full, n, comm::DataType::kF32);
+  comm_.all_gather(local, full, n, DType::kF32);
 }
 
 void CommTpGroup::reduce_scatter_exact(const ExactAccumulator& acc, float* local) {
@@ -154,7 +154,7 @@ void CommTpGroup::reduce_scatter_exact(const ExactAccumulator& acc, float* local
 
 void CommTpGroup::reduce_scatter_sum(const float* full, float* local, int64_t n) {
   const std::vector<int64_t> counts(static_cast<size_t>(comm_.size()), n);
-  comm_.reduce_scatter(full, local, counts, comm::DataType::kF32, comm::ReduceOp::kSum);
+  comm_.reduce_scatter(full, local, counts, DType::kF32, comm::ReduceOp::kSum);
 }
 
 std::vector<float> gather_global(const ModelConfig& model, const std::vector<ParamTensor>& local,
@@ -163,7 +163,7 @@ std::vector<float> gather_global(const ModelConfig& model, const std::vector<Par
   const int p = tp.size();
   const int64_t n = local.back().offset + local.back().numel;  // the same on every tp rank
   std::vector<float> all(static_cast<size_t>(n) * static_cast<size_t>(p));
-  tp.all_gather(local_data, all.data(), n, comm::DataType::kF32);
+  tp.all_gather(local_data, all.data(), n, DType::kF32);
   std::vector<float> out(static_cast<size_t>(global.back().offset + global.back().numel));
   for (int q = 0; q < p; ++q) {
     const std::vector<ParamTensor> theirs = build_param_layout(model, {p, q});

@@ -126,11 +126,9 @@ void Injector::apply(std::string_view name, float* data, int64_t n) {
   applied_ = true;
 }
 
-void Injector::on_tensor(std::string_view name, float* data, std::span<const int64_t> shape) {
+void Injector::on_tensor(std::string_view name, const TensorView& t) {
   if (!now_ || name != inj_.site) return;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  apply(name, data, n);
+  apply(name, t.f32(), t.numel());
 }
 
 void Injector::after_reduce(int64_t, float) {

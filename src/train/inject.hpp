@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/core/tensor_view.hpp"
 #include "src/model/model.hpp"
 #include "src/train/config.hpp"
 #include "src/train/step_observer.hpp"
@@ -62,7 +63,7 @@ class Injector final : public StepObserver {
 
   // The model needs its hook for this injection.
   bool watches_tensors() const;
-  void on_tensor(std::string_view name, float* data, std::span<const int64_t> shape);
+  void on_tensor(std::string_view name, const TensorView& t);
   void begin_step(int64_t step) override;
   void after_reduce(int64_t step, float loss) override;
   void after_update(int64_t step) override;

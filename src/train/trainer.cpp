@@ -187,9 +187,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                  &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp});
   }
   if (dump || injector.watches_tensors()) {
-    model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
-      injector.on_tensor(name, data, shape);
-      if (dump) dump->observe(name, data, shape);
+    model.set_hook([&](std::string_view name, const TensorView& t) {
+      injector.on_tensor(name, t);
+      if (dump) dump->observe(name, t.f32(), t.shape.dims());
     });
   }
 

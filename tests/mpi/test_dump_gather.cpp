@@ -50,7 +50,7 @@ std::string shared_dir(const std::string& tag) {
     std::filesystem::remove_all(p);
     std::snprintf(buf, sizeof buf, "%s", p.c_str());
   }
-  g_world->broadcast(buf, sizeof buf, comm::DataType::kU8, 0);
+  g_world->broadcast(buf, sizeof buf, DType::kU8, 0);
   return buf;
 }
 

@@ -138,7 +138,7 @@ TEST(ExactReduce, ReduceScatterEqualsSingleProcessExactSumBitwise) {
     std::vector<float> shard(static_cast<size_t>(plan.size(group.rank())));
     exact_reduce_scatter(local, plan, group, shard.data());
     std::vector<float> full(static_cast<size_t>(n));
-    group.all_gatherv(shard.data(), full.data(), plan.sizes(), plan.firsts(), comm::DataType::kF32);
+    group.all_gatherv(shard.data(), full.data(), plan.sizes(), plan.firsts(), DType::kF32);
     expect_bitwise(full, want, str_cat("exact reduce-scatter, ", g, " ranks", reversed ? " reversed" : ""));
   });
 }
@@ -158,7 +158,7 @@ TEST(ExactReduce, FloatReduceScatterEqualsExactSumOfRankValues) {
     const ShardPlan plan = make_shard_plan(layout, g);
     std::vector<float> shard(static_cast<size_t>(plan.size(group.rank()))), full(static_cast<size_t>(n));
     exact_reduce_scatter(local.data(), plan, group, shard.data());
-    group.all_gatherv(shard.data(), full.data(), plan.sizes(), plan.firsts(), comm::DataType::kF32);
+    group.all_gatherv(shard.data(), full.data(), plan.sizes(), plan.firsts(), DType::kF32);
     expect_bitwise(full, want, str_cat("fp32 exact reduce-scatter, ", g, " ranks", reversed ? " reversed" : ""));
   });
 }

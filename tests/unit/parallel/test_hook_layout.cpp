@@ -110,7 +110,9 @@ struct Observed {
 constexpr int64_t kBatch = 8, kMicro = 4;  // two micro-batches
 
 void run_step(Model& model, const std::vector<int32_t>& tokens, Observed& seen) {
-  model.set_hook([&](std::string_view name, float* data, std::span<const int64_t> shape) {
+  model.set_hook([&](std::string_view name, const TensorView& t) {
+    const float* data = t.f32();
+    const std::span<const int64_t> shape = t.shape.dims();
     auto [it, fresh] = seen.tensors.try_emplace(std::string(name));
     auto& [s, d] = it->second;
     if (fresh) {
