@@ -8,7 +8,7 @@
 // reference/reduce.hpp so that the sum rule γ_{n−1}·Σ(|x|+E) — valid for *any* order — is used
 // instead of the order-specific bound a loop of `+=` would give.
 //
-// Not here: the kernels (this knows nothing of them) and the comparison (verify/compare.hpp).
+// Not here: the kernels (this knows nothing of them) and the comparison (verify/core/compare.hpp).
 #pragma once
 
 #include <algorithm>

@@ -16,7 +16,7 @@
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "verify/child_process.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 #include "verify/diff.hpp"
 #include "verify/op_bounds.hpp"
 #include "verify/op_graph.hpp"

@@ -6,7 +6,7 @@
 #include <iomanip>
 #include <map>
 
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 #include "verify/op_bounds.hpp"
 
 namespace lockstep::verify {

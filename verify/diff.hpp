@@ -2,7 +2,7 @@
 //
 // Tensors present in both dumps are compared in A's manifest order (execution order), each
 // elementwise: exact mode counts an element as mismatching when its bits differ (two NaNs agree,
-// verify/compare.hpp's policy); ulp:N when the two values are more than N ulps apart. Tensors of
+// verify/core/compare.hpp's policy); ulp:N when the two values are more than N ulps apart. Tensors of
 // different shapes mismatch entirely. The first tensor with a mismatch is the first divergent one.
 // Tensors present in one dump only are listed and do not count as a disagreement.
 // With bounds (--bounds), an element mismatches when either side's value lies outside its op-local
@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep::verify {
 

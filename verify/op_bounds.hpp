@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "src/train/config.hpp"
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep::verify {
 

@@ -1,7 +1,7 @@
 // The per-tensor report of `lockstep verify step`: one row per tensor in execution order with its
 // check (bitwise, or within a Bounded<mpfr> bound), max error, max bound, tightness (error/bound),
 // max ulp distance and verdict; a summary naming the worst tensor; the same as JSON.
-// Not here: computing the rows (verify/step.cpp) or comparing (verify/compare.hpp).
+// Not here: computing the rows (verify/step.cpp) or comparing (verify/core/compare.hpp).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 
 namespace lockstep::verify {
 

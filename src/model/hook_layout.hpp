@@ -1,6 +1,6 @@
 // Where the tensor a tensor-parallel rank hands to the model's hook (layer.hpp's TensorHook) lies in
 // the tensor one device hands to it under the same name: the activation counterpart of
-// param_layout.hpp, for gathering shards into global tensors (dumps, verify/dump.hpp), read off
+// param_layout.hpp, for gathering shards into global tensors (dumps, verify/core/dump.hpp), read off
 // each hook's declaration (layer_list.hpp's HookDecl) on tp rank r of p:
 //   kSplit    split along split_dim in its segments, rank r holding part r of each (attn/qkv:
 //             this rank's heads' q, k and v features; attn/att: its heads; mlp/fc, mlp/act: its

@@ -1,10 +1,11 @@
 // The ops of a layer that a parallel plan runs differently, and the plan that hands them out.
 //
 // Layers are single-device code: they call these ops (and the others, through the model's
-// Backend) on their own (per-rank) shapes and never see ranks. The default ModelPlan here runs one device: every op is the kernel call. A tensor-
-// parallel plan (src/parallel/tp_plan.hpp) gives each rank's layers its share of the dims and ops
-// that combine the ranks' parts (Megatron's column-, row- and vocabulary-parallel layers, and
-// sequence parallelism's norms), so that the same layer code runs every layout:
+// Backend) on their own (per-rank) shapes and never see ranks. The default ModelPlan here runs one
+// device: every op is the kernel call. A tensor-parallel plan (src/parallel/tp_plan.hpp) gives
+// each rank's layers its share of the dims and ops that combine the ranks' parts (Megatron's
+// column-, row- and vocabulary-parallel layers, and sequence parallelism's norms), so that the
+// same layer code runs every layout:
 //   NormOp        out (all BT tokens) = norm of this rank's stream tokens of inp
 //   LinearOp      out = inp · wᵀ + b and its backward, however the weight is split
 //   EmbeddingOp   the stream from the tokens, and the tables' gradients

@@ -9,7 +9,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
 #include "src/train/inject.hpp"
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep {
 

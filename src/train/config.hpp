@@ -77,7 +77,7 @@ struct ParallelConfig {
   bool check_replicas = false;      // all-gather a parameter hash every step; fail naming the odd rank
 };
 
-// Tensor dumps for `lockstep diff` (verify/dump.hpp); off (and free: no hook) while dir is "".
+// Tensor dumps for `lockstep diff` (verify/core/dump.hpp); off (and free: no hook) while dir is "".
 struct DumpConfig {
   std::string dir;      // the dump directory ("" = off); must not hold a dump already
   std::string tensors;  // comma-separated globs over hook names, '*' matching '/' too ("" = all)

@@ -20,7 +20,7 @@
 #include "src/train/metrics.hpp"
 #include "src/train/run.hpp"
 #include "src/train/step_observer.hpp"
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep {
 

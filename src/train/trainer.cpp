@@ -26,7 +26,7 @@
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
 #include "src/train/run.hpp"
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep {
 

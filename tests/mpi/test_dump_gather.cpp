@@ -1,4 +1,4 @@
-// DumpWriter over a data-parallel group (verify/dump.hpp): each rank observes its micro-batches of
+// DumpWriter over a data-parallel group (verify/core/dump.hpp): each rank observes its micro-batches of
 // the global batch, rank 0 writes the global tensors, and the files are byte for byte those of a
 // single-process writer that observed the whole batch (same xxh64 in both manifests).
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 
 #include "src/core/check.hpp"
 #include "tests/mpi/mpi_env.hpp"
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep::verify {
 namespace {

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "reference/bounded.hpp"
-#include "verify/bounds.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/bounds.hpp"
+#include "verify/core/compare.hpp"
 
 namespace lockstep::prop {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "reference/bounded.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 
 namespace lockstep::test {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "reference/bounded.hpp"
-#include "verify/bounds.hpp"
+#include "verify/core/bounds.hpp"
 
 namespace lockstep::test {
 

@@ -19,7 +19,7 @@
 #include "kernels/backend.hpp"
 #include "reference/bounded.hpp"
 #include "reference/canonical_f32.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 
 namespace lockstep::test {
 

@@ -22,7 +22,7 @@
 #include "tests/support/bounded_compare.hpp"
 #include "tests/support/mpfr_fd.hpp"
 #include "tests/support/random_values.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 
 namespace lockstep::cpu {
 namespace {

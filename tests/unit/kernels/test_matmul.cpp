@@ -22,7 +22,7 @@
 #include "src/core/check.hpp"
 #include "tests/support/random_values.hpp"
 #include "tests/unit/kernels/matrix_util.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 
 namespace lockstep::cpu {
 namespace {

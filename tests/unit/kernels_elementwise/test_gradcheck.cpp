@@ -13,7 +13,7 @@
 #include "reference/embedding.hpp"
 #include "reference/norm.hpp"
 #include "support.hpp"
-#include "verify/bounds.hpp"
+#include "verify/core/bounds.hpp"
 
 namespace lockstep::test {
 namespace {

@@ -16,7 +16,7 @@
 #include "reference/gpt.hpp"
 #include "reference/real.hpp"
 #include "src/model/model.hpp"
-#include "verify/bounds.hpp"
+#include "verify/core/bounds.hpp"
 #include "verify/step.hpp"
 
 namespace lockstep {

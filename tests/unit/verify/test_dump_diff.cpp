@@ -1,4 +1,4 @@
-// Tensor dumps and diff (verify/dump.hpp, verify/diff.hpp): the .npy header bytes, write/read
+// Tensor dumps and diff (verify/core/dump.hpp, verify/diff.hpp): the .npy header bytes, write/read
 // round trips, rejected files, step and name selection, and elementwise diff verdicts.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "src/core/check.hpp"
-#include "verify/compare.hpp"
+#include "verify/core/compare.hpp"
 #include "verify/diff.hpp"
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 namespace lockstep::verify {
 namespace {

@@ -1,6 +1,6 @@
 // Reading tensor dumps (dump.hpp): the manifest and its .npy files, every field checked.
 // Not here: writing (header-only in dump.hpp) and comparing (diff.cpp).
-#include "verify/dump.hpp"
+#include "verify/core/dump.hpp"
 
 #include <cstring>
 
