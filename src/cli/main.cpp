@@ -1,11 +1,16 @@
 // `lockstep`: the command-line entry point. Dispatches to a subcommand; bad input (ConfigError,
-// DataError) is printed as one line `error: ...` and exits with status 2; an internal error
-// (a bug) exits with status 3.
+// DataError) is printed as one line `error: ...` and exits with status 2 — under mpirun/srun once,
+// by rank 0: what reaches here every rank meets alike (the config, the layout, the files all read;
+// an error of one rank's own, past the set-up, ends the job where it arises:
+// src/train/trainer.cpp); an internal error (a bug) exits with status 3.
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "src/cli/commands.hpp"
+#include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 
 namespace {
@@ -47,10 +52,14 @@ int main(int argc, char** argv) {
     if (command == "bench") return cli::cmd_bench(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
-  } catch (const ConfigError& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const DataError& e) {
+  } catch (const InputError& e) {
+    // Another rank holds its exit a moment so that mpirun, which ends the job at the first non-zero
+    // exit, lets rank 0 print; an error rank 0 did not meet follows after it, from its own rank.
+    const int rank = comm::MpiRuntime::launcher_rank();
+    if (rank > 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      std::cerr << "rank " << rank << ": ";
+    }
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const InternalError& e) {

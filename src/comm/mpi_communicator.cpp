@@ -307,6 +307,13 @@ bool MpiRuntime::launched() {
   return false;
 }
 
+int MpiRuntime::launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return -1;
+}
+
 std::unique_ptr<Communicator> MpiRuntime::world(double timeout_s) const {
   MPI_Comm dup = MPI_COMM_NULL;
   LS_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "duplicating MPI_COMM_WORLD");

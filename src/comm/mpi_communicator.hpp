@@ -33,6 +33,9 @@ class MpiRuntime {
   // True if this process was started by an MPI launcher (mpirun, srun): the single-process path
   // never initialises MPI.
   static bool launched();
+  // This process's world rank as the launcher gave it (mpirun, srun), before MPI is initialised;
+  // -1 outside a launch.
+  static int launcher_rank();
 
   // MPI_COMM_WORLD (duplicated, with errors returned) as a Communicator named "world".
   std::unique_ptr<Communicator> world(double timeout_s) const;

@@ -2,7 +2,7 @@
 //
 // ConfigError: bad user input (config, CLI, data or checkpoint files). Thrown where the input is
 // read, with every operand and the expectation in the message. The CLI prints it as one line and
-// exits non-zero.
+// exits non-zero (once for a multi-rank job: src/cli/main.cpp).
 // LS_CHECK: internal invariants. On in every build type (like GGML_ASSERT); failure names file:line.
 #pragma once
 
@@ -12,16 +12,22 @@
 
 namespace lockstep {
 
-// Bad user input: a config key, a value, a file. The message names what and why.
-class ConfigError : public std::runtime_error {
+// What the user can fix: the two below.
+class InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// A file that exists but cannot be used: bad magic, truncated, checksum mismatch.
-class DataError : public std::runtime_error {
+// Bad user input: a config key, a value, a file. The message names what and why.
+class ConfigError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
+};
+
+// A file that exists but cannot be used: bad magic, truncated, checksum mismatch.
+class DataError : public InputError {
+ public:
+  using InputError::InputError;
 };
 
 // A broken internal invariant: a bug in Lockstep, not in the user's input.

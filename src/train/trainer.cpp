@@ -226,7 +226,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   int64_t steps_this_run = 0;
   int64_t step = summary.first_step;
   for (; step < tc.steps; ++step) {
-    StepRecord r = run_step(run, schedule, observers, step, inputs, targets);
+    StepRecord r;
+    try {
+      r = run_step(run, schedule, observers, step, inputs, targets);
+    } catch (const InputError& e) {
+      // Past the set-up the ranks differ (their micro-batches, an injection on one rank): the error
+      // is this rank's own while the others wait in the step's collectives. It ends the job here.
+      if (world.size() == 1) throw;
+      comm::abort_job(str_cat("error: ", e.what()), 2);
+    }
     // [train] stop_after: this step ends the run as the last one would (evaluation, checkpoint).
     r.last = r.done() == tc.steps || step == tc.stop_after;
     // Every rank stops after the same step: a signal seen by any rank stops all of them.

@@ -66,13 +66,14 @@ expect_error() {
 }
 
 # expect_mpi_error PATTERN ARGS...: the script's own `mpi` launcher run with ARGS must exit 2 and
-# every rank's error line match PATTERN.
+# print one line `error: ...` matching PATTERN: an error every rank meets is printed once.
 expect_mpi_error() {
   local pattern=$1
   shift
   local status=0
   mpi "$@" > err.log 2>&1 || status=$?
   [ "$status" -eq 2 ] || fail "expected exit 2 from '$*', got $status: $(cat err.log)"
+  [ "$(grep -c '^error: ' err.log)" -eq 1 ] || fail "expected one error line from '$*', got: $(cat err.log)"
   grep -Eq "^error: .*$pattern" err.log || fail "error from '$*' does not match /$pattern/: $(cat err.log)"
 }
 

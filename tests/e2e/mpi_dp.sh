@@ -65,4 +65,13 @@ mpi 2 $flip > inj_all.log || fail "dp2 inject every rank: $(tail -3 inj_all.log)
 one=$(model_hash inj_one.log)
 [ -n "$one" ] && [ "$one" != "$want" ] && [ "$one" != "$(model_hash inj_all.log)" ] ||
   fail "inject.rank=1: hash $one vs clean $want and every-rank $(model_hash inj_all.log)"
+# An error of one rank's own, met during a step (its injection's index lies beyond its tensor),
+# ends the job at once with that rank's line, while the other rank waits in the step's collectives.
+status=0
+start=$(date +%s)
+mpi 2 $flip,index=99999999 --inject.rank=1 > rank_error.log 2>&1 || status=$?
+[ "$status" -eq 2 ] || fail "one rank's error: expected exit 2, got $status: $(cat rank_error.log)"
+[ $(( $(date +%s) - start )) -le 60 ] || fail "one rank's error: the job did not end promptly"
+grep -q "^rank 1: error: \[inject\] bitflip index 99999999 is outside layer/0/mlp/res" rank_error.log \
+  || fail "one rank's error: no line from rank 1: $(cat rank_error.log)"
 echo "mpi_dp: dp2/dp4 x zero 0/1/2 model hash $want = single process; resume across layouts; fast mode ok"
