@@ -1,6 +1,6 @@
 // Bounded<T>: a value and a rigorous first-order bound on the error of what a kernel computing the
 // same expression in a lower-precision format (fp32 by default) may have produced, whatever order
-// it summed in (running error analysis, NUMERICS.md "Bounded<T>").
+// it summed in (running error analysis, docs/numerics.md "Bounded<T>").
 //
 // Instantiate the templated reference ops (reference/*.hpp) with Bounded<double> (bounds for tests
 // of fp32 kernels: the double value is itself off by ~1e-16 relative, far below fp32 bounds) or

@@ -3,7 +3,7 @@
 // and AdamW — the model's layer list (src/model/layer_list.hpp) walked with the reference layers
 // of reference/layers.hpp, in plain single-threaded loops, and src/optim's clip and update.
 //
-// Instantiations (DESIGN.md "The reference"):
+// Instantiations (docs/numerics.md, "The reference and its emulation"):
 //   Mpfr (reference/real.hpp)          the "true" values at a chosen precision;
 //   double                             quick checks;
 //   Bounded<Mpfr>                      value + a bound valid for any summation order (fast mode);

@@ -1,7 +1,7 @@
 // Reductions of the reference: the one place where summation order and its error bound live.
 //
 // For plain scalar types (double, mpfr_float) these are straightforward left-to-right loops: the
-// reference's value. For Bounded<T> they apply the order-free rules of NUMERICS.md:
+// reference's value. For Bounded<T> they apply the order-free rules of docs/numerics.md ("Bounded<T>"):
 //   sum:  Σx_i,         error Σ E_i + γ_{n−1}·Σ(|x_i| + E_i)
 //   dot:  Σa_i·b_i,     error Σ(|a_i|E_bi + |b_i|E_ai + E_ai·E_bi) + γ_n·Σ(|a_i|+E_ai)(|b_i|+E_bi)
 // so a kernel that sums in any order (fast mode, SIMD, split-K, canonical chunks) is covered.

@@ -161,7 +161,7 @@ def cmd_time(a):
 
 U = 2.0 ** -24          # fp32 unit roundoff
 TRANSCENDENTAL = "exp/log/tanh"
-TRANSCENDENTAL_U = 4.0  # within 4u relative (NUMERICS.md, kernels/ops/transcendental.hpp, libm's 2 ulp)
+TRANSCENDENTAL_U = 4.0  # within 4u relative (docs/numerics.md, kernels/ops/transcendental.hpp, libm's 2 ulp)
 LAMBDA = 8.0            # Higham & Mary's probabilistic bound: λ√n·u in place of γ_n
 
 
@@ -180,7 +180,7 @@ def bound_step1(P, s, idx, targets):
     Derivation. Write each fp32 evaluation as the exact formulas with a local rounding error δ_y
     added at every intermediate y. To first order in u, the loss moves by Σ_y ∂L/∂y · δ_y, so
     |L̂ - L| ≤ Σ_y |∂L/∂y|·b_y where b_y bounds |δ_y| elementwise from y's operands with the
-    standard results of NUMERICS.md, valid for any summation order (so for Lockstep's canonical
+    standard results of docs/numerics.md ("Error bounds"), valid for any summation order (so for Lockstep's canonical
     chains, its fast mode's sgemm, and PyTorch's kernels alike):
       sum of n terms                 γ_{n-1}·Σ|x|
       dot product of length K + bias γ_{K+1}·(|x||W| + |b|)

@@ -34,9 +34,9 @@ lockstep="${LOCKSTEP:-$root/build/bin/lockstep}"
 [ -x "$lockstep" ] || { echo "compare_pytorch: $lockstep not found; build first (scripts/build.sh) or set LOCKSTEP" >&2; exit 2; }
 py=/usr/bin/python3  # Debian's python, where python3-torch and python3-numpy live
 omp_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
-extra=()  # PyTorch at its best may need the OpenMP OpenBLAS; the out-of-the-box comparison does not
+extra=(python3-torch)  # and PyTorch at its best may need the OpenMP OpenBLAS; out of the box it does not
 if [ "${COMPARE_CORETYPE:-best}" != machine ] && [ ! -e "$omp_dir/libblas.so.3" ]; then extra=(libopenblas0-openmp); fi
-if ! "$py" -c "import torch, numpy" 2>/dev/null || [ ${#extra[@]} -gt 0 ]; then
+if ! "$py" -c "import torch, numpy" 2>/dev/null || [ ${#extra[@]} -gt 1 ]; then
   echo "compare_pytorch: installing what is missing with scripts/setup.sh"
   "$root/scripts/setup.sh" "${extra[@]}"
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs, with apt-get, exactly the Debian 12 packages Lockstep needs that are missing.
-# Idempotent and non-interactive; does nothing when everything is present.
-#   scripts/setup.sh [EXTRA_PACKAGE...]   (a tool that needs more, e.g. compare_pytorch.sh, names it)
+# Installs, with apt-get, exactly the Debian 12 packages Lockstep needs to build and train that are
+# missing. Idempotent and non-interactive; does nothing when everything is present.
+#   scripts/setup.sh [EXTRA_PACKAGE...]   (what needs more names it: scripts/test.sh and
+#                                          compare_pytorch.sh add python3-torch)
 set -euo pipefail
 
 packages=(
@@ -12,7 +13,6 @@ packages=(
   libopenblas-dev
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy python3-matplotlib
-  python3-torch
   "$@"
 )
 

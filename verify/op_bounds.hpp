@@ -5,7 +5,7 @@
 // checkpoint before the step (parameters, AdamW moments, the batch from its sampler state). So the
 // reference value y*(X) is the exact result of the ops since the previous dumped tensor applied to
 // the side's own dumped inputs, and bound(X) bounds what any fp32 kernel running those ops may
-// produce, whatever its summation order (NUMERICS.md, running error analysis). A side's tensor
+// produce, whatever its summation order (docs/numerics.md, "Bounded<T>"). A side's tensor
 // is within bounds when |X − y*| <= bound elementwise.
 //
 // What this covers, and what it does not:

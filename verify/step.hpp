@@ -1,5 +1,5 @@
 // `lockstep verify step`: one training step in the trainer and in the reference, compared tensor
-// by tensor (the verification ladder's rung 2, DESIGN.md).
+// by tensor (the verification ladder's rung 2, docs/architecture.md).
 //
 // The trainer side is src/model + src/optim exactly as src/train/trainer.cpp runs a step
 // (micro-batches, exact loss sum / tokens, finish_grads, clip_grad_norm, AdamW), observed through

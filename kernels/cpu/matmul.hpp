@@ -54,7 +54,7 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
 
 // Fast mode's product without OpenBLAS: C (M, N) = alpha·A·B + beta·C (beta 0: C is not read),
 // each element one fp32 FMA chain per K block of the packed kernel, the blocks added into C in
-// order. No canonical order: the accuracy of any sgemm (NUMERICS.md's fast-mode dot bound).
+// order. No canonical order: the accuracy of any sgemm (docs/numerics.md, "Error bounds": the fast-mode dot bound).
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t sam, int64_t sak,  // (M, K)
                  const float* B, int64_t sbk, int64_t sbn,  // (K, N)

@@ -27,7 +27,7 @@
 
 namespace lockstep::cpu::detail {
 
-// A split of the tokens between calls must fall on a chunk boundary (DESIGN.md: a split that
+// A split of the tokens between calls must fall on a chunk boundary (docs/numerics.md, "The canonical contract": a split that
 // would cut a chunk is refused).
 inline void require_token_offset(Mode mode, int64_t token_offset, const char* op) {
   LS_REQUIRE(token_offset >= 0, op, ": token_offset (", token_offset, ") must be >= 0");

@@ -1,6 +1,6 @@
 // Feed-forward activations.
 //
-// GELU, tanh form (NUMERICS.md: the config names the form; the reference uses the same):
+// GELU, tanh form (docs/numerics.md: the config names the form; the reference uses the same):
 //   out = 0.5·x·(1 + tanh(k0·(x + k1·x³))), k0 = sqrt(2/π), k1 = 0.044715 (fp32 constants)
 // SwiGLU on a fused (N, 2F) input holding [gate | up] per row:
 //   out = silu(gate)·up, silu(g) = g / (1 + exp(-g))

@@ -3,12 +3,13 @@
 // Accumulation contract (canonical):
 //   out[n,o]     = canonical_dot over i in [0,IC) of inp[n,i]·weight[o,i], then + bias[o] (one
 //                  fp32 add after the rounded dot; no bias when bias == nullptr)
-//   dinp[n,i]   += canonical_dot over o in [0,OC) of dout[n,o]·weight[o,i]   (fp32 +=)
+//   dinp[n,i]    = canonical_dot over o in [0,OC) of dout[n,o]·weight[o,i]   (overwritten)
 //   dweight[o,i] += Σ over tokens n of dout[n,o]·inp[n,i]: chunks of 64 tokens counted from the
 //                  start of the step's global batch (`token_offset` is this call's first global
 //                  token); one FMA chain per chunk; each chunk partial added to the GradSink
 //   dbias[o]    += Σ over tokens n of dout[n,o], same chunking (plain-add chain)
-// Fast: cblas_sgemm with beta = 1 for the accumulating outputs.
+// Fast: one GEMM per output (sgemm_threads: OpenBLAS or Lockstep's fast GEMM): out onto a copy of
+// the bias (beta = 1), dinp with beta = 0, dweight with beta = 1; dbias a sum per column.
 //
 // Tensor-parallel pieces (canonical only): a rank that holds a slice of the reduced index (the
 // input features of a row-parallel layer, the output features of a column-parallel one) computes

@@ -26,7 +26,7 @@
 
 namespace lockstep {
 
-// ---- format properties, for deriving bounds (NUMERICS.md, "Formats") ----
+// ---- format properties, for deriving bounds (docs/numerics.md, "Formats") ----
 
 struct FormatInfo {
   const char* name;

@@ -3,7 +3,7 @@
 //
 // Philox is counter-based: the output is a pure function of (counter, key), so the bits an element
 // receives depend only on its global index and never on threads, ranks or memory layout
-// (NUMERICS.md, determinism pitfalls). Checked against Random123's known-answer vectors.
+// (docs/numerics.md, "Determinism"). Checked against Random123's known-answer vectors.
 //
 // Stochastic-rounding stream: key = seed (64 bits), counter = (global element index / 4 as 64 bits,
 // tensor id, step). Every field goes into the (counter, key) pair unhashed, so distinct

@@ -9,16 +9,7 @@
 
 namespace lockstep {
 
-std::string_view layer_kind_name(LayerKind k) {
-  switch (k) {
-    case LayerKind::kEmbedding: return "embedding";
-    case LayerKind::kAttention: return "attention";
-    case LayerKind::kMlp: return "mlp";
-    case LayerKind::kFinalNorm: return "final norm";
-    case LayerKind::kHead: return "head";
-  }
-  return "?";
-}
+std::string_view layer_kind_name(LayerKind k) { return layer_type(k).name; }
 
 int64_t ModelDesc::n_blocks() const {
   int64_t n = 0;

@@ -1,5 +1,5 @@
 // Reproducible reductions across ranks: exact sums that are rounded once, so the result does not
-// depend on the number of ranks, their order, or the MPI algorithm (NUMERICS.md "Reproducible
+// depend on the number of ranks, their order, or the MPI algorithm (docs/numerics.md, "The canonical contract"; "Reproducible
 // reduction").
 //
 // Error bound: none beyond the one final rounding to fp32 (round-to-nearest-even of the exact

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/compare_pytorch.sh end to end on bench_small, shortened (1 thread, one round, one timed
-# step): PyTorch (python3-torch, installed by scripts/setup.sh) rebuilds the model from Lockstep's
+# step): PyTorch (python3-torch, installed by scripts/test.sh) rebuilds the model from Lockstep's
 # safetensors export and trains on the batches of `lockstep bench --tokens-out`; the script must
 # report both throughputs with their GEMMs (OpenBLAS kernels), and the step-1 losses of Lockstep
 # (fast and canonical) and PyTorch must lie within the derived bound of the fp64 loss (the script

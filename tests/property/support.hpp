@@ -101,7 +101,7 @@ inline int64_t gen_dim(int64_t hi) {
 
 // ---------------------------------------------------------------------------------------------
 // Tightness table: per check, the number of checked cases and the worst err/bound observed,
-// printed when the test binary ends (NUMERICS.md: report tightness next to every check).
+// printed when the test binary ends (docs/numerics.md: report tightness next to every check).
 
 class TightnessTable : public ::testing::Environment {
  public:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layering DESIGN.md draws, checked on the includes and identifiers of the tree:
+# The layering of docs/architecture.md, checked on the includes and identifiers of the tree:
 #  - kernels/ include kernels/ and src/core/ only: kernels know nothing of MPI, models or the trainer;
 #  - src/comm/ is the only place that includes mpi.h or nccl.h;
 #  - the model's code (src/model/) includes nothing of src/parallel, src/comm, src/train or verify/,

@@ -1,6 +1,6 @@
 // Scratch files for tests: a fresh directory per test (mkdtemp under the system temp directory,
 // removed with everything in it when the TempDir goes out of scope), and whole-file read/write
-// through iostreams, deliberately independent of src/core/durable_io so that tests do not check
+// through iostreams, deliberately independent of src/core/durable_io.hpp so that tests do not check
 // the code under test with itself.
 #pragma once
 

@@ -1,4 +1,4 @@
-// A priori error bounds (NUMERICS.md; Higham 2002, ch. 3 and 4). Every tolerance in the test suite
+// A priori error bounds (docs/numerics.md, "Error bounds"; Higham 2002, ch. 3 and 4). Every tolerance in the test suite
 // comes from here and names its derivation; none is a bare literal.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Comparators: bitwise, ulp distance, and within a derived bound (with tightness).
 //
-// STYLE.md "Comparing numbers": a failure reports the max error in ulps and as a fraction of the
+// docs/numerics.md, "Comparing numbers": a failure reports the max error in ulps and as a fraction of the
 // bound, and the first mismatches with their indices. Tolerances always come from bounds.hpp or a
 // Bounded<T> reference, never from a literal.
 #pragma once

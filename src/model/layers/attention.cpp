@@ -171,6 +171,6 @@ std::unique_ptr<Layer> build(const LayerDesc& desc, const LayerBuild& b) { retur
 
 }  // namespace
 
-const LayerType kAttentionLayer = {LayerKind::kAttention, declare, build};
+const LayerType kAttentionLayer = {LayerKind::kAttention, "attention", declare, build};
 
 }  // namespace lockstep

@@ -53,6 +53,6 @@ std::unique_ptr<Layer> build(const LayerDesc& desc, const LayerBuild& b) { retur
 
 }  // namespace
 
-const LayerType kEmbeddingLayer = {LayerKind::kEmbedding, declare, build};
+const LayerType kEmbeddingLayer = {LayerKind::kEmbedding, "embedding", declare, build};
 
 }  // namespace lockstep

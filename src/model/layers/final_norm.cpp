@@ -76,6 +76,6 @@ std::unique_ptr<Layer> build(const LayerDesc& desc, const LayerBuild& b) { retur
 
 }  // namespace
 
-const LayerType kFinalNormLayer = {LayerKind::kFinalNorm, declare, build};
+const LayerType kFinalNormLayer = {LayerKind::kFinalNorm, "final norm", declare, build};
 
 }  // namespace lockstep

@@ -105,6 +105,6 @@ std::unique_ptr<Layer> build(const LayerDesc& desc, const LayerBuild& b) { retur
 
 }  // namespace
 
-const LayerType kHeadLayer = {LayerKind::kHead, declare, build};
+const LayerType kHeadLayer = {LayerKind::kHead, "head", declare, build};
 
 }  // namespace lockstep

@@ -165,6 +165,6 @@ std::unique_ptr<Layer> build(const LayerDesc& desc, const LayerBuild& b) { retur
 
 }  // namespace
 
-const LayerType kMlpLayer = {LayerKind::kMlp, declare, build};
+const LayerType kMlpLayer = {LayerKind::kMlp, "mlp", declare, build};
 
 }  // namespace lockstep

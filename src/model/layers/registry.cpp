@@ -9,7 +9,7 @@ const LayerType& layer_type(LayerKind kind) {
                                             &kHeadLayer};
   for (const LayerType* t : kTypes)
     if (t->kind == kind) return *t;
-  throw InternalError(str_cat("no layer type for kind ", layer_kind_name(kind)));
+  throw InternalError(str_cat("no layer type for kind ", static_cast<int>(kind)));
 }
 
 }  // namespace lockstep

@@ -12,6 +12,7 @@ namespace lockstep {
 
 struct LayerType {
   LayerKind kind;
+  const char* name;  // in messages, e.g. "attention"
   // Fills desc.params, desc.hooks and desc.ops (desc.input, dims and options are set).
   void (*declare)(LayerDesc& desc);
   std::unique_ptr<Layer> (*build)(const LayerDesc& desc, const LayerBuild& b);

@@ -165,7 +165,7 @@ void check_rne(const FormatCase& f, MpfrRounder& rounder, float x, Mismatches& b
 }
 
 TEST(Formats, PropertiesMatchTheStandards) {
-  // NUMERICS.md table (IEEE 754-2019, OCP OFP8 rev 1.0, OCP MX v1.0).
+  // docs/numerics.md table (IEEE 754-2019, OCP OFP8 rev 1.0, OCP MX v1.0).
   struct Row { const FormatInfo* f; int bits, bias; double u, max, min_normal, min_sub; };
   const Row rows[] = {
       {&kF32Info, 32, 127, std::ldexp(1.0, -24), double{std::numeric_limits<float>::max()},

@@ -16,7 +16,7 @@ struct Kat {
   PhiloxBlock expected;
 };
 
-// Random123 tests/kat_vectors, philox4x32 R=10: zeros, all ones, and the digits of pi.
+// Random123's known-answer file (kat_vectors), philox4x32 R=10: zeros, all ones, and the digits of pi.
 TEST(Philox, Random123KnownAnswers) {
   const Kat kats[] = {
       {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
