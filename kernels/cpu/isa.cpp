@@ -24,6 +24,13 @@ bool isa_supported(Isa isa) {
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> r;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    if (isa_supported(isa)) r.push_back(isa);
+  return r;
+}
+
 Isa best_isa() {
   if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
   LS_REQUIRE(isa_supported(Isa::kAvx2),

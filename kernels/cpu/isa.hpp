@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 namespace lockstep::cpu {
 
@@ -27,6 +28,9 @@ bool isa_supported(Isa isa);
 
 // The widest ISA this CPU supports. Throws ConfigError when it lacks AVX2 or FMA.
 Isa best_isa();
+
+// Every ISA this CPU supports, narrowest first (tests run a kernel on each).
+std::vector<Isa> supported_isas();
 
 // The ISA kernels use now: best_isa() unless set_isa() chose another.
 Isa active_isa();

@@ -34,6 +34,30 @@ struct Group {
     tp.all_gather(dres, full, stream(BT) * C);
     return full;
   }
+  // A split reduction of rows × cols outputs summed over the group into out: all the rows, or
+  // under sequence parallelism this rank's stream rows. Canonical mode: the ranks' exact chunk
+  // partials (add_partials into an exact sum), rounded once; fast: fp32 sums of what each rank's
+  // compute(dst) writes.
+  template <class AddPartials, class Compute>
+  void reduce(Mode mode, int64_t rows, int64_t cols, float* out, AddPartials add_partials, Compute compute) {
+    const int64_t n = rows * cols;
+    if (mode == Mode::kCanonical) {
+      scratch.sum.reset(static_cast<size_t>(n));
+      add_partials(scratch.sum);
+      if (sp) {
+        tp.reduce_scatter_exact(scratch.sum, out);
+      } else {
+        tp.all_reduce_exact(scratch.sum, out);
+      }
+    } else if (sp) {
+      float* full = TensorParallelPlan::Scratch::floats(scratch.buf, n);
+      compute(full);
+      tp.reduce_scatter_sum(full, out, stream(rows) * cols);
+    } else {
+      compute(out);
+      tp.all_reduce_sum(out, n);
+    }
+  }
 };
 
 class SequenceParallelNorm final : public NormOp {
@@ -63,23 +87,9 @@ class ColumnParallelLinear final : public LinearOp {
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
     be.linear_backward(mode, s, token_offset, nullptr, dw, db, dout, inp, w);
-    const int64_t n = s.N * s.IC, kept = g_.stream(s.N) * s.IC;
-    if (mode == Mode::kCanonical) {
-      g_.scratch.sum.reset(static_cast<size_t>(n));
-      be.linear_backward_dinp_partials(s, g_.scratch.sum, dout, w);
-      if (g_.sp) {
-        g_.tp.reduce_scatter_exact(g_.scratch.sum, dinp);
-      } else {
-        g_.tp.all_reduce_exact(g_.scratch.sum, dinp);
-      }
-    } else if (g_.sp) {
-      float* full = TensorParallelPlan::Scratch::floats(g_.scratch.buf, n);
-      be.linear_backward(mode, s, token_offset, full, {}, {}, dout, inp, w);
-      g_.tp.reduce_scatter_sum(full, dinp, kept);
-    } else {
-      be.linear_backward(mode, s, token_offset, dinp, {}, {}, dout, inp, w);
-      g_.tp.all_reduce_sum(dinp, n);
-    }
+    g_.reduce(
+        mode, s.N, s.IC, dinp, [&](ExactAccumulator& sum) { be.linear_backward_dinp_partials(s, sum, dout, w); },
+        [&](float* dst) { be.linear_backward(mode, s, token_offset, dst, {}, {}, dout, inp, w); });
   }
 
  private:
@@ -92,23 +102,10 @@ class RowParallelLinear final : public LinearOp {
   // out[n,o] = Σ over the input features, split across the group; under sequence parallelism
   // this rank keeps only its stream tokens' rows (a reduce-scatter instead of an all-reduce).
   void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
-    const int64_t n = s.N * s.OC, rows = g_.stream(s.N);
-    if (mode == Mode::kCanonical) {
-      g_.scratch.sum.reset(static_cast<size_t>(n));
-      be.linear_forward_partials(s, g_.scratch.sum, inp, w);
-      if (g_.sp) {
-        g_.tp.reduce_scatter_exact(g_.scratch.sum, out);
-      } else {
-        g_.tp.all_reduce_exact(g_.scratch.sum, out);
-      }
-    } else if (g_.sp) {
-      float* full = TensorParallelPlan::Scratch::floats(g_.scratch.buf, n);
-      be.linear_forward(mode, s, full, inp, w, nullptr);
-      g_.tp.reduce_scatter_sum(full, out, rows * s.OC);
-    } else {
-      be.linear_forward(mode, s, out, inp, w, nullptr);
-      g_.tp.all_reduce_sum(out, n);
-    }
+    g_.reduce(
+        mode, s.N, s.OC, out, [&](ExactAccumulator& sum) { be.linear_forward_partials(s, sum, inp, w); },
+        [&](float* dst) { be.linear_forward(mode, s, dst, inp, w, nullptr); });
+    const int64_t rows = g_.stream(s.N);
     // The replicated bias, once, after the rounding: linear_forward's epilogue `dot + bias[o]`.
     if (b != nullptr) {
       for (int64_t i = 0; i < rows; ++i) {

@@ -23,11 +23,6 @@ namespace lockstep::prop {
 namespace {
 
 
-std::vector<cpu::Isa> isas() {
-  std::vector<cpu::Isa> r{cpu::Isa::kAvx2};
-  if (cpu::isa_supported(cpu::Isa::kAvx512)) r.push_back(cpu::Isa::kAvx512);
-  return r;
-}
 
 const ValueKinds kActivations{3, true, true, 100};
 const ValueKinds kWeights{3, true, true, 0};
@@ -51,7 +46,7 @@ RC_GTEST_PROP(LinearProperty, ForwardWithinMpfrBoundAndCanonicalBitwise, ()) {
   std::vector<float> out(s.N * s.OC);
   cpu::linear_forward(Mode::kFast, s, out.data(), inp.data(), weight.data(), b);
   check_within("linear_forward out fast", where, out, ref);
-  for (cpu::Isa isa : isas()) {
+  for (cpu::Isa isa : cpu::supported_isas()) {
     cpu::ScopedIsa scoped(isa);
     std::fill(out.begin(), out.end(), -1.0f);
     cpu::linear_forward(Mode::kCanonical, s, out.data(), inp.data(), weight.data(), b);
@@ -92,7 +87,7 @@ RC_GTEST_PROP(LinearProperty, BackwardWithinMpfrBoundAndCanonicalBitwise, ()) {
   std::vector<float> sdinp = dinp0, sdw(s.OC * s.IC), sdb(s.OC);
   spec::linear_backward(s.N, s.IC, s.OC, sdinp.data(), sdw.data(), sdb.data(), dout.data(),
                         inp.data(), weight.data());
-  for (cpu::Isa isa : isas()) {
+  for (cpu::Isa isa : cpu::supported_isas()) {
     cpu::ScopedIsa scoped(isa);
     const std::string w = where + " isa=" + std::string(cpu::isa_name(isa));
     dinp = dinp0;
@@ -194,7 +189,7 @@ RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
       ref[m * ldc + n] = reference::dot(bA.data() + m * sam, sak, bB.data() + n * sbn, sbk, K);
     }
   }
-  for (cpu::Isa isa : isas()) {
+  for (cpu::Isa isa : cpu::supported_isas()) {
     cpu::ScopedIsa scoped(isa);
     const std::string w = where + " isa=" + std::string(cpu::isa_name(isa));
     std::vector<float> C(M * ldc, 7.0f);
@@ -238,7 +233,7 @@ RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
       ref[m * ldc + n] = acc.finish<BM>(true);
     }
   }
-  for (cpu::Isa isa : isas()) {
+  for (cpu::Isa isa : cpu::supported_isas()) {
     cpu::ScopedIsa scoped(isa);
     const std::string w = where + " isa=" + std::string(cpu::isa_name(isa));
     std::vector<float> C = C0;

@@ -142,88 +142,59 @@ class LinearBackward final : public OpCase {
   Mode mode_ = Mode::kCanonical;
 };
 
-// linear_forward_partials over two chunk-aligned slices of IC into one exact sum, rounded once:
-// the unsplit linear's product without bias.
-class LinearForwardPartials final : public OpCase {
+// The split pieces of linear.hpp over two chunk-aligned slices of the reduced dim into one exact
+// sum, rounded once: linear_forward_partials over IC gives the unsplit product (without bias),
+// linear_backward_dinp_partials over OC the unsplit dinp.
+class LinearPartials final : public OpCase {
  public:
-  explicit LinearForwardPartials(const CaseSpec& c)
-      : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 67, 131, 1031, 256, 512}), dim(c.size, {1, 13, 15, 5, 1024, 2048})} {
+  LinearPartials(const CaseSpec& c, bool dinp)
+      : dinp_(dinp), N_(dim(c.size, {1, 7, 9, 3, 1024, 1024})), K_(dim(c.size, {1, 67, 131, 1031, 1024, 2048})),
+        M_(dim(c.size, {1, 13, 15, 5, 256, 512})) {
     Draw d(c);
-    inp_ = d.values(s_.N * s_.IC, 100, true);
-    w_ = d.values(s_.OC * s_.IC);
-    cut_ = chunk_cut(s_.IC);
+    a_ = d.values(N_ * K_, dinp_ ? 0 : 100, true);
+    w_ = d.values(M_ * K_, dinp_ ? 100 : 0);
+    cut_ = chunk_cut(K_);
   }
-  std::string shape() const override {
-    return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}, {"cut", cut_}});
-  }
+  std::string shape() const override { return dims_text({{"N", N_}, {dinp_ ? "OC" : "IC", K_}, {dinp_ ? "IC" : "OC", M_}, {"cut", cut_}}); }
+  // a: (N, K) rows of inputs (forward) or output gradients (dinp); w: (M, K) forward, (K, M) dinp.
   void run(Backend& be, Mode) override {
-    ExactAccumulator acc(static_cast<size_t>(s_.N * s_.OC));
-    for (const auto& [c0, c1] : {std::pair{int64_t{0}, cut_}, std::pair{cut_, s_.IC}}) {
-      if (c1 == c0) continue;
-      const auto i = columns(inp_, s_.N, s_.IC, c0, c1), w = columns(w_, s_.OC, s_.IC, c0, c1);
-      be.linear_forward_partials({s_.N, c1 - c0, s_.OC}, acc, i.data(), w.data());
+    ExactAccumulator acc(static_cast<size_t>(N_ * M_));
+    for (const auto& [k0, k1] : {std::pair{int64_t{0}, cut_}, std::pair{cut_, K_}}) {
+      if (k1 == k0) continue;
+      const auto a = columns(a_, N_, K_, k0, k1);
+      if (dinp_) {
+        const std::vector<float> w(w_.begin() + k0 * M_, w_.begin() + k1 * M_);
+        be.linear_backward_dinp_partials({N_, M_, k1 - k0}, acc, a.data(), w.data());
+      } else {
+        const auto w = columns(w_, M_, K_, k0, k1);
+        be.linear_forward_partials({N_, k1 - k0, M_}, acc, a.data(), w.data());
+      }
     }
     out_.resize(acc.size());
     acc.round_to(out_.data());
   }
-  std::vector<Check> checks(Mode mode) const override {
-    return {check_of("out", out_, ref<Bd>(), Mode::kCanonical, [&] { return floats(ref<Cf>()); })};
+  std::vector<Check> checks(Mode) const override {
+    return {check_of(dinp_ ? "dinp" : "out", out_, ref<Bd>(), Mode::kCanonical, [&] { return floats(ref<Cf>()); })};
   }
 
  private:
   template <class Real>
   std::vector<Real> ref() const {
-    std::vector<Real> out(static_cast<size_t>(s_.N * s_.OC));
-    const auto i = as<Real>(inp_), w = as<Real>(w_);
-    reference::linear_forward(s_.N, s_.IC, s_.OC, out.data(), i.data(), w.data(), static_cast<const Real*>(nullptr));
+    std::vector<Real> out(static_cast<size_t>(N_ * M_));
+    const auto a = as<Real>(a_), w = as<Real>(w_);
+    if (dinp_) {
+      const std::vector<Real> inp(out.size());
+      reference::linear_backward(N_, M_, K_, out.data(), GradOut<Real>{}, GradOut<Real>{}, a.data(), inp.data(),
+                                 w.data());
+    } else {
+      reference::linear_forward(N_, K_, M_, out.data(), a.data(), w.data(), static_cast<const Real*>(nullptr));
+    }
     return out;
   }
-  LinearShape s_;
+  bool dinp_;
+  int64_t N_, K_, M_;  // rows, the reduced dim, the other dim
   int64_t cut_ = 0;
-  std::vector<float> inp_, w_, out_;
-};
-
-// linear_backward_dinp_partials over two chunk-aligned slices of OC: the unsplit dinp.
-class LinearBackwardDinpPartials final : public OpCase {
- public:
-  explicit LinearBackwardDinpPartials(const CaseSpec& c)
-      : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 13, 15, 5, 256, 512}), dim(c.size, {1, 67, 131, 1031, 1024, 2048})} {
-    Draw d(c);
-    dout_ = d.values(s_.N * s_.OC, 0, true);
-    w_ = d.values(s_.OC * s_.IC, 100);
-    cut_ = chunk_cut(s_.OC);
-  }
-  std::string shape() const override {
-    return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}, {"cut", cut_}});
-  }
-  void run(Backend& be, Mode) override {
-    ExactAccumulator acc(static_cast<size_t>(s_.N * s_.IC));
-    for (const auto& [o0, o1] : {std::pair{int64_t{0}, cut_}, std::pair{cut_, s_.OC}}) {
-      if (o1 == o0) continue;
-      const auto o = columns(dout_, s_.N, s_.OC, o0, o1);
-      const std::vector<float> w(w_.begin() + o0 * s_.IC, w_.begin() + o1 * s_.IC);
-      be.linear_backward_dinp_partials({s_.N, s_.IC, o1 - o0}, acc, o.data(), w.data());
-    }
-    dinp_.resize(acc.size());
-    acc.round_to(dinp_.data());
-  }
-  std::vector<Check> checks(Mode) const override {
-    return {check_of("dinp", dinp_, ref<Bd>(), Mode::kCanonical, [&] { return floats(ref<Cf>()); })};
-  }
-
- private:
-  template <class Real>
-  std::vector<Real> ref() const {
-    std::vector<Real> dinp(static_cast<size_t>(s_.N * s_.IC));
-    const auto o = as<Real>(dout_), w = as<Real>(w_);
-    const std::vector<Real> inp(dinp.size());
-    reference::linear_backward(s_.N, s_.IC, s_.OC, dinp.data(), GradOut<Real>{}, GradOut<Real>{}, o.data(), inp.data(),
-                               w.data());
-    return dinp;
-  }
-  LinearShape s_;
-  int64_t cut_ = 0;
-  std::vector<float> dout_, w_, dinp_;
+  std::vector<float> a_, w_, out_;
 };
 
 // ---- norm.hpp (LayerNorm and RMSNorm: the same frame, `layer` says which)
@@ -876,10 +847,10 @@ class ScaleInplace final : public OptimCase {
 inline std::unique_ptr<OpCase> make_linear_forward(const CaseSpec& c) { return std::make_unique<LinearForward>(c); }
 inline std::unique_ptr<OpCase> make_linear_backward(const CaseSpec& c) { return std::make_unique<LinearBackward>(c); }
 inline std::unique_ptr<OpCase> make_linear_forward_partials(const CaseSpec& c) {
-  return std::make_unique<LinearForwardPartials>(c);
+  return std::make_unique<LinearPartials>(c, false);
 }
 inline std::unique_ptr<OpCase> make_linear_backward_dinp_partials(const CaseSpec& c) {
-  return std::make_unique<LinearBackwardDinpPartials>(c);
+  return std::make_unique<LinearPartials>(c, true);
 }
 inline std::unique_ptr<OpCase> make_layernorm_forward(const CaseSpec& c) { return std::make_unique<NormForward>(c, true); }
 inline std::unique_ptr<OpCase> make_layernorm_backward(const CaseSpec& c) {

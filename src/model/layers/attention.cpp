@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "src/model/layers/registry.hpp"
-#include "src/model/modules.hpp"
+#include "src/model/layers/residual_branch.hpp"
 
 namespace lockstep {
 
@@ -56,41 +56,24 @@ void declare(LayerDesc& d) {
   };
 }
 
-class Attention final : public Layer {
+class Attention final : public ResidualBranch {
  public:
   Attention(const LayerDesc& desc, const LayerBuild& b)
-      : Layer(desc),
+      : ResidualBranch(desc, b, "ln1", "attn/qkv", "attn/proj"),
         m_(b.local),
-        norm_(b.ctx.plan().norm(this->desc())),
-        ln_w_(b.ctx.find_param(name("ln1/weight"))),
-        ln_b_(b.ctx.find_param(name("ln1/bias"))),
-        qkv_w_(b.ctx.find_param(name("attn/qkv/weight"))),
-        qkv_b_(b.ctx.find_param(name("attn/qkv/bias"))),
-        proj_w_(b.ctx.find_param(name("attn/proj/weight"))),
-        proj_b_(b.ctx.find_param(name("attn/proj/bias"))),
-        qkv_(b.ctx.plan().linear(this->desc(), *qkv_w_)),
-        proj_(b.ctx.plan().linear(this->desc(), *proj_w_)),
-        ln_name_(name("ln1/out")),
         qkv_name_(name("attn/qkv")),
         att_name_(name("attn/att")),
         out_name_(name("attn/out")),
-        res_name_(desc.output),
-        grad_ln_name_("grad/" + ln_name_),
         grad_qkv_name_("grad/" + qkv_name_),
-        grad_out_name_("grad/" + out_name_),
-        grad_in_name_("grad/" + desc.input) {
-    const int64_t BT = b.max_batch * m_.T, RS = b.max_stream, C = m_.C;
+        grad_out_name_("grad/" + out_name_) {
+    const int64_t BT = b.max_batch * m_.T;
     acts_.resize(static_cast<size_t>(b.slots));
     for (auto& a : acts_) {
-      a.ln.resize(BT * C);
-      a.mean.resize(RS);
-      a.rstd.resize(RS);
       a.qkv.resize(BT * m_.qkv_width());
       a.att.resize(b.max_batch * m_.NH * m_.T * m_.T);
       a.out.resize(BT * m_.NH * m_.HS);
-      a.res.resize(RS * C);
     }
-    scratch_ = RS * C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + b.max_batch * m_.NH * m_.T * m_.T;
+    scratch_ = b.max_stream * m_.C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + b.max_batch * m_.NH * m_.T * m_.T;
     if (desc.pos == PosKind::kRope) {
       const int64_t half = m_.HS / 2;
       rope_cos_.resize(m_.T * half);
@@ -99,69 +82,49 @@ class Attention final : public Layer {
     }
   }
 
-  bool residual() const override { return true; }
   int64_t scratch_floats() const override { return scratch_; }
-  const float* output(int slot) const override { return acts_[static_cast<size_t>(slot)].res.data(); }
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    const int64_t C = m_.C, BT = p.BT, A = m_.NH * m_.HS;
+    Backend& be = ctx.backend();
     const AttentionShape as = shape(p);
-    norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), BT, a.ln.data(), a.mean.data(), a.rstd.data(), x, ctx.param(ln_w_),
-                   ctx.param(ln_b_));
-    ctx.observe(ln_name_, a.ln.data(), {p.B, p.T, C});
-    qkv_->forward(ctx.backend(), ctx.mode_of(qkv_name_), {BT, C, m_.qkv_width()}, a.qkv.data(), a.ln.data(), ctx.param(qkv_w_),
-                  ctx.param(qkv_b_));
-    if (!rope_cos_.empty()) ctx.backend().rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+    norm_forward(ctx, p, x);
+    in_->forward(be, ctx.mode_of(qkv_name_), {p.BT, m_.C, m_.qkv_width()}, a.qkv.data(), slot(p).ln.data(),
+                 ctx.param(in_w_), ctx.param(in_b_));
+    if (!rope_cos_.empty()) be.rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
     ctx.observe(qkv_name_, a.qkv.data(), {p.B, p.T, m_.qkv_width()});
-    ctx.backend().attention_forward(ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
+    be.attention_forward(ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
     ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, p.T});
-    ctx.observe(out_name_, a.out.data(), {p.B, p.T, A});
-    proj_->forward(ctx.backend(), ctx.mode_of(res_name_), {BT, A, C}, a.res.data(), a.out.data(), ctx.param(proj_w_),
-                   ctx.param(proj_b_));
-    ctx.backend().residual_forward(p.RS * C, a.res.data(), a.res.data(), x);
-    ctx.observe(res_name_, a.res.data(), {p.RB, p.RT, C});
+    ctx.observe(out_name_, a.out.data(), {p.B, p.T, m_.NH * m_.HS});
+    out_forward(ctx, p, x, a.out.data(), m_.NH * m_.HS);
   }
 
   // dres: d(x1) in, d(x0) out (the stream gradient, in place).
   void backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float*) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    const Mode mode = ctx.mode();
-    const int64_t C = m_.C, BT = p.BT, A = m_.NH * m_.HS;
+    Backend& be = ctx.backend();
+    const int64_t A = m_.NH * m_.HS;
     const AttentionShape as = shape(p);
-    float* dnorm = ctx.scratch();              // (stream tokens, C)
-    float* dqkv = dnorm + p.RS * C;            // (BT, qkv)
-    float* dout = dqkv + BT * m_.qkv_width();  // (BT, A)
-    float* datt = dout + BT * A;               // (B, NH, T, T)
-    proj_->backward(ctx.backend(), mode, {BT, A, C}, p.token_offset, dout, ctx.sink(proj_w_), ctx.sink(proj_b_), dres,
-                    a.out.data(), ctx.param(proj_w_));
-    ctx.grads_ready(p, proj_w_, proj_b_);
+    float* dnorm = ctx.scratch();               // (stream tokens, C)
+    float* dqkv = dnorm + p.RS * m_.C;          // (BT, qkv)
+    float* dout = dqkv + p.BT * m_.qkv_width(); // (BT, A)
+    float* datt = dout + p.BT * A;              // (B, NH, T, T)
+    out_backward(ctx, p, dres, dout, a.out.data(), A);
     ctx.observe(grad_out_name_, dout, {p.B, p.T, A});
-    ctx.backend().attention_backward(mode, as, dqkv, datt, dout, a.qkv.data(), a.att.data());
+    be.attention_backward(ctx.mode(), as, dqkv, datt, dout, a.qkv.data(), a.att.data());
     ctx.observe(grad_qkv_name_, dqkv, {p.B, p.T, m_.qkv_width()});
-    if (!rope_cos_.empty()) ctx.backend().rope_backward(as, dqkv, rope_cos_.data(), rope_sin_.data());
-    qkv_->backward(ctx.backend(), mode, {BT, C, m_.qkv_width()}, p.token_offset, dnorm, ctx.sink(qkv_w_), ctx.sink(qkv_b_), dqkv,
-                   a.ln.data(), ctx.param(qkv_w_));
-    ctx.grads_ready(p, qkv_w_, qkv_b_);
-    ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C});
-    norm_backward_rows(ctx.backend(), desc(), mode, p.RS, p.stream_offset, dres, ctx.sink(ln_w_), ctx.sink(ln_b_), dnorm, x,
-                       ctx.param(ln_w_), a.mean.data(), a.rstd.data());
-    ctx.grads_ready(p, ln_w_, ln_b_);
-    ctx.observe(grad_in_name_, dres, {p.RB, p.RT, C});
+    if (!rope_cos_.empty()) be.rope_backward(as, dqkv, rope_cos_.data(), rope_sin_.data());
+    in_norm_backward(ctx, p, x, dres, dnorm, dqkv, m_.qkv_width());
   }
 
  private:
   struct Acts {
-    std::vector<float> ln, mean, rstd, qkv, att, out, res;
+    std::vector<float> qkv, att, out;
   };
   AttentionShape shape(const Pass& p) const { return {p.B, p.T, m_.NH, m_.NKV, m_.HS}; }
 
   LayerDims m_;
-  std::unique_ptr<NormOp> norm_;
-  const ParamTensor *ln_w_, *ln_b_, *qkv_w_, *qkv_b_, *proj_w_, *proj_b_;
-  std::unique_ptr<LinearOp> qkv_, proj_;
-  std::string ln_name_, qkv_name_, att_name_, out_name_, res_name_;
-  std::string grad_ln_name_, grad_qkv_name_, grad_out_name_, grad_in_name_;
+  std::string qkv_name_, att_name_, out_name_, grad_qkv_name_, grad_out_name_;
   std::vector<Acts> acts_;
   std::vector<float> rope_cos_, rope_sin_;
   int64_t scratch_ = 0;

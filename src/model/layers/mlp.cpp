@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "src/model/layers/registry.hpp"
-#include "src/model/modules.hpp"
+#include "src/model/layers/residual_branch.hpp"
 
 namespace lockstep {
 
@@ -56,107 +56,68 @@ void declare(LayerDesc& d) {
   };
 }
 
-class Mlp final : public Layer {
+class Mlp final : public ResidualBranch {
  public:
   Mlp(const LayerDesc& desc, const LayerBuild& b)
-      : Layer(desc),
-        m_(b.local),
-        fc_out_(fc_width(desc, m_.F)),
-        norm_(b.ctx.plan().norm(this->desc())),
-        ln_w_(b.ctx.find_param(name("ln2/weight"))),
-        ln_b_(b.ctx.find_param(name("ln2/bias"))),
-        fc_w_(b.ctx.find_param(name("mlp/fc/weight"))),
-        fc_b_(b.ctx.find_param(name("mlp/fc/bias"))),
-        proj_w_(b.ctx.find_param(name("mlp/proj/weight"))),
-        proj_b_(b.ctx.find_param(name("mlp/proj/bias"))),
-        fc_(b.ctx.plan().linear(this->desc(), *fc_w_)),
-        proj_(b.ctx.plan().linear(this->desc(), *proj_w_)),
-        ln_name_(name("ln2/out")),
+      : ResidualBranch(desc, b, "ln2", "mlp/fc", "mlp/proj"),
+        F_(b.local.F),
+        fc_out_(fc_width(desc, F_)),
         fc_name_(name("mlp/fc")),
         act_name_(name("mlp/act")),
-        res_name_(desc.output),
-        grad_ln_name_("grad/" + ln_name_),
         grad_fc_name_("grad/" + fc_name_),
-        grad_act_name_("grad/" + act_name_),
-        grad_in_name_("grad/" + desc.input) {
-    const int64_t BT = b.max_batch * m_.T, RS = b.max_stream, C = m_.C;
+        grad_act_name_("grad/" + act_name_) {
+    const int64_t BT = b.max_batch * desc.dims.T;
     acts_.resize(static_cast<size_t>(b.slots));
     for (auto& a : acts_) {
-      a.ln.resize(BT * C);
-      a.mean.resize(RS);
-      a.rstd.resize(RS);
       a.fc.resize(BT * fc_out_);
-      a.act.resize(BT * m_.F);
-      a.res.resize(RS * C);
+      a.act.resize(BT * F_);
     }
-    scratch_ = RS * C + BT * fc_out_ + BT * m_.F;
+    scratch_ = b.max_stream * C_ + BT * fc_out_ + BT * F_;
   }
 
-  bool residual() const override { return true; }
   int64_t scratch_floats() const override { return scratch_; }
-  const float* output(int slot) const override { return acts_[static_cast<size_t>(slot)].res.data(); }
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    const int64_t C = m_.C, BT = p.BT, F = m_.F;
-    norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), BT, a.ln.data(), a.mean.data(), a.rstd.data(), x, ctx.param(ln_w_),
-                   ctx.param(ln_b_));
-    ctx.observe(ln_name_, a.ln.data(), {p.B, p.T, C});
-    fc_->forward(ctx.backend(), ctx.mode_of(fc_name_), {BT, C, fc_out_}, a.fc.data(), a.ln.data(), ctx.param(fc_w_),
-                 ctx.param(fc_b_));
+    Backend& be = ctx.backend();
+    norm_forward(ctx, p, x);
+    in_->forward(be, ctx.mode_of(fc_name_), {p.BT, C_, fc_out_}, a.fc.data(), slot(p).ln.data(), ctx.param(in_w_),
+                 ctx.param(in_b_));
     ctx.observe(fc_name_, a.fc.data(), {p.B, p.T, fc_out_});
     if (desc().ffn == FfnKind::kGelu) {
-      ctx.backend().gelu_forward(ctx.mode_of(act_name_), BT * F, a.act.data(), a.fc.data());
+      be.gelu_forward(ctx.mode_of(act_name_), p.BT * F_, a.act.data(), a.fc.data());
     } else {
-      ctx.backend().swiglu_forward(ctx.mode_of(act_name_), BT, F, a.act.data(), a.fc.data());
+      be.swiglu_forward(ctx.mode_of(act_name_), p.BT, F_, a.act.data(), a.fc.data());
     }
-    ctx.observe(act_name_, a.act.data(), {p.B, p.T, F});
-    proj_->forward(ctx.backend(), ctx.mode_of(res_name_), {BT, F, C}, a.res.data(), a.act.data(), ctx.param(proj_w_),
-                   ctx.param(proj_b_));
-    ctx.backend().residual_forward(p.RS * C, a.res.data(), a.res.data(), x);
-    ctx.observe(res_name_, a.res.data(), {p.RB, p.RT, C});
+    ctx.observe(act_name_, a.act.data(), {p.B, p.T, F_});
+    out_forward(ctx, p, x, a.act.data(), F_);
   }
 
   // dres: d(x2) in, d(x1) out (the stream gradient, in place).
   void backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float*) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    const Mode mode = ctx.mode();
-    const int64_t C = m_.C, BT = p.BT, F = m_.F;
+    Backend& be = ctx.backend();
     float* dnorm = ctx.scratch();        // (stream tokens, C)
-    float* dfc = dnorm + p.RS * C;       // (BT, fc_out)
-    float* dact = dfc + BT * fc_out_;    // (BT, F)
-    proj_->backward(ctx.backend(), mode, {BT, F, C}, p.token_offset, dact, ctx.sink(proj_w_), ctx.sink(proj_b_), dres,
-                    a.act.data(), ctx.param(proj_w_));
-    ctx.grads_ready(p, proj_w_, proj_b_);
-    ctx.observe(grad_act_name_, dact, {p.B, p.T, F});
+    float* dfc = dnorm + p.RS * C_;      // (BT, fc_out)
+    float* dact = dfc + p.BT * fc_out_;  // (BT, F)
+    out_backward(ctx, p, dres, dact, a.act.data(), F_);
+    ctx.observe(grad_act_name_, dact, {p.B, p.T, F_});
     if (desc().ffn == FfnKind::kGelu) {
-      ctx.backend().gelu_backward(mode, BT * F, dfc, a.fc.data(), dact);
+      be.gelu_backward(ctx.mode(), p.BT * F_, dfc, a.fc.data(), dact);
     } else {
-      ctx.backend().swiglu_backward(mode, BT, F, dfc, a.fc.data(), dact);
+      be.swiglu_backward(ctx.mode(), p.BT, F_, dfc, a.fc.data(), dact);
     }
     ctx.observe(grad_fc_name_, dfc, {p.B, p.T, fc_out_});
-    fc_->backward(ctx.backend(), mode, {BT, C, fc_out_}, p.token_offset, dnorm, ctx.sink(fc_w_), ctx.sink(fc_b_), dfc, a.ln.data(),
-                  ctx.param(fc_w_));
-    ctx.grads_ready(p, fc_w_, fc_b_);
-    ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C});
-    norm_backward_rows(ctx.backend(), desc(), mode, p.RS, p.stream_offset, dres, ctx.sink(ln_w_), ctx.sink(ln_b_), dnorm, x,
-                       ctx.param(ln_w_), a.mean.data(), a.rstd.data());
-    ctx.grads_ready(p, ln_w_, ln_b_);
-    ctx.observe(grad_in_name_, dres, {p.RB, p.RT, C});
+    in_norm_backward(ctx, p, x, dres, dnorm, dfc, fc_out_);
   }
 
  private:
   struct Acts {
-    std::vector<float> ln, mean, rstd, fc, act, res;
+    std::vector<float> fc, act;
   };
 
-  LayerDims m_;
-  int64_t fc_out_;
-  std::unique_ptr<NormOp> norm_;
-  const ParamTensor *ln_w_, *ln_b_, *fc_w_, *fc_b_, *proj_w_, *proj_b_;
-  std::unique_ptr<LinearOp> fc_, proj_;
-  std::string ln_name_, fc_name_, act_name_, res_name_;
-  std::string grad_ln_name_, grad_fc_name_, grad_act_name_, grad_in_name_;
+  int64_t F_, fc_out_;
+  std::string fc_name_, act_name_, grad_fc_name_, grad_act_name_;
   std::vector<Acts> acts_;
   int64_t scratch_ = 0;
 };

@@ -21,11 +21,6 @@
 namespace lockstep::test {
 namespace {
 
-std::vector<cpu::Isa> isas() {
-  std::vector<cpu::Isa> r{cpu::Isa::kAvx2};
-  if (cpu::isa_supported(cpu::Isa::kAvx512)) r.push_back(cpu::Isa::kAvx512);
-  return r;
-}
 
 void run_grid(const OpEntry& entry) {
   // The reference's own double roundings are counted into its bounds (reference/bounded.hpp).
@@ -40,7 +35,7 @@ void run_grid(const OpEntry& entry) {
     for (ValueClass values : {ValueClass::kOrdinary, ValueClass::kZeros, ValueClass::kSubnormals, ValueClass::kLarge,
                               ValueClass::kNonFinite}) {
       for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
-        for (cpu::Isa isa : isas()) {
+        for (cpu::Isa isa : cpu::supported_isas()) {
           cpu::ScopedIsa scoped(isa);
           const CaseSpec spec{size, values, seed++};
           const auto c = entry.make(spec);

@@ -14,16 +14,10 @@
 namespace lockstep {
 namespace {
 
+// Untied: a tied head needs the embedding in its stage.
 ModelConfig stage_model() {
-  ModelConfig m;
-  m.vocab_size = 96;
-  m.seq_len = 64;
-  m.d_model = 64;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.tie_embeddings = false;  // a tied head needs the embedding in its stage
-  m.seed = 3;
-  return m;
+  return {.vocab_size = 96, .seq_len = 64, .d_model = 64, .n_layers = 2, .n_heads = 4, .tie_embeddings = false,
+          .seed = 3};
 }
 
 constexpr int64_t kMicro = 4;  // micro-batches of one sequence

@@ -25,20 +25,10 @@ namespace {
 using reference::Mpfr;
 
 ModelConfig fd_model(bool variant) {
-  ModelConfig m;
-  m.vocab_size = 11;
-  m.seq_len = 4;
-  m.d_model = 8;
-  m.n_layers = 2;
-  m.n_heads = 2;
-  m.n_kv_heads = variant ? 1 : 2;
-  m.ffn_hidden = variant ? 8 : 16;
-  m.ffn = variant ? FfnKind::kSwiglu : FfnKind::kGelu;
-  m.norm = variant ? NormKind::kRmsNorm : NormKind::kLayerNorm;
-  m.pos = variant ? PosKind::kRope : PosKind::kLearned;
-  m.tie_embeddings = !variant;
-  m.bias = !variant;
-  return m;
+  return {.vocab_size = 11, .seq_len = 4, .d_model = 8, .n_layers = 2, .n_heads = 2, .n_kv_heads = variant ? 1 : 2,
+          .ffn_hidden = variant ? 8 : 16, .ffn = variant ? FfnKind::kSwiglu : FfnKind::kGelu,
+          .norm = variant ? NormKind::kRmsNorm : NormKind::kLayerNorm,
+          .pos = variant ? PosKind::kRope : PosKind::kLearned, .tie_embeddings = !variant, .bias = !variant};
 }
 
 // Bounded<Mpfr> charges every operation the rounding of the MPFR precision in use (u = 2^-p) and

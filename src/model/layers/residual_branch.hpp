@@ -1,0 +1,101 @@
+// The frame the two sub-layers of a pre-norm block share: y = x + out(f(in(norm(x)))), with the
+// norm, the linear into the branch (column-parallel under tensor parallelism) and the one back into
+// the stream (row-parallel), their parameters, the slot activations every branch keeps (the norm's
+// output and statistics, the stream after the branch), and the first and last steps of the forward
+// and the backward. attention.cpp and mlp.cpp fill in f.
+// Not here: the declarations (each kind declares its own names), f itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/model/layer.hpp"
+#include "src/model/modules.hpp"
+
+namespace lockstep {
+
+class ResidualBranch : public Layer {
+ public:
+  bool residual() const override { return true; }
+  const float* output(int slot) const override { return slots_[static_cast<size_t>(slot)].res.data(); }
+
+ protected:
+  // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv").
+  ResidualBranch(const LayerDesc& desc, const LayerBuild& b, const char* norm, const char* in, const char* out)
+      : Layer(desc),
+        C_(desc.dims.C),
+        norm_(b.ctx.plan().norm(this->desc())),
+        ln_w_(b.ctx.find_param(name(std::string(norm) + "/weight"))),
+        ln_b_(b.ctx.find_param(name(std::string(norm) + "/bias"))),
+        in_w_(b.ctx.find_param(name(std::string(in) + "/weight"))),
+        in_b_(b.ctx.find_param(name(std::string(in) + "/bias"))),
+        out_w_(b.ctx.find_param(name(std::string(out) + "/weight"))),
+        out_b_(b.ctx.find_param(name(std::string(out) + "/bias"))),
+        in_(b.ctx.plan().linear(this->desc(), *in_w_)),
+        out_(b.ctx.plan().linear(this->desc(), *out_w_)),
+        ln_name_(name(std::string(norm) + "/out")),
+        grad_ln_name_("grad/" + ln_name_),
+        grad_in_name_("grad/" + desc.input) {
+    const int64_t BT = b.max_batch * desc.dims.T, RS = b.max_stream;
+    slots_.resize(static_cast<size_t>(b.slots));
+    for (auto& s : slots_) {
+      s.ln.resize(BT * C_);
+      s.mean.resize(RS);
+      s.rstd.resize(RS);
+      s.res.resize(RS * C_);
+    }
+  }
+
+  struct Slot {
+    std::vector<float> ln, mean, rstd, res;  // norm(x) (all tokens), its statistics, y (the stream)
+  };
+  Slot& slot(const Pass& p) { return slots_[static_cast<size_t>(p.slot)]; }
+
+  // ln = norm(x), shown as ln1/out or ln2/out.
+  void norm_forward(LayerContext& ctx, const Pass& p, const float* x) {
+    Slot& s = slot(p);
+    norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), p.BT, s.ln.data(), s.mean.data(), s.rstd.data(), x,
+                   ctx.param(ln_w_), ctx.param(ln_b_));
+    ctx.observe(ln_name_, s.ln.data(), {p.B, p.T, C_});
+  }
+  // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
+  void out_forward(LayerContext& ctx, const Pass& p, const float* x, const float* branch, int64_t K) {
+    Slot& s = slot(p);
+    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, s.res.data(), branch, ctx.param(out_w_),
+                  ctx.param(out_b_));
+    ctx.backend().residual_forward(p.RS * C_, s.res.data(), s.res.data(), x);
+    ctx.observe(desc().output, s.res.data(), {p.RB, p.RT, C_});
+  }
+  // dbranch = out's input gradient from dres (the stream's); out's parameter gradients.
+  void out_backward(LayerContext& ctx, const Pass& p, const float* dres, float* dbranch, const float* branch,
+                    int64_t K) {
+    out_->backward(ctx.backend(), ctx.mode(), {p.BT, K, C_}, p.token_offset, dbranch, ctx.sink(out_w_),
+                   ctx.sink(out_b_), dres, branch, ctx.param(out_w_));
+    ctx.grads_ready(p, out_w_, out_b_);
+  }
+  // The backward's last steps from din (the gradient of in's K outputs): in's input gradient
+  // (dnorm: the stream's tokens), the norm's backward added into dres, their parameter gradients,
+  // and dres shown as the gradient of the layer's input.
+  void in_norm_backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float* dnorm, const float* din,
+                        int64_t K) {
+    Slot& s = slot(p);
+    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
+                  din, s.ln.data(), ctx.param(in_w_));
+    ctx.grads_ready(p, in_w_, in_b_);
+    ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C_});
+    norm_backward_rows(ctx.backend(), desc(), ctx.mode(), p.RS, p.stream_offset, dres, ctx.sink(ln_w_),
+                       ctx.sink(ln_b_), dnorm, x, ctx.param(ln_w_), s.mean.data(), s.rstd.data());
+    ctx.grads_ready(p, ln_w_, ln_b_);
+    ctx.observe(grad_in_name_, dres, {p.RB, p.RT, C_});
+  }
+
+  int64_t C_;
+  std::unique_ptr<NormOp> norm_;
+  const ParamTensor *ln_w_, *ln_b_, *in_w_, *in_b_, *out_w_, *out_b_;
+  std::unique_ptr<LinearOp> in_, out_;
+  std::string ln_name_, grad_ln_name_, grad_in_name_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace lockstep
