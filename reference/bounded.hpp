@@ -24,6 +24,9 @@ struct BoundedFormat {
   double u = 0x1p-24;                      // fp32
   double transcendental_units = 4.0;       // |f̂(x) − f(x)| <= 4u·|f(x)| (2 ulp)
   double underflow = 0x1p-150;             // half the smallest fp32 subnormal, per rounding
+  // Absolute error per position of an angle computed in double by set-up code (RoPE's tables:
+  // kernels/ops/rope.hpp), beside the rounding of the table entry to the format.
+  double setup_angle_error = 0x1p-49;
 };
 inline BoundedFormat& bounded_format() {
   static BoundedFormat f;

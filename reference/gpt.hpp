@@ -15,16 +15,20 @@
 // fp32 buffer of the trainer converts element for element. Every tensor is reported to a hook under
 // the same name as the model's TensorHook (`layer/3/attn/qkv`, `grad/logits`, ...), for the whole
 // step's batch at once (the trainer reports each micro-batch; the verifier concatenates them).
-// RoPE tables are inputs (the kernels' fp32 tables, built with the project's deterministic double
-// math; exact in any Real).
+// Everything is computed from the description: RoPE's tables too (reference/rope_tables.hpp). The
+// pieces the CanonicalF32 emulation shares with the kernels as their specification are checked
+// against MPFR before it runs (reference/canonical_checks.hpp).
 // Not here: parallel layouts, data loading, checkpoints (the verifier's job).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "reference/canonical_checks.hpp"
+#include "reference/canonical_f32.hpp"
 #include "reference/layers.hpp"
 #include "reference/optim.hpp"
 #include "reference/reduce.hpp"
@@ -43,21 +47,17 @@ template <class Real>
 class GptReference {
  public:
   // B: sequences of the step's batch.
-  GptReference(const ModelDesc& desc, int64_t B, const std::vector<float>& rope_cos = {},
-               const std::vector<float>& rope_sin = {})
-      : desc_(desc), B_(B), layout_(reference_param_layout(desc)) {
+  GptReference(const ModelDesc& desc, int64_t B) : desc_(desc), B_(B), layout_(reference_param_layout(desc)) {
+    if constexpr (std::is_same_v<Real, CanonicalF32>) check_canonical_pieces();
     const int64_t n = layout_.empty() ? 0 : layout_.back().offset + layout_.back().numel;
     params.assign(n, Real(0));
     m.assign(n, Real(0));
     v.assign(n, Real(0));
     grads_.reset(n);
-    for (const auto& t : rope_cos) rope_cos_.push_back(Real(t));
-    for (const auto& t : rope_sin) rope_sin_.push_back(Real(t));
-    for (const auto& d : desc_.layers) layers_.push_back(make_ref_layer<Real>(d, B, rope_cos_, rope_sin_));
+    for (const auto& d : desc_.layers) layers_.push_back(make_ref_layer<Real>(d, B));
     const int64_t stream = B * desc_.config.seq_len * desc_.config.d_model;
     for (auto& g : stream_grad_) g.resize(stream);
   }
-  // The layers hold references into this object.
   GptReference(const GptReference&) = delete;
   GptReference& operator=(const GptReference&) = delete;
 
@@ -148,7 +148,6 @@ class GptReference {
   int64_t B_;
   std::vector<ParamInfo> layout_;
   GradStore<Real> grads_;
-  std::vector<Real> rope_cos_, rope_sin_;
   std::vector<std::unique_ptr<RefLayer<Real>>> layers_;
   std::vector<Real> stream_grad_[2];
 };

@@ -24,6 +24,7 @@
 #include "reference/linear.hpp"
 #include "reference/norm.hpp"
 #include "reference/reduce.hpp"
+#include "reference/rope_tables.hpp"
 #include "src/model/layer_list.hpp"
 
 namespace lockstep::reference {
@@ -145,14 +146,14 @@ class RefEmbedding final : public RefLayer<Real> {
   std::vector<Real> out_;
 };
 
-// x1 = x0 + proj(attn(rope(qkv(norm1(x0))))); RoPE tables are inputs (the kernels' fp32 tables,
-// exact in any Real).
+// x1 = x0 + proj(attn(rope(qkv(norm1(x0))))); the RoPE tables the reference's own
+// (reference/rope_tables.hpp).
 template <class Real>
 class RefAttention final : public RefLayer<Real> {
  public:
-  RefAttention(const LayerDesc& d, int64_t B, const std::vector<Real>& rope_cos, const std::vector<Real>& rope_sin)
-      : RefLayer<Real>(d), rope_cos_(rope_cos), rope_sin_(rope_sin) {
+  RefAttention(const LayerDesc& d, int64_t B) : RefLayer<Real>(d) {
     const LayerDims& m = d.dims;
+    if (d.pos == PosKind::kRope) rope_tables(m.T, m.HS, d.rope_theta, rope_cos_, rope_sin_);
     const int64_t BT = B * m.T;
     for (auto* buf : {&ln_, &out_, &res_}) buf->resize(BT * m.C);
     mean_.resize(BT);
@@ -207,8 +208,7 @@ class RefAttention final : public RefLayer<Real> {
 
  private:
   const ParamInfo* param(const RefStep<Real>& s, const char* local) const { return s.find(this->n(local)); }
-  const std::vector<Real>& rope_cos_;
-  const std::vector<Real>& rope_sin_;
+  std::vector<Real> rope_cos_, rope_sin_;
   std::vector<Real> ln_, mean_, rstd_, qkv_, att_, out_, res_;
 };
 
@@ -341,11 +341,10 @@ class RefHead final : public RefLayer<Real> {
 
 // The reference layer of a description entry. A new layer kind adds its class above and a case here.
 template <class Real>
-std::unique_ptr<RefLayer<Real>> make_ref_layer(const LayerDesc& d, int64_t B, const std::vector<Real>& rope_cos,
-                                               const std::vector<Real>& rope_sin) {
+std::unique_ptr<RefLayer<Real>> make_ref_layer(const LayerDesc& d, int64_t B) {
   switch (d.kind) {
     case LayerKind::kEmbedding: return std::make_unique<RefEmbedding<Real>>(d, B);
-    case LayerKind::kAttention: return std::make_unique<RefAttention<Real>>(d, B, rope_cos, rope_sin);
+    case LayerKind::kAttention: return std::make_unique<RefAttention<Real>>(d, B);
     case LayerKind::kMlp: return std::make_unique<RefMlp<Real>>(d, B);
     case LayerKind::kFinalNorm: return std::make_unique<RefFinalNorm<Real>>(d, B);
     case LayerKind::kHead: return std::make_unique<RefHead<Real>>(d, B);

@@ -9,8 +9,6 @@
 #include <optional>
 #include <sstream>
 
-#include "kernels/ops/attention.hpp"
-#include "kernels/ops/rope.hpp"
 #include "reference/canonical_f32.hpp"
 #include "reference/gpt.hpp"
 #include "reference/real.hpp"
@@ -127,7 +125,7 @@ template <class Real>
 std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSetup& u,
                                                const std::map<std::string, Observed>& trainer,
                                                bool anchor) {
-  reference::GptReference<Real> ref(s.model, u.B, u.rope_cos, u.rope_sin);
+  reference::GptReference<Real> ref(s.model, u.B);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);
@@ -221,12 +219,6 @@ StepSetup step_setup(const StepState& s) {
   u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
   u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
   u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
-  if (s.cfg.model.pos == PosKind::kRope) {
-    const int64_t HS = s.cfg.model.head_size(), half = HS / 2;
-    u.rope_cos.resize(u.T * half);
-    u.rope_sin.resize(u.T * half);
-    cpu::rope_tables(u.T, HS, s.cfg.model.rope_theta, u.rope_cos.data(), u.rope_sin.data());
-  }
   return u;
 }
 

@@ -48,12 +48,11 @@ struct StepOptions {
 };
 
 // What the reference needs besides the state: hyper-parameters of this step (the learning rate and
-// AdamW bias corrections at s.step), loss segments per micro-batch, RoPE tables.
+// AdamW bias corrections at s.step), loss segments per micro-batch.
 struct StepSetup {
   reference::StepHyper hyper;
   float dloss = 0;
   std::vector<int64_t> loss_segments;
-  std::vector<float> rope_cos, rope_sin;
   int64_t B = 0, MB = 0, T = 0;
 };
 StepSetup step_setup(const StepState& s);

@@ -5,8 +5,10 @@
 #  - the model's code (src/model/) includes nothing of src/parallel, src/comm, src/train or verify/,
 #    and the layers and the model that runs them never name a rank (outside comments);
 #  - reference/ includes reference/ and the model's description only (src/model/layer_list.hpp and
-#    the config it holds), besides the canonical contract and transcendentals CanonicalF32 is
-#    defined by (kernels/ops/canonical.hpp, transcendental.hpp);
+#    the config it holds), besides what it shares on purpose as the specification and checks
+#    against MPFR itself: the canonical contract and transcendentals CanonicalF32 is defined by
+#    (kernels/ops/canonical.hpp, transcendental.hpp) and the deterministic double functions of the
+#    canonical RoPE tables (src/core/det_math.hpp);
 #  - verify/core/ (below the trainer) includes neither src/train nor the verify tools; nothing
 #    under src/ but the CLI includes a verify tool;
 #  - datasets/ include datasets/ and src/core/ only (src/data builds on them, not the reverse).
@@ -39,7 +41,8 @@ for f in $(files src/model/layers) src/model/model.hpp src/model/model.cpp src/m
   sed 's://.*$::' "$f" | grep -niw 'rank\|ranks' | sed "s|^|$f: |"
 done | refuse "the model's code names a rank" '.'
 includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|src/model/config\.hpp|verify/core/bounds\.hpp)' \
-  | grep -vE '^reference/canonical_f32\.hpp: kernels/ops/(canonical|transcendental)\.hpp$' \
+  | grep -vE '^reference/(canonical_f32|canonical_checks)\.hpp: kernels/ops/(canonical|transcendental)\.hpp$' \
+  | grep -vE '^reference/rope_tables\.hpp: src/core/det_math\.hpp$' \
   | refuse "reference/ includes beyond itself, the model's description and the canonical contract" '.'
 includes $(files verify/core) | refuse "verify/core includes the trainer or a verify tool" ': (src/train/|verify/[^c])'
 includes $(files src | grep -v '^src/cli/') | grep ': verify/' | grep -v ': verify/core/' \
