@@ -21,6 +21,7 @@
 // Not here: parallel layouts, data loading, checkpoints (the verifier's job).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,7 @@ struct StepHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   float bc1 = 1, bc2 = 1;
   float grad_clip = 0;  // 0: off
+  std::array<bool, kNumParamClasses> decay_classes{};  // by ParamClass: weight decay applies
 };
 
 template <class Real>
@@ -103,8 +105,8 @@ class GptReference {
 
   // clip_grad_norm then AdamW::update, on grads(): sumsq over every tensor (chunks restarting at
   // each tensor), norm = sqrt, and if grad_clip > 0 and norm > grad_clip every gradient is
-  // scaled by grad_clip / (norm + 1e-6); then AdamW per tensor, weight decay on `decay` tensors.
-  // Returns the norm before clipping.
+  // scaled by grad_clip / (norm + 1e-6); then AdamW per tensor, weight decay on the tensors of
+  // h.decay_classes. Returns the norm before clipping.
   Real clip_and_update(const StepHyper& h) {
     using std::sqrt;
     std::vector<int64_t> bounds{0};
@@ -116,7 +118,8 @@ class GptReference {
       for (auto& x : g) x = x * scale;
     }
     for (const auto& t : layout_) {
-      const AdamWParams a{h.lr, h.beta1, h.beta2, h.eps, t.decay ? h.weight_decay : 0.0f, h.bc1, h.bc2};
+      const bool decays = h.decay_classes[static_cast<size_t>(t.klass)];
+      const AdamWParams a{h.lr, h.beta1, h.beta2, h.eps, decays ? h.weight_decay : 0.0f, h.bc1, h.bc2};
       adamw_update(t.numel, a, params.data() + t.offset, m.data() + t.offset, v.data() + t.offset,
                    g.data() + t.offset);
     }

@@ -33,7 +33,7 @@ struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;
   int64_t offset = 0, numel = 0;
-  bool decay = false;  // AdamW weight decay (matrices and embeddings)
+  ParamClass klass = ParamClass::kMatrix;  // weight decay applies by class (StepHyper)
 };
 
 // Parameters in the canonical order of the description (that of src/model/param_layout.hpp).
@@ -43,7 +43,7 @@ inline std::vector<ParamInfo> reference_param_layout(const ModelDesc& desc) {
   for (const ParamDecl* p : model_params(desc)) {
     int64_t n = 1;
     for (auto s : p->shape) n *= s;
-    layout.push_back({p->name, p->shape, offset, n, p->decay});
+    layout.push_back({p->name, p->shape, offset, n, p->klass});
     offset += n;
   }
   return layout;

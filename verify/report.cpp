@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "src/optim/grad_clip.hpp"
+
 namespace lockstep::verify {
 
 namespace {
@@ -47,6 +49,8 @@ const TensorRow* StepReport::worst() const {
   }
   return w;
 }
+
+bool StepReport::clipped() const { return clip_scale(grad_norm, grad_clip).has_value(); }
 
 double StepReport::worst_tightness() const {
   double t = 0;
@@ -106,7 +110,14 @@ void print_report(const StepReport& r, std::ostream& out) {
   }
   s << std::fixed << std::setprecision(2) << "; trainer step " << r.trainer_seconds
     << " s, reference " << r.reference_seconds << " s";
-  out << s.str() << "\n";
+  std::ostringstream clip;
+  clip << "gradient norm " << std::setprecision(6) << r.grad_norm;
+  if (r.grad_clip > 0)
+    clip << (r.clipped() ? " above" : " not above") << " grad_clip " << r.grad_clip << ": "
+         << (r.clipped() ? "clipped" : "not clipped");
+  else
+    clip << ", grad_clip 0: clipping off";
+  out << clip.str() << "\n" << s.str() << "\n";
 }
 
 nlohmann::json report_json(const StepReport& r) {
@@ -144,6 +155,9 @@ nlohmann::json report_json(const StepReport& r) {
           {"worst_tightness", num(r.worst_tightness())},
           {"trainer_seconds", r.trainer_seconds},
           {"reference_seconds", r.reference_seconds},
+          {"grad_norm", num(r.grad_norm)},
+          {"grad_clip", r.grad_clip},
+          {"clipped", r.clipped()},
           {"rows", rows}};
 }
 

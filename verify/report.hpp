@@ -33,7 +33,12 @@ struct StepReport {
   int64_t step = 0;              // 0-based step that was run (the checkpoint's step count)
   double trainer_seconds = 0;
   double reference_seconds = 0;
+  float grad_norm = 0;           // the trainer's gradient norm before clipping
+  float grad_clip = 0;           // [train] grad_clip (0: off)
   std::vector<TensorRow> rows;
+
+  // Whether the step scaled its gradient (clip_scale's rule): which branch of clipping it checked.
+  bool clipped() const;
 
   bool ok() const;
   // The row with the largest tightness (bound checks) or, in bitwise checks, the first failing row

@@ -18,6 +18,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/optim/grad_clip.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 
 namespace lockstep::verify {
@@ -72,11 +73,11 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
   for (size_t i = 0; i < ref_layout.size(); ++i) {
     const auto& a = ref_layout[i];
     const auto& b = model.param_layout()[i];
-    LS_CHECK(a.name == b.name && a.offset == b.offset && a.numel == b.numel && a.decay == b.decay,
+    LS_CHECK(a.name == b.name && a.offset == b.offset && a.numel == b.numel && a.klass == b.klass,
              "reference parameter ", a.name, " does not match the model's ", b.name);
   }
   std::copy(s.params.begin(), s.params.end(), model.params());
-  AdamW opt(model, {u.hyper.beta1, u.hyper.beta2, u.hyper.eps, u.hyper.weight_decay});
+  AdamW opt(model, tc.adamw());
   opt.m() = s.m;
   opt.v() = s.v;
 
@@ -216,6 +217,8 @@ StepSetup step_setup(const StepState& s) {
   u.hyper.beta2 = static_cast<float>(tc.beta2);
   u.hyper.eps = static_cast<float>(tc.eps);
   u.hyper.weight_decay = static_cast<float>(tc.weight_decay);
+  // The reference decides which tensors decay from their classes, by the same user setting.
+  u.hyper.decay_classes = tc.adamw().decay.classes;
   u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
   u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
   u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
@@ -332,6 +335,8 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
   auto t0 = Clock::now();
   auto got = run_trainer(s, u, backend, order);
   report.trainer_seconds = seconds_since(t0);
+  report.grad_norm = got.at("grad_norm").data[0];
+  report.grad_clip = static_cast<float>(tc.grad_clip);
 
   if (!opt.perturb.empty()) {
     auto it = got.find(opt.perturb);

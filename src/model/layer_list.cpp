@@ -11,6 +11,16 @@ namespace lockstep {
 
 std::string_view layer_kind_name(LayerKind k) { return layer_type(k).name; }
 
+std::string_view param_class_name(ParamClass c) {
+  switch (c) {
+    case ParamClass::kMatrix: return "matrices";
+    case ParamClass::kEmbedding: return "embeddings";
+    case ParamClass::kNorm: return "norms";
+    case ParamClass::kBias: return "biases";
+  }
+  return "?";
+}
+
 int64_t ModelDesc::n_blocks() const {
   int64_t n = 0;
   for (const auto& l : layers) n += l.kind == LayerKind::kAttention ? 1 : 0;

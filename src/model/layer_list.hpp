@@ -44,6 +44,18 @@ struct LayerDims {
   int64_t qkv_width() const { return (NH + 2 * NKV) * HS; }
 };
 
+// What a parameter is, for the policies that treat kinds of tensors alike (AdamW's weight decay:
+// src/optim/decay_policy.hpp; sequence parallelism's norm gradients).
+enum class ParamClass : uint8_t {
+  kMatrix,     // a linear's weight (the head's too)
+  kEmbedding,  // wte, wpe
+  kNorm,       // a norm's weight or bias (applied per token: sequence parallelism leaves each
+               // rank the gradient of its own tokens)
+  kBias,       // a linear's bias
+};
+inline constexpr int kNumParamClasses = 4;
+std::string_view param_class_name(ParamClass c);  // "matrices", "embeddings", "norms", "biases"
+
 enum class ParamInit : uint8_t {
   kOnes,    // norm weights
   kZeros,   // biases
@@ -54,9 +66,7 @@ struct ParamDecl {
   std::string name;            // e.g. "layer/0/attn/qkv/weight"
   std::vector<int64_t> shape;  // the global tensor
   DType dtype = DType::kF32;
-  bool decay = false;          // AdamW weight decay (matrices and embeddings)
-  bool norm = false;           // a norm's weight or bias (applied per token: sequence parallelism
-                               // leaves each rank the gradient of its own tokens)
+  ParamClass klass = ParamClass::kMatrix;
   bool matmul = false;         // multiplies activations: 6 FLOPs per element per trained token
   ParamInit init = ParamInit::kNormal;
   float init_scale = 1.0f;     // GPT-2: 1/sqrt(2·n_layers) for projections into the residual stream

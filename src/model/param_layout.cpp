@@ -39,7 +39,7 @@ std::vector<ParamTensor> build_param_layout(const ModelDesc& desc, TpCoord tp, s
   int64_t offset = 0;
   for (size_t l = first_layer; l < std::min(end_layer, desc.layers.size()); ++l) {
     for (const ParamDecl& d : desc.layers[l].params) {
-      ParamTensor t{d.name, d.shape, offset, 0, d.decay, d.norm, d.dtype, d.init, d.init_scale, d.shape, -1, {}};
+      ParamTensor t{d.name, d.shape, offset, 0, d.klass, d.dtype, d.init, d.init_scale, d.shape, -1, {}};
       if (p > 1 && d.split_dim >= 0) {
         t.split_dim = d.split_dim;
         int64_t base = 0, held = 0;

@@ -34,9 +34,7 @@ struct ParamTensor {
   std::vector<int64_t> shape;  // this rank's tensor
   int64_t offset = 0;          // first element in the flat buffer
   int64_t numel = 0;
-  bool decay = false;          // AdamW weight decay applies (matrices and embeddings only)
-  bool norm = false;           // a norm's weight or bias: under sequence parallelism each tp rank
-                               // applies it to its own tokens, so its gradient covers only those
+  ParamClass klass = ParamClass::kMatrix;  // what it is (weight decay follows it: src/optim/decay_policy.hpp)
   DType dtype = DType::kF32;
   ParamInit init = ParamInit::kNormal;
   float init_scale = 1.0f;
@@ -47,6 +45,9 @@ struct ParamTensor {
   std::vector<std::pair<int64_t, int64_t>> ranges;
 
   bool replicated() const { return split_dim < 0; }
+  // A norm's weight or bias: under sequence parallelism each tp rank applies it to its own tokens,
+  // so its gradient covers only those.
+  bool is_norm() const { return klass == ParamClass::kNorm; }
   int64_t global_numel() const;
   // Row-major index in the global tensor of local element i.
   int64_t global_index(int64_t i) const;

@@ -1,7 +1,6 @@
 #include "src/optim/adamw.hpp"
 
 #include <algorithm>
-#include <cmath>
 
 #include "kernels/ops/optim.hpp"
 #include "src/core/det_math.hpp"
@@ -35,28 +34,14 @@ void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t 
   for (const auto& p : model.param_layout()) {
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
     if (a >= b) continue;
-    const AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f,
-                             bc1, bc2};
+    const AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.decay.decays(p.klass) ? cfg.weight_decay : 0.0f,
+                        bc1, bc2};
     model.backend().adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
-                      grads + (a - first));
+                                 grads + (a - first));
   }
 }
 
 void AdamW::update(Model& model, float lr, int64_t t) {
   adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), m_.data(), v_.data(), model.grads());
 }
-
-float clip_grad_norm(Model& model, float max_norm) {
-  ChunkCombiner sumsq;
-  for (const auto& p : model.param_layout()) {
-    model.backend().grad_sumsq_accumulate(model.mode(), p.numel, sumsq, model.grads() + p.offset);
-  }
-  const float norm = std::sqrt(sumsq.finish());
-  if (max_norm > 0.0f && norm > max_norm) {
-    const float scale = max_norm / (norm + 1e-6f);
-    model.backend().scale_inplace(model.num_params(), model.grads(), scale);
-  }
-  return norm;
-}
-
 }  // namespace lockstep

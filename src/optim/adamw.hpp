@@ -1,12 +1,14 @@
-// AdamW over the model's flat parameter buffer, with global-norm gradient clipping and the
-// warm-up + cosine learning-rate schedule. Optimizer state (m, v) is laid out like the parameters.
-// Not here: sharding of the state across ranks (ZeRO lives in src/parallel).
+// AdamW over the model's flat parameter buffer and the warm-up + cosine learning-rate schedule.
+// Optimizer state (m, v) is laid out like the parameters.
+// Not here: gradient clipping (grad_clip.hpp); sharding of the state across ranks (ZeRO lives in
+// src/parallel).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "src/model/model.hpp"
+#include "src/optim/decay_policy.hpp"
 
 namespace lockstep {
 
@@ -14,7 +16,8 @@ struct AdamWConfig {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float weight_decay = 0.1f;  // applied to ParamTensor::decay tensors only
+  float weight_decay = 0.1f;
+  DecayPolicy decay;  // the tensors weight_decay applies to
 };
 
 struct LrSchedule {
@@ -35,7 +38,7 @@ float adamw_bias_correction(float beta, int64_t t);
 // AdamW on the elements [first, end) of the model's flat parameter buffer (a ZeRO shard, or the
 // whole model): m, v and grads hold the moments and gradient of exactly those elements (m[0] is
 // element `first`; grads: the model's own buffer from `first`, or a ZeRO-2 shard).
-// Weight decay follows each ParamTensor's `decay`; a tensor cut by the range is updated in part.
+// Weight decay follows cfg.decay; a tensor cut by the range is updated in part.
 void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
                         int64_t end, float* m, float* v, const float* grads);
 
@@ -55,10 +58,5 @@ class AdamW {
   AdamWConfig cfg_;
   std::vector<float> m_, v_;
 };
-
-// Global L2 norm of the gradients (canonical: exact chunked sum of squares, one rounding, then
-// fp32 sqrt); if max_norm > 0 and the norm exceeds it, scales every gradient by
-// max_norm / (norm + 1e-6). Returns the norm before clipping.
-float clip_grad_norm(Model& model, float max_norm);
 
 }  // namespace lockstep

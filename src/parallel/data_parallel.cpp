@@ -2,10 +2,8 @@
 #include "src/parallel/data_parallel.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
-#include "kernels/ops/optim.hpp"
 #include "src/core/check.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 
@@ -110,7 +108,7 @@ void DataParallel::on_grads_ready(int64_t first, int64_t end, bool last) {
   }
   for (const auto& t : model_.param_layout()) {
     const int64_t a = std::max(first, t.offset), b = std::min(end, t.offset + t.numel);
-    if (a < b && !t.norm) buckets_->mark_ready(a, b);
+    if (a < b && !t.is_norm()) buckets_->mark_ready(a, b);
   }
 }
 
@@ -203,23 +201,14 @@ void DataParallel::reduce_gradients() {
 float DataParallel::clip_grad_norm(float max_norm) {
   const bool sharded = zero_ == 2 && dp_.size() > 1;
   if (!sharded && tp_.size() == 1) return lockstep::clip_grad_norm(model_, max_norm);
-  // Sum of squares of this rank's part, tensor piece by tensor piece: its ZeRO-2 shard (else all of
-  // its buffer), tensors replicated across tp only on tp rank 0, so that every element of the
-  // global gradient counts once. Shard cuts are chunk starts of their tensor (make_shard_plan) and
-  // tp shards are runs of global chunks, so each piece's chunks are those of one process.
+  // This rank's part: its ZeRO-2 shard (else all of its buffer), tensors replicated across tp only
+  // on tp rank 0, so that every element of the global gradient counts once. Shard cuts are chunk
+  // starts of their tensor (make_shard_plan) and tp shards are runs of global chunks, so each
+  // piece's chunks are those of one process.
   const int64_t first = sharded ? shard_first() : 0, end = sharded ? shard_end() : model_.num_params();
-  ChunkCombiner sumsq;
-  for (const auto& p : model_.param_layout()) {
-    if (p.replicated() && tp_.rank() != 0) continue;
-    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
-    if (a < b) model_.backend().grad_sumsq_accumulate(model_.mode(), b - a, sumsq, grad_at(a));
-  }
-  const float norm = std::sqrt(combine_exact(sumsq, sharded ? dp_tp_ : tp_));
-  if (max_norm > 0.0f && norm > max_norm) {
-    const float scale = max_norm / (norm + 1e-6f);  // as optim's clip_grad_norm
-    model_.backend().scale_inplace(end - first, grad_at(first), scale);
-  }
-  return norm;
+  comm::Communicator& group = sharded ? dp_tp_ : tp_;
+  return lockstep::clip_grad_norm(model_, {first, end, grad_at(first), tp_.rank() != 0}, max_norm,
+                                  [&](const ChunkCombiner& own) { return combine_exact(own, group); });
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {

@@ -33,7 +33,7 @@
 //                       the model has no gradient buffer), rounded once here in canonical mode.
 //                       (A float all-reduce would be one call, but MPI may round differently on
 //                       different ranks; reduce-scatter + all-gather gives every replica the same bits.)
-//   clip_grad_norm()    zero 0/1 without tp: the model's clip_grad_norm on the full gradient (same
+//   clip_grad_norm()    grad_clip.hpp. zero 0/1 without tp: the model's whole gradient (same
 //                       on every rank); otherwise canonical chunk partials of this rank's part
 //                       (zero 2: its shard, cut on chunk starts, exact_reduce.hpp; tp: tensors
 //                       replicated across tp counted on tp rank 0 only), combined exactly over the
@@ -78,6 +78,7 @@
 
 #include "src/comm/communicator.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/optim/grad_clip.hpp"
 #include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/grad_buckets.hpp"
 #include "src/parallel/zero2_grads.hpp"
@@ -150,7 +151,7 @@ class DataParallel {
   OverlapStats overlap_stats() const { return buckets_ ? buckets_->last_step() : OverlapStats{}; }
   // The global loss sum over the group (exact; same bits as one process's combiner).
   float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_); }
-  // Global gradient norm before clipping (same on every rank); clips like optim's clip_grad_norm.
+  // Global gradient norm before clipping (same on every rank); clips by grad_clip.hpp.
   float clip_grad_norm(float max_norm);
   // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather.
   void step(float lr, int64_t t);

@@ -24,7 +24,7 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout
   // Tensor starts where the buffer passes between norm and other tensors.
   std::vector<int64_t> forced;
   for (size_t i = 1; split_norms && i < layout.size(); ++i) {
-    if (layout[i].norm != layout[i - 1].norm) forced.push_back(layout[i].offset);
+    if (layout[i].is_norm() != layout[i - 1].is_norm()) forced.push_back(layout[i].offset);
   }
   std::vector<GradBucket> buckets;
   for (int64_t first = 0; first < n;) {

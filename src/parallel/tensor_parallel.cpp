@@ -65,7 +65,7 @@ uint64_t tp_min_bytes(const ModelConfig& m, int64_t tp, bool sp, int64_t tokens)
   const uint64_t per_value = 8 * (p - 1);  // divided by p below
   auto values = static_cast<uint64_t>((4 * m.n_layers + 2) * tokens * m.d_model + 3 * tokens);
   if (sp) {
-    for (const auto& t : build_param_layout(m)) values += t.norm ? static_cast<uint64_t>(t.numel) : 0;
+    for (const auto& t : build_param_layout(m)) values += t.is_norm() ? static_cast<uint64_t>(t.numel) : 0;
   }
   return values * per_value / p;
 }
@@ -73,7 +73,7 @@ uint64_t tp_min_bytes(const ModelConfig& m, int64_t tp, bool sp, int64_t tokens)
 void sum_norm_grads(Model& model, comm::Communicator& tp) {
   std::vector<size_t> idx;  // the norm parameters' elements, in buffer order (the same on every rank)
   for (const auto& t : model.param_layout()) {
-    for (int64_t i = 0; t.norm && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
+    for (int64_t i = 0; t.is_norm() && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
   }
   const bool canonical = model.mode() == Mode::kCanonical;
   sum_over_tp(canonical ? GradSink{nullptr, &model.exact_grads(), 0} : GradSink{model.grads(), nullptr, 0}, idx, tp);

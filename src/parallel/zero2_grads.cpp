@@ -17,14 +17,14 @@ Zero2Grads::Zero2Grads(const std::vector<ParamTensor>& layout, std::vector<GradB
   if (exact_shard) shard_exact_.reset(shard_.size());
   int64_t resident = 0;
   for (size_t i = 0; i < layout_.size(); ++i) {
-    if (!resident_norms || !layout_[i].norm) continue;
+    if (!resident_norms || !layout_[i].is_norm()) continue;
     resident_pos_[i] = resident;
     resident += layout_[i].numel;
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const ParamTensor& first = layout_[static_cast<size_t>(tensor_at(buckets_[b].first))];
     LS_CHECK(first.offset == buckets_[b].first, "bucket ", b, " does not start on a tensor");
-    resident_[b] = resident_norms && first.norm;
+    resident_[b] = resident_norms && first.is_norm();
   }
   for (int64_t i = 0; i < resident; ++i) resident_indices_.push_back(static_cast<size_t>(i));
   if (exact_) {

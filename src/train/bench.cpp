@@ -17,6 +17,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/optim/grad_clip.hpp"
 #include "src/train/metrics.hpp"
 
 namespace lockstep {
@@ -161,8 +162,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
 
   Model model(cfg.model, tc.mode, MB, {.backend = &backend});
   model.init_parameters();
-  AdamW adamw(model, {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
-                      static_cast<float>(tc.weight_decay)});
+  AdamW adamw(model, tc.adamw());
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, opt.warmup + opt.steps};
   // The peak is measured before and after the timed steps and the higher figure kept: on a shared
   // machine one measurement can fall in a busy moment, and an underestimated peak inflates MFU.

@@ -176,6 +176,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("min_lr", c.train.min_lr);
   t.field("warmup", c.train.warmup);
   t.field("weight_decay", c.train.weight_decay);
+  t.field("weight_decay_on", c.train.weight_decay_on);
   t.field("beta1", c.train.beta1);
   t.field("beta2", c.train.beta2);
   t.field("eps", c.train.eps);
@@ -261,6 +262,7 @@ void validate(const RunConfig& c, ConfigUse use) {
              ": [train] beta1 and beta2 must be in [0, 1)");
   LS_REQUIRE(t.eps > 0, c.source, ": [train] eps (", t.eps, ") must be > 0");
   LS_REQUIRE(t.weight_decay >= 0, c.source, ": [train] weight_decay must be >= 0");
+  DecayPolicy::parse(t.weight_decay_on, c.source + ": [train] weight_decay_on");  // throws on a bad list
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,
@@ -286,6 +288,11 @@ void validate(const RunConfig& c, ConfigUse use) {
 }
 
 }  // namespace
+
+AdamWConfig TrainConfig::adamw() const {
+  return {static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
+          static_cast<float>(weight_decay), DecayPolicy::parse(weight_decay_on, "[train] weight_decay_on")};
+}
 
 nlohmann::json RunConfig::to_json() const {
   RunConfig copy = *this;

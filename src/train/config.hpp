@@ -13,6 +13,7 @@
 
 #include "kernels/ops/mode.hpp"
 #include "src/model/config.hpp"
+#include "src/optim/adamw.hpp"
 
 namespace lockstep {
 
@@ -32,6 +33,9 @@ struct TrainConfig {
   double min_lr = 3e-5;
   int64_t warmup = 0;
   double weight_decay = 0.1;
+  // The parameter classes weight decay applies to (src/optim/decay_policy.hpp), comma-separated
+  // from matrices, embeddings, norms, biases; "none" for none.
+  std::string weight_decay_on = "matrices,embeddings";
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
@@ -46,6 +50,8 @@ struct TrainConfig {
   double peak_gflops = 0;    // 0 = measure an fp32 GEMM peak at start-up
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
+  // The optimizer's fp32 hyperparameters and decay policy, as every step that trains uses them.
+  AdamWConfig adamw() const;
 };
 
 struct CheckpointConfig {

@@ -163,9 +163,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
   parallel::DataParallel ddp(
-      model, dpc, tpc, world, static_cast<int>(pc.zero), reduce,
-      {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
-       static_cast<float>(tc.weight_decay)},
+      model, dpc, tpc, world, static_cast<int>(pc.zero), reduce, tc.adamw(),
       parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap, tp > 1 && pc.sp});
   TrainRun run{cfg, world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
                build_param_layout(cfg.model)};

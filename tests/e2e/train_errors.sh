@@ -22,6 +22,8 @@ expect_error "\[inject\] site param/lnf/wieght: the model has no parameter lnf/w
 expect_error "kind order: site must be an op's forward output \(embed/out, layer/N/ln1/out, layer/N/attn/qkv, " \
   "$LOCKSTEP" train --config cfg.toml --inject.kind=order --inject.site=layer/0/attn/out
 expect_error "d_model \(64\) must be divisible by n_heads \(5\)" "$LOCKSTEP" train --config cfg.toml --model.n_heads=5
+expect_error "cfg.toml: \[train\] weight_decay_on: unknown parameter class \"gains\" in \"matrices,gains\"" \
+  "$LOCKSTEP" train --config cfg.toml --train.weight_decay_on=matrices,gains
 expect_error "\[parallel\] bucket_mb \(0\) must be > 0" "$LOCKSTEP" train --config cfg.toml --parallel.bucket_mb=0
 expect_error "cfg.toml: \[train\] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"mkl\"" \
   "$LOCKSTEP" train --config cfg.toml --train.fast_gemm=mkl

@@ -121,7 +121,7 @@ TEST(TensorParallelMpi, NormGradientsAreSummedExactlyOverTheGroup) {
     for (int64_t i = 0; i < t.numel; ++i) {
       const int64_t e = t.offset + i;
       float want;
-      if (t.norm) {
+      if (t.is_norm()) {
         want = exact_total(p, e);
       } else {
         SuperAccumulator s;
@@ -130,7 +130,7 @@ TEST(TensorParallelMpi, NormGradientsAreSummedExactlyOverTheGroup) {
       }
       ASSERT_EQ(bits(acc.round(static_cast<size_t>(e))), bits(want)) << t.name << " element " << i;
     }
-    norms += t.norm ? t.numel : 0;
+    norms += t.is_norm() ? t.numel : 0;
   }
   EXPECT_EQ(norms, 3 * 2 * 192);  // ln1, ln2, lnf: weight and bias
 }

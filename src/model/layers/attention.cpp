@@ -21,19 +21,19 @@ void declare(LayerDesc& d) {
   const std::string& pre = d.prefix;
   d.output = pre + "attn/res";
   d.activation_flops = 12.0 * static_cast<double>(m.C) * static_cast<double>(m.T);  // Q·Kᵀ and att·V, 3 passes
-  d.params.push_back({.name = pre + "ln1/weight", .shape = {m.C}, .norm = true, .init = ParamInit::kOnes});
+  d.params.push_back({.name = pre + "ln1/weight", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
   if (d.norm == NormKind::kLayerNorm) {
-    d.params.push_back({.name = pre + "ln1/bias", .shape = {m.C}, .norm = true, .init = ParamInit::kZeros});
+    d.params.push_back({.name = pre + "ln1/bias", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kZeros});
   }
-  d.params.push_back({.name = pre + "attn/qkv/weight", .shape = {m.qkv_width(), m.C}, .decay = true, .matmul = true, .split_dim = 0,
+  d.params.push_back({.name = pre + "attn/qkv/weight", .shape = {m.qkv_width(), m.C}, .klass = ParamClass::kMatrix, .matmul = true, .split_dim = 0,
                       .segments = {Q, KV, KV}});
   if (d.bias) {
-    d.params.push_back({.name = pre + "attn/qkv/bias", .shape = {m.qkv_width()}, .init = ParamInit::kZeros,
+    d.params.push_back({.name = pre + "attn/qkv/bias", .shape = {m.qkv_width()}, .klass = ParamClass::kBias, .init = ParamInit::kZeros,
                         .split_dim = 0, .segments = {Q, KV, KV}});
   }
-  d.params.push_back({.name = pre + "attn/proj/weight", .shape = {m.C, Q}, .decay = true, .matmul = true,
+  d.params.push_back({.name = pre + "attn/proj/weight", .shape = {m.C, Q}, .klass = ParamClass::kMatrix, .matmul = true,
                       .init_scale = d.residual_scale, .split_dim = 1, .segments = {Q}});
-  if (d.bias) d.params.push_back({.name = pre + "attn/proj/bias", .shape = {m.C}, .init = ParamInit::kZeros});
+  if (d.bias) d.params.push_back({.name = pre + "attn/proj/bias", .shape = {m.C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros});
 
   const std::string ln = pre + "ln1/out", qkv = pre + "attn/qkv", att = pre + "attn/att", out = pre + "attn/out";
   d.hooks.push_back({.name = ln, .region = HookRegion::kNormOut, .op_site = true});

@@ -14,8 +14,8 @@ namespace {
 void declare(LayerDesc& d) {
   const LayerDims& m = d.dims;
   d.output = d.prefix + "embed/out";
-  d.params.push_back({.name = d.prefix + "wte", .shape = {m.V, m.C}, .decay = true, .matmul = d.tied, .split_dim = 0, .segments = {m.V}});
-  if (d.pos == PosKind::kLearned) d.params.push_back({.name = d.prefix + "wpe", .shape = {m.T, m.C}, .decay = true});
+  d.params.push_back({.name = d.prefix + "wte", .shape = {m.V, m.C}, .klass = ParamClass::kEmbedding, .matmul = d.tied, .split_dim = 0, .segments = {m.V}});
+  if (d.pos == PosKind::kLearned) d.params.push_back({.name = d.prefix + "wpe", .shape = {m.T, m.C}, .klass = ParamClass::kEmbedding});
   d.hooks.push_back({.name = d.output, .region = HookRegion::kStream, .op_site = true});
   d.ops.push_back({d.output, "embedding", {}, "wte, wpe; tokens of the step's batch (data; equal when the sampler state is)"});
 }

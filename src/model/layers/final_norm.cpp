@@ -13,9 +13,9 @@ namespace {
 void declare(LayerDesc& d) {
   const std::string& pre = d.prefix;
   d.output = pre + "lnf/out";
-  d.params.push_back({.name = pre + "lnf/weight", .shape = {d.dims.C}, .norm = true, .init = ParamInit::kOnes});
+  d.params.push_back({.name = pre + "lnf/weight", .shape = {d.dims.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
   if (d.norm == NormKind::kLayerNorm) {
-    d.params.push_back({.name = pre + "lnf/bias", .shape = {d.dims.C}, .norm = true, .init = ParamInit::kZeros});
+    d.params.push_back({.name = pre + "lnf/bias", .shape = {d.dims.C}, .klass = ParamClass::kNorm, .init = ParamInit::kZeros});
   }
   d.hooks.push_back({.name = d.output, .region = HookRegion::kNormOut, .op_site = true});
   d.ops = {

@@ -21,7 +21,7 @@ void declare(LayerDesc& d) {
   const std::string logits = pre + "logits", losses = pre + "losses";
   d.output = logits;
   if (!d.tied) {
-    d.params.push_back({.name = pre + "lm_head/weight", .shape = {d.dims.V, d.dims.C}, .decay = true, .matmul = true, .split_dim = 0,
+    d.params.push_back({.name = pre + "lm_head/weight", .shape = {d.dims.V, d.dims.C}, .klass = ParamClass::kMatrix, .matmul = true, .split_dim = 0,
                         .segments = {d.dims.V}});
   }
   d.hooks.push_back({.name = logits, .region = HookRegion::kSplit, .split_dim = 2, .segments = {d.dims.V},

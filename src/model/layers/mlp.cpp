@@ -23,19 +23,19 @@ void declare(LayerDesc& d) {
   const std::vector<int64_t> fc_segments =
       d.ffn == FfnKind::kSwiglu ? std::vector<int64_t>{m.F, m.F} : std::vector<int64_t>{m.F};
   d.output = pre + "mlp/res";
-  d.params.push_back({.name = pre + "ln2/weight", .shape = {m.C}, .norm = true, .init = ParamInit::kOnes});
+  d.params.push_back({.name = pre + "ln2/weight", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
   if (d.norm == NormKind::kLayerNorm) {
-    d.params.push_back({.name = pre + "ln2/bias", .shape = {m.C}, .norm = true, .init = ParamInit::kZeros});
+    d.params.push_back({.name = pre + "ln2/bias", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kZeros});
   }
-  d.params.push_back({.name = pre + "mlp/fc/weight", .shape = {fc_width(d, m.F), m.C}, .decay = true, .matmul = true, .split_dim = 0,
+  d.params.push_back({.name = pre + "mlp/fc/weight", .shape = {fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix, .matmul = true, .split_dim = 0,
                       .segments = fc_segments});
   if (d.bias) {
-    d.params.push_back({.name = pre + "mlp/fc/bias", .shape = {fc_width(d, m.F)}, .init = ParamInit::kZeros,
+    d.params.push_back({.name = pre + "mlp/fc/bias", .shape = {fc_width(d, m.F)}, .klass = ParamClass::kBias, .init = ParamInit::kZeros,
                         .split_dim = 0, .segments = fc_segments});
   }
-  d.params.push_back({.name = pre + "mlp/proj/weight", .shape = {m.C, m.F}, .decay = true, .matmul = true,
+  d.params.push_back({.name = pre + "mlp/proj/weight", .shape = {m.C, m.F}, .klass = ParamClass::kMatrix, .matmul = true,
                       .init_scale = d.residual_scale, .split_dim = 1, .segments = {m.F}});
-  if (d.bias) d.params.push_back({.name = pre + "mlp/proj/bias", .shape = {m.C}, .init = ParamInit::kZeros});
+  if (d.bias) d.params.push_back({.name = pre + "mlp/proj/bias", .shape = {m.C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros});
 
   const std::string ln = pre + "ln2/out", fc = pre + "mlp/fc", act = pre + "mlp/act";
   d.hooks.push_back({.name = ln, .region = HookRegion::kNormOut, .op_site = true});

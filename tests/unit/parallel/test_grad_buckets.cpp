@@ -67,7 +67,7 @@ TEST(GradBuckets, SplitNormsKeepsNormTensorsApart) {
     for (const auto& b : buckets) {
       int norm = 0, other = 0;
       for (const auto& t : layout) {
-        if (t.offset < b.end && b.first < t.offset + t.numel) (t.norm ? norm : other) += 1;
+        if (t.offset < b.end && b.first < t.offset + t.numel) (t.is_norm() ? norm : other) += 1;
       }
       EXPECT_TRUE(norm == 0 || other == 0) << "bucket " << b.first << ".." << b.end << " mixes norm and others";
     }
