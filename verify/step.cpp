@@ -12,6 +12,7 @@
 #include "reference/canonical_f32.hpp"
 #include "reference/gpt.hpp"
 #include "reference/real.hpp"
+#include "reference/schedule.hpp"
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/check.hpp"
 #include "src/data/sampler.hpp"
@@ -54,6 +55,13 @@ void convert(const Real* x, int64_t n, RefTensor& out) {
                                          std::numeric_limits<double>::infinity()));
     }
   }
+}
+
+// A value the reference computes exactly: equal bits in either mode.
+void exact_value(float x, RefTensor& out) {
+  out.f32.push_back(x);
+  out.value.push_back(x);
+  out.bound.push_back(0.0);
 }
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -109,7 +117,12 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
   }
   const float norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
   seen["grad_norm"] = {{norm}, {}};
-  opt.update(model, u.hyper.lr, s.step + 1);
+  const auto lr = static_cast<float>(LrSchedule{tc.lr, tc.min_lr, tc.warmup, tc.steps}.at(s.step));
+  const AdamWConfig adamw = tc.adamw();
+  seen["hyper/lr"] = {{lr}, {}};
+  seen["hyper/bias_correction1"] = {{adamw_bias_correction(adamw.beta1, s.step + 1)}, {}};
+  seen["hyper/bias_correction2"] = {{adamw_bias_correction(adamw.beta2, s.step + 1)}, {}};
+  opt.update(model, lr, s.step + 1);
   for (const auto& p : model.param_layout()) {
     seen["param/" + p.name] = {{model.params() + p.offset, model.params() + p.offset + p.numel},
                                p.shape};
@@ -152,6 +165,9 @@ std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSet
   }
   const Real norm = ref.clip_and_update(u.hyper);
   convert(&norm, 1, out["grad_norm"]);
+  for (const auto& [name, x] : {std::pair{"hyper/lr", u.hyper.lr}, std::pair{"hyper/bias_correction1", u.hyper.bc1},
+                                std::pair{"hyper/bias_correction2", u.hyper.bc2}})
+    exact_value(x, out[name]);
   for (const auto& p : ref.layout()) {
     convert(ref.params.data() + p.offset, p.numel, out["param/" + p.name]);
     convert(ref.m.data() + p.offset, p.numel, out["optim/m/" + p.name]);
@@ -211,16 +227,17 @@ StepSetup step_setup(const StepState& s) {
   u.T = s.cfg.model.seq_len;
   u.dloss = 1.0f / static_cast<float>(u.B * u.T);  // as trainer.cpp
   for (int64_t mb = 0; mb <= u.B / u.MB; ++mb) u.loss_segments.push_back(mb * u.MB * u.T);
-  const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
-  u.hyper.lr = static_cast<float>(schedule.at(s.step));
+  // The reference's own hyper-parameters, from [train]'s numbers (reference/schedule.hpp); the
+  // trainer's come from src/optim in run_trainer, and the hyper/ rows compare the two.
+  const reference::ScheduleSpec schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
+  u.hyper.lr = reference::to_f32(reference::schedule_lr_exact(schedule, s.step));
   u.hyper.beta1 = static_cast<float>(tc.beta1);
   u.hyper.beta2 = static_cast<float>(tc.beta2);
   u.hyper.eps = static_cast<float>(tc.eps);
   u.hyper.weight_decay = static_cast<float>(tc.weight_decay);
-  // The reference decides which tensors decay from their classes, by the same user setting.
-  u.hyper.decay_classes = tc.adamw().decay.classes;
-  u.hyper.bc1 = adamw_bias_correction(u.hyper.beta1, s.step + 1);
-  u.hyper.bc2 = adamw_bias_correction(u.hyper.beta2, s.step + 1);
+  u.hyper.decay_classes = reference::decayed_classes(tc.weight_decay_on);
+  u.hyper.bc1 = reference::to_f32(reference::bias_correction_exact(u.hyper.beta1, s.step + 1));
+  u.hyper.bc2 = reference::to_f32(reference::bias_correction_exact(u.hyper.beta2, s.step + 1));
   u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
   return u;
 }
@@ -384,6 +401,7 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
     rows.push_back(name);
     if (name == "losses") rows.push_back("loss");
   }
+  for (const char* h : {"hyper/lr", "hyper/bias_correction1", "hyper/bias_correction2"}) rows.push_back(h);
   rows.push_back("grad_norm");
   const auto layout = reference::reference_param_layout(s.model);
   for (const auto& p : layout) rows.push_back("grad/" + p.name);

@@ -47,8 +47,9 @@ struct StepOptions {
                                   // which canonical mode must catch; fast mode needs a larger one)
 };
 
-// What the reference needs besides the state: hyper-parameters of this step (the learning rate and
-// AdamW bias corrections at s.step), loss segments per micro-batch.
+// What the reference needs besides the state: its own hyper-parameters of this step (the learning
+// rate and AdamW bias corrections at s.step, the decayed classes: reference/schedule.hpp, from the
+// config's numbers, not src/optim's), loss segments per micro-batch.
 struct StepSetup {
   reference::StepHyper hyper;
   float dloss = 0;
