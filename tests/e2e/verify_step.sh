@@ -4,45 +4,22 @@
 # (within Bounded<mpfr> bounds); a one-ulp change of one trainer tensor (--verify.perturb) must
 # fail and be named; bad input gives one `error:` line.
 source "$(dirname "$0")/lib.sh"
-make_data
-cat > cfg.toml <<'TOML'
-[model]
-vocab_size = 257
-seq_len = 16
-d_model = 32
-n_layers = 2
-n_heads = 4
-seed = 11
-
-[data]
-train = "data/train.bin"
-
-[train]
-steps = 3
-batch_size = 4
-micro_batch_size = 4
-lr = 1e-3
-min_lr = 1e-4
-warmup = 1
-seed = 5
-mode = "canonical"
-threads = 2
-peak_gflops = 100
-
-[checkpoint]
-dir = "ck"
-every = 1
-keep = 0
-TOML
-
-"$LOCKSTEP" train --config cfg.toml > train.log
-[ -d ck/step_00000002 ] || fail "no checkpoint ck/step_00000002: $(tail -3 train.log)"
+# The canon-ln setup of tests/verify_setups.txt (the base model, its defaults), trained 3 steps.
+"$SRC/scripts/verify_setups.sh" --cli "$LOCKSTEP" --work "$WORK" --phase prepare canon-ln > prepare.log 2>&1 \
+  || fail "preparing the setup failed: $(tail -3 prepare.log)"
+mv canon-ln.toml cfg.toml
+mv ck-canon-ln ck
+sed -i 's|^dir = .*|dir = "ck"|' cfg.toml
+[ -d ck/step_00000002 ] || fail "no checkpoint ck/step_00000002"
 
 "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck/step_00000002 --json canonical.json > canonical.log \
   || fail "canonical verify failed: $(tail -5 canonical.log)"
 grep -q '^verify step: PASS' canonical.log || fail "no PASS line: $(tail -3 canonical.log)"
 grep -q '"ok": true' canonical.json || fail "JSON report does not say ok"
-for row in loss logits grad/logits grad/layer/0/attn/qkv grad/wte param/wte optim/v/lnf/bias; do
+grep -Eq '^gradient norm [0-9.]+ above grad_clip 1: clipped$' canonical.log \
+  || fail "no clipping line: $(grep -m1 '^gradient' canonical.log)"
+grep -q '"clipped": true' canonical.json || fail "JSON report does not say the step was clipped"
+for row in loss logits grad/logits grad/layer/0/attn/qkv hyper/lr hyper/bias_correction2 grad/wte param/wte optim/v/lnf/bias; do
   grep -Eq "^$row +\[" canonical.log || fail "no row for $row in the canonical report"
 done
 
