@@ -8,9 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
+#include "src/core/formats.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
 #include "tests/mpi/mpi_env.hpp"
@@ -19,12 +19,6 @@ namespace lockstep::parallel {
 namespace {
 
 using test::g_world;
-
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
 
 // Partial k of element e from rank r: magnitudes from 2^-100 to 2^100 in one element every third
 // element (its double sum is inexact: the accumulator spills), small integers otherwise.
@@ -56,10 +50,10 @@ TEST(TensorParallelMpi, ExactAllReduceAndReduceScatterGiveOneProcessBits) {
   tp.all_reduce_exact(acc, all.data());
   tp.reduce_scatter_exact(acc, mine.data());
   for (int64_t e = 0; e < n; ++e) {
-    ASSERT_EQ(bits(all[static_cast<size_t>(e)]), bits(exact_total(p, e))) << "all_reduce_exact element " << e;
+    ASSERT_EQ(f32_bits(all[static_cast<size_t>(e)]), f32_bits(exact_total(p, e))) << "all_reduce_exact element " << e;
   }
   for (int64_t i = 0; i < n_local; ++i) {
-    ASSERT_EQ(bits(mine[static_cast<size_t>(i)]), bits(exact_total(p, me * n_local + i))) << "reduce_scatter_exact " << i;
+    ASSERT_EQ(f32_bits(mine[static_cast<size_t>(i)]), f32_bits(exact_total(p, me * n_local + i))) << "reduce_scatter_exact " << i;
   }
 }
 
@@ -76,8 +70,8 @@ TEST(TensorParallelMpi, SumsWithOneOwnerAreTheOwnersValue) {
   tp.all_reduce_sum(y.data(), n);
   tp.all_gather(local.data(), gathered.data(), n_local);
   for (int64_t e = 0; e < n; ++e) {
-    ASSERT_EQ(bits(y[static_cast<size_t>(e)]), bits(value(e))) << "all_reduce_sum element " << e;
-    ASSERT_EQ(bits(gathered[static_cast<size_t>(e)]), bits(value(e))) << "reduce_scatter_sum + all_gather " << e;
+    ASSERT_EQ(f32_bits(y[static_cast<size_t>(e)]), f32_bits(value(e))) << "all_reduce_sum element " << e;
+    ASSERT_EQ(f32_bits(gathered[static_cast<size_t>(e)]), f32_bits(value(e))) << "reduce_scatter_sum + all_gather " << e;
   }
 }
 
@@ -128,7 +122,7 @@ TEST(TensorParallelMpi, NormGradientsAreSummedExactlyOverTheGroup) {
         for (int k = 0; k < kPartials; ++k) s.add(static_cast<double>(partial(me, e, k)));
         want = s.round_to_float();
       }
-      ASSERT_EQ(bits(acc.round(static_cast<size_t>(e))), bits(want)) << t.name << " element " << i;
+      ASSERT_EQ(f32_bits(acc.round(static_cast<size_t>(e))), f32_bits(want)) << t.name << " element " << i;
     }
     norms += t.is_norm() ? t.numel : 0;
   }

@@ -4,11 +4,11 @@
 // bitwise those of the whole model run one micro-batch after the other, for every cut.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "src/core/check.hpp"
+#include "src/core/formats.hpp"
 #include "src/model/model.hpp"
 
 namespace lockstep {
@@ -27,12 +27,6 @@ std::vector<int32_t> tokens(const ModelConfig& m) {
   std::vector<int32_t> t(static_cast<size_t>(kMicro * m.seq_len + 1));
   for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(m.vocab_size));
   return t;
-}
-
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
 }
 
 TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
@@ -78,13 +72,13 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
     }
     first.finish_grads();
     last.finish_grads();
-    EXPECT_EQ(bits(loss.finish()), bits(whole_loss.finish()));
+    EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
     for (const Model* stage : {&first, &last}) {
       for (const auto& t : stage->param_layout()) {
         const ParamTensor& w = whole.param(t.name);
         ASSERT_EQ(t.numel, w.numel) << t.name;
         for (int64_t i = 0; i < t.numel; ++i) {
-          ASSERT_EQ(bits(stage->grads()[t.offset + i]), bits(whole.grads()[w.offset + i])) << t.name << " " << i;
+          ASSERT_EQ(f32_bits(stage->grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i])) << t.name << " " << i;
         }
       }
     }

@@ -4,11 +4,11 @@
 // other stays bit for bit), and the step against the reference with decay on for other classes.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "src/core/formats.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/optim/decay_policy.hpp"
@@ -57,12 +57,6 @@ TEST(DecayPolicy, ParseNamesClassesAndRejectsUnknownOrRepeated) {
   EXPECT_TRUE(test::matches(error("matrices,"), ".*unknown parameter class \"\" in \"matrices,\".*"));
 }
 
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
 TEST(DecayPolicy, ZeroGradientUpdateDecaysExactlyThePolicysTensors) {
   for (const char* list : {"matrices,embeddings", "norms", "none"}) {
     SCOPED_TRACE(list);
@@ -82,7 +76,7 @@ TEST(DecayPolicy, ZeroGradientUpdateDecaysExactlyThePolicysTensors) {
       for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
         const float p = before[static_cast<size_t>(i)];
         const float want = cfg.decay.decays(t.klass) ? p - lr * (0.0f + cfg.weight_decay * p) : p;
-        ASSERT_EQ(bits(model.params()[i]), bits(want)) << t.name << "[" << i - t.offset << "]";
+        ASSERT_EQ(f32_bits(model.params()[i]), f32_bits(want)) << t.name << "[" << i - t.offset << "]";
       }
     }
   }

@@ -5,11 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "src/core/formats.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/grad_clip.hpp"
 #include "src/parallel/exact_reduce.hpp"
@@ -21,12 +21,6 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
 TEST(ClipScale, OnlyANormAboveThePositiveLimitIsClipped) {
   EXPECT_FALSE(clip_scale(0.5f, 1.0f));
   EXPECT_FALSE(clip_scale(1.0f, 1.0f));  // at the limit: unchanged
@@ -34,8 +28,8 @@ TEST(ClipScale, OnlyANormAboveThePositiveLimitIsClipped) {
   EXPECT_FALSE(clip_scale(100.0f, 0.0f));  // limit 0: clipping off
   EXPECT_FALSE(clip_scale(kNaN, 1.0f));    // NaN: left for the step to report
   ASSERT_TRUE(clip_scale(std::nextafter(1.0f, 2.0f), 1.0f));
-  EXPECT_EQ(bits(*clip_scale(4.0f, 1.0f)), bits(1.0f / (4.0f + 1e-6f)));
-  EXPECT_EQ(bits(*clip_scale(kInf, 1.0f)), bits(0.0f));
+  EXPECT_EQ(f32_bits(*clip_scale(4.0f, 1.0f)), f32_bits(1.0f / (4.0f + 1e-6f)));
+  EXPECT_EQ(f32_bits(*clip_scale(kInf, 1.0f)), f32_bits(0.0f));
 }
 
 ModelConfig clip_model() {
@@ -72,8 +66,8 @@ TEST(ClipGradNorm, NormOfTheWholeGradientAndTheScaleOnlyAboveTheLimit) {
     ThreeFour g(mode);
     EXPECT_EQ(clip_grad_norm(g.model, 2.5f), 5.0f);  // the norm before clipping
     const float scale = 2.5f / (5.0f + 1e-6f);
-    EXPECT_EQ(bits(g.model.grads()[0]), bits(3.0f * scale));
-    EXPECT_EQ(bits(g.model.grads()[g.last]), bits(4.0f * scale));
+    EXPECT_EQ(f32_bits(g.model.grads()[0]), f32_bits(3.0f * scale));
+    EXPECT_EQ(f32_bits(g.model.grads()[g.last]), f32_bits(4.0f * scale));
     EXPECT_TRUE(g.others_zero());
   }
 }
@@ -82,7 +76,7 @@ TEST(ClipGradNorm, ZeroAndNonFiniteGradients) {
   Model zero(describe_model(clip_model()), Mode::kCanonical, 1);
   zero.zero_grad();
   EXPECT_EQ(clip_grad_norm(zero, 1.0f), 0.0f);
-  for (int64_t i = 0; i < zero.num_params(); ++i) ASSERT_EQ(bits(zero.grads()[i]), 0u) << i;
+  for (int64_t i = 0; i < zero.num_params(); ++i) ASSERT_EQ(f32_bits(zero.grads()[i]), 0u) << i;
 
   ThreeFour nan(Mode::kCanonical);
   nan.model.grads()[1] = kNaN;
@@ -93,7 +87,7 @@ TEST(ClipGradNorm, ZeroAndNonFiniteGradients) {
   ThreeFour inf(Mode::kCanonical);
   inf.model.grads()[1] = kInf;
   EXPECT_EQ(clip_grad_norm(inf.model, 1.0f), kInf);
-  EXPECT_EQ(bits(inf.model.grads()[0]), bits(0.0f));  // scaled by 0
+  EXPECT_EQ(f32_bits(inf.model.grads()[0]), f32_bits(0.0f));  // scaled by 0
   EXPECT_TRUE(std::isnan(inf.model.grads()[1]));     // inf · 0
 }
 
@@ -134,9 +128,9 @@ TEST(ClipGradNorm, TwoPartsWithEachOthersSumGiveTheOneProcessBits) {
   const float upper_norm = clip_grad_norm(whole, upper, max_norm, with(lower_sum));
   const float norm = clip_grad_norm(whole, max_norm);
   ASSERT_GT(norm, max_norm);
-  EXPECT_EQ(bits(lower_norm), bits(norm));
-  EXPECT_EQ(bits(upper_norm), bits(norm));
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits(split[static_cast<size_t>(i)]), bits(whole.grads()[i])) << i;
+  EXPECT_EQ(f32_bits(lower_norm), f32_bits(norm));
+  EXPECT_EQ(f32_bits(upper_norm), f32_bits(norm));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(f32_bits(split[static_cast<size_t>(i)]), f32_bits(whole.grads()[i])) << i;
 }
 
 // The whole step's clip and AdamW update against the reference (CanonicalF32 bitwise, Bounded<mpfr>
