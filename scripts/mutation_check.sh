@@ -96,7 +96,7 @@ run_stages() {
     local list
     list="$(IFS=,; echo "${ids[*]}")"
     if ! (cd "$build" && ctest -j"$jobs" --stop-on-failure -I "0,0,0,$list") >"$logs/run.$name.$stage.log" 2>&1; then
-      awk '/tests FAILED:/ { on = 1; next } on && /^[[:space:]]*[0-9]+ - / { sub(/^[[:space:]]*[0-9]+ - /, ""); print; next }
+      awk '/tests FAILED:/ { on = 1; next } on && /^[[:space:]]*[0-9]+ - / { sub(/^[[:space:]]*[0-9]+ - /, ""); sub(/ \(Failed\)$/, ""); print; next }
            on { on = 0 }' "$logs/run.$name.$stage.log" >"$logs/run.$name.failed"
       [[ -s "$logs/run.$name.failed" ]] || echo "($stage stage failed: $logs/run.$name.$stage.log)" >"$logs/run.$name.failed"
       return 1
