@@ -20,6 +20,6 @@ if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 mpirun --oversubscribe -np 4 "$bin" train --config scripts/configs/tiny.toml \
-  --parallel.dp=2 --parallel.tp=2 --parallel.zero=1 --parallel.check_replicas=true --train.threads=1 "$@"
+  --parallel.dp=2 --parallel.tp=2 --parallel.zero=1 --verify.replicas=true --train.threads=1 "$@"
 /usr/bin/python3 scripts/plot_metrics.py runs/tiny/metrics.jsonl runs/tiny/loss.png \
   --source data/markov/source.json

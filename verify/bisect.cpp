@@ -35,10 +35,12 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kManagedKeys[] = {"train.steps",          "checkpoint.dir",       "checkpoint.every",
                                         "checkpoint.keep",      "log.metrics",          "dump.dir",
                                         "dump.steps",           "dump.tensors",         "train.stop_after"};
-// Keys that only cost time and do not change the trajectory: set unless the side sets them.
-// Evaluation off, and a configured sgemm peak instead of measuring one at each start.
-const std::vector<std::pair<std::string, std::string>> kCheapKeys = {{"data.val", ""},
-                                                                     {"train.peak_gflops", "1"}};
+// Keys that do not change the trajectory: set unless the side sets them. Evaluation off and a
+// configured sgemm peak instead of measuring one at each start (they only cost time), and the
+// detectors' findings warn instead of stopping: a planted divergence is what bisect looks for, and
+// a side must run all its steps for bisect to find it.
+const std::vector<std::pair<std::string, std::string>> kCheapKeys = {
+    {"data.val", ""}, {"train.peak_gflops", "1"}, {"verify.on_fault", "warn"}, {"verify.on_spike", "warn"}};
 
 std::string key_of(const std::string& word) {
   if (word.rfind("--", 0) != 0) return "";

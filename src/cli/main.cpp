@@ -2,7 +2,8 @@
 // DataError) is printed as one line `error: ...` and exits with status 2 — under mpirun/srun once,
 // by rank 0: what reaches here every rank meets alike (the config, the layout, the files all read;
 // an error of one rank's own, past the set-up, ends the job where it arises:
-// src/train/trainer.cpp); an internal error (a bug) exits with status 3.
+// src/train/trainer.cpp); an internal error (a bug) exits with status 3; a run stopped on a
+// detector's finding exits with the finding's code (verify/detect/finding.hpp), rank 0 saying why.
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
+#include "verify/detect/finding.hpp"
 
 namespace {
 
@@ -52,6 +54,16 @@ int main(int argc, char** argv) {
     if (command == "bench") return cli::cmd_bench(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
+  } catch (const detect::FaultStop& e) {
+    // Every rank stops at the same finding; rank 0 printed it and says why the job ends, the others
+    // hold their exit a moment so that mpirun lets it.
+    const int rank = comm::MpiRuntime::launcher_rank();
+    if (rank > 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+    } else {
+      std::cerr << e.what() << "\n";
+    }
+    return e.exit_code();
   } catch (const InputError& e) {
     // Another rank holds its exit a moment so that mpirun, which ends the job at the first non-zero
     // exit, lets rank 0 print; an error rank 0 did not meet follows after it, from its own rank.

@@ -19,6 +19,10 @@
 #include "src/optim/adamw.hpp"
 #include "src/optim/grad_clip.hpp"
 #include "src/train/metrics.hpp"
+#include "src/train/step_observer.hpp"
+#include "verify/detect/finding.hpp"
+#include "verify/detect/nonfinite.hpp"
+#include "verify/detect/spikes.hpp"
 
 namespace lockstep {
 
@@ -92,19 +96,26 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
             {"backward", backward_ms},
             {"optimizer", optimizer_ms.median},
             {"communication", 0.0},
-            {"verification", replica_hash_ms.median}}},
+            {"verification", replica_hash_ms.median + numeric_monitors_ms.median}}},
           {"phase_notes",
            "forward: separate forward-only pass (eval_loss), not part of the step; backward: median "
            "forward_backward - median forward; communication: 0 on one process; verification: the "
            "periodic checks at their default interval, timed outside the step (see verification)"},
           {"verification",
            {{"replica_hash",
-             {{"feature", "[parallel] check_replicas: xxh64 of the parameters, then an all-gather of the "
-                          "8-byte hash over data-parallel ranks (not timed here: needs ranks)"},
-              {"default", "off (scripts/run.sh turns it on)"},
+             {{"feature", "[verify] replicas: xxh64 of the parameters, then an all-gather of 32 bytes per "
+                          "rank over the world (not timed here: needs ranks)"},
+              {"default", "on under dp or tp"},
               {"interval_steps", 1},
               {"ms", stats_json(replica_hash_ms)},
-              {"fraction_of_step", replica_hash_ms.median / step_ms.median}}}}},
+              {"fraction_of_step", replica_hash_ms.median / step_ms.median}}},
+            {"numeric_monitors",
+             {{"feature", "non-finite loss and gradient norm (always on), their spikes by a robust z-score "
+                          "([verify] spikes)"},
+              {"default", "on"},
+              {"interval_steps", 1},
+              {"ms", stats_json(numeric_monitors_ms)},
+              {"fraction_of_step", numeric_monitors_ms.median / step_ms.median}}}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -188,7 +199,17 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
   const float dloss = 1.0f / static_cast<float>(B * T);
-  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms;
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms;
+  // The run's numeric monitors as [verify] configures them, findings printed but never stopping.
+  detect::FindingLog findings(out, {});
+  detect::NonFiniteDetector nonfinite(findings, detect::FaultAction::kWarn);
+  std::optional<detect::SpikeDetector> spikes;
+  std::vector<StepObserver*> monitors = {&nonfinite};
+  if (cfg.verify.spikes) {
+    spikes.emplace(detect::SpikeRule{.window = cfg.verify.spike_window, .threshold = cfg.verify.spike_threshold},
+                   findings, detect::FaultAction::kWarn);
+    monitors.push_back(&*spikes);
+  }
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
     next_batch();
     if (tokens_file) {
@@ -203,7 +224,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     model.finish_grads();
     const double fb = ms_since(t0);
     const auto t1 = Clock::now();
-    clip_grad_norm(model, static_cast<float>(tc.grad_clip));
+    const float grad_norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
     const auto lr = static_cast<float>(schedule.at(step));
     adamw.update(model, lr, step + 1);
     const double op = ms_since(t1);
@@ -220,10 +241,18 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     }
     const double fw = ms_since(t2);
 
-    // Verification, outside the step: what --parallel.check_replicas computes on each rank.
+    // Verification, outside the step: what [verify] replicas computes on each rank, and the
+    // numeric monitors on the step's loss and gradient norm.
     const auto t3 = Clock::now();
     r.params_xxh64 = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
     const double hs = ms_since(t3);
+    StepRecord record;
+    record.step = step;
+    record.loss = r.last_loss;
+    record.grad_norm = grad_norm;
+    const auto t4 = Clock::now();
+    for (StepObserver* o : monitors) o->end_step(record);
+    const double ms = ms_since(t4);
     if (step < opt.warmup) continue;
     r.step_page_faults += step_faults;
     step_ms.push_back(fb + op);
@@ -231,6 +260,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     optim_ms.push_back(op);
     fwd_ms.push_back(fw);
     hash_ms.push_back(hs);
+    monitor_ms.push_back(ms);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -243,6 +273,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.forward_backward_ms = stats_of(fb_ms);
   r.optimizer_ms = stats_of(optim_ms);
   r.replica_hash_ms = stats_of(hash_ms);
+  r.numeric_monitors_ms = stats_of(monitor_ms);
   r.backward_ms = r.forward_backward_ms.median - r.forward_ms.median;
   r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms.median / 1e3);
   r.achieved_gflops = r.tokens_per_s * r.flops_per_token / 1e9;
@@ -254,14 +285,19 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   print_stats(out, "forward (alone)", r.forward_ms);
   print_stats(out, "optimizer", r.optimizer_ms);
   print_stats(out, "replica hash", r.replica_hash_ms);
+  print_stats(out, "numeric monitors", r.numeric_monitors_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
-      << ", communication 0 (one process), verification " << r.replica_hash_ms.median << "\n"
-      << "verification at default intervals, outside the step: replica check ([parallel] check_replicas,"
-         " off by default, every step when on) hashes the parameters in "
+      << ", communication 0 (one process), verification " << r.replica_hash_ms.median + r.numeric_monitors_ms.median
+      << "\n"
+      << "verification at default intervals, outside the step: replica check ([verify] replicas, every step "
+         "under dp or tp) hashes the parameters in "
       << r.replica_hash_ms.median << " ms = " << std::setprecision(2)
       << 100.0 * r.replica_hash_ms.median / r.step_ms.median
-      << "% of the step (plus an all-gather of 8 bytes per rank, not timed on one process)\n"
+      << "% of the step (plus an all-gather of 32 bytes per rank, not timed on one process); numeric monitors "
+         "(non-finite, spikes) "
+      << std::setprecision(4) << r.numeric_monitors_ms.median << " ms = " << std::setprecision(4)
+      << 100.0 * r.numeric_monitors_ms.median / r.step_ms.median << "% of the step\n"
       << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s"

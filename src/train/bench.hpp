@@ -9,12 +9,11 @@
 // Phases: "forward" is a separate forward-only pass (Model::eval_loss) over the same batch, timed
 // after each step and not part of the step time; "backward" is forward_backward − forward (the
 // model does not expose a timer between its forward and backward); "optimizer" is clip + AdamW.
-// Communication is 0 (one process). Verification: the periodic checks the trainer has, each timed
-// at its default interval outside the step, as the cost a run that turns it on adds per step. The
-// only one so far is [parallel] check_replicas (off by default; scripts/run.sh turns it on): every
-// step, each data-parallel rank hashes its parameters (xxh64) and all-gathers the 8-byte hash. The
-// hash is timed here on the model's parameters; the all-gather of one word per rank is latency
-// only and needs ranks, so it is not (its cost shows in multi-rank runs).
+// Communication is 0 (one process). Verification: the detectors the trainer attaches, each timed
+// at its default interval outside the step, as the cost it adds per step: [verify] replicas (every
+// step under dp or tp, each rank hashes its parameters with xxh64 and all-gathers 32 bytes; the
+// hash is timed here, the all-gather is latency only and needs ranks) and the numeric monitors
+// (non-finite and spikes of the loss and gradient norm, verify/detect/).
 //
 // The peak is the fastest of OpenBLAS sgemm (whose kernel the environment may hold back: a
 // DYNAMIC_ARCH build that does not recognise the CPU falls back to an old core such as Prescott,
@@ -69,6 +68,7 @@ struct BenchResult {
   BenchStats forward_backward_ms;
   BenchStats optimizer_ms;
   BenchStats replica_hash_ms;  // verification: the replica check's parameter hash (every step)
+  BenchStats numeric_monitors_ms;  // verification: the non-finite and spike monitors (every step)
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token

@@ -9,6 +9,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
 #include "src/train/inject.hpp"
+#include "verify/detect/finding.hpp"
 #include "verify/core/dump.hpp"
 
 namespace lockstep {
@@ -34,6 +35,13 @@ class Section {
       if (const toml::node* node = table_->get(key)) dst = from_node<T>(*node, key);
     }
     out_[key] = dst;
+  }
+
+  // A key that lives elsewhere now: using it is an error that says where.
+  void moved(const std::string& key, const std::string& now) {
+    const std::string dotted = name_ + "." + key;
+    const bool given = overrides_.count(dotted) > 0 || (table_ != nullptr && table_->get(key) != nullptr);
+    LS_REQUIRE(!given, file_, ": [", name_, "] ", key, " is now ", now);
   }
 
   void finish() const {
@@ -217,8 +225,17 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("bucket_mb", c.parallel.bucket_mb);
   p.field("overlap", c.parallel.overlap);
   p.field("timeout_s", c.parallel.timeout_s);
-  p.field("check_replicas", c.parallel.check_replicas);
+  p.moved("check_replicas", "[verify] replicas");
   p.finish();
+
+  Section v = section("verify");
+  v.field("replicas", c.verify.replicas);
+  v.field("spikes", c.verify.spikes);
+  v.field("spike_window", c.verify.spike_window);
+  v.field("spike_threshold", c.verify.spike_threshold);
+  v.field("on_fault", c.verify.on_fault);
+  v.field("on_spike", c.verify.on_spike);
+  v.finish();
 
   Section u = section("dump");
   u.field("dir", c.dump.dir);
@@ -263,6 +280,12 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.eps > 0, c.source, ": [train] eps (", t.eps, ") must be > 0");
   LS_REQUIRE(t.weight_decay >= 0, c.source, ": [train] weight_decay must be >= 0");
   DecayPolicy::parse(t.weight_decay_on, c.source + ": [train] weight_decay_on");  // throws on a bad list
+  const VerifyConfig& v = c.verify;
+  LS_REQUIRE(v.spike_window >= 10, c.source, ": [verify] spike_window (", v.spike_window,
+             ") must be >= 10 steps (a robust z-score needs a history)");
+  LS_REQUIRE(v.spike_threshold > 0, c.source, ": [verify] spike_threshold (", v.spike_threshold, ") must be > 0");
+  detect::parse_fault_action(v.on_fault, c.source + ": [verify] on_fault");
+  detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,
@@ -315,17 +338,17 @@ RunConfig load_run_config(const std::string& path,
     throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
   }
   static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval",
-                                                  "parallel", "dump", "inject"};
+                                                  "parallel", "verify", "dump", "inject"};
   for (const auto& [k, v] : root) {
     LS_REQUIRE(kSections.count(std::string(k.str())), path, ": unknown section [", k.str(),
-               "] (known: checkpoint, data, dump, eval, inject, log, model, parallel, train)");
+               "] (known: checkpoint, data, dump, eval, inject, log, model, parallel, train, verify)");
   }
   std::map<std::string, std::string> ov;
   for (const auto& [key, value] : overrides) {
     const auto dot = key.find('.');
     LS_REQUIRE(dot != std::string::npos && kSections.count(key.substr(0, dot)), "--", key,
                ": unknown section '", key.substr(0, key.find('.')),
-               "' (known: checkpoint, data, dump, eval, inject, log, model, parallel, train)");
+               "' (known: checkpoint, data, dump, eval, inject, log, model, parallel, train, verify)");
     ov[key] = value;
   }
   nlohmann::json echo;

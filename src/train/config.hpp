@@ -80,7 +80,17 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient reduction bucket (MiB of fp32 gradient), PyTorch DDP's default
   bool overlap = true;              // reduce buckets on a communication thread during the backward
   double timeout_s = 300;           // watchdog: a collective waiting longer ends the job
-  bool check_replicas = false;      // all-gather a parameter hash every step; fail naming the odd rank
+};
+
+// Detectors while training (verify/detect/): what is checked and what a finding does. The
+// non-finite monitor of loss and gradient norm is always on.
+struct VerifyConfig {
+  bool replicas = true;            // hash dp replicas and tp-replicated tensors every step
+  bool spikes = true;              // loss and gradient-norm spikes (verify/detect/spikes.hpp)
+  int64_t spike_window = 50;       // steps of history
+  double spike_threshold = 6;      // robust z-score above which a value is a spike
+  std::string on_fault = "stop";   // non-finite values, replicas that differ: "stop" | "warn"
+  std::string on_spike = "warn";   // spikes: "warn" | "stop"
 };
 
 // Tensor dumps for `lockstep diff` (verify/core/dump.hpp); off (and free: no hook) while dir is "".
@@ -108,6 +118,7 @@ struct RunConfig {
   LogConfig log;
   EvalConfig eval;
   ParallelConfig parallel;
+  VerifyConfig verify;
   DumpConfig dump;
   InjectConfig inject;
 

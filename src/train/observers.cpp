@@ -79,56 +79,6 @@ void Evaluation::end_step(const StepRecord& r) {
   metrics_.write({{"step", r.done()}, {"val_loss", last_}});
 }
 
-namespace {
-
-// Every member of `group` must hold the same hash `mine` of what it replicates (`what`: a dp
-// replica's parameters; under tp, the tensors every tp rank holds whole). The reference is the
-// most common hash (rank 0's on a tie); rank 0 ends the job naming every rank that differs.
-void check_replicas(uint64_t mine, comm::Communicator& group, int64_t step, const char* what) {
-  const std::vector<uint64_t> all = group.all_gather(mine);
-  uint64_t ref = all[0];
-  int64_t best = 0;
-  for (uint64_t h : all) {
-    const auto n = std::count(all.begin(), all.end(), h);
-    if (n > best) best = n, ref = h;
-  }
-  std::string odd;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] != ref) {
-      odd += str_cat(odd.empty() ? "" : "; ", group.name(), " rank ", r, " (world rank ", group.world_ranks()[r],
-                     ") has ", what, " hash ", hex64(all[r]));
-    }
-  }
-  if (odd.empty()) return;
-  if (group.rank() == 0) {
-    comm::abort_job(str_cat("replica check after step ", step, ": ", odd, ", the others ", hex64(ref), " (the ",
-                            group.name(), " group's ranks must agree bitwise)"),
-                    comm::kExitDiverged);
-  }
-  group.barrier();  // rank 0 of the group is ending the job
-}
-
-// Hash of the tensors this rank holds whole although tensor parallelism splits the model (norms,
-// row-parallel biases, wpe): every tp rank computes them from the same inputs.
-uint64_t tp_replicated_hash(const Model& model) {
-  uint64_t h = 0;
-  for (const auto& p : model.param_layout()) {
-    if (p.replicated()) h = xxh64(model.params() + p.offset, static_cast<size_t>(p.numel) * sizeof(float), h);
-  }
-  return h;
-}
-
-}  // namespace
-
-void ReplicaCheck::end_step(const StepRecord& r) {
-  const Model& model = run_.model;
-  if (run_.dp.size() > 1) {
-    check_replicas(xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float)), run_.dp, r.done(),
-                   "parameter");
-  }
-  if (run_.tensor_parallel()) check_replicas(tp_replicated_hash(model), run_.tp, r.done(), "replicated-tensor");
-}
-
 void DumpSteps::dump_params(int64_t step, const std::string& prefix, const float* local, bool dp_sharded) {
   std::vector<std::string> names;
   for (const auto& p : run_.global_layout) names.push_back(prefix + p.name);

@@ -3,11 +3,10 @@
 //                 (loss, lr, grad norm, tokens/s, MFU, memory, communication), and the first
 //                 step's communication summary under a parallel layout;
 //   Evaluation    the validation loss every [eval] every steps and at the end (first dp replica);
-//   ReplicaCheck  [parallel] check_replicas: dp replicas' parameter hashes, and under tp the
-//                 tensors every tp rank holds whole, equal after every step;
 //   DumpSteps     [dump]: the step's tensors, reduced gradients and updated parameters, as whole
 //                 tensors (gathered over tp and, for ZeRO-2's gradient shards, over dp).
-// Fault injection (inject.hpp) and checkpoints (checkpointing.hpp) are observers too.
+// Fault injection (inject.hpp), checkpoints (checkpointing.hpp) and the detectors (verify/detect/)
+// are observers too.
 #pragma once
 
 #include <cstdint>
@@ -56,15 +55,6 @@ class Evaluation final : public StepObserver {
   data::EvalReader* val_;
   std::vector<int32_t> inputs_, targets_;
   float last_ = -1;
-};
-
-class ReplicaCheck final : public StepObserver {
- public:
-  explicit ReplicaCheck(const TrainRun& run) : run_(run) {}
-  void end_step(const StepRecord& r) override;
-
- private:
-  const TrainRun& run_;
 };
 
 class DumpSteps final : public StepObserver {

@@ -27,6 +27,10 @@
 #include "src/train/observers.hpp"
 #include "src/train/run.hpp"
 #include "verify/core/dump.hpp"
+#include "verify/detect/finding.hpp"
+#include "verify/detect/nonfinite.hpp"
+#include "verify/detect/replicas.hpp"
+#include "verify/detect/spikes.hpp"
 
 namespace lockstep {
 
@@ -204,16 +208,32 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (world.rank() == 0 && !cfg.log.metrics.empty()) metrics = MetricsWriter(cfg.log.metrics, summary.first_step > 0);
   std::optional<DumpSteps> dump_steps;
   if (dump) dump_steps.emplace(run, *dump);
-  ReplicaCheck replicas(run);
   Progress progress(run, metrics, costs);
   Evaluation evaluation(run, metrics, val_reader ? &*val_reader : nullptr);
   Checkpointer checkpoints(run);
+  // The detectors judge a step after its progress line and before anything keeps its state: a
+  // finding that stops the run leaves the last checkpoint the last good one.
+  const VerifyConfig& vc = cfg.verify;
+  detect::FindingLog findings(out, [&](const nlohmann::json& j) {
+    if (metrics.enabled()) metrics.write(j);
+  });
+  const detect::FaultAction on_fault = detect::parse_fault_action(vc.on_fault, "[verify] on_fault");
+  detect::NonFiniteDetector nonfinite(findings, on_fault);
+  std::optional<detect::SpikeDetector> spikes;
+  if (vc.spikes) {
+    spikes.emplace(detect::SpikeRule{.window = vc.spike_window, .threshold = vc.spike_threshold}, findings,
+                   detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
+  }
+  std::optional<detect::ReplicaDetector> replicas;
+  if (vc.replicas && world.size() > 1) replicas.emplace(model, world, dpc, tpc, findings, on_fault);
   std::vector<StepObserver*> observers = {&injector};
   if (dump_steps) observers.push_back(&*dump_steps);
-  if (pc.check_replicas) observers.push_back(&replicas);
-  for (StepObserver* o : std::initializer_list<StepObserver*>{&progress, &evaluation, &checkpoints}) {
-    observers.push_back(o);
-  }
+  observers.push_back(&progress);
+  observers.push_back(&nonfinite);
+  if (spikes) observers.push_back(&*spikes);
+  if (replicas) observers.push_back(&*replicas);
+  observers.push_back(&evaluation);
+  observers.push_back(&checkpoints);
 
   g_stop_signal.store(0);
   auto old_int = std::signal(SIGINT, on_stop_signal);

@@ -2,7 +2,7 @@
 # Data parallelism under mpirun (2 and 4 ranks on whatever cores there are: --oversubscribe).
 #  - canonical mode, reduce = exact: dp2 and dp4 with zero 0, 1 and 2 end with a model hash bitwise
 #    equal to the single-process run's, and replicas hold bitwise equal parameters after every step
-#    (--parallel.check_replicas all-gathers a parameter hash per step and fails naming the rank);
+#    (--verify.replicas all-gathers a parameter hash per step and fails naming the rank);
 #  - a dp2/zero2 checkpoint (ZeRO state gathered to rank 0) resumed by dp4/zero1 ends on that hash too,
 #    and `ckpt info` of a dp checkpoint reports it;
 #  - fast mode (and reduce = fast) runs to the end with equal replicas (only that: no bitwise claim);
@@ -21,7 +21,7 @@ want=$(model_hash single.log)
 
 for np in 2 4; do
   for zero in 0 1 2; do
-    mpi "$np" --parallel.zero=$zero --parallel.check_replicas=true > dp${np}_z$zero.log 2>&1 \
+    mpi "$np" --parallel.zero=$zero --verify.replicas=true > dp${np}_z$zero.log 2>&1 \
       || fail "dp$np zero $zero failed: $(tail -5 dp${np}_z$zero.log)"
     got=$(model_hash dp${np}_z$zero.log)
     [ "$got" = "$want" ] || fail "dp$np zero $zero: model hash $got != single-process $want"
@@ -42,9 +42,9 @@ grep -q '^resumed from .*step_00000004' ck_b.log || fail "dp4 did not resume fro
 [ "$(model_hash info.log)" = "$want" ] || fail "ckpt info hash $(model_hash info.log) != $want"
 
 # Fast mode and fast reduction: finish with bitwise equal replicas.
-mpi 2 --train.mode=fast --parallel.zero=1 --parallel.check_replicas=true > fast.log 2>&1 \
+mpi 2 --train.mode=fast --parallel.zero=1 --verify.replicas=true > fast.log 2>&1 \
   || fail "fast mode dp2 failed: $(tail -5 fast.log)"
-mpi 4 --parallel.reduce=fast --parallel.zero=2 --parallel.check_replicas=true > fastred.log 2>&1 \
+mpi 4 --parallel.reduce=fast --parallel.zero=2 --verify.replicas=true > fastred.log 2>&1 \
   || fail "reduce=fast dp4 failed: $(tail -5 fastred.log)"
 grep -q '^done: 8 steps' fastred.log || fail "reduce=fast did not finish"
 
@@ -60,7 +60,7 @@ expect_mpi_error "\[inject\] rank \(2\) is not a rank of this run \(2 ranks\)" 2
 # An injection on one rank (silent corruption on one device) changes the reduced gradient, so the
 # replicas stay equal but the model differs both from the clean run and from every rank injecting.
 flip="--inject.site=layer/0/mlp/res --inject.step=1 --inject.kind=bitflip:bit=27"
-mpi 2 --parallel.check_replicas=true $flip --inject.rank=1 > inj_one.log || fail "dp2 inject rank 1: $(tail -3 inj_one.log)"
+mpi 2 --verify.replicas=true $flip --inject.rank=1 > inj_one.log || fail "dp2 inject rank 1: $(tail -3 inj_one.log)"
 mpi 2 $flip > inj_all.log || fail "dp2 inject every rank: $(tail -3 inj_all.log)"
 one=$(model_hash inj_one.log)
 [ -n "$one" ] && [ "$one" != "$want" ] && [ "$one" != "$(model_hash inj_all.log)" ] ||

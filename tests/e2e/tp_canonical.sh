@@ -8,7 +8,7 @@
 #  - a dp2 x tp2 checkpoint (whole tensors gathered from the shards, the tp split recorded) resumed
 #    by dp2 x tp2 with another zero, and by one process, ends on that hash; `ckpt info` reports it;
 #  - fast mode under dp2 x tp2 runs to the end with equal replicas (no bitwise claim);
-#  - --parallel.check_replicas also compares the tensors every tp rank holds whole: a bit flipped
+#  - --verify.replicas also compares the tensors every tp rank holds whole: a bit flipped
 #    on one tp rank ends the job naming it;
 #  - layouts that cannot be split are refused with a message saying which and why.
 source "$(dirname "$0")/lib.sh"
@@ -42,7 +42,7 @@ for sp in false true; do
   same_hash "tp4 sp $sp" tp4_sp$sp.log
   for zero in 0 1 2; do
     log=dp2tp2_z${zero}_sp$sp.log
-    mpi 4 --parallel.dp=2 --parallel.tp=2 --parallel.zero=$zero --parallel.sp=$sp --parallel.check_replicas=true \
+    mpi 4 --parallel.dp=2 --parallel.tp=2 --parallel.zero=$zero --parallel.sp=$sp --verify.replicas=true \
       > $log 2>&1 || fail "dp2 x tp2 zero $zero sp $sp failed: $(tail -5 $log)"
     same_hash "dp2 x tp2 zero $zero sp $sp" $log
   done
@@ -87,17 +87,18 @@ same_hash "ckpt info" info.log
 
 # Fast mode: float all-reduces; replicas stay bitwise equal.
 for sp in false true; do
-  mpi 4 --parallel.dp=2 --parallel.tp=2 --parallel.sp=$sp --train.mode=fast --parallel.check_replicas=true \
+  mpi 4 --parallel.dp=2 --parallel.tp=2 --parallel.sp=$sp --train.mode=fast --verify.replicas=true \
     > fast_sp$sp.log 2>&1 || fail "fast mode dp2 x tp2 sp $sp failed: $(tail -5 fast_sp$sp.log)"
   grep -q "^done: $steps steps" fast_sp$sp.log || fail "fast mode sp $sp did not finish"
 done
 
 # A tensor every tp rank holds whole that differs on one rank ends the job naming it.
 status=0
-mpi 2 --parallel.tp=2 --parallel.check_replicas=true --inject.site=param/lnf/weight --inject.kind=bitflip:bit=0 \
+mpi 2 --parallel.tp=2 --verify.replicas=true --inject.site=param/lnf/weight --inject.kind=bitflip:bit=0 \
   --inject.rank=1 --inject.step=1 > flipped.log 2>&1 || status=$?
 [ "$status" -eq 6 ] || fail "flipped bit under tp2: expected exit 6 (replicas differ), got $status: $(tail -3 flipped.log)"
-grep -q "replica check after step 2: tp rank 1 (world rank 1) has replicated-tensor hash" flipped.log \
+[ "$(grep -c '^finding:' flipped.log)" -eq 1 ] || fail "expected one finding line: $(grep '^finding' flipped.log)"
+grep -q "^finding: after step 2, detector replicas, site tensors every tp rank holds whole (dp rank 0), ranks 1: .*world rank 1 has replicated-tensor hash" flipped.log \
   || fail "the tp replica check did not name tp rank 1: $(tail -3 flipped.log)"
 
 # Refused layouts (every rank prints the same one-line error).

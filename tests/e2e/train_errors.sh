@@ -24,6 +24,15 @@ expect_error "kind order: site must be an op's forward output \(embed/out, layer
 expect_error "d_model \(64\) must be divisible by n_heads \(5\)" "$LOCKSTEP" train --config cfg.toml --model.n_heads=5
 expect_error "cfg.toml: \[train\] weight_decay_on: unknown parameter class \"gains\" in \"matrices,gains\"" \
   "$LOCKSTEP" train --config cfg.toml --train.weight_decay_on=matrices,gains
+expect_error "cfg.toml: \[verify\] on_fault: expected \"stop\" or \"warn\", got \"explode\"" \
+  "$LOCKSTEP" train --config cfg.toml --verify.on_fault=explode
+expect_error "cfg.toml: \[verify\] on_spike: \"rollback\" needs in-memory step snapshots" \
+  "$LOCKSTEP" train --config cfg.toml --verify.on_spike=rollback
+expect_error "cfg.toml: \[verify\] spike_window \(0\) must be >= 10 steps" "$LOCKSTEP" train --config cfg.toml \
+  --verify.spike_window=0
+expect_error "--verify.abft: unknown key 'abft'" "$LOCKSTEP" train --config cfg.toml --verify.abft=true
+expect_error "cfg.toml: \[parallel\] check_replicas is now \[verify\] replicas" "$LOCKSTEP" train --config cfg.toml \
+  --parallel.check_replicas=true
 expect_error "\[parallel\] bucket_mb \(0\) must be > 0" "$LOCKSTEP" train --config cfg.toml --parallel.bucket_mb=0
 expect_error "cfg.toml: \[train\] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"mkl\"" \
   "$LOCKSTEP" train --config cfg.toml --train.fast_gemm=mkl

@@ -19,7 +19,7 @@ common=(--config cfg.toml --train.steps=4 --train.threads=1 --train.micro_batch_
         --parallel.bucket_mb=0.015625)
 run() { "$LOCKSTEP" train "${common[@]}" "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "${common[@]}" \
-  --parallel.timeout_s=60 --parallel.check_replicas=true "$@"; }
+  --parallel.timeout_s=60 --verify.replicas=true "$@"; }
 
 run > single.log
 want=$(model_hash single.log)

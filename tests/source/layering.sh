@@ -11,6 +11,8 @@
 #    canonical RoPE tables (src/core/det_math.hpp);
 #  - verify/core/ (below the trainer) includes neither src/train nor the verify tools; nothing
 #    under src/ but the CLI includes a verify tool;
+#  - the detectors (verify/detect/, which the trainer attaches) include of the trainer only its
+#    observer interface (src/train/step_observer.hpp), and no verify tool;
 #  - datasets/ include datasets/ and src/core/ only (src/data builds on them, not the reverse).
 #   layering.sh SOURCE_DIR
 set -u  # no -e: the greps below find nothing when all is well
@@ -45,8 +47,10 @@ includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|
   | grep -vE '^reference/rope_tables\.hpp: src/core/det_math\.hpp$' \
   | refuse "reference/ includes beyond itself, the model's description and the canonical contract" '.'
 includes $(files verify/core) | refuse "verify/core includes the trainer or a verify tool" ': (src/train/|verify/[^c])'
-includes $(files src | grep -v '^src/cli/') | grep ': verify/' | grep -v ': verify/core/' \
+includes $(files verify/detect) | grep -vE ': src/train/step_observer\.hpp$' \
+  | refuse "verify/detect includes the trainer beyond its observer interface, or a verify tool" ': (src/train/|verify/[^cd])'
+includes $(files src | grep -v '^src/cli/') | grep ': verify/' | grep -vE ': verify/(core|detect)/' \
   | refuse "src/ (but the CLI) includes a verify tool" '.'
 includes $(files datasets) | refuse "datasets/ include beyond datasets/ and src/core/" ': (src/[^c]|verify/|kernels/)'
-[ "$status" -eq 0 ] && echo "layering: kernels, comm, model, reference, verify/core and datasets keep their places"
+[ "$status" -eq 0 ] && echo "layering: kernels, comm, model, reference, verify/core, verify/detect and datasets keep their places"
 exit "$status"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The detectors while training (verify/detect/), end to end from the CLI:
+#  - a clean run has no finding;
+#  - a parameter's exponent bit flipped after step 20 (an SDC in memory: the embedding of 'a', a
+#    token of the data, 256 times larger) doubles the gradient norm of step 22: a finding line
+#    naming the detector, the site and the step, a JSONL record, and the run goes on ([verify]
+#    on_spike = "warn", the default);
+#  - with on_spike = "stop" the same run ends with exit 7 and says why, its last checkpoint the one
+#    before the finding;
+#  - a flip of the exponent's top bit (an embedding row 2^128 times larger, which the tied head turns
+#    into logits of 10^35) makes step 22's gradient norm non-finite: exit 7 by default (on_fault =
+#    "stop"), one finding line; with on_fault = "warn" the run goes to its end.
+source "$(dirname "$0")/lib.sh"
+make_data
+write_config
+run() { "$LOCKSTEP" train --config cfg.toml --train.steps=30 --log.every=1 --log.metrics=m.jsonl "$@"; }
+
+run > clean.log 2>&1 || fail "clean run: $(tail -3 clean.log)"
+grep -q '^finding' clean.log && fail "a clean run reported: $(grep '^finding' clean.log)"
+
+spike="--inject.site=param/wte --inject.kind=bitflip:bit=26,index=6210 --inject.step=20"
+run $spike > spike.log 2>&1 || fail "spike run (warn): $(tail -3 spike.log)"
+grep -Eq '^finding: after step 22, detector spike, site grad_norm, ranks all: robust z [0-9.e+]+ against bound 6 \(spike\)' spike.log \
+  || fail "no spike finding at step 22: $(grep -E '^(finding|step +2[12])' spike.log)"
+grep -q '^done: 30 steps' spike.log || fail "the warned run did not finish"
+grep -q '"finding":{.*"detector":"spike"' m.jsonl || fail "no finding record in the metrics"
+
+status=0
+run $spike --verify.on_spike=stop --checkpoint.dir=ck --checkpoint.every=5 > spike_stop.log 2>&1 || status=$?
+[ "$status" -eq 7 ] || fail "spike with on_spike=stop: expected exit 7, got $status: $(tail -3 spike_stop.log)"
+grep -q 'stopped after step 22 on the spike finding at grad_norm (\[verify\] on_spike = "stop"' spike_stop.log \
+  || fail "no reason for the stop: $(tail -2 spike_stop.log)"
+[ -d ck/step_00000020 ] && [ ! -d ck/step_00000025 ] || fail "checkpoints: $(ls ck)"
+
+status=0
+inf="--inject.site=param/wte --inject.kind=bitflip:bit=30,index=700 --inject.step=20"
+run $inf > nonfinite.log 2>&1 || status=$?
+[ "$status" -eq 7 ] || fail "non-finite: expected exit 7, got $status: $(tail -3 nonfinite.log)"
+[ "$(grep -c '^finding:' nonfinite.log)" -eq 1 ] || fail "expected one finding: $(grep '^finding' nonfinite.log)"
+grep -Eq '^finding: after step 22, detector nonfinite, site (loss|grad_norm)' nonfinite.log \
+  || fail "no non-finite finding at step 22: $(grep '^finding' nonfinite.log)"
+run $inf --verify.on_fault=warn > nonfinite_warn.log 2>&1 || fail "non-finite with warn: $(tail -3 nonfinite_warn.log)"
+grep -q '^done: 30 steps' nonfinite_warn.log || fail "the warned non-finite run did not finish"

@@ -1,0 +1,128 @@
+// The numeric detectors and the finding log (verify/detect/): the robust z-score on known
+// histories, the window's warm-up and its refusal of non-finite values, a finding's line and JSON
+// record, the actions (warn goes on, stop throws FaultStop with the class's exit code), and no
+// false alarm over 10,000 steps of a noisy, decaying loss and gradient norm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "tests/support/errors.hpp"
+#include "verify/detect/finding.hpp"
+#include "verify/detect/nonfinite.hpp"
+#include "verify/detect/spikes.hpp"
+
+namespace lockstep::detect {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+TEST(RobustZ, MedianAndScaledMadOfTheHistory) {
+  const std::vector<double> h = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // median 6, MAD 3
+  EXPECT_DOUBLE_EQ(robust_z(h, 20, 1e-3), 14 / (1.4826 * 3));
+  EXPECT_DOUBLE_EQ(robust_z(h, 6, 1e-3), 0);
+  EXPECT_LT(robust_z(h, 1, 1e-3), 0);  // below the median: negative
+  const std::vector<double> even = {1, 2, 3, 4};  // median 2.5, deviations 1.5 0.5 0.5 1.5: MAD 1
+  EXPECT_DOUBLE_EQ(robust_z(even, 4, 1e-3), 1.5 / 1.4826);
+  // A constant history: the floor is the scale.
+  const std::vector<double> flat(20, 2.0);
+  EXPECT_DOUBLE_EQ(robust_z(flat, 2.01, 1e-3), (2.01 - 2.0) / 1e-3);
+  EXPECT_EQ(robust_z(flat, 2.01, 0.0), INFINITY);
+}
+
+TEST(SpikeWindow, JudgesOnlyAfterItsHistoryAndKeepsOnlyFiniteValues) {
+  SpikeWindow w(SpikeRule{.window = 12, .threshold = 6, .min_history = 10});
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(w.judge(1.0 + 0.01 * (i % 3)), 0.0) << i;  // warming up
+  EXPECT_EQ(w.judge(kNaN), 0.0);               // not judged, not kept
+  EXPECT_EQ(w.judge(0.0), 0.0);                // nor a value without a logarithm
+  EXPECT_GT(w.judge(5.0), 6.0);                // a spike
+  for (int i = 0; i < 40; ++i) w.judge(1.0);   // the ring forgets it
+  EXPECT_DOUBLE_EQ(w.median(), 1.0);
+}
+
+StepRecord record(int64_t step, float loss, float grad_norm) {
+  StepRecord r;
+  r.step = step;
+  r.loss = loss;
+  r.grad_norm = grad_norm;
+  return r;
+}
+
+TEST(SpikeDetector, OneFindingForOneSpikeNamingSiteAndStep) {
+  std::ostringstream out;
+  std::vector<nlohmann::json> records;
+  FindingLog log(out, [&](const nlohmann::json& j) { records.push_back(j); });
+  SpikeDetector spikes(SpikeRule{}, log, FaultAction::kWarn);
+  for (int64_t s = 0; s < 30; ++s) spikes.end_step(record(s, 3.0f - 0.01f * static_cast<float>(s % 5), 1.0f));
+  spikes.end_step(record(30, 9.0f, 1.0f));
+  for (int64_t s = 31; s < 40; ++s) spikes.end_step(record(s, 3.0f, 1.0f));
+  EXPECT_EQ(log.count(), 1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["finding"]["detector"], "spike");
+  EXPECT_EQ(records[0]["finding"]["site"], "loss");
+  EXPECT_EQ(records[0]["finding"]["step"], 31);
+  EXPECT_EQ(records[0]["finding"]["classification"], "spike");
+  EXPECT_TRUE(test::matches(out.str(), "finding: after step 31, detector spike, site loss, ranks all: robust z [0-9.e+]+ "
+                                       "against bound 6 \\(spike\\); value 9, median of the last 50 steps 2.98\n"));
+  SpikeDetector stopping(SpikeRule{}, log, FaultAction::kStop);
+  for (int64_t s = 0; s < 30; ++s) stopping.end_step(record(s, 3.0f, 1.0f + 0.01f * static_cast<float>(s % 4)));
+  try {
+    stopping.end_step(record(30, 3.0f, 50.0f));
+    ADD_FAILURE() << "no FaultStop";
+  } catch (const FaultStop& e) {
+    EXPECT_EQ(e.exit_code(), kExitNumeric);
+    EXPECT_TRUE(test::matches(e.what(), "stopped after step 31 on the spike finding at grad_norm \\(\\[verify\\] on_spike = \"stop\".*"));
+  }
+}
+
+TEST(NonFiniteDetector, NanOrInfiniteLossOrNormIsAFinding) {
+  std::ostringstream out;
+  FindingLog log(out, {});
+  NonFiniteDetector warn(log, FaultAction::kWarn);
+  warn.end_step(record(0, 2.5f, 1.0f));
+  EXPECT_EQ(log.count(), 0);
+  warn.end_step(record(1, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_EQ(log.count(), 1);  // one per step
+  EXPECT_TRUE(test::matches(out.str(), "finding: after step 2, detector nonfinite, site loss, ranks all: value nan .*\n"));
+  NonFiniteDetector stop(log, FaultAction::kStop);
+  try {
+    stop.end_step(record(4, 2.0f, std::numeric_limits<float>::infinity()));
+    ADD_FAILURE() << "no FaultStop";
+  } catch (const FaultStop& e) {
+    EXPECT_EQ(e.exit_code(), kExitNumeric);
+  }
+  EXPECT_EQ(finding_json({.magnitude = kNaN})["finding"]["magnitude"], "nan");
+}
+
+TEST(FaultAction, ParsesWarnAndStopOnly) {
+  EXPECT_EQ(parse_fault_action("warn", "x"), FaultAction::kWarn);
+  EXPECT_EQ(parse_fault_action("stop", "x"), FaultAction::kStop);
+  EXPECT_TRUE(test::matches(test::config_error([] { parse_fault_action("explode", "c.toml: [verify] on_fault"); }),
+                            "c.toml: \\[verify\\] on_fault: expected \"stop\" or \"warn\", got \"explode\""));
+  EXPECT_TRUE(test::matches(test::config_error([] { parse_fault_action("rollback", "w"); }),
+                            "w: \"rollback\" needs in-memory step snapshots.*"));
+}
+
+// A clean run's loss decays with noise and its gradient norm wanders by factors (a slow random walk
+// and step-to-step noise of 10%): 10,000 steps, no finding at the default rule.
+TEST(SpikeDetector, NoFalseAlarmOnTenThousandNoisyCleanSteps) {
+  std::ostringstream out;
+  FindingLog log(out, {});
+  SpikeDetector spikes(SpikeRule{}, log, FaultAction::kWarn);
+  std::mt19937 rng(1);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  double drift = 0;
+  for (int64_t s = 0; s < 10000; ++s) {
+    const double loss = 2.0 + 3.0 * std::exp(-static_cast<double>(s) / 1500.0) + 0.03 * noise(rng);
+    drift = 0.98 * drift + 0.05 * noise(rng);
+    const double norm = (0.5 + 2.0 * std::exp(-static_cast<double>(s) / 500.0)) * std::exp(drift + 0.1 * noise(rng));
+    spikes.end_step(record(s, static_cast<float>(loss), static_cast<float>(norm)));
+  }
+  EXPECT_EQ(log.count(), 0) << out.str();
+}
+
+}  // namespace
+}  // namespace lockstep::detect

@@ -1,0 +1,71 @@
+#include "verify/detect/finding.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "src/core/check.hpp"
+
+namespace lockstep::detect {
+
+FaultAction parse_fault_action(const std::string& text, const std::string& where) {
+  if (text == "warn") return FaultAction::kWarn;
+  if (text == "stop") return FaultAction::kStop;
+  LS_REQUIRE(text != "rollback", where, ": \"rollback\" needs in-memory step snapshots, which Lockstep does not take "
+             "yet; expected \"stop\" or \"warn\"");
+  throw ConfigError(str_cat(where, ": expected \"stop\" or \"warn\", got \"", text, "\""));
+}
+
+namespace {
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "all";
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+nlohmann::json number(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+}
+
+}  // namespace
+
+std::string finding_line(const Finding& f) {
+  std::ostringstream s;
+  s.precision(4);
+  s << "finding: after step " << f.step << ", detector " << f.detector << ", site " << f.site << ", ranks "
+    << ranks_text(f.ranks) << ": " << f.unit << " " << f.magnitude << " against bound " << f.bound << " ("
+    << f.classification << ")";
+  if (!f.detail.empty()) s << "; " << f.detail;
+  return s.str();
+}
+
+nlohmann::json finding_json(const Finding& f) {
+  return {{"finding",
+           {{"step", f.step},
+            {"ranks", f.ranks},
+            {"detector", f.detector},
+            {"site", f.site},
+            {"magnitude", number(f.magnitude)},
+            {"bound", number(f.bound)},
+            {"unit", f.unit},
+            {"classification", f.classification},
+            {"detail", f.detail}}}};
+}
+
+FindingLog::FindingLog(std::ostream& out, std::function<void(const nlohmann::json&)> record)
+    : out_(out), record_(std::move(record)) {}
+
+void FindingLog::report(const Finding& f, FaultAction action, int exit_code, const std::string& action_key) {
+  ++count_;
+  out_ << finding_line(f) << std::endl;
+  if (record_) record_(finding_json(f));
+  if (action == FaultAction::kStop) {
+    throw FaultStop(str_cat("stopped after step ", f.step, " on the ", f.detector, " finding at ", f.site, " ([verify] ",
+                            action_key, " = \"stop\"; \"warn\" would go on)"),
+                    exit_code);
+  }
+}
+
+}  // namespace lockstep::detect

@@ -1,0 +1,83 @@
+#include "verify/detect/replicas.hpp"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "src/core/check.hpp"
+#include "src/core/hash.hpp"
+
+namespace lockstep::detect {
+
+namespace {
+
+// What one rank contributes: its place and its two hashes.
+struct RankHashes {
+  uint64_t dp_rank, tp_rank, params, replicated;
+};
+
+// Hash of the tensors this rank holds whole although tensor parallelism splits the model.
+uint64_t tp_replicated_hash(const Model& model) {
+  uint64_t h = 0;
+  for (const auto& p : model.param_layout()) {
+    if (p.replicated()) h = xxh64(model.params() + p.offset, static_cast<size_t>(p.numel) * sizeof(float), h);
+  }
+  return h;
+}
+
+// The ranks of one group (world rank, hash) that differ from its most common hash, and that hash.
+struct Odd {
+  std::vector<int> ranks;
+  std::string detail;
+};
+Odd odd_members(const std::vector<std::pair<int, uint64_t>>& members, const char* what) {
+  uint64_t ref = members[0].second;
+  int64_t best = 0;
+  for (const auto& [rank, h] : members) {
+    const auto n = std::count_if(members.begin(), members.end(), [h = h](const auto& m) { return m.second == h; });
+    if (n > best) best = n, ref = h;
+  }
+  Odd odd;
+  for (const auto& [rank, h] : members) {
+    if (h == ref) continue;
+    odd.ranks.push_back(rank);
+    odd.detail += str_cat(odd.detail.empty() ? "" : "; ", "world rank ", rank, " has ", what, " hash ", hex64(h));
+  }
+  if (!odd.ranks.empty()) odd.detail += str_cat(", the other ", best, " ", hex64(ref));
+  return odd;
+}
+
+}  // namespace
+
+void ReplicaDetector::end_step(const StepRecord& r) {
+  const bool tp = tp_.size() > 1;
+  if (dp_.size() == 1 && !tp) return;
+  const RankHashes mine{static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()),
+                        dp_.size() > 1 ? xxh64(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float)) : 0,
+                        tp ? tp_replicated_hash(model_) : 0};
+  std::vector<RankHashes> all(static_cast<size_t>(world_.size()));
+  world_.all_gather(&mine, all.data(), 4, DType::kU64);
+
+  // Groups: dp replicas share a tp rank, the members of one tp group share a dp rank.
+  std::map<uint64_t, std::vector<std::pair<int, uint64_t>>> replicas, tp_groups;
+  for (size_t w = 0; w < all.size(); ++w) {
+    replicas[all[w].tp_rank].push_back({static_cast<int>(w), all[w].params});
+    tp_groups[all[w].dp_rank].push_back({static_cast<int>(w), all[w].replicated});
+  }
+  Finding f{.step = r.done(), .detector = "replicas", .unit = "ranks", .classification = "corruption"};
+  const auto check = [&](const auto& groups, const char* what, const char* site, const char* index) {
+    for (const auto& [g, members] : groups) {
+      const Odd odd = odd_members(members, what);
+      if (odd.ranks.empty()) continue;
+      f.site = str_cat(site, " (", index, " ", g, ")");
+      f.ranks = odd.ranks;
+      f.magnitude = static_cast<double>(odd.ranks.size());
+      f.detail = odd.detail;
+      log_.report(f, action_, kExitCorruption, "on_fault");
+    }
+  };
+  if (dp_.size() > 1) check(replicas, "parameter", "parameters of the dp replicas", "tp rank");
+  if (tp) check(tp_groups, "replicated-tensor", "tensors every tp rank holds whole", "dp rank");
+}
+
+}  // namespace lockstep::detect

@@ -1,0 +1,39 @@
+// Replica hashes ([verify] replicas): after every step, what must be equal across ranks is hashed
+// (xxh64) and compared —
+//   - data-parallel replicas: every rank's whole parameter buffer, equal across the dp ranks that
+//     hold the same tensor-parallel shard;
+//   - under tensor parallelism, the tensors every tp rank holds whole (norms, row-parallel biases,
+//     learned positions), equal across the tp ranks of one dp replica.
+// One all-gather over the world of (dp rank, tp rank, both hashes), 32 bytes per rank, so that
+// every rank judges every group and all reach the same finding. In each group the reference hash is
+// the most common one (the lowest rank's on a tie); the ranks that differ are named. Class
+// "corruption": a replica that differs is silent data corruption or a bug, never noise.
+// Not here: what corrupts them (src/train/inject.hpp plants such faults for tests).
+#pragma once
+
+#include <cstdint>
+
+#include "src/comm/communicator.hpp"
+#include "src/model/model.hpp"
+#include "src/train/step_observer.hpp"
+#include "verify/detect/finding.hpp"
+
+namespace lockstep::detect {
+
+class ReplicaDetector final : public StepObserver {
+ public:
+  ReplicaDetector(const Model& model, comm::Communicator& world, comm::Communicator& dp, comm::Communicator& tp,
+                  FindingLog& log, FaultAction action)
+      : model_(model), world_(world), dp_(dp), tp_(tp), log_(log), action_(action) {}
+  void end_step(const StepRecord& r) override;
+
+ private:
+  const Model& model_;
+  comm::Communicator& world_;
+  comm::Communicator& dp_;
+  comm::Communicator& tp_;
+  FindingLog& log_;
+  FaultAction action_;
+};
+
+}  // namespace lockstep::detect

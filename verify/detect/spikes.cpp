@@ -1,0 +1,60 @@
+#include "verify/detect/spikes.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/core/check.hpp"
+
+namespace lockstep::detect {
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double upper = v[mid];
+  if (v.size() % 2 == 1) return upper;
+  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + upper) / 2;
+}
+
+}  // namespace
+
+double robust_z(std::span<const double> history, double x, double floor) {
+  LS_CHECK(!history.empty());
+  const double m = median_of({history.begin(), history.end()});
+  std::vector<double> dev(history.size());
+  std::transform(history.begin(), history.end(), dev.begin(), [m](double h) { return std::fabs(h - m); });
+  const double scale = std::max(1.4826 * median_of(std::move(dev)), floor);
+  if (scale == 0) return x > m ? INFINITY : 0.0;
+  return (x - m) / scale;
+}
+
+double SpikeWindow::judge(double x) {
+  if (!(x > 0 && std::isfinite(x))) return 0;
+  const double y = std::log(x);
+  const double z = static_cast<int64_t>(logs_.size()) >= rule_.min_history ? robust_z(logs_, y, rule_.floor) : 0;
+  if (static_cast<int64_t>(logs_.size()) < rule_.window) {
+    logs_.push_back(y);
+  } else {
+    logs_[static_cast<size_t>(next_)] = y;
+    next_ = (next_ + 1) % rule_.window;
+  }
+  return z;
+}
+
+double SpikeWindow::median() const { return logs_.empty() ? 0.0 : std::exp(median_of(logs_)); }
+
+void SpikeDetector::end_step(const StepRecord& r) {
+  for (auto [site, window, x] : {std::tuple{"loss", &loss_, r.loss}, std::tuple{"grad_norm", &grad_norm_, r.grad_norm}}) {
+    const double median = window->median();
+    const double z = window->judge(x);
+    if (z > rule_.threshold) {
+      log_.report({.step = r.done(), .detector = "spike", .site = site, .magnitude = z, .bound = rule_.threshold,
+                   .unit = "robust z", .classification = "spike",
+                   .detail = str_cat("value ", x, ", median of the last ", rule_.window, " steps ", median)},
+                  action_, kExitNumeric, "on_spike");
+    }
+  }
+}
+
+}  // namespace lockstep::detect
