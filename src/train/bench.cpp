@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
@@ -23,6 +24,7 @@
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/spikes.hpp"
+#include "verify/detect/state_at_rest.hpp"
 
 namespace lockstep {
 
@@ -96,7 +98,7 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
             {"backward", backward_ms},
             {"optimizer", optimizer_ms.median},
             {"communication", 0.0},
-            {"verification", replica_hash_ms.median + numeric_monitors_ms.median}}},
+            {"verification", verification_ms()}}},
           {"phase_notes",
            "forward: separate forward-only pass (eval_loss), not part of the step; backward: median "
            "forward_backward - median forward; communication: 0 on one process; verification: the "
@@ -115,7 +117,14 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
               {"default", "on"},
               {"interval_steps", 1},
               {"ms", stats_json(numeric_monitors_ms)},
-              {"fraction_of_step", numeric_monitors_ms.median / step_ms.median}}}}},
+              {"fraction_of_step", numeric_monitors_ms.median / step_ms.median}}},
+            {"state_at_rest",
+             {{"feature", "[verify] state_at_rest: xxh64 of the parameters and AdamW moments after the update "
+                          "and again before the next step's forward"},
+              {"default", "on"},
+              {"interval_steps", 1},
+              {"ms", stats_json(state_at_rest_ms)},
+              {"fraction_of_step", state_at_rest_ms.median / step_ms.median}}}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -199,18 +208,30 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
   const float dloss = 1.0f / static_cast<float>(B * T);
-  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms;
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms;
   // The run's numeric monitors as [verify] configures them, findings printed but never stopping.
   detect::FindingLog findings(out, {});
   detect::NonFiniteDetector nonfinite(findings, detect::FaultAction::kWarn);
   std::optional<detect::SpikeDetector> spikes;
   std::vector<StepObserver*> monitors = {&nonfinite};
+  comm::SelfCommunicator self;
+  std::optional<detect::StateAtRestDetector> at_rest;
+  if (cfg.verify.state_at_rest) {
+    at_rest.emplace(std::vector<detect::RestingBuffer>{{"parameters", {model.params(), static_cast<size_t>(model.num_params())}},
+                                                       {"optim/m", adamw.m()},
+                                                       {"optim/v", adamw.v()}},
+                    self, findings, detect::FaultAction::kWarn);
+  }
   if (cfg.verify.spikes) {
     spikes.emplace(detect::SpikeRule{.window = cfg.verify.spike_window, .threshold = cfg.verify.spike_threshold},
                    findings, detect::FaultAction::kWarn);
     monitors.push_back(&*spikes);
   }
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
+    // The state-at-rest check before the step's forward, outside the step's time.
+    const auto t5 = Clock::now();
+    if (at_rest) at_rest->begin_step(step);
+    const double rest_check = ms_since(t5);
     next_batch();
     if (tokens_file) {
       tokens_file->write(inputs.data(), inputs.size() * sizeof(int32_t));
@@ -253,6 +274,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const auto t4 = Clock::now();
     for (StepObserver* o : monitors) o->end_step(record);
     const double ms = ms_since(t4);
+    const auto t6 = Clock::now();
+    if (at_rest) at_rest->after_update(step);
+    const double rest_hash = ms_since(t6);
     if (step < opt.warmup) continue;
     r.step_page_faults += step_faults;
     step_ms.push_back(fb + op);
@@ -261,6 +285,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     fwd_ms.push_back(fw);
     hash_ms.push_back(hs);
     monitor_ms.push_back(ms);
+    // This step's check (before it) and hash (after it): what the detector adds per step.
+    rest_ms.push_back(rest_check + rest_hash);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -274,6 +300,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.optimizer_ms = stats_of(optim_ms);
   r.replica_hash_ms = stats_of(hash_ms);
   r.numeric_monitors_ms = stats_of(monitor_ms);
+  r.state_at_rest_ms = stats_of(rest_ms);
   r.backward_ms = r.forward_backward_ms.median - r.forward_ms.median;
   r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms.median / 1e3);
   r.achieved_gflops = r.tokens_per_s * r.flops_per_token / 1e9;
@@ -286,10 +313,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   print_stats(out, "optimizer", r.optimizer_ms);
   print_stats(out, "replica hash", r.replica_hash_ms);
   print_stats(out, "numeric monitors", r.numeric_monitors_ms);
+  print_stats(out, "state at rest", r.state_at_rest_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
-      << ", communication 0 (one process), verification " << r.replica_hash_ms.median + r.numeric_monitors_ms.median
-      << "\n"
+      << ", communication 0 (one process), verification " << r.verification_ms() << "\n"
       << "verification at default intervals, outside the step: replica check ([verify] replicas, every step "
          "under dp or tp) hashes the parameters in "
       << r.replica_hash_ms.median << " ms = " << std::setprecision(2)
@@ -297,7 +324,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << "% of the step (plus an all-gather of 32 bytes per rank, not timed on one process); numeric monitors "
          "(non-finite, spikes) "
       << std::setprecision(4) << r.numeric_monitors_ms.median << " ms = " << std::setprecision(4)
-      << 100.0 * r.numeric_monitors_ms.median / r.step_ms.median << "% of the step\n"
+      << 100.0 * r.numeric_monitors_ms.median / r.step_ms.median << "% of the step; state at rest ([verify] "
+         "state_at_rest: parameters and moments hashed after the update and before the next step) "
+      << std::setprecision(2) << r.state_at_rest_ms.median << " ms = " << std::setprecision(2)
+      << 100.0 * r.state_at_rest_ms.median / r.step_ms.median << "% of the step\n"
       << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s"

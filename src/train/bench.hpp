@@ -12,8 +12,9 @@
 // Communication is 0 (one process). Verification: the detectors the trainer attaches, each timed
 // at its default interval outside the step, as the cost it adds per step: [verify] replicas (every
 // step under dp or tp, each rank hashes its parameters with xxh64 and all-gathers 32 bytes; the
-// hash is timed here, the all-gather is latency only and needs ranks) and the numeric monitors
-// (non-finite and spikes of the loss and gradient norm, verify/detect/).
+// hash is timed here, the all-gather is latency only and needs ranks), the numeric monitors
+// (non-finite and spikes of the loss and gradient norm) and the state at rest (parameters and
+// moments hashed after the update and again before the next step), all in verify/detect/.
 //
 // The peak is the fastest of OpenBLAS sgemm (whose kernel the environment may hold back: a
 // DYNAMIC_ARCH build that does not recognise the CPU falls back to an old core such as Prescott,
@@ -69,6 +70,7 @@ struct BenchResult {
   BenchStats optimizer_ms;
   BenchStats replica_hash_ms;  // verification: the replica check's parameter hash (every step)
   BenchStats numeric_monitors_ms;  // verification: the non-finite and spike monitors (every step)
+  BenchStats state_at_rest_ms;     // verification: the state's hashes after the update and before the next step
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
@@ -81,6 +83,10 @@ struct BenchResult {
   std::vector<float> losses;  // every step's mean loss, warm-up steps included, in step order
   std::vector<float> lrs;     // the learning rate each step used (warm-up + cosine schedule)
 
+  // The detectors' medians together: the per-step cost of the verification at its defaults.
+  double verification_ms() const {
+    return replica_hash_ms.median + numeric_monitors_ms.median + state_at_rest_ms.median;
+  }
   nlohmann::json to_json(const RunConfig& cfg) const;
 };
 

@@ -230,6 +230,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
 
   Section v = section("verify");
   v.field("replicas", c.verify.replicas);
+  v.field("state_at_rest", c.verify.state_at_rest);
   v.field("spikes", c.verify.spikes);
   v.field("spike_window", c.verify.spike_window);
   v.field("spike_threshold", c.verify.spike_threshold);

@@ -86,6 +86,7 @@ struct ParallelConfig {
 // non-finite monitor of loss and gradient norm is always on.
 struct VerifyConfig {
   bool replicas = true;            // hash dp replicas and tp-replicated tensors every step
+  bool state_at_rest = true;       // hash parameters and moments after the update, again before the next step
   bool spikes = true;              // loss and gradient-norm spikes (verify/detect/spikes.hpp)
   int64_t spike_window = 50;       // steps of history
   double spike_threshold = 6;      // robust z-score above which a value is a spike

@@ -67,7 +67,7 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
     return inj;
   }
   LS_REQUIRE(!c.site.empty(), where, ": [inject] kind ", head,
-             " needs a site (a tensor name such as layer/1/attn/att, or param/NAME)");
+             " needs a site (a tensor name such as layer/1/attn/att, param/NAME, optim/m or optim/v)");
   if (c.site.starts_with("param/")) {
     const std::string name = c.site.substr(6);
     bool found = false;
@@ -75,6 +75,8 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
     LS_REQUIRE(found, where, ": [inject] site ", c.site, ": the model has no parameter ", name,
                " (names as `lockstep ckpt info` lists them without model/, e.g. param/lnf/weight)");
   }
+  LS_REQUIRE(!is_state_site(c.site) || head == "bitflip" || head == "cast", where, ": [inject] site ", c.site,
+             " (state at rest) takes kind bitflip or cast");
   if (head == "bitflip") {
     inj.kind = Injection::Kind::kBitflip;
     const int64_t bit = option(opts, "bit", -1, where);
@@ -101,9 +103,13 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
   return inj;
 }
 
+bool is_state_site(const std::string& site) {
+  return site.starts_with("param/") || site == "optim/m" || site == "optim/v";
+}
+
 bool Injector::watches_tensors() const {
   return active() && inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang &&
-         !inj_.site.starts_with("param/");
+         !is_state_site(inj_.site);
 }
 
 void Injector::begin_step(int64_t step) {
@@ -139,7 +145,12 @@ void Injector::after_reduce(int64_t, float) {
 }
 
 void Injector::after_update(int64_t) {
-  if (!now_ || !inj_.site.starts_with("param/")) return;
+  if (!now_ || !is_state_site(inj_.site)) return;
+  if (inj_.site == "optim/m" || inj_.site == "optim/v") {
+    const std::span<float> moments = inj_.site == "optim/m" ? m_ : v_;
+    apply(inj_.site, moments.data(), static_cast<int64_t>(moments.size()));
+    return;
+  }
   const ParamTensor& t = model_.param(inj_.site.substr(6));
   apply(inj_.site, model_.params() + t.offset, t.numel);
 }

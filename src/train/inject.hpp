@@ -8,8 +8,9 @@
 //   --inject.kind=exit --inject.step=2 --inject.rank=1       (or kind=hang)
 //
 // Sites: the model's hook names (src/model/layer.hpp; `grad/...` sites act on the backward), the
-// tensor as the step computes it (the first micro-batch's for bitflip); or `param/NAME`, the
-// parameter NAME after the step's update.
+// tensor as the step computes it (the first micro-batch's for bitflip); or the state at rest after
+// the step's update: `param/NAME`, the parameter NAME, or `optim/m`, `optim/v`, this rank's AdamW
+// moments (all of them, or its ZeRO shard; bitflip's index is an element of that buffer).
 // bitflip: flips one bit of one element, as silent data corruption would;
 // order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
 //   accumulation order, the kind of change a new kernel or library brings (hook sites of an op's
@@ -50,6 +51,9 @@ struct Injection {
 // Parses and checks the [inject] section of a run of `model`; `where` names the config for messages.
 Injection parse_injection(const InjectConfig& c, const std::string& where, const ModelConfig& model);
 
+// A site of the state between steps (param/NAME, optim/m, optim/v), changed after the update.
+bool is_state_site(const std::string& site);
+
 // Applies an Injection to a model step by step: a step observer (begin_step sets an op's mode,
 // after_reduce checks that a hook site was seen, after_update edits a parameter site, end_step
 // ends or hangs the process), and on_tensor() from the model's hook. A hook site that never
@@ -57,9 +61,10 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
 class Injector final : public StepObserver {
  public:
   // world_rank: this process's rank; an injection restricted to another rank does nothing here.
-  Injector(Injection injection, int64_t world_rank, Model& model)
+  // m, v: this rank's AdamW moments (the optim/ sites).
+  Injector(Injection injection, int64_t world_rank, Model& model, std::span<float> m, std::span<float> v)
       : inj_(std::move(injection)), here_(inj_.rank < 0 || inj_.rank == world_rank), rank_(world_rank),
-        model_(model) {}
+        model_(model), m_(m), v_(v) {}
 
   // The model needs its hook for this injection.
   bool watches_tensors() const;
@@ -77,6 +82,7 @@ class Injector final : public StepObserver {
   bool here_ = true;      // this rank injects
   int64_t rank_ = 0;
   Model& model_;
+  std::span<float> m_, v_;
   bool now_ = false;      // this step is the injection step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
 };

@@ -31,6 +31,7 @@
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/replicas.hpp"
 #include "verify/detect/spikes.hpp"
+#include "verify/detect/state_at_rest.hpp"
 
 namespace lockstep {
 
@@ -177,7 +178,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // first, so a dump records the tensor as the model uses it.
   LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
              ") is not a rank of this run (", world.size(), " ranks)");
-  Injector injector(parse_injection(cfg.inject, cfg.source, cfg.model), world.rank(), model);
+  Injector injector(parse_injection(cfg.inject, cfg.source, cfg.model), world.rank(), model, ddp.moments_m(),
+                    ddp.moments_v());
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
@@ -226,7 +228,18 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) replicas.emplace(model, world, dpc, tpc, findings, on_fault);
-  std::vector<StepObserver*> observers = {&injector};
+  // The state at rest is hashed first after the update, so that what changes it later (an
+  // injected fault stands for a memory error) is found before the next step uses it.
+  std::optional<detect::StateAtRestDetector> at_rest;
+  if (vc.state_at_rest) {
+    at_rest.emplace(std::vector<detect::RestingBuffer>{{"parameters", {model.params(), static_cast<size_t>(model.num_params())}},
+                                                       {"optim/m", ddp.moments_m()},
+                                                       {"optim/v", ddp.moments_v()}},
+                    world, findings, on_fault);
+  }
+  std::vector<StepObserver*> observers;
+  if (at_rest) observers.push_back(&*at_rest);
+  observers.push_back(&injector);
   if (dump_steps) observers.push_back(&*dump_steps);
   observers.push_back(&progress);
   observers.push_back(&nonfinite);

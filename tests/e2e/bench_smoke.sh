@@ -35,13 +35,15 @@ assert isinstance(r["step_page_faults"], int) and r["step_page_faults"] >= 0, r[
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
 assert phases["communication"] == 0, phases
-# Verification: each detector timed at its default interval (every step): the replica check's hash
-# and the numeric monitors; the phase is their sum.
+# Verification: each detector timed at its default interval (every step): the replica check's hash,
+# the numeric monitors and the state at rest; the phase is their sum.
 v = r["verification"]
 rh, nm = v["replica_hash"], v["numeric_monitors"]
 assert rh["interval_steps"] == nm["interval_steps"] == 1, v
 assert rh["ms"]["median"] > 0 and nm["ms"]["median"] > 0, v
-assert phases["verification"] == rh["ms"]["median"] + nm["ms"]["median"], (phases, v)
+sr = v["state_at_rest"]
+assert sr["interval_steps"] == 1 and sr["ms"]["median"] > 0 and 0 < sr["fraction_of_step"] < 1, v
+assert phases["verification"] == rh["ms"]["median"] + nm["ms"]["median"] + sr["ms"]["median"], (phases, v)
 assert 0 < rh["fraction_of_step"] < 1 and 0 < nm["fraction_of_step"] < 1, v
 assert len(r["params_xxh64"]) == 16, r["params_xxh64"]
 # One loss and one learning rate per step, warm-up included; the token file's shape.

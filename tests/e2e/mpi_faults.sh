@@ -6,7 +6,8 @@
 #  - a rank that hangs (rank 1 sleeps after step 3): rank 0's watchdog ends the job after
 #    timeout_s with exit code 4 and a message naming the collective and the group's ranks;
 #  - a replica that diverges (one parameter bit flipped on rank 1 after step 2): the replica
-#    check ends the job with exit code 6 naming dp rank 1.
+#    check ends the job with exit code 6 naming dp rank 1;
+#  - an AdamW moment flipped on rank 1 after step 2's update: the state-at-rest check names it.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -37,4 +38,13 @@ mpi --verify.replicas=true --inject.site=param/lnf/weight --inject.kind=bitflip:
 [ "$(grep -c '^finding:' flipped.log)" -eq 1 ] || fail "expected one finding line: $(grep '^finding' flipped.log)"
 grep -q "^finding: after step 2, detector replicas, site parameters of the dp replicas (tp rank 0), ranks 1: .*world rank 1 has parameter hash" flipped.log \
   || fail "flipped bit: no message naming dp rank 1: $(cat flipped.log)"
-echo "mpi_faults: dead rank ended the job in $took s; hang -> watchdog; flipped bit -> replica check"
+# A moment flipped on rank 1 at rest (ZeRO-1: its own shard, which no replica holds): the
+# state-at-rest check names rank 1 before the next step.
+status=0
+mpi --parallel.zero=1 --inject.site=optim/m --inject.kind=bitflip:bit=3,index=10 --inject.rank=1 \
+  --inject.step=1 > moment.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "flipped moment: expected exit 6, got $status: $(cat moment.log)"
+[ "$(grep -c '^finding:' moment.log)" -eq 1 ] || fail "expected one finding line: $(grep '^finding' moment.log)"
+grep -q "^finding: after step 2, detector state_at_rest, site optim/m, ranks 1:" moment.log \
+  || fail "flipped moment: no finding naming rank 1: $(cat moment.log)"
+echo "mpi_faults: dead rank ended the job in $took s; hang -> watchdog; flipped bit -> replica check; moment -> state at rest"

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The detectors while training (verify/detect/), end to end from the CLI:
 #  - a clean run has no finding;
-#  - a parameter's exponent bit flipped after step 20 (an SDC in memory: the embedding of 'a', a
-#    token of the data, 256 times larger) doubles the gradient norm of step 22: a finding line
-#    naming the detector, the site and the step, a JSONL record, and the run goes on ([verify]
-#    on_spike = "warn", the default);
+#  - a parameter's exponent bit flipped after step 20's update (the embedding of 'a', a token of
+#    the data, 256 times larger) is memory corruption at rest: found before step 21 uses it (exit 6);
+#  - the same flip with the state-at-rest check off (a value the update itself got wrong, as far
+#    as the detectors can tell) doubles the gradient norm of step 22: a spike finding naming the
+#    detector, the site and the step, a JSONL record, and the run goes on ([verify] on_spike =
+#    "warn", the default);
 #  - with on_spike = "stop" the same run ends with exit 7 and says why, its last checkpoint the one
 #    before the finding;
 #  - a flip of the exponent's top bit (an embedding row 2^128 times larger, which the tied head turns
 #    into logits of 10^35) makes step 22's gradient norm non-finite: exit 7 by default (on_fault =
-#    "stop"), one finding line; with on_fault = "warn" the run goes to its end.
+#    "stop"), one finding line; with on_fault = "warn" the run goes to its end;
+#  - the lowest bit of one AdamW second moment flipped after step 5's update (memory corruption at
+#    rest) is found before step 6 uses it: exit 6, the buffer named.
 source "$(dirname "$0")/lib.sh"
 make_data
 write_config
@@ -19,6 +23,13 @@ run > clean.log 2>&1 || fail "clean run: $(tail -3 clean.log)"
 grep -q '^finding' clean.log && fail "a clean run reported: $(grep '^finding' clean.log)"
 
 spike="--inject.site=param/wte --inject.kind=bitflip:bit=26,index=6210 --inject.step=20"
+status=0
+run $spike > at_rest_param.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "parameter flipped at rest: expected exit 6, got $status: $(tail -3 at_rest_param.log)"
+grep -q '^finding: after step 21, detector state_at_rest, site parameters' at_rest_param.log \
+  || fail "no state-at-rest finding for the parameter: $(grep '^finding' at_rest_param.log)"
+
+spike="$spike --verify.state_at_rest=false"
 run $spike > spike.log 2>&1 || fail "spike run (warn): $(tail -3 spike.log)"
 grep -Eq '^finding: after step 22, detector spike, site grad_norm, ranks all: robust z [0-9.e+]+ against bound 6 \(spike\)' spike.log \
   || fail "no spike finding at step 22: $(grep -E '^(finding|step +2[12])' spike.log)"
@@ -33,7 +44,7 @@ grep -q 'stopped after step 22 on the spike finding at grad_norm (\[verify\] on_
 [ -d ck/step_00000020 ] && [ ! -d ck/step_00000025 ] || fail "checkpoints: $(ls ck)"
 
 status=0
-inf="--inject.site=param/wte --inject.kind=bitflip:bit=30,index=700 --inject.step=20"
+inf="--inject.site=param/wte --inject.kind=bitflip:bit=30,index=700 --inject.step=20 --verify.state_at_rest=false"
 run $inf > nonfinite.log 2>&1 || status=$?
 [ "$status" -eq 7 ] || fail "non-finite: expected exit 7, got $status: $(tail -3 nonfinite.log)"
 [ "$(grep -c '^finding:' nonfinite.log)" -eq 1 ] || fail "expected one finding: $(grep '^finding' nonfinite.log)"
@@ -41,3 +52,11 @@ grep -Eq '^finding: after step 22, detector nonfinite, site (loss|grad_norm)' no
   || fail "no non-finite finding at step 22: $(grep '^finding' nonfinite.log)"
 run $inf --verify.on_fault=warn > nonfinite_warn.log 2>&1 || fail "non-finite with warn: $(tail -3 nonfinite_warn.log)"
 grep -q '^done: 30 steps' nonfinite_warn.log || fail "the warned non-finite run did not finish"
+
+status=0
+run --inject.site=optim/v --inject.kind=bitflip:bit=0,index=1234 --inject.step=5 > at_rest.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "moment flipped at rest: expected exit 6, got $status: $(tail -3 at_rest.log)"
+grep -q '^finding: after step 6, detector state_at_rest, site optim/v, ranks 0: ranks 1 against bound 0 (corruption)' \
+  at_rest.log || fail "no state-at-rest finding: $(grep '^finding' at_rest.log)"
+run --inject.site=optim/v --inject.kind=bitflip:bit=0,index=1234 --inject.step=5 --verify.state_at_rest=false \
+  > at_rest_off.log 2>&1 || fail "with the check off the run goes on: $(tail -3 at_rest_off.log)"

@@ -1,19 +1,22 @@
 // The numeric detectors and the finding log (verify/detect/): the robust z-score on known
 // histories, the window's warm-up and its refusal of non-finite values, a finding's line and JSON
-// record, the actions (warn goes on, stop throws FaultStop with the class's exit code), and no
-// false alarm over 10,000 steps of a noisy, decaying loss and gradient norm.
+// record, the actions (warn goes on, stop throws FaultStop with the class's exit code), no false
+// alarm over 10,000 steps of a noisy, decaying loss and gradient norm, and the state-at-rest check.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <vector>
 
+#include "src/comm/communicator.hpp"
 #include "tests/support/errors.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/spikes.hpp"
+#include "verify/detect/state_at_rest.hpp"
 
 namespace lockstep::detect {
 namespace {
@@ -122,6 +125,38 @@ TEST(SpikeDetector, NoFalseAlarmOnTenThousandNoisyCleanSteps) {
     spikes.end_step(record(s, static_cast<float>(loss), static_cast<float>(norm)));
   }
   EXPECT_EQ(log.count(), 0) << out.str();
+}
+
+// A buffer changed between the update and the next step is named; one left alone is not; the first
+// step (nothing hashed yet) is not judged.
+TEST(StateAtRestDetector, NamesTheBufferChangedBetweenSteps) {
+  std::vector<float> params(300, 0.5f), m(300, 0.01f), v(300, 1e-4f);
+  comm::SelfCommunicator world;
+  std::ostringstream out;
+  std::vector<nlohmann::json> records;
+  FindingLog log(out, [&](const nlohmann::json& j) { records.push_back(j); });
+  StateAtRestDetector warn({{"parameters", params}, {"optim/m", m}, {"optim/v", v}}, world, log, FaultAction::kWarn);
+  warn.begin_step(0);
+  warn.after_update(0);
+  params[7] = 0.25f;  // the update's own writes come before the hash; this is after it
+  warn.begin_step(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["finding"]["site"], "parameters");
+  EXPECT_EQ(records[0]["finding"]["ranks"], nlohmann::json::array({0}));
+  EXPECT_EQ(records[0]["finding"]["classification"], "corruption");
+  warn.after_update(1);
+  warn.begin_step(2);
+  EXPECT_EQ(log.count(), 1);  // unchanged since
+  StateAtRestDetector stop({{"parameters", params}, {"optim/m", m}, {"optim/v", v}}, world, log, FaultAction::kStop);
+  stop.after_update(4);
+  v[299] = std::bit_cast<float>(std::bit_cast<uint32_t>(v[299]) ^ 1u);  // the lowest bit
+  try {
+    stop.begin_step(5);
+    ADD_FAILURE() << "no FaultStop";
+  } catch (const FaultStop& e) {
+    EXPECT_EQ(e.exit_code(), kExitCorruption);
+    EXPECT_TRUE(test::matches(out.str(), "(.*\n)?finding: after step 5, detector state_at_rest, site optim/v, ranks 0: .*\n"));
+  }
 }
 
 }  // namespace

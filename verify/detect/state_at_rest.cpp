@@ -1,0 +1,47 @@
+#include "verify/detect/state_at_rest.hpp"
+
+#include "src/core/check.hpp"
+#include "src/core/hash.hpp"
+
+namespace lockstep::detect {
+
+namespace {
+
+uint64_t hash_of(const RestingBuffer& b) { return xxh64(b.data.data(), b.data.size_bytes()); }
+
+}  // namespace
+
+StateAtRestDetector::StateAtRestDetector(std::vector<RestingBuffer> buffers, comm::Communicator& world,
+                                         FindingLog& log, FaultAction action)
+    : buffers_(std::move(buffers)), world_(world), log_(log), action_(action) {
+  LS_CHECK(buffers_.size() <= 64, "a bit per buffer in one word");
+}
+
+void StateAtRestDetector::after_update(int64_t) {
+  hashes_.resize(buffers_.size());
+  for (size_t i = 0; i < buffers_.size(); ++i) hashes_[i] = hash_of(buffers_[i]);
+}
+
+void StateAtRestDetector::begin_step(int64_t step) {
+  if (hashes_.empty()) return;
+  uint64_t changed = 0;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (hash_of(buffers_[i]) != hashes_[i]) changed |= uint64_t{1} << i;
+  }
+  const std::vector<uint64_t> all = world_.all_gather(changed);
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    std::vector<int> ranks;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] >> i & 1) ranks.push_back(static_cast<int>(r));
+    }
+    if (ranks.empty()) continue;
+    log_.report({.step = step, .ranks = ranks, .detector = "state_at_rest", .site = buffers_[i].name,
+                 .magnitude = static_cast<double>(ranks.size()), .bound = 0, .unit = "ranks",
+                 .classification = "corruption",
+                 .detail = str_cat("its xxh64 after the update of step ", step,
+                                   " differs from the one before this step's forward: changed in memory between steps")},
+                action_, kExitCorruption, "on_fault");
+  }
+}
+
+}  // namespace lockstep::detect
