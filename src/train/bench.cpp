@@ -21,6 +21,7 @@
 #include "src/optim/grad_clip.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/step_observer.hpp"
+#include "verify/detect/checksum.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/spikes.hpp"
@@ -105,8 +106,8 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
            "periodic checks at their default interval, timed outside the step (see verification)"},
           {"verification",
            {{"replica_hash",
-             {{"feature", "[verify] replicas: xxh64 of the parameters, then an all-gather of 32 bytes per "
-                          "rank over the world (not timed here: needs ranks)"},
+             {{"feature", "[verify] replicas: the parameters' block hash (verify/detect/checksum.hpp), then an "
+                          "all-gather of 32 bytes per rank over the world (not timed here: needs ranks)"},
               {"default", "on under dp or tp"},
               {"interval_steps", 1},
               {"ms", stats_json(replica_hash_ms)},
@@ -119,8 +120,8 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
               {"ms", stats_json(numeric_monitors_ms)},
               {"fraction_of_step", numeric_monitors_ms.median / step_ms.median}}},
             {"state_at_rest",
-             {{"feature", "[verify] state_at_rest: xxh64 of the parameters and AdamW moments after the update "
-                          "and again before the next step's forward"},
+             {{"feature", "[verify] state_at_rest: block hashes of the parameters and AdamW moments after the "
+                          "update and again before the next step's forward"},
               {"default", "on"},
               {"interval_steps", 1},
               {"ms", stats_json(state_at_rest_ms)},
@@ -265,8 +266,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     // Verification, outside the step: what [verify] replicas computes on each rank, and the
     // numeric monitors on the step's loss and gradient norm.
     const auto t3 = Clock::now();
-    r.params_xxh64 = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
+    detect::block_hash(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
     const double hs = ms_since(t3);
+    r.params_xxh64 = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
     StepRecord record;
     record.step = step;
     record.loss = r.last_loss;

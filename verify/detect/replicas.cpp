@@ -6,6 +6,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "verify/detect/checksum.hpp"
 
 namespace lockstep::detect {
 
@@ -53,7 +54,7 @@ void ReplicaDetector::end_step(const StepRecord& r) {
   const bool tp = tp_.size() > 1;
   if (dp_.size() == 1 && !tp) return;
   const RankHashes mine{static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()),
-                        dp_.size() > 1 ? xxh64(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float)) : 0,
+                        dp_.size() > 1 ? block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float)) : 0,
                         tp ? tp_replicated_hash(model_) : 0};
   std::vector<RankHashes> all(static_cast<size_t>(world_.size()));
   world_.all_gather(&mine, all.data(), 4, DType::kU64);

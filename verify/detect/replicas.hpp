@@ -1,5 +1,5 @@
 // Replica hashes ([verify] replicas): after every step, what must be equal across ranks is hashed
-// (xxh64) and compared —
+// (checksum.hpp; the replicated tensors, small, with plain xxh64) and compared —
 //   - data-parallel replicas: every rank's whole parameter buffer, equal across the dp ranks that
 //     hold the same tensor-parallel shard;
 //   - under tensor parallelism, the tensors every tp rank holds whole (norms, row-parallel biases,

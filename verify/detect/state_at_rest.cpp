@@ -1,13 +1,13 @@
 #include "verify/detect/state_at_rest.hpp"
 
 #include "src/core/check.hpp"
-#include "src/core/hash.hpp"
+#include "verify/detect/checksum.hpp"
 
 namespace lockstep::detect {
 
 namespace {
 
-uint64_t hash_of(const RestingBuffer& b) { return xxh64(b.data.data(), b.data.size_bytes()); }
+uint64_t hash_of(const RestingBuffer& b) { return block_hash(b.data.data(), b.data.size_bytes()); }
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // Checksums of the state at rest ([verify] state_at_rest): after each update every rank hashes
-// (xxh64) the state it holds between steps — its parameters and its AdamW moments (its shard under
+// (checksum.hpp) the state it holds between steps — its parameters and its AdamW moments (its shard under
 // ZeRO) — and before the next step's forward hashes them again. A buffer that changed in between
 // was corrupted in memory (class corruption): nothing the trainer runs writes to it there. Each
 // rank judges its own buffers; one all-gather over the world of a bit per buffer lets every rank
