@@ -224,7 +224,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
                     self, findings, detect::FaultAction::kWarn);
   }
   if (cfg.verify.spikes) {
-    spikes.emplace(detect::SpikeRule{.window = cfg.verify.spike_window, .threshold = cfg.verify.spike_threshold},
+    spikes.emplace(detect::SpikeRule{.window = cfg.verify.spike_window, .loss_threshold = cfg.verify.loss_spike_threshold,
+                                     .grad_norm_threshold = cfg.verify.grad_norm_spike_threshold},
                    findings, detect::FaultAction::kWarn);
     monitors.push_back(&*spikes);
   }

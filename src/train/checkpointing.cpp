@@ -45,13 +45,13 @@ void check_resumable(const ckpt::Checkpoint& ck, const RunConfig& cfg) {
 
 }  // namespace
 
-int64_t resume(TrainRun& run) {
+Resumed resume(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
-  if (cfg.checkpoint.dir.empty()) return 0;
+  if (cfg.checkpoint.dir.empty()) return {};
   std::ostringstream warnings;
   auto ck = ckpt::load_latest(cfg.checkpoint.dir, warnings);
   if (!warnings.str().empty()) run.out << "warning: " << warnings.str() << std::flush;
-  if (!ck) return 0;
+  if (!ck) return {};
   check_resumable(*ck, cfg);
   const std::vector<ParamTensor>& global = run.global_layout;
   std::vector<float> w(static_cast<size_t>(global.back().offset + global.back().numel)), m(w.size()), v(w.size());
@@ -67,9 +67,18 @@ int64_t resume(TrainRun& run) {
   parallel::take_local(cfg.model, model.param_layout(), v.data(), v_local.data());
   run.ddp.load_optimizer_state(m_local.data(), v_local.data());
   run.sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
-  const int64_t step = ck->state.at("step").get<int64_t>();
-  run.out << "resumed from " << ck->dir << " (step " << step << ")\n";
-  return step;
+  Resumed r;
+  r.step = ck->state.at("step").get<int64_t>();
+  if (ck->state.contains("observers")) r.observers = ck->state.at("observers");
+  run.out << "resumed from " << ck->dir << " (step " << r.step << ")\n";
+  return r;
+}
+
+void restore_observers(std::span<StepObserver* const> observers, const nlohmann::json& saved) {
+  for (StepObserver* o : observers) {
+    const std::string key = o->state_key();
+    if (!key.empty() && saved.contains(key)) o->restore_state(saved.at(key));
+  }
 }
 
 void Checkpointer::end_step(const StepRecord& r) {
@@ -88,8 +97,12 @@ void Checkpointer::save(int64_t step_done, float loss) {
   nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"sp", pc.sp}, {"zero", pc.zero},
                            {"reduce", pc.reduce}};
   if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
+  nlohmann::json observers = nlohmann::json::object();
+  for (const StepObserver* o : observers_) {
+    if (!o->state_key().empty()) observers[o->state_key()] = o->save_state();
+  }
   const nlohmann::json state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
-                                {"layout", layout},  {"loss", loss}};
+                                {"layout", layout},  {"loss", loss}, {"observers", observers}};
   const auto dir = ckpt::save(cfg.checkpoint.dir, step_done,
                               state_tensors(run_.global_layout, w.data(), mg.data(), vg.data()), state,
                               static_cast<int>(cfg.checkpoint.keep));

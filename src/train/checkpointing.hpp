@@ -9,21 +9,36 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "src/train/run.hpp"
 #include "src/train/step_observer.hpp"
 
 namespace lockstep {
 
+// What resume() found: the step to continue from (0: nothing loaded) and the observers' state.
+struct Resumed {
+  int64_t step = 0;
+  nlohmann::json observers = nlohmann::json::object();  // state_key -> state
+};
+
 // Loads the newest valid checkpoint under [checkpoint] dir into the run (parameters, moments,
-// sampler) and returns its step; 0 (nothing loaded) without one. ConfigError when it was written
-// by a run whose trajectory differs ([model], batch_size, mode, seed).
-int64_t resume(TrainRun& run);
+// sampler). ConfigError when it was written by a run whose trajectory differs ([model],
+// batch_size, mode, seed).
+Resumed resume(TrainRun& run);
+
+// Gives each observer with a state key its state from `saved` (those the checkpoint has).
+void restore_observers(std::span<StepObserver* const> observers, const nlohmann::json& saved);
 
 class Checkpointer final : public StepObserver {
  public:
-  explicit Checkpointer(TrainRun& run) : run_(run) {}
+  // observers: the run's, whose state the checkpoints keep (StepObserver::state_key); the list may
+  // be filled after the Checkpointer is made (it is one of them).
+  Checkpointer(TrainRun& run, const std::vector<StepObserver*>& observers) : run_(run), observers_(observers) {}
   // Saves after every [checkpoint] every steps, the last step, and a step a signal stops after.
   // Collective.
   void end_step(const StepRecord& r) override;
@@ -31,6 +46,7 @@ class Checkpointer final : public StepObserver {
  private:
   void save(int64_t step_done, float loss);
   TrainRun& run_;
+  const std::vector<StepObserver*>& observers_;
 };
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp.

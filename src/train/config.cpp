@@ -233,7 +233,8 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("state_at_rest", c.verify.state_at_rest);
   v.field("spikes", c.verify.spikes);
   v.field("spike_window", c.verify.spike_window);
-  v.field("spike_threshold", c.verify.spike_threshold);
+  v.field("loss_spike_threshold", c.verify.loss_spike_threshold);
+  v.field("grad_norm_spike_threshold", c.verify.grad_norm_spike_threshold);
   v.field("on_fault", c.verify.on_fault);
   v.field("on_spike", c.verify.on_spike);
   v.finish();
@@ -284,7 +285,9 @@ void validate(const RunConfig& c, ConfigUse use) {
   const VerifyConfig& v = c.verify;
   LS_REQUIRE(v.spike_window >= 10, c.source, ": [verify] spike_window (", v.spike_window,
              ") must be >= 10 steps (a robust z-score needs a history)");
-  LS_REQUIRE(v.spike_threshold > 0, c.source, ": [verify] spike_threshold (", v.spike_threshold, ") must be > 0");
+  LS_REQUIRE(v.loss_spike_threshold > 0 && v.grad_norm_spike_threshold > 0, c.source,
+             ": [verify] loss_spike_threshold (", v.loss_spike_threshold, ") and grad_norm_spike_threshold (",
+             v.grad_norm_spike_threshold, ") must be > 0");
   detect::parse_fault_action(v.on_fault, c.source + ": [verify] on_fault");
   detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");

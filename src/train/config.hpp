@@ -89,7 +89,8 @@ struct VerifyConfig {
   bool state_at_rest = true;       // hash parameters and moments after the update, again before the next step
   bool spikes = true;              // loss and gradient-norm spikes (verify/detect/spikes.hpp)
   int64_t spike_window = 50;       // steps of history
-  double spike_threshold = 6;      // robust z-score above which a value is a spike
+  double loss_spike_threshold = 6;        // robust z-score above which a loss is a spike
+  double grad_norm_spike_threshold = 20;  // the same for the gradient norm (see verify/detect/spikes.hpp)
   std::string on_fault = "stop";   // non-finite values, replicas that differ: "stop" | "warn"
   std::string on_spike = "warn";   // spikes: "warn" | "stop"
 };

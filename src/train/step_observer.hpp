@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "src/parallel/grad_buckets.hpp"
 
@@ -35,6 +38,12 @@ class StepObserver {
   virtual void after_update(int64_t step) {}
   // The step is done. Collective observers are called on every rank.
   virtual void end_step(const StepRecord& r) {}
+
+  // State an observer carries from step to step (a detector's history) is kept in checkpoints
+  // under this key, so that a resumed run continues with it; "" (the default): none.
+  virtual std::string state_key() const { return {}; }
+  virtual nlohmann::json save_state() const { return nullptr; }
+  virtual void restore_state(const nlohmann::json& state) {}
 };
 
 }  // namespace lockstep

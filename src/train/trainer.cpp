@@ -199,7 +199,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 
   // Resume, or start from the initial model.
   TrainSummary summary;
-  summary.first_step = resume(run);
+  const Resumed resumed = resume(run);
+  summary.first_step = resumed.step;
   if (summary.first_step == 0) model.init_parameters();
   LS_REQUIRE(tc.stop_after < 0 || tc.stop_after >= summary.first_step, cfg.source, ": [train] stop_after (",
              tc.stop_after, ") is a step before the one this run resumes from (", summary.first_step, ", ",
@@ -212,7 +213,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (dump) dump_steps.emplace(run, *dump);
   Progress progress(run, metrics, costs);
   Evaluation evaluation(run, metrics, val_reader ? &*val_reader : nullptr);
-  Checkpointer checkpoints(run);
+  std::vector<StepObserver*> observers;
+  Checkpointer checkpoints(run, observers);
   // The detectors judge a step after its progress line and before anything keeps its state: a
   // finding that stops the run leaves the last checkpoint the last good one.
   const VerifyConfig& vc = cfg.verify;
@@ -223,8 +225,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   detect::NonFiniteDetector nonfinite(findings, on_fault);
   std::optional<detect::SpikeDetector> spikes;
   if (vc.spikes) {
-    spikes.emplace(detect::SpikeRule{.window = vc.spike_window, .threshold = vc.spike_threshold}, findings,
-                   detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
+    spikes.emplace(detect::SpikeRule{.window = vc.spike_window, .loss_threshold = vc.loss_spike_threshold,
+                                     .grad_norm_threshold = vc.grad_norm_spike_threshold},
+                   findings, detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
   }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) replicas.emplace(model, world, dpc, tpc, findings, on_fault);
@@ -237,7 +240,6 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                                        {"optim/v", ddp.moments_v()}},
                     world, findings, on_fault);
   }
-  std::vector<StepObserver*> observers;
   if (at_rest) observers.push_back(&*at_rest);
   observers.push_back(&injector);
   if (dump_steps) observers.push_back(&*dump_steps);
@@ -247,6 +249,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (replicas) observers.push_back(&*replicas);
   observers.push_back(&evaluation);
   observers.push_back(&checkpoints);
+  restore_observers(observers, resumed.observers);
 
   g_stop_signal.store(0);
   auto old_int = std::signal(SIGINT, on_stop_signal);

@@ -44,17 +44,40 @@ double SpikeWindow::judge(double x) {
 
 double SpikeWindow::median() const { return logs_.empty() ? 0.0 : std::exp(median_of(logs_)); }
 
+std::vector<double> SpikeWindow::logs() const {
+  if (static_cast<int64_t>(logs_.size()) < rule_.window) return logs_;
+  std::vector<double> out(logs_.begin() + next_, logs_.end());
+  out.insert(out.end(), logs_.begin(), logs_.begin() + next_);
+  return out;
+}
+
+void SpikeWindow::restore(const std::vector<double>& logs) {
+  const size_t keep = std::min(logs.size(), static_cast<size_t>(rule_.window));
+  logs_.assign(logs.end() - static_cast<std::ptrdiff_t>(keep), logs.end());
+  next_ = 0;
+}
+
 void SpikeDetector::end_step(const StepRecord& r) {
-  for (auto [site, window, x] : {std::tuple{"loss", &loss_, r.loss}, std::tuple{"grad_norm", &grad_norm_, r.grad_norm}}) {
+  for (auto [site, window, x, threshold] : {std::tuple{"loss", &loss_, r.loss, rule_.loss_threshold},
+                                             std::tuple{"grad_norm", &grad_norm_, r.grad_norm, rule_.grad_norm_threshold}}) {
     const double median = window->median();
     const double z = window->judge(x);
-    if (z > rule_.threshold) {
-      log_.report({.step = r.done(), .detector = "spike", .site = site, .magnitude = z, .bound = rule_.threshold,
+    if (z > threshold) {
+      log_.report({.step = r.done(), .detector = "spike", .site = site, .magnitude = z, .bound = threshold,
                    .unit = "robust z", .classification = "spike",
                    .detail = str_cat("value ", x, ", median of the last ", rule_.window, " steps ", median)},
                   action_, kExitNumeric, "on_spike");
     }
   }
+}
+
+nlohmann::json SpikeDetector::save_state() const {
+  return {{"loss", loss_.logs()}, {"grad_norm", grad_norm_.logs()}};
+}
+
+void SpikeDetector::restore_state(const nlohmann::json& state) {
+  loss_.restore(state.at("loss").get<std::vector<double>>());
+  grad_norm_.restore(state.at("grad_norm").get<std::vector<double>>());
 }
 
 }  // namespace lockstep::detect

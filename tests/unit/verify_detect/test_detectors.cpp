@@ -37,13 +37,29 @@ TEST(RobustZ, MedianAndScaledMadOfTheHistory) {
 }
 
 TEST(SpikeWindow, JudgesOnlyAfterItsHistoryAndKeepsOnlyFiniteValues) {
-  SpikeWindow w(SpikeRule{.window = 12, .threshold = 6, .min_history = 10});
+  SpikeWindow w(SpikeRule{.window = 12, .min_history = 10});
   for (int i = 0; i < 10; ++i) EXPECT_EQ(w.judge(1.0 + 0.01 * (i % 3)), 0.0) << i;  // warming up
   EXPECT_EQ(w.judge(kNaN), 0.0);               // not judged, not kept
   EXPECT_EQ(w.judge(0.0), 0.0);                // nor a value without a logarithm
   EXPECT_GT(w.judge(5.0), 6.0);                // a spike
   for (int i = 0; i < 40; ++i) w.judge(1.0);   // the ring forgets it
   EXPECT_DOUBLE_EQ(w.median(), 1.0);
+}
+
+// The window's state (what checkpoints keep): the last `window` logarithms oldest first; a window
+// restored from it judges the next value as the original does.
+TEST(SpikeWindow, StateRoundTripsOldestFirst) {
+  SpikeWindow a(SpikeRule{.window = 12});
+  for (int i = 1; i <= 20; ++i) a.judge(static_cast<double>(i));
+  const std::vector<double> logs = a.logs();
+  ASSERT_EQ(logs.size(), 12u);
+  EXPECT_DOUBLE_EQ(logs.front(), std::log(9.0));
+  EXPECT_DOUBLE_EQ(logs.back(), std::log(20.0));
+  SpikeWindow b(SpikeRule{.window = 12});
+  b.restore(logs);
+  EXPECT_EQ(b.logs(), logs);
+  EXPECT_EQ(a.judge(60.0), b.judge(60.0));
+  EXPECT_EQ(a.logs(), b.logs());
 }
 
 StepRecord record(int64_t step, float loss, float grad_norm) {
