@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, makes the synthetic data set (a Markov source
 # with a known entropy rate), and trains the tiny GPT on it with four MPI ranks: two data-parallel
-# replicas, each split over two tensor-parallel ranks (Megatron style), ZeRO-1, checking every step
-# that the replicas hold bitwise equal parameters (canonical mode with exact collectives: the model
-# is bit for bit the one a single process would train). Prints progress and a summary, and plots
-# the loss curve to runs/tiny/loss.png.
+# replicas, each split over two tensor-parallel ranks (Megatron style), ZeRO-1, with the detectors
+# of [verify] on (docs/tools.md): every step the replicas must hold bitwise equal parameters
+# (canonical mode with exact collectives: the model is bit for bit the one a single process would
+# train), the parameters and optimizer state must not change between steps, and the loss and
+# gradient norm must stay finite and free of spikes. Prints progress, any finding and a summary,
+# and plots the loss curve to runs/tiny/loss.png.
 # Re-running resumes from the newest checkpoint in runs/tiny/ckpt (delete runs/tiny to start over).
 # Extra arguments are passed to `lockstep train` (e.g. --train.steps=100).
 set -euo pipefail
