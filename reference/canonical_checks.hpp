@@ -8,9 +8,9 @@
 // Not here: the exhaustive transcendental tests (tests/unit/kernels_attention/test_transcendental.cpp).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -22,19 +22,13 @@ namespace lockstep::reference {
 
 namespace canonical_checks_detail {
 
-inline float from_bits(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
 // |got − f(x)| <= units·2^-24·|f(x)| (+ 2^-150 for exp's subnormal results), f in MPFR.
 template <class F, class G>
 void check_function(const char* name, double units, F kernel, G exact) {
   ScopedMpfrBits bits(128);
   // Every 2^20-th fp32 bit pattern: 4096 inputs, both signs, every binade.
   for (uint64_t b = 0; b < (uint64_t{1} << 32); b += uint64_t{1} << 20) {
-    const float x = from_bits(static_cast<uint32_t>(b) | 0x5a5a5u);
+    const auto x = std::bit_cast<float>(static_cast<uint32_t>(b) | 0x5a5a5u);
     if (!std::isfinite(x)) continue;
     const Mpfr want = exact(Mpfr(x));
     const float got = kernel(x);
@@ -66,8 +60,8 @@ inline void check_combination() {
       c.add(p);
       exact += Mpfr(p);
     }
-    const float want = mpfr_get_flt(exact.backend().data(), MPFR_RNDN), got = c.finish();
-    if (std::memcmp(&want, &got, sizeof want) != 0) {
+    const float want = to_f32(exact), got = c.finish();
+    if (std::bit_cast<uint32_t>(want) != std::bit_cast<uint32_t>(got)) {
       throw std::logic_error("CanonicalF32 check: the exact combination of chunk partials gives " +
                              std::to_string(got) + ", MPFR's correctly rounded sum " + std::to_string(want));
     }

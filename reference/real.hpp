@@ -50,4 +50,7 @@ class ScopedMpfrBits {
   unsigned saved_;
 };
 
+// x rounded once to the nearest fp32 (a conversion through double could round twice).
+inline float to_f32(const Mpfr& x) { return mpfr_get_flt(x.backend().data(), MPFR_RNDN); }
+
 }  // namespace lockstep::reference

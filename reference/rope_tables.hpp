@@ -28,14 +28,10 @@
 namespace lockstep::reference {
 
 // The documented accuracy of a table entry of value v at T positions: one rounding to the format
-// and the double angle's error (bounded_format(): fp32 and 2^-49 per position by default).
-inline double rope_table_accuracy(double v, int64_t T) {
-  const BoundedFormat& f = bounded_format();
+// and the double angle's error (the format in force; the canonical fp32 tables are held to the
+// defaults, fp32 and 2^-49 per position).
+inline double rope_table_accuracy(double v, int64_t T, const BoundedFormat& f = bounded_format()) {
   return f.u * std::fabs(v) + static_cast<double>(T) * f.setup_angle_error;
-}
-// The same for the canonical fp32 tables.
-inline double rope_canonical_accuracy(double v, int64_t T) {
-  return 0x1p-24 * std::fabs(v) + static_cast<double>(T) * 0x1p-49;
 }
 
 // cos (which = 0) or sin (which = 1) of t·θ^(−2i/HS) at 128 bits or the current MPFR precision,
@@ -53,7 +49,7 @@ inline float rope_canonical(int64_t t, int64_t i, int64_t T, int64_t HS, double 
   det::cos_sin(static_cast<double>(t) * inv_freq, &c, &s);
   const auto v = static_cast<float>(which == 0 ? c : s);
   const double exact = static_cast<double>(rope_exact(t, i, HS, theta, which));
-  if (!(std::fabs(static_cast<double>(v) - exact) <= rope_canonical_accuracy(exact, T))) {
+  if (!(std::fabs(static_cast<double>(v) - exact) <= rope_table_accuracy(exact, T, BoundedFormat{}))) {
     throw std::logic_error("reference RoPE tables: the canonical " + std::string(which == 0 ? "cos" : "sin") + " at t=" +
                            std::to_string(t) + " i=" + std::to_string(i) + " is " + std::to_string(v) +
                            ", MPFR gives " + std::to_string(exact) + " (beyond rope.hpp's accuracy)");

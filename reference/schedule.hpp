@@ -46,9 +46,6 @@ inline Mpfr bias_correction_exact(float beta, int64_t t) {
   return 1 - pow(Mpfr(beta), Mpfr(t));
 }
 
-// Rounded once to the nearest fp32 (a conversion through double could round twice).
-inline float to_f32(const Mpfr& x) { return mpfr_get_flt(x.backend().data(), MPFR_RNDN); }
-
 // The classes [train] weight_decay_on names: a comma-separated list of the layer list's class
 // names, or "none" / "" for none (the trainer has validated the list).
 inline std::array<bool, kNumParamClasses> decayed_classes(std::string_view list) {

@@ -13,7 +13,8 @@
 #   of a failed comparison, the exit status and last line of a run that did not report, or the
 #   clipping branch when the step left the row's; each run's output goes to LOGS/NAME.log.
 #   --first-failure stops at the first setup that fails.
-# all (default): both. Exits 0 when every setup passes, 1 otherwise, 2 on a set-up failure.
+# all (default): both; without --work in a temporary directory, removed when every setup passes.
+# Exits 0 when every setup passes, 1 otherwise, 2 on a set-up failure.
 # The mutation check prepares once with the unmutated CLI and checks with each mutant's.
 set -euo pipefail
 
@@ -34,15 +35,21 @@ while [[ $# -gt 0 ]]; do
     --logs) logs="$2"; shift ;;
     --phase) phase="$2"; shift ;;
     --first-failure) first_failure=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) names+=("$1") ;;
   esac
   shift
 done
-[[ -n "$work" ]] || work="$(mktemp -d /tmp/lockstep-verify-setups.XXXXXX)"
+case "$phase" in all|prepare|check) ;; *) echo "error: --phase: expected all, prepare or check, got '$phase'" >&2; exit 2 ;; esac
+if [[ -z "$work" ]]; then
+  # A run of both phases in a directory of its own, removed when every setup passes; kept (and
+  # named) otherwise, for its logs. The phases apart share a directory the caller names.
+  [[ $phase == all ]] || { echo "error: --phase $phase needs --work DIR (the checkpoints live there)" >&2; exit 2; }
+  work="$(mktemp -d "${TMPDIR:-/tmp}/lockstep-verify-setups.XXXXXX")"
+  trap 'status=$?; if [[ $status -eq 0 ]]; then rm -rf "$work"; else echo "logs kept in $work/logs" >&2; fi' EXIT
+fi
 [[ -n "$train_cli" ]] || train_cli="$cli"
 [[ -n "$logs" ]] || logs="$work/logs"
-case "$phase" in all|prepare|check) ;; *) echo "error: --phase: expected all, prepare or check, got '$phase'" >&2; exit 2 ;; esac
 mkdir -p "$work" "$logs"
 
 # The table's rows (name, gradient branch, options), those named on the command line if any.

@@ -34,6 +34,14 @@ commands:
 Run `lockstep <command> --help` for the options of one command.
 )";
 
+// This process's rank under mpirun/srun (-1 otherwise). A rank above 0 first holds its exit
+// a moment: mpirun ends the job at the first non-zero exit, and rank 0 is to print the reason.
+int hold_unless_rank0() {
+  const int rank = lockstep::comm::MpiRuntime::launcher_rank();
+  if (rank > 0) std::this_thread::sleep_for(std::chrono::seconds(3));
+  return rank;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,23 +63,12 @@ int main(int argc, char** argv) {
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const detect::FaultStop& e) {
-    // Every rank stops at the same finding; rank 0 printed it and says why the job ends, the others
-    // hold their exit a moment so that mpirun lets it.
-    const int rank = comm::MpiRuntime::launcher_rank();
-    if (rank > 0) {
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-    } else {
-      std::cerr << e.what() << "\n";
-    }
+    // Every rank stops at the same finding; rank 0 printed it and says why the job ends.
+    if (hold_unless_rank0() <= 0) std::cerr << e.what() << "\n";
     return e.exit_code();
   } catch (const InputError& e) {
-    // Another rank holds its exit a moment so that mpirun, which ends the job at the first non-zero
-    // exit, lets rank 0 print; an error rank 0 did not meet follows after it, from its own rank.
-    const int rank = comm::MpiRuntime::launcher_rank();
-    if (rank > 0) {
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-      std::cerr << "rank " << rank << ": ";
-    }
+    // An error rank 0 did not meet follows after its line, from its own rank.
+    if (const int rank = hold_unless_rank0(); rank > 0) std::cerr << "rank " << rank << ": ";
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const InternalError& e) {

@@ -19,6 +19,7 @@
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/optim/grad_clip.hpp"
+#include "src/train/detectors.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/step_observer.hpp"
 #include "verify/detect/checksum.hpp"
@@ -70,6 +71,14 @@ void print_stats(std::ostream& out, const char* name, const BenchStats& s) {
 }  // namespace
 
 nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
+  // A detector timed at its default interval of one step.
+  const auto detector = [&](const char* feature, const char* by_default, const BenchStats& ms) {
+    return nlohmann::json{{"feature", feature},
+                          {"default", by_default},
+                          {"interval_steps", 1},
+                          {"ms", stats_json(ms)},
+                          {"fraction_of_step", ms.median / step_ms.median}};
+  };
   return {{"config", cfg.source},
           {"mode", mode_name(cfg.train.mode)},
           {"threads", threads},
@@ -106,26 +115,17 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
            "periodic checks at their default interval, timed outside the step (see verification)"},
           {"verification",
            {{"replica_hash",
-             {{"feature", "[verify] replicas: the parameters' block hash (verify/detect/checksum.hpp), then an "
-                          "all-gather of 32 bytes per rank over the world (not timed here: needs ranks)"},
-              {"default", "on under dp or tp"},
-              {"interval_steps", 1},
-              {"ms", stats_json(replica_hash_ms)},
-              {"fraction_of_step", replica_hash_ms.median / step_ms.median}}},
+             detector("[verify] replicas: the parameters' block hash (verify/detect/checksum.hpp), then an "
+                      "all-gather of 32 bytes per rank over the world (not timed here: needs ranks)",
+                      "on under dp or tp", replica_hash_ms)},
             {"numeric_monitors",
-             {{"feature", "non-finite loss and gradient norm (always on), their spikes by a robust z-score "
-                          "([verify] spikes)"},
-              {"default", "on"},
-              {"interval_steps", 1},
-              {"ms", stats_json(numeric_monitors_ms)},
-              {"fraction_of_step", numeric_monitors_ms.median / step_ms.median}}},
+             detector("non-finite loss and gradient norm (always on), their spikes by a robust z-score "
+                      "([verify] spikes)",
+                      "on", numeric_monitors_ms)},
             {"state_at_rest",
-             {{"feature", "[verify] state_at_rest: block hashes of the parameters and AdamW moments after the "
-                          "update and again before the next step's forward"},
-              {"default", "on"},
-              {"interval_steps", 1},
-              {"ms", stats_json(state_at_rest_ms)},
-              {"fraction_of_step", state_at_rest_ms.median / step_ms.median}}}}},
+             detector("[verify] state_at_rest: block hashes of the parameters and AdamW moments after the "
+                      "update and again before the next step's forward",
+                      "on", state_at_rest_ms)}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -218,15 +218,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   comm::SelfCommunicator self;
   std::optional<detect::StateAtRestDetector> at_rest;
   if (cfg.verify.state_at_rest) {
-    at_rest.emplace(std::vector<detect::RestingBuffer>{{"parameters", {model.params(), static_cast<size_t>(model.num_params())}},
-                                                       {"optim/m", adamw.m()},
-                                                       {"optim/v", adamw.v()}},
-                    self, findings, detect::FaultAction::kWarn);
+    at_rest.emplace(resting_state(model, adamw.m(), adamw.v()), self, findings, detect::FaultAction::kWarn);
   }
   if (cfg.verify.spikes) {
-    spikes.emplace(detect::SpikeRule{.window = cfg.verify.spike_window, .loss_threshold = cfg.verify.loss_spike_threshold,
-                                     .grad_norm_threshold = cfg.verify.grad_norm_spike_threshold},
-                   findings, detect::FaultAction::kWarn);
+    spikes.emplace(spike_rule(cfg.verify), findings, detect::FaultAction::kWarn);
     monitors.push_back(&*spikes);
   }
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {

@@ -22,6 +22,7 @@
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
 #include "src/train/checkpointing.hpp"
+#include "src/train/detectors.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
@@ -225,9 +226,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   detect::NonFiniteDetector nonfinite(findings, on_fault);
   std::optional<detect::SpikeDetector> spikes;
   if (vc.spikes) {
-    spikes.emplace(detect::SpikeRule{.window = vc.spike_window, .loss_threshold = vc.loss_spike_threshold,
-                                     .grad_norm_threshold = vc.grad_norm_spike_threshold},
-                   findings, detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
+    spikes.emplace(spike_rule(vc), findings, detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
   }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) replicas.emplace(model, world, dpc, tpc, findings, on_fault);
@@ -235,10 +234,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // injected fault stands for a memory error) is found before the next step uses it.
   std::optional<detect::StateAtRestDetector> at_rest;
   if (vc.state_at_rest) {
-    at_rest.emplace(std::vector<detect::RestingBuffer>{{"parameters", {model.params(), static_cast<size_t>(model.num_params())}},
-                                                       {"optim/m", ddp.moments_m()},
-                                                       {"optim/v", ddp.moments_v()}},
-                    world, findings, on_fault);
+    at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
   }
   if (at_rest) observers.push_back(&*at_rest);
   observers.push_back(&injector);

@@ -1,6 +1,5 @@
 #include "verify/detect/replicas.hpp"
 
-#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -32,11 +31,13 @@ struct Odd {
   std::string detail;
 };
 Odd odd_members(const std::vector<std::pair<int, uint64_t>>& members, const char* what) {
+  // Counted in one pass: a group may hold thousands of ranks.
+  std::map<uint64_t, int64_t> count;
+  for (const auto& m : members) ++count[m.second];
   uint64_t ref = members[0].second;
   int64_t best = 0;
   for (const auto& [rank, h] : members) {
-    const auto n = std::count_if(members.begin(), members.end(), [h = h](const auto& m) { return m.second == h; });
-    if (n > best) best = n, ref = h;
+    if (count[h] > best) best = count[h], ref = h;
   }
   Odd odd;
   for (const auto& [rank, h] : members) {

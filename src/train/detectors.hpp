@@ -1,0 +1,26 @@
+// The detectors' settings as [verify] gives them and the state a rank keeps between steps, built
+// the same way by the trainer (trainer.cpp) and by `lockstep bench`, which times the detectors.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "src/model/model.hpp"
+#include "src/train/config.hpp"
+#include "verify/detect/spikes.hpp"
+#include "verify/detect/state_at_rest.hpp"
+
+namespace lockstep {
+
+inline detect::SpikeRule spike_rule(const VerifyConfig& v) {
+  return {.window = v.spike_window, .loss_threshold = v.loss_spike_threshold,
+          .grad_norm_threshold = v.grad_norm_spike_threshold};
+}
+
+// The parameters and AdamW moments (this rank's: all of them, or its ZeRO shard).
+inline std::vector<detect::RestingBuffer> resting_state(const Model& model, std::span<const float> m,
+                                                         std::span<const float> v) {
+  return {{"parameters", {model.params(), static_cast<size_t>(model.num_params())}}, {"optim/m", m}, {"optim/v", v}};
+}
+
+}  // namespace lockstep
