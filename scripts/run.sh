@@ -4,8 +4,9 @@
 # replicas, each split over two tensor-parallel ranks (Megatron style), ZeRO-1, with the detectors
 # of [verify] on (docs/tools.md): every step the replicas must hold bitwise equal parameters
 # (canonical mode with exact collectives: the model is bit for bit the one a single process would
-# train), the parameters and optimizer state must not change between steps, and the loss and
-# gradient norm must stay finite and free of spikes. Prints progress, any finding and a summary,
+# train), the parameters and optimizer state must not change between steps, every linear layer's
+# products must meet their checksums ([verify] abft), and the loss and gradient norm must stay
+# finite and free of spikes. Prints progress, any finding and a summary,
 # and plots the loss curve to runs/tiny/loss.png.
 # Re-running resumes from the newest checkpoint in runs/tiny/ckpt (delete runs/tiny to start over).
 # Extra arguments are passed to `lockstep train` (e.g. --train.steps=100).
@@ -22,6 +23,6 @@ if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 mpirun --oversubscribe -np 4 "$bin" train --config scripts/configs/tiny.toml \
-  --parallel.dp=2 --parallel.tp=2 --parallel.zero=1 --verify.replicas=true --train.threads=1 "$@"
+  --parallel.dp=2 --parallel.tp=2 --parallel.zero=1 --verify.replicas=true --verify.abft=true --train.threads=1 "$@"
 /usr/bin/python3 scripts/plot_metrics.py runs/tiny/metrics.jsonl runs/tiny/loss.png \
   --source data/markov/source.json

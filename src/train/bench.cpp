@@ -22,6 +22,7 @@
 #include "src/train/detectors.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/step_observer.hpp"
+#include "verify/detect/abft.hpp"
 #include "verify/detect/checksum.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
@@ -125,7 +126,20 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
             {"state_at_rest",
              detector("[verify] state_at_rest: block hashes of the parameters and AdamW moments after the "
                       "update and again before the next step's forward",
-                      "on", state_at_rest_ms)}}},
+                      "on", state_at_rest_ms)},
+            {"abft",
+             abft ? nlohmann::json{{"feature", "[verify] abft: row and column checksums of every linear layer's "
+                                               "forward, input-gradient and weight-gradient products, inside the "
+                                               "step (timed by the checker)"},
+                                   {"default", "off"},
+                                   {"interval_steps", 1},
+                                   {"ms", stats_json(abft_ms)},
+                                   {"products_per_step", abft_checks_per_step},
+                                   {"fraction_of_step", abft_fraction()},
+                                   {"fraction_note", "of the step without the checks (step_ms - abft ms)"},
+                                   {"tightness", abft_tightness},
+                                   {"failed", abft_faults}}
+                  : nlohmann::json("off: --verify.abft=true times it")}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -181,7 +195,11 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     }
   };
 
-  Model model(cfg.model, tc.mode, MB, {.backend = &backend});
+  std::optional<detect::AbftBackend> abft;
+  if (cfg.verify.abft) abft.emplace(backend, true);
+  r.abft = cfg.verify.abft;
+  Model model(cfg.model, tc.mode, MB, {.backend = abft ? static_cast<Backend*>(&*abft) : &backend});
+  if (abft) abft->name_weights(model);
   model.init_parameters();
   AdamW adamw(model, tc.adamw());
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, opt.warmup + opt.steps};
@@ -209,7 +227,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
   const float dloss = 1.0f / static_cast<float>(B * T);
-  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms;
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms;
   // The run's numeric monitors as [verify] configures them, findings printed but never stopping.
   detect::FindingLog findings(out, {});
   detect::NonFiniteDetector nonfinite(findings, detect::FaultAction::kWarn);
@@ -235,12 +253,16 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       tokens_file->write(targets.data(), targets.size() * sizeof(int32_t));
     }
     const int64_t faults0 = minor_page_faults();
+    const double abft0 = abft ? abft->stats().seconds : 0;
+    const int64_t checks0 = abft ? abft->stats().checks : 0;
     const auto t0 = Clock::now();
     model.zero_grad();
     ChunkCombiner loss_sum;
     model.forward_backward_batch(inputs.data(), targets.data(), B, MB, 0, dloss, loss_sum);
     model.finish_grads();
     const double fb = ms_since(t0);
+    const double abft_step = abft ? 1e3 * (abft->stats().seconds - abft0) : 0;
+    if (abft) r.abft_checks_per_step = abft->stats().checks - checks0;
     const auto t1 = Clock::now();
     const float grad_norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
     const auto lr = static_cast<float>(schedule.at(step));
@@ -285,6 +307,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     monitor_ms.push_back(ms);
     // This step's check (before it) and hash (after it): what the detector adds per step.
     rest_ms.push_back(rest_check + rest_hash);
+    abft_ms.push_back(abft_step);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -299,6 +322,11 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.replica_hash_ms = stats_of(hash_ms);
   r.numeric_monitors_ms = stats_of(monitor_ms);
   r.state_at_rest_ms = stats_of(rest_ms);
+  r.abft_ms = stats_of(abft_ms);
+  if (abft) {
+    r.abft_tightness = abft->stats().max_clean_ratio;
+    r.abft_faults = abft->stats().faults;
+  }
   r.backward_ms = r.forward_backward_ms.median - r.forward_ms.median;
   r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms.median / 1e3);
   r.achieved_gflops = r.tokens_per_s * r.flops_per_token / 1e9;
@@ -312,6 +340,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   print_stats(out, "replica hash", r.replica_hash_ms);
   print_stats(out, "numeric monitors", r.numeric_monitors_ms);
   print_stats(out, "state at rest", r.state_at_rest_ms);
+  if (r.abft) print_stats(out, "abft (in the step)", r.abft_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
       << ", communication 0 (one process), verification " << r.verification_ms() << "\n"
@@ -325,8 +354,15 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << 100.0 * r.numeric_monitors_ms.median / r.step_ms.median << "% of the step; state at rest ([verify] "
          "state_at_rest: parameters and moments hashed after the update and before the next step) "
       << std::setprecision(2) << r.state_at_rest_ms.median << " ms = " << std::setprecision(2)
-      << 100.0 * r.state_at_rest_ms.median / r.step_ms.median << "% of the step\n"
-      << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
+      << 100.0 * r.state_at_rest_ms.median / r.step_ms.median << "% of the step\n";
+  if (r.abft) {
+    out << "abft ([verify] abft, inside the step): " << r.abft_checks_per_step << " products checked per step in "
+        << std::setprecision(2) << r.abft_ms.median << " ms = " << 100.0 * r.abft_fraction()
+        << "% of the step without them; the largest passing |checksum - predicted| was " << std::scientific
+        << std::setprecision(2) << r.abft_tightness << std::fixed << " of its threshold; " << r.abft_faults
+        << " failed (a failure here is a false alarm or a real fault of this machine)\n";
+  }
+  out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
       << (r.peak_measured ? " (" + r.measured.source + ", the higher of the two measurements)" : std::string())

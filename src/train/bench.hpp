@@ -14,7 +14,9 @@
 // step under dp or tp, each rank block-hashes its parameters and all-gathers 32 bytes; the
 // hash is timed here, the all-gather is latency only and needs ranks), the numeric monitors
 // (non-finite and spikes of the loss and gradient norm) and the state at rest (parameters and
-// moments hashed after the update and again before the next step), all in verify/detect/.
+// moments hashed after the update and again before the next step), all in verify/detect/; and,
+// with --verify.abft=true, the GEMM checksums (inside the step: timed by the checker itself, their
+// share given against the step without them).
 //
 // The peak is the fastest of OpenBLAS sgemm (whose kernel the environment may hold back: a
 // DYNAMIC_ARCH build that does not recognise the CPU falls back to an old core such as Prescott,
@@ -71,6 +73,14 @@ struct BenchResult {
   BenchStats replica_hash_ms;  // verification: the replica check's parameter hash (every step)
   BenchStats numeric_monitors_ms;  // verification: the non-finite and spike monitors (every step)
   BenchStats state_at_rest_ms;     // verification: the state's hashes after the update and before the next step
+  // [verify] abft (off by default): the checks inside the step (its step_ms includes them), their
+  // median per step, the products checked per step and the largest passing |checksum − predicted|
+  // over its threshold (the bound's tightness).
+  bool abft = false;
+  BenchStats abft_ms;
+  int64_t abft_checks_per_step = 0;
+  double abft_tightness = 0;
+  int64_t abft_faults = 0;  // failed checks (on a clean benchmark: false alarms, or this machine's faults)
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
@@ -87,6 +97,8 @@ struct BenchResult {
   double verification_ms() const {
     return replica_hash_ms.median + numeric_monitors_ms.median + state_at_rest_ms.median;
   }
+  // The GEMM checksums' share of the step without them.
+  double abft_fraction() const { return abft_ms.median / (step_ms.median - abft_ms.median); }
   nlohmann::json to_json(const RunConfig& cfg) const;
 };
 

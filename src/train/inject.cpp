@@ -77,6 +77,16 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
   }
   LS_REQUIRE(!is_state_site(c.site) || head == "bitflip" || head == "cast", where, ": [inject] site ", c.site,
              " (state at rest) takes kind bitflip or cast");
+  if (is_gemm_site(c.site)) {
+    LS_REQUIRE(head == "bitflip", where, ": [inject] site ", c.site, " (a GEMM product) takes kind bitflip");
+    const size_t cut = c.site.rfind('/');
+    const std::string weight = c.site.substr(5, cut - 5), product = c.site.substr(cut + 1);
+    bool found = false;
+    for (const auto& t : build_param_layout(model)) found = found || (t.name == weight && t.shape.size() == 2);
+    LS_REQUIRE(found && (product == "forward" || product == "dinp" || product == "dweight"), where,
+               ": [inject] site ", c.site, ": expected gemm/WEIGHT/forward|dinp|dweight with WEIGHT a matrix ",
+               "parameter of the model (e.g. gemm/layer/0/mlp/fc/weight/forward; the tied head is gemm/wte/...)");
+  }
   if (head == "bitflip") {
     inj.kind = Injection::Kind::kBitflip;
     const int64_t bit = option(opts, "bit", -1, where);
@@ -107,9 +117,11 @@ bool is_state_site(const std::string& site) {
   return site.starts_with("param/") || site == "optim/m" || site == "optim/v";
 }
 
+bool is_gemm_site(const std::string& site) { return site.starts_with("gemm/"); }
+
 bool Injector::watches_tensors() const {
   return active() && inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang &&
-         !is_state_site(inj_.site);
+         !is_state_site(inj_.site) && !is_gemm_site(inj_.site);
 }
 
 void Injector::begin_step(int64_t step) {
@@ -137,9 +149,28 @@ void Injector::on_tensor(std::string_view name, const TensorView& t) {
   apply(name, t.f32(), t.numel());
 }
 
+void Injector::on_product(std::string_view site, const detect::ProductView& product) {
+  if (!now_ || applied_ || site != inj_.site) return;
+  const int64_t n = product.M * product.N;
+  LS_REQUIRE(inj_.index < n, "[inject] bitflip index ", inj_.index, " is outside ", site, " (", product.M, " x ",
+             product.N, " elements)");
+  if (product.f32 != nullptr) {
+    apply(site, product.f32, n);
+    return;
+  }
+  // An exact sum (canonical mode): its value moves to the flipped one, as the rounded product would.
+  const auto e = static_cast<size_t>(product.offset + inj_.index);
+  const float value = product.exact->round(e);
+  const float flipped = std::bit_cast<float>(std::bit_cast<uint32_t>(value) ^ (1u << inj_.bit));
+  product.exact->add(e, static_cast<double>(flipped) - static_cast<double>(value));
+  applied_ = true;
+}
+
 void Injector::after_reduce(int64_t, float) {
-  if (!now_ || !watches_tensors()) return;
+  if (!now_ || !(watches_tensors() || watches_products())) return;
   if (inj_.kind == Injection::Kind::kOrder) model_.clear_op_modes();
+  LS_REQUIRE(applied_ || !watches_products(), "[inject] site \"", inj_.site, "\": that product was not computed ",
+             "in step ", inj_.step, " on this rank");
   LS_REQUIRE(applied_, "[inject] site \"", inj_.site, "\" is not a tensor of this model (hook names look like ",
              "layer/0/attn/qkv, layer/0/mlp/fc, grad/layer/0/ln1/out, logits; see `lockstep train --dump.dir`)");
 }

@@ -10,7 +10,11 @@
 // Sites: the model's hook names (src/model/layer.hpp; `grad/...` sites act on the backward), the
 // tensor as the step computes it (the first micro-batch's for bitflip); or the state at rest after
 // the step's update: `param/NAME`, the parameter NAME, or `optim/m`, `optim/v`, this rank's AdamW
-// moments (all of them, or its ZeRO shard; bitflip's index is an element of that buffer).
+// moments (all of them, or its ZeRO shard; bitflip's index is an element of that buffer); or a
+// product of a linear layer, `gemm/WEIGHT/forward|dinp|dweight` (verify/detect/abft.hpp), changed
+// as the op leaves it, before any detector sees it — a faulty multiply (bitflip's index is an
+// element of the product: forward token·OC + o, dinp token·IC + i, dweight o·IC + i; dweight is the
+// gradient the product adds to).
 // bitflip: flips one bit of one element, as silent data corruption would;
 // order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
 //   accumulation order, the kind of change a new kernel or library brings (hook sites of an op's
@@ -34,6 +38,7 @@
 #include "src/model/model.hpp"
 #include "src/train/config.hpp"
 #include "src/train/step_observer.hpp"
+#include "verify/detect/gemm_checksum.hpp"
 
 namespace lockstep {
 
@@ -53,6 +58,8 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
 
 // A site of the state between steps (param/NAME, optim/m, optim/v), changed after the update.
 bool is_state_site(const std::string& site);
+// A product of a linear layer (gemm/WEIGHT/PRODUCT), changed through the GEMM product hook.
+bool is_gemm_site(const std::string& site);
 
 // Applies an Injection to a model step by step: a step observer (begin_step sets an op's mode,
 // after_reduce checks that a hook site was seen, after_update edits a parameter site, end_step
@@ -69,6 +76,9 @@ class Injector final : public StepObserver {
   // The model needs its hook for this injection.
   bool watches_tensors() const;
   void on_tensor(std::string_view name, const TensorView& t);
+  // The GEMM product hook (verify/detect/abft.hpp) is needed for this injection.
+  bool watches_products() const { return active() && is_gemm_site(inj_.site); }
+  void on_product(std::string_view site, const detect::ProductView& product);
   void begin_step(int64_t step) override;
   void after_reduce(int64_t step, float loss) override;
   void after_update(int64_t step) override;

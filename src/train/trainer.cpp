@@ -28,6 +28,7 @@
 #include "src/train/observers.hpp"
 #include "src/train/run.hpp"
 #include "verify/core/dump.hpp"
+#include "verify/detect/abft.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/replicas.hpp"
@@ -165,7 +166,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     tp_group.emplace(tpc);
     tp_plan.emplace(*tp_group, pc.sp);
   }
-  Model model(cfg.model, tc.mode, part.local_micro, {.plan = tp_plan ? &*tp_plan : nullptr, .backend = &backend});
+  // [verify] abft, or an injection at a GEMM product: the ops run through the backend that watches
+  // the linear layers' products (verify/detect/abft.hpp); it changes no bit of them.
+  std::optional<detect::AbftBackend> abft;
+  if (cfg.verify.abft || is_gemm_site(cfg.inject.site)) abft.emplace(backend, cfg.verify.abft);
+  Model model(cfg.model, tc.mode, part.local_micro,
+              {.plan = tp_plan ? &*tp_plan : nullptr, .backend = abft ? static_cast<Backend*>(&*abft) : &backend});
+  if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
   parallel::DataParallel ddp(
@@ -190,6 +197,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                 {"ep", pc.ep}, {"cp", pc.cp}, {"mode", mode_name(tc.mode)},
                                 {"micro_batch", part.local_micro}},
                  &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp});
+  }
+  if (injector.watches_products()) {
+    abft->set_product_hook(
+        [&](std::string_view site, const detect::ProductView& product) { injector.on_product(site, product); });
   }
   if (dump || injector.watches_tensors()) {
     model.set_hook([&](std::string_view name, const TensorView& t) {
@@ -228,6 +239,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (vc.spikes) {
     spikes.emplace(spike_rule(vc), findings, detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
   }
+  std::optional<detect::AbftDetector> abft_detector;
+  if (abft && abft->checking()) abft_detector.emplace(*abft, world, findings, on_fault);
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) replicas.emplace(model, world, dpc, tpc, findings, on_fault);
   // The state at rest is hashed first after the update, so that what changes it later (an
@@ -242,6 +255,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   observers.push_back(&progress);
   observers.push_back(&nonfinite);
   if (spikes) observers.push_back(&*spikes);
+  if (abft_detector) observers.push_back(&*abft_detector);
   if (replicas) observers.push_back(&*replicas);
   observers.push_back(&evaluation);
   observers.push_back(&checkpoints);
@@ -308,6 +322,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
+  if (abft && abft->checking()) {
+    const detect::AbftStats& a = abft->stats();
+    out << "abft: " << a.checks << " products checked on rank 0, " << a.faults << " failed; the largest "
+        << "|checksum - predicted| of a passing one was " << std::setprecision(3) << std::scientific
+        << a.max_clean_ratio << std::defaultfloat << " of its threshold; " << std::fixed << std::setprecision(2)
+        << a.seconds << " s checking\n";
+  }
   return summary;
 }
 

@@ -30,7 +30,7 @@ expect_error "cfg.toml: \[verify\] on_spike: \"rollback\" needs in-memory step s
   "$LOCKSTEP" train --config cfg.toml --verify.on_spike=rollback
 expect_error "cfg.toml: \[verify\] spike_window \(0\) must be >= 10 steps" "$LOCKSTEP" train --config cfg.toml \
   --verify.spike_window=0
-expect_error "--verify.abft: unknown key 'abft'" "$LOCKSTEP" train --config cfg.toml --verify.abft=true
+expect_error "--verify.abtf: unknown key 'abtf'" "$LOCKSTEP" train --config cfg.toml --verify.abtf=true
 expect_error "cfg.toml: \[parallel\] check_replicas is now \[verify\] replicas" "$LOCKSTEP" train --config cfg.toml \
   --parallel.check_replicas=true
 expect_error "\[parallel\] bucket_mb \(0\) must be > 0" "$LOCKSTEP" train --config cfg.toml --parallel.bucket_mb=0

@@ -1,0 +1,238 @@
+#include "verify/detect/abft.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <map>
+
+#include "src/core/check.hpp"
+
+namespace lockstep::detect {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What a product's row and column index are, for messages.
+const char* row_meaning(GemmProduct p) { return p == GemmProduct::kWeightGrad ? "output feature" : "token"; }
+const char* col_meaning(GemmProduct p) { return p == GemmProduct::kForward ? "output feature" : "input feature"; }
+
+ProductView view_of(const GradSink& sink, int64_t M, int64_t N) {
+  return {.f32 = sink.f32, .exact = sink.exact, .offset = sink.offset, .M = M, .N = N};
+}
+
+ProductView view_of(ExactAccumulator& acc, int64_t M, int64_t N) { return {.exact = &acc, .M = M, .N = N}; }
+
+}  // namespace
+
+std::string_view product_name(GemmProduct p) {
+  switch (p) {
+    case GemmProduct::kForward: return "forward";
+    case GemmProduct::kInputGrad: return "dinp";
+    case GemmProduct::kWeightGrad: return "dweight";
+  }
+  return "?";
+}
+
+void AbftBackend::name_weight(const float* data, int64_t numel, std::string name) {
+  const int index = static_cast<int>(sites_.size()) / kGemmProducts;
+  LS_CHECK(weights_.empty() || sites_.size() == weights_.size() * kGemmProducts, "weights are named first");
+  for (int p = 0; p < kGemmProducts; ++p) {
+    sites_.push_back(str_cat("gemm/", name, "/", product_name(static_cast<GemmProduct>(p))));
+  }
+  weights_.push_back({data, data + numel, index});
+  memos_.resize(weights_.size() + 1);
+  std::sort(weights_.begin(), weights_.end(), [](const Weight& a, const Weight& b) { return a.begin < b.begin; });
+}
+
+void AbftBackend::name_weights(const Model& model) {
+  for (const ParamTensor& t : model.param_layout()) {
+    if (t.shape.size() == 2) name_weight(model.params() + t.offset, t.numel, t.name);
+  }
+}
+
+int AbftBackend::site_of(const float* weight, GemmProduct p) const {
+  auto it = std::upper_bound(weights_.begin(), weights_.end(), weight,
+                             [](const float* w, const Weight& x) { return w < x.begin; });
+  const int product = static_cast<int>(p);
+  if (it == weights_.begin() || weight >= std::prev(it)->end) return -1 - product;  // unnamed
+  return std::prev(it)->index * kGemmProducts + product;
+}
+
+AbftBackend::ForwardMemo& AbftBackend::memo(int site) {
+  if (memos_.empty()) memos_.resize(1);
+  return site < 0 ? memos_.back() : memos_[static_cast<size_t>(site / kGemmProducts)];
+}
+
+const std::string& AbftBackend::site_name(int site) const {
+  static const std::string unnamed[kGemmProducts] = {"gemm/unnamed/forward", "gemm/unnamed/dinp",
+                                                     "gemm/unnamed/dweight"};
+  if (site < 0) return unnamed[-1 - site];
+  return sites_.at(static_cast<size_t>(site));
+}
+
+AbftFault AbftBackend::take_worst() {
+  AbftFault w = worst_;
+  worst_ = {};
+  return w;
+}
+
+void AbftBackend::checksums_before(const ProductView& c) {
+  if (!check_) return;
+  const auto t0 = Clock::now();
+  observed_checksums(c, Checksum::kRows, scratch_, scratch_.before);
+  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void AbftBackend::observe(int site, const ProductView& c, const MatrixView& a, const MatrixView& b,
+                          ProductRounding rounding, bool accumulates, const float* bias) {
+  if (hook_) hook_(site_name(site), c);
+  if (!check_) return;
+  const auto t0 = Clock::now();
+  predicted_checksums(a, b, Checksum::kRows, scratch_, scratch_.predicted);
+  conclude(site, c, a, b, rounding, accumulates, bias, scratch_.predicted);
+  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void AbftBackend::conclude(int site, const ProductView& c, const MatrixView& a, const MatrixView& b,
+                           ProductRounding rounding, bool accumulates, const float* bias, ChecksumVector& predicted) {
+  extra_.clear();
+  if (bias != nullptr) {  // out = inp·Wᵀ + bias: every row adds Σ_j bias_j
+    double sum = 0, mag = 0;
+    for (int64_t j = 0; j < c.N; ++j) {
+      sum += bias[j];
+      mag += std::fabs(static_cast<double>(bias[j]));
+    }
+    for (double& r : predicted.sum) r += sum;
+    extra_.assign(static_cast<size_t>(c.M), mag);
+  }
+  observed_checksums(c, Checksum::kRows, scratch_, scratch_.after, false);
+  const ChecksumVerdict v =
+      judge_checksums(scratch_.after, accumulates ? &scratch_.before : nullptr, predicted, c.N, rounding, extra_);
+  ++stats_.checks;
+  if (!v.fault) {
+    stats_.max_clean_ratio = std::max(stats_.max_clean_ratio, v.ratio);
+    return;
+  }
+  ++stats_.faults;
+  if (!worst_.verdict.fault || v.ratio > worst_.verdict.ratio) {
+    // The column: from the failed row recomputed, where C holds the product alone.
+    const int64_t col = accumulates || c.f32 == nullptr ? -1 : locate_in_row(a, b, c.f32, v.index, bias);
+    worst_ = {site, v, col};
+  }
+}
+
+void AbftBackend::linear_forward(Mode mode, LinearShape s, float* out, const float* inp, const float* weight,
+                                 const float* bias) {
+  inner().linear_forward(mode, s, out, inp, weight, bias);
+  check_forward(site_of(weight, GemmProduct::kForward), {.f32 = out, .M = s.N, .N = s.OC}, s, inp, weight, bias,
+                rounding_chain(mode == Mode::kCanonical, s.IC, bias != nullptr), false);
+}
+
+void AbftBackend::check_forward(int site, const ProductView& c, LinearShape s, const float* inp, const float* weight,
+                                const float* bias, int64_t chain, bool accumulates) {
+  if (hook_) hook_(site_name(site), c);
+  if (!check_) return;
+  const auto t0 = Clock::now();
+  ForwardMemo& m = memo(site);
+  predicted_rows_times_transposed(inp, s.N, s.IC, weight, s.OC, scratch_, scratch_.predicted, m.sums);
+  m.inp = inp, m.N = s.N;
+  conclude(site, c, {inp, s.N, s.IC}, {weight, s.OC, s.IC, true}, {.K = s.IC, .chain = chain}, accumulates, bias,
+           scratch_.predicted);
+  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dweight,
+                                  GradSink dbias, const float* dout, const float* inp, const float* weight) {
+  const bool canonical = mode == Mode::kCanonical, has_dw = !dweight.empty();
+  const ProductView dx = {.f32 = dinp, .M = s.N, .N = s.IC}, dw = view_of(dweight, s.OC, s.IC);
+  if (has_dw) checksums_before(dw);
+  inner().linear_backward(mode, s, token_offset, dinp, dweight, dbias, dout, inp, weight);
+  const int dx_site = site_of(weight, GemmProduct::kInputGrad), dw_site = site_of(weight, GemmProduct::kWeightGrad);
+  if (hook_ && dinp != nullptr) hook_(site_name(dx_site), dx);
+  if (hook_ && has_dw) hook_(site_name(dw_site), dw);
+  if (!check_) return;
+  const auto t0 = Clock::now();
+  // dinp = dout·W needs W·e, dW += doutᵀ·inp needs inp·e: the forward's, where it fits.
+  const ForwardMemo& m = memo(dx_site);
+  const MatrixView dout_m{dout, s.N, s.OC}, dout_t{dout, s.N, s.OC, true}, w{weight, s.OC, s.IC}, x{inp, s.N, s.IC};
+  const bool w_known = dx_site >= 0 && m.sums.w.size() == static_cast<size_t>(s.OC);
+  const bool x_known = dx_site >= 0 && m.inp == inp && m.N == s.N;
+  if (dinp != nullptr && !w_known) operand_row_sums(w, scratch_, fresh_.w, fresh_.w_mag);
+  if (has_dw && !x_known) operand_row_sums(x, scratch_, fresh_.a, fresh_.a_mag);
+  const OperandRowSums& bw = w_known ? m.sums : fresh_;
+  const OperandRowSums& bx = x_known ? m.sums : fresh_;
+  // Both products read dout: once where both are computed.
+  if (dinp != nullptr && has_dw) {
+    predicted_rows_sharing_a(dout, s.N, s.OC, bw.w.data(), bw.w_mag.data(), bx.a.data(), bx.a_mag.data(), scratch_,
+                             scratch_.predicted, scratch_.predicted2);
+  } else if (dinp != nullptr) {
+    predicted_rows_from(dout_m, bw.w.data(), bw.w_mag.data(), scratch_, scratch_.predicted);
+  } else if (has_dw) {
+    predicted_rows_from(dout_t, bx.a.data(), bx.a_mag.data(), scratch_, scratch_.predicted2);
+  }
+  if (dinp != nullptr) {
+    conclude(dx_site, dx, dout_m, w, {.K = s.OC, .chain = rounding_chain(canonical, s.OC, false)}, false, nullptr,
+             scratch_.predicted);
+  }
+  if (has_dw) {
+    // Canonical mode adds exact chunk partials (C before is in no rounding); fast mode's GEMM adds
+    // the product onto the fp32 gradient (beta = 1).
+    conclude(dw_site, dw, dout_t, x,
+             {.K = s.N, .chain = rounding_chain(canonical, s.N, !canonical), .before_in_chain = !canonical}, true,
+             nullptr, scratch_.predicted2);
+  }
+  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void AbftBackend::linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* inp,
+                                          const float* weight) {
+  const ProductView c = view_of(out, s.N, s.OC);
+  checksums_before(c);
+  inner().linear_forward_partials(s, out, inp, weight);
+  check_forward(site_of(weight, GemmProduct::kForward), c, s, inp, weight, nullptr, rounding_chain(true, s.IC, false),
+                true);
+}
+
+void AbftBackend::linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const float* dout,
+                                                const float* weight) {
+  const ProductView c = view_of(dinp, s.N, s.IC);
+  checksums_before(c);
+  inner().linear_backward_dinp_partials(s, dinp, dout, weight);
+  observe(site_of(weight, GemmProduct::kInputGrad), c, {dout, s.N, s.OC}, {weight, s.OC, s.IC},
+          {.K = s.OC, .chain = rounding_chain(true, s.OC, false)}, true, nullptr);
+}
+
+void AbftDetector::after_reduce(int64_t step, float) {
+  const AbftFault mine = abft_.take_worst();
+  // Per rank: the failed product (site + 1, 0: none), |observed − predicted|, its threshold, and
+  // the element (row << 32 | column).
+  const uint64_t packed[4] = {
+      mine.verdict.fault ? static_cast<uint64_t>(static_cast<int64_t>(mine.site) + kGemmProducts + 1) : 0,
+      std::bit_cast<uint64_t>(mine.verdict.diff), std::bit_cast<uint64_t>(mine.verdict.threshold),
+      static_cast<uint64_t>(mine.verdict.index) << 32 | static_cast<uint32_t>(mine.col)};
+  std::vector<uint64_t> all(4 * static_cast<size_t>(world_.size()));
+  world_.all_gather(packed, all.data(), 4, DType::kU64);
+  // One finding per failed product, naming every rank where it failed (the first one's figures).
+  std::map<uint64_t, std::vector<int>> by_site;
+  for (int r = 0; r < world_.size(); ++r) {
+    if (all[4 * static_cast<size_t>(r)] != 0) by_site[all[4 * static_cast<size_t>(r)]].push_back(r);
+  }
+  for (const auto& [code, ranks] : by_site) {
+    const int site = static_cast<int>(static_cast<int64_t>(code) - kGemmProducts - 1);
+    const size_t first = 4 * static_cast<size_t>(ranks.front());
+    const double diff = std::bit_cast<double>(all[first + 1]), threshold = std::bit_cast<double>(all[first + 2]);
+    const auto row = static_cast<int64_t>(all[first + 3] >> 32);
+    const auto col = static_cast<int32_t>(all[first + 3] & 0xffffffffu);
+    const auto product = static_cast<GemmProduct>(site < 0 ? -1 - site : site % kGemmProducts);
+    log_.report({.step = step + 1, .ranks = ranks, .detector = "abft", .site = abft_.site_name(site),
+                 .magnitude = diff, .bound = threshold, .unit = "|checksum - predicted|",
+                 .classification = "corruption",
+                 .detail = str_cat("the row checksum of ", row_meaning(product), " ", row, " fails",
+                                   col >= 0 ? str_cat(", at ", col_meaning(product), " ", col) : std::string(),
+                                   " of the product (this rank's shard); threshold derived from the operands "
+                                   "(gamma bound of |A||B|)")},
+                action_, kExitCorruption, "on_fault");
+  }
+}
+
+}  // namespace lockstep::detect
