@@ -90,7 +90,9 @@ class SuperAccumulator {
   }
 
   // Adds a finite double that is a multiple of 2^-160 and below 2^190 in magnitude (true of fp32
-  // values and of exact sums of up to 2^31 of them); non-finite values are tracked by flag.
+  // values and of exact sums of up to 2^31 of them); non-finite values are tracked by flag. Any
+  // other double (which no exact sum of fp32 values is, but a corrupted message may hold) cannot be
+  // held exactly: the sum becomes NaN.
   LS_HOST_DEVICE void add(double x) {
     if (x == 0.0) return;
     if (std::isnan(x)) { nan_ = true; return; }
@@ -101,6 +103,7 @@ class SuperAccumulator {
     const int tz = detail::ctz64(mant);                          // drop trailing zeros so that
     mant >>= tz;                                                 // tiny values stay in range
     const int shift = exp - 53 + tz - kLowBit;                   // bit position of mant's lsb
+    if (shift < 0 || exp > kLowBit + kDigits * kDigitBits - 34) { nan_ = true; return; }
     const int idx = shift / kDigitBits;
     const int off = shift % kDigitBits;
     // mant << off spans at most 53 + 31 bits: three 32-bit digits, from a 64-bit low part and

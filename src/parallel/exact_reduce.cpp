@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "src/core/check.hpp"
+#include "src/core/majority.hpp"
 
 namespace lockstep::parallel {
 
@@ -103,7 +104,16 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
     }
     send_counts[static_cast<size_t>(q)] = static_cast<int64_t>(spill_send.size()) - send_displs[static_cast<size_t>(q)];
   }
-  comm.all_to_all(send_counts.data(), recv_counts.data(), 1, DType::kI64);
+  // The counts decide the next message's sizes, which every pair of ranks must agree on: each goes
+  // three times and the receiver takes the bitwise majority, so that a corrupted count can neither
+  // hang the exchange nor make it overrun (a corrupted record is refused below).
+  std::vector<int64_t> counts3(3 * np), recv3(3 * np);
+  for (size_t q = 0; q < np; ++q) std::fill_n(counts3.begin() + static_cast<std::ptrdiff_t>(3 * q), 3, send_counts[q]);
+  comm.all_to_all(counts3.data(), recv3.data(), 3, DType::kI64);
+  for (size_t q = 0; q < np; ++q) {
+    const auto c = [&](size_t k) { return static_cast<uint64_t>(recv3[3 * q + k]); };
+    recv_counts[q] = static_cast<int64_t>(majority(c(0), c(1), c(2)));
+  }
   int64_t recv_total = 0;
   for (int q = 0; q < parts; ++q) {
     recv_displs[static_cast<size_t>(q)] = recv_total;
@@ -118,9 +128,10 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
   //    (any order).
   for (int q = 0; q < parts; ++q) {
     const int64_t first = recv_displs[static_cast<size_t>(q)], end = first + recv_counts[static_cast<size_t>(q)];
-    for (int64_t r = first; r < end; r += kSpillWords) {
+    for (int64_t r = first; r + kSpillWords <= end; r += kSpillWords) {
       const int64_t* rec = spill_recv.data() + r;
-      LS_CHECK(rec[0] >= 0 && rec[0] < shard, "spilled element ", rec[0], " outside the shard of ", shard);
+      // Only a corrupted message holds a record outside the shard (verified collectives name it).
+      if (rec[0] < 0 || rec[0] >= shard) continue;
       const auto i = static_cast<size_t>(rec[0]);
       recv[static_cast<size_t>(q) * static_cast<size_t>(shard) + i] = 0.0;
       sum.add(static_cast<size_t>(sum_offset) + i, SuperAccumulator::from_digits(rec + 2, static_cast<uint8_t>(rec[1])));

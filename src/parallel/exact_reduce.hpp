@@ -11,11 +11,13 @@
 //      held in a double (ExactAccumulator::partial_sums(), sent in place: 8 bytes per element);
 //   2. the rare element whose local sum spilled to a SuperAccumulator (its double is then stale)
 //      goes as well as a record of 14 int64 (shard-local index, flags, 12 digits: 112 bytes), after
-//      an all-to-all of the record counts;
+//      an all-to-all of the record counts — each count three times, read as the copies' bitwise
+//      majority (src/core/majority.hpp): the counts size the next message, so a corrupted count
+//      must neither hang nor overrun it; a record outside the shard is refused;
 //   3. the owner drops the stale doubles of spilled elements, adds every received double and
 //      SuperAccumulator into a fresh ExactAccumulator — exact, so in any order — and rounds once.
 //   Non-finite local sums travel as they are (±inf and NaN in the double or the flags).
-//   Bytes sent per rank: 8·N·(p−1)/p + 112·(spilled elements) + 8·(p−1), against 4·N·(p−1)/p for a
+//   Bytes sent per rank: 8·N·(p−1)/p + 112·(spilled elements) + 24·(p−1), against 4·N·(p−1)/p for a
 //   float reduce-scatter (MPI_Reduce_scatter on fp32, not reproducible). A following fp32 all-gather
 //   (4·N·(p−1)/p) makes it an exact all-reduce: 12·N·(p−1)/p, 1.5x a ring all-reduce of fp32.
 //

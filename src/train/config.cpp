@@ -233,6 +233,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("state_at_rest", c.verify.state_at_rest);
   v.field("spikes", c.verify.spikes);
   v.field("abft", c.verify.abft);
+  v.field("collectives", c.verify.collectives);
   v.field("spike_window", c.verify.spike_window);
   v.field("loss_spike_threshold", c.verify.loss_spike_threshold);
   v.field("grad_norm_spike_threshold", c.verify.grad_norm_spike_threshold);

@@ -89,6 +89,7 @@ struct VerifyConfig {
   bool state_at_rest = true;       // hash parameters and moments after the update, again before the next step
   bool spikes = true;              // loss and gradient-norm spikes (verify/detect/spikes.hpp)
   bool abft = false;               // checksums of every linear layer's products (verify/detect/abft.hpp)
+  bool collectives = false;        // checksums beside every dp and tp message (verify/detect/verified_comm.hpp)
   int64_t spike_window = 50;       // steps of history
   double loss_spike_threshold = 6;        // robust z-score above which a loss is a spike
   double grad_norm_spike_threshold = 20;  // the same for the gradient norm (see verify/detect/spikes.hpp)

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "src/core/check.hpp"
@@ -31,8 +32,8 @@ int64_t option(std::string_view opts, std::string_view key, int64_t fallback, co
                  " expects an integer, got \"", text, "\"");
       return v;
     }
-    LS_REQUIRE(item.substr(0, eq) == "bit" || item.substr(0, eq) == "index", where,
-               ": [inject] kind: unknown option \"", item.substr(0, eq), "\" (known: bit, index)");
+    LS_REQUIRE(item.substr(0, eq) == "bit" || item.substr(0, eq) == "index" || item.substr(0, eq) == "nth", where,
+               ": [inject] kind: unknown option \"", item.substr(0, eq), "\" (known: bit, index, nth)");
     opts = comma == std::string_view::npos ? std::string_view() : opts.substr(comma + 1);
   }
   return fallback;
@@ -87,6 +88,17 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
                ": [inject] site ", c.site, ": expected gemm/WEIGHT/forward|dinp|dweight with WEIGHT a matrix ",
                "parameter of the model (e.g. gemm/layer/0/mlp/fc/weight/forward; the tied head is gemm/wte/...)");
   }
+  if (is_comm_site(c.site)) {
+    const size_t cut = c.site.find('/', 5);
+    const std::string group = c.site.substr(5, cut == std::string::npos ? std::string::npos : cut - 5);
+    const std::string op = cut == std::string::npos ? "" : c.site.substr(cut + 1);
+    LS_REQUIRE((group == "dp" || group == "tp") &&
+                   (op == "all_reduce" || op == "reduce_scatter" || op == "all_gatherv" || op == "all_to_allv" ||
+                    op == "broadcast"),
+               where, ": [inject] site ", c.site, ": expected comm/GROUP/OP with GROUP dp or tp and OP all_reduce, ",
+               "reduce_scatter, all_gatherv, all_to_allv or broadcast (the received buffer of that group's operation)");
+    LS_REQUIRE(head == "bitflip", where, ": [inject] site ", c.site, " (a received message) takes kind bitflip");
+  }
   if (head == "bitflip") {
     inj.kind = Injection::Kind::kBitflip;
     const int64_t bit = option(opts, "bit", -1, where);
@@ -94,6 +106,9 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
     inj.bit = static_cast<int>(bit);
     inj.index = option(opts, "index", 0, where);
     LS_REQUIRE(inj.index >= 0, where, ": [inject] kind bitflip: index must be >= 0");
+    inj.nth = option(opts, "nth", 0, where);
+    LS_REQUIRE(inj.nth >= 0, where, ": [inject] kind bitflip: nth must be >= 0");
+    LS_REQUIRE(inj.nth == 0 || is_comm_site(c.site), where, ": [inject] kind bitflip: nth is for comm/ sites");
   } else if (head == "order") {
     LS_REQUIRE(opts.empty(), where, ": [inject] kind order takes no options");
     const ModelDesc desc = describe_model(model);
@@ -118,15 +133,35 @@ bool is_state_site(const std::string& site) {
 }
 
 bool is_gemm_site(const std::string& site) { return site.starts_with("gemm/"); }
+bool is_comm_site(const std::string& site) { return site.starts_with("comm/"); }
 
 bool Injector::watches_tensors() const {
   return active() && inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang &&
-         !is_state_site(inj_.site) && !is_gemm_site(inj_.site);
+         !is_state_site(inj_.site) && !is_gemm_site(inj_.site) && !is_comm_site(inj_.site);
+}
+
+void Injector::on_received(std::string_view group, std::string_view op, void* data, int64_t bytes) {
+  if (!now_ || inj_.site.size() != 6 + group.size() + op.size() ||
+      inj_.site.compare(5, group.size(), group) != 0 || inj_.site.compare(6 + group.size(), op.size(), op) != 0) {
+    return;
+  }
+  // The gradient buckets reduce on a thread of their own.
+  std::lock_guard<std::mutex> lock(received_mutex_);
+  if (applied_ || seen_++ != inj_.nth) return;
+  LS_REQUIRE(inj_.index < bytes / 4, "[inject] bitflip index ", inj_.index, " is outside the message ", inj_.site,
+             " received (", bytes / 4, " 32-bit words)");
+  auto* word = static_cast<unsigned char*>(data) + 4 * inj_.index;
+  uint32_t w;
+  std::memcpy(&w, word, 4);
+  w ^= 1u << inj_.bit;
+  std::memcpy(word, &w, 4);
+  applied_ = true;
 }
 
 void Injector::begin_step(int64_t step) {
   now_ = active() && step == inj_.step;
   applied_ = false;
+  seen_ = 0;
   if (now_ && inj_.kind == Injection::Kind::kOrder) {
     model_.set_op_mode(inj_.site, model_.mode() == Mode::kCanonical ? Mode::kFast : Mode::kCanonical);
   }
@@ -167,10 +202,13 @@ void Injector::on_product(std::string_view site, const detect::ProductView& prod
 }
 
 void Injector::after_reduce(int64_t, float) {
-  if (!now_ || !(watches_tensors() || watches_products())) return;
+  if (!now_ || !(watches_tensors() || watches_products() || watches_messages())) return;
   if (inj_.kind == Injection::Kind::kOrder) model_.clear_op_modes();
   LS_REQUIRE(applied_ || !watches_products(), "[inject] site \"", inj_.site, "\": that product was not computed ",
              "in step ", inj_.step, " on this rank");
+  LS_REQUIRE(applied_ || !watches_messages(), "[inject] site \"", inj_.site, "\": this rank received ", seen_,
+             " such message(s) in step ", inj_.step, " before the gradient reduction ended, not the ", inj_.nth + 1,
+             "th (nth=", inj_.nth, ")");
   LS_REQUIRE(applied_, "[inject] site \"", inj_.site, "\" is not a tensor of this model (hook names look like ",
              "layer/0/attn/qkv, layer/0/mlp/fc, grad/layer/0/ln1/out, logits; see `lockstep train --dump.dir`)");
 }

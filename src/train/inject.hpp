@@ -14,7 +14,11 @@
 // product of a linear layer, `gemm/WEIGHT/forward|dinp|dweight` (verify/detect/abft.hpp), changed
 // as the op leaves it, before any detector sees it — a faulty multiply (bitflip's index is an
 // element of the product: forward token·OC + o, dinp token·IC + i, dweight o·IC + i; dweight is the
-// gradient the product adds to).
+// gradient the product adds to); or a message as a rank receives it, `comm/dp|tp/OP` (OP
+// all_reduce, reduce_scatter, all_gatherv, all_to_allv, broadcast; verify/detect/verified_comm.hpp),
+// before any check sees it — a fault on the wire (bitflip's index is a 32-bit word of the received
+// buffer, nth=K the step's K-th such message on that rank, 0 the first; the exact reduction's
+// doubles are its first all_to_allv, the counts of its spilled records the second).
 // bitflip: flips one bit of one element, as silent data corruption would;
 // order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
 //   accumulation order, the kind of change a new kernel or library brings (hook sites of an op's
@@ -29,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,7 +54,8 @@ struct Injection {
   int64_t step = 0;
   int64_t rank = -1;    // world rank that injects (-1: every rank)
   int bit = 0;          // bitflip
-  int64_t index = 0;    // bitflip: element of the tensor
+  int64_t index = 0;    // bitflip: element of the tensor (comm/ sites: 32-bit word of the message)
+  int64_t nth = 0;      // comm/ sites: which of the step's messages of that operation (0: the first)
   std::string format;   // cast
 };
 
@@ -60,6 +66,8 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
 bool is_state_site(const std::string& site);
 // A product of a linear layer (gemm/WEIGHT/PRODUCT), changed through the GEMM product hook.
 bool is_gemm_site(const std::string& site);
+// A received message (comm/GROUP/OP), changed through the verified collectives' receive hook.
+bool is_comm_site(const std::string& site);
 
 // Applies an Injection to a model step by step: a step observer (begin_step sets an op's mode,
 // after_reduce checks that a hook site was seen, after_update edits a parameter site, end_step
@@ -79,6 +87,9 @@ class Injector final : public StepObserver {
   // The GEMM product hook (verify/detect/abft.hpp) is needed for this injection.
   bool watches_products() const { return active() && is_gemm_site(inj_.site); }
   void on_product(std::string_view site, const detect::ProductView& product);
+  // The collectives' receive hook (verify/detect/verified_comm.hpp) is needed for this injection.
+  bool watches_messages() const { return active() && is_comm_site(inj_.site); }
+  void on_received(std::string_view group, std::string_view op, void* data, int64_t bytes);
   void begin_step(int64_t step) override;
   void after_reduce(int64_t step, float loss) override;
   void after_update(int64_t step) override;
@@ -95,6 +106,8 @@ class Injector final : public StepObserver {
   std::span<float> m_, v_;
   bool now_ = false;      // this step is the injection step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
+  int64_t seen_ = 0;      // comm/ sites: messages of that operation received this step
+  std::mutex received_mutex_;
 };
 
 }  // namespace lockstep

@@ -29,11 +29,13 @@
 #include "src/train/run.hpp"
 #include "verify/core/dump.hpp"
 #include "verify/detect/abft.hpp"
+#include "verify/detect/agreed.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/replicas.hpp"
 #include "verify/detect/spikes.hpp"
 #include "verify/detect/state_at_rest.hpp"
+#include "verify/detect/verified_comm.hpp"
 
 namespace lockstep {
 
@@ -141,8 +143,23 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 
   // Set-up: the mesh, the data, the model (this rank's part of it) and data parallelism over it.
   parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
-  comm::Communicator& dpc = mesh.dp();
-  comm::Communicator& tpc = mesh.group(parallel::Axis::kTp);
+  // [verify] collectives, or an injection into a received message: the dp and tp groups carry
+  // checksums beside their messages (verify/detect/verified_comm.hpp), or only let the injection
+  // see what arrives.
+  detect::CollectiveLog collective_log;
+  detect::ReceiveHook on_received;  // the injector's, once it exists
+  std::optional<detect::VerifiedCommunicator> verified_dp, verified_tp;
+  if (world.size() > 1 && (cfg.verify.collectives || is_comm_site(cfg.inject.site))) {
+    const detect::ReceiveHook hook = [&on_received](std::string_view group, std::string_view op, void* data,
+                                                    int64_t bytes) {
+      if (on_received) on_received(group, op, data, bytes);
+    };
+    verified_dp.emplace(mesh.dp(), collective_log, cfg.verify.collectives, hook);
+    verified_tp.emplace(mesh.group(parallel::Axis::kTp), collective_log, cfg.verify.collectives, hook);
+  }
+  comm::Communicator& dpc = verified_dp ? static_cast<comm::Communicator&>(*verified_dp) : mesh.dp();
+  comm::Communicator& tpc =
+      verified_tp ? static_cast<comm::Communicator&>(*verified_tp) : mesh.group(parallel::Axis::kTp);
   const int64_t tp = tpc.size(), dp = dpc.size();
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
@@ -198,6 +215,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                 {"micro_batch", part.local_micro}},
                  &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp});
   }
+  if (injector.watches_messages()) {
+    on_received = [&](std::string_view group, std::string_view op, void* data, int64_t bytes) {
+      injector.on_received(group, op, data, bytes);
+    };
+  }
   if (injector.watches_products()) {
     abft->set_product_hook(
         [&](std::string_view site, const detect::ProductView& product) { injector.on_product(site, product); });
@@ -239,6 +261,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (vc.spikes) {
     spikes.emplace(spike_rule(vc), findings, detect::parse_fault_action(vc.on_spike, "[verify] on_spike"));
   }
+  std::optional<detect::CollectiveDetector> collective_detector;
+  if (cfg.verify.collectives && world.size() > 1) collective_detector.emplace(collective_log, world, findings, on_fault);
   std::optional<detect::AbftDetector> abft_detector;
   if (abft && abft->checking()) abft_detector.emplace(*abft, world, findings, on_fault);
   std::optional<detect::ReplicaDetector> replicas;
@@ -255,6 +279,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   observers.push_back(&progress);
   observers.push_back(&nonfinite);
   if (spikes) observers.push_back(&*spikes);
+  if (collective_detector) observers.push_back(&*collective_detector);
   if (abft_detector) observers.push_back(&*abft_detector);
   if (replicas) observers.push_back(&*replicas);
   observers.push_back(&evaluation);
@@ -282,8 +307,14 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     // [train] stop_after: this step ends the run as the last one would (evaluation, checkpoint).
     r.last = r.done() == tc.steps || step == tc.stop_after;
     // Every rank stops after the same step: a signal seen by any rank stops all of them.
+    // Agreed (three copies, read by majority): a corrupted message must not stop one rank alone.
     int64_t signal = g_stop_signal.load();
-    if (world.size() > 1) world.all_reduce(std::span<int64_t>(&signal, 1), comm::ReduceOp::kMax);
+    if (world.size() > 1) {
+      const uint64_t mine = static_cast<uint64_t>(signal);
+      for (uint64_t s : detect::agreed_all_gather(world, std::span<const uint64_t>(&mine, 1))) {
+        signal = std::max(signal, static_cast<int64_t>(s));
+      }
+    }
     r.stopping = signal != 0;
     for (StepObserver* o : observers) o->end_step(r);
     total_time += r.seconds;

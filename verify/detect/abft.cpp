@@ -5,6 +5,7 @@
 #include <map>
 
 #include "src/core/check.hpp"
+#include "verify/detect/agreed.hpp"
 
 namespace lockstep::detect {
 
@@ -210,8 +211,7 @@ void AbftDetector::after_reduce(int64_t step, float) {
       mine.verdict.fault ? static_cast<uint64_t>(static_cast<int64_t>(mine.site) + kGemmProducts + 1) : 0,
       std::bit_cast<uint64_t>(mine.verdict.diff), std::bit_cast<uint64_t>(mine.verdict.threshold),
       static_cast<uint64_t>(mine.verdict.index) << 32 | static_cast<uint32_t>(mine.col)};
-  std::vector<uint64_t> all(4 * static_cast<size_t>(world_.size()));
-  world_.all_gather(packed, all.data(), 4, DType::kU64);
+  const std::vector<uint64_t> all = agreed_all_gather(world_, packed);
   // One finding per failed product, naming every rank where it failed (the first one's figures).
   std::map<uint64_t, std::vector<int>> by_site;
   for (int r = 0; r < world_.size(); ++r) {

@@ -1,7 +1,7 @@
-// The detectors' content hash of a large buffer: xxh64 of each 1 MiB block, the blocks hashed in
-// parallel (OpenMP, the run's threads), then xxh64 of the block hashes in order. A function of the
+// The detectors' content hash of a large buffer: XXH3 (64-bit) of each 1 MiB block, the blocks
+// hashed in parallel (OpenMP, the run's threads), then XXH3 of the block hashes in order. A function of the
 // bytes alone — the same on every rank whatever its thread count — that changes with any bit of
-// them, and as fast as the memory lets the threads read (one thread: xxh64's own speed).
+// them, and as fast as the memory lets the threads read.
 #pragma once
 
 #include <cstddef>

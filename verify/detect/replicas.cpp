@@ -5,6 +5,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "verify/detect/agreed.hpp"
 #include "verify/detect/checksum.hpp"
 
 namespace lockstep::detect {
@@ -54,11 +55,15 @@ Odd odd_members(const std::vector<std::pair<int, uint64_t>>& members, const char
 void ReplicaDetector::end_step(const StepRecord& r) {
   const bool tp = tp_.size() > 1;
   if (dp_.size() == 1 && !tp) return;
-  const RankHashes mine{static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()),
-                        dp_.size() > 1 ? block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float)) : 0,
-                        tp ? tp_replicated_hash(model_) : 0};
+  const uint64_t mine[4] = {
+      static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()),
+      dp_.size() > 1 ? block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float)) : 0,
+      tp ? tp_replicated_hash(model_) : 0};
+  const std::vector<uint64_t> gathered = agreed_all_gather(world_, mine);
   std::vector<RankHashes> all(static_cast<size_t>(world_.size()));
-  world_.all_gather(&mine, all.data(), 4, DType::kU64);
+  for (size_t w = 0; w < all.size(); ++w) {
+    all[w] = {gathered[4 * w], gathered[4 * w + 1], gathered[4 * w + 2], gathered[4 * w + 3]};
+  }
 
   // Groups: dp replicas share a tp rank, the members of one tp group share a dp rank.
   std::map<uint64_t, std::vector<std::pair<int, uint64_t>>> replicas, tp_groups;

@@ -1,6 +1,7 @@
 #include "verify/detect/state_at_rest.hpp"
 
 #include "src/core/check.hpp"
+#include "verify/detect/agreed.hpp"
 #include "verify/detect/checksum.hpp"
 
 namespace lockstep::detect {
@@ -28,7 +29,7 @@ void StateAtRestDetector::begin_step(int64_t step) {
   for (size_t i = 0; i < buffers_.size(); ++i) {
     if (hash_of(buffers_[i]) != hashes_[i]) changed |= uint64_t{1} << i;
   }
-  const std::vector<uint64_t> all = world_.all_gather(changed);
+  const std::vector<uint64_t> all = agreed_all_gather(world_, std::span<const uint64_t>(&changed, 1));
   for (size_t i = 0; i < buffers_.size(); ++i) {
     std::vector<int> ranks;
     for (size_t r = 0; r < all.size(); ++r) {
@@ -38,7 +39,7 @@ void StateAtRestDetector::begin_step(int64_t step) {
     log_.report({.step = step, .ranks = ranks, .detector = "state_at_rest", .site = buffers_[i].name,
                  .magnitude = static_cast<double>(ranks.size()), .bound = 0, .unit = "ranks",
                  .classification = "corruption",
-                 .detail = str_cat("its xxh64 after the update of step ", step,
+                 .detail = str_cat("its hash after the update of step ", step,
                                    " differs from the one before this step's forward: changed in memory between steps")},
                 action_, kExitCorruption, "on_fault");
   }
