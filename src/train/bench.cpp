@@ -21,6 +21,7 @@
 #include "src/optim/grad_clip.hpp"
 #include "src/train/detectors.hpp"
 #include "src/train/metrics.hpp"
+#include "src/train/rollback.hpp"
 #include "src/train/step_observer.hpp"
 #include "verify/detect/abft.hpp"
 #include "verify/detect/checksum.hpp"
@@ -139,7 +140,12 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
                                    {"fraction_note", "of the step without the checks (step_ms - abft ms)"},
                                    {"tightness", abft_tightness},
                                    {"failed", abft_faults}}
-                  : nlohmann::json("off: --verify.abft=true times it")}}},
+                  : nlohmann::json("off: --verify.abft=true times it")},
+            {"rollback_snapshot",
+             rollback ? detector("[verify] on_fault = \"rollback\": the in-memory copy of the parameters and AdamW "
+                                 "moments before each step (src/train/rollback.hpp)",
+                                 "off (on_fault = \"stop\")", snapshot_ms)
+                      : nlohmann::json("off: --verify.on_fault=rollback times it")}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -227,7 +233,16 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
   const float dloss = 1.0f / static_cast<float>(B * T);
-  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms;
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms, snapshot_ms;
+  // [verify] on_fault = "rollback": the step's in-memory snapshot (src/train/rollback.hpp), a copy of
+  // the parameters and moments before the step, into buffers allocated once.
+  r.rollback = cfg.verify.on_fault == "rollback";
+  std::vector<float> snap_params, snap_m, snap_v;
+  if (r.rollback) {
+    snap_params.resize(static_cast<size_t>(model.num_params()));
+    snap_m.resize(adamw.m().size());
+    snap_v.resize(adamw.v().size());
+  }
   // The run's numeric monitors as [verify] configures them, findings printed but never stopping.
   detect::FindingLog findings(out, {});
   detect::NonFiniteDetector nonfinite(findings, detect::FaultAction::kWarn);
@@ -247,6 +262,13 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const auto t5 = Clock::now();
     if (at_rest) at_rest->begin_step(step);
     const double rest_check = ms_since(t5);
+    const auto t7 = Clock::now();
+    if (r.rollback) {
+      copy_state({model.params(), static_cast<size_t>(model.num_params())}, snap_params);
+      copy_state(adamw.m(), snap_m);
+      copy_state(adamw.v(), snap_v);
+    }
+    const double snapshot = ms_since(t7);
     next_batch();
     if (tokens_file) {
       tokens_file->write(inputs.data(), inputs.size() * sizeof(int32_t));
@@ -308,6 +330,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     // This step's check (before it) and hash (after it): what the detector adds per step.
     rest_ms.push_back(rest_check + rest_hash);
     abft_ms.push_back(abft_step);
+    snapshot_ms.push_back(snapshot);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -323,6 +346,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.numeric_monitors_ms = stats_of(monitor_ms);
   r.state_at_rest_ms = stats_of(rest_ms);
   r.abft_ms = stats_of(abft_ms);
+  r.snapshot_ms = stats_of(snapshot_ms);
   if (abft) {
     r.abft_tightness = abft->stats().max_clean_ratio;
     r.abft_faults = abft->stats().faults;
@@ -341,6 +365,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   print_stats(out, "numeric monitors", r.numeric_monitors_ms);
   print_stats(out, "state at rest", r.state_at_rest_ms);
   if (r.abft) print_stats(out, "abft (in the step)", r.abft_ms);
+  if (r.rollback) print_stats(out, "rollback snapshot", r.snapshot_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
       << ", communication 0 (one process), verification " << r.verification_ms() << "\n"
@@ -361,6 +386,11 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
         << "% of the step without them; the largest passing |checksum - predicted| was " << std::scientific
         << std::setprecision(2) << r.abft_tightness << std::fixed << " of its threshold; " << r.abft_faults
         << " failed (a failure here is a false alarm or a real fault of this machine)\n";
+  }
+  if (r.rollback) {
+    out << "rollback ([verify] on_fault = \"rollback\"): the step's snapshot of the parameters and moments takes "
+        << std::setprecision(2) << r.snapshot_ms.median << " ms = " << 100.0 * r.snapshot_ms.median / r.step_ms.median
+        << "% of the step\n";
   }
   out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "

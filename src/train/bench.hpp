@@ -16,7 +16,7 @@
 // (non-finite and spikes of the loss and gradient norm) and the state at rest (parameters and
 // moments hashed after the update and again before the next step), all in verify/detect/; and,
 // with --verify.abft=true, the GEMM checksums (inside the step: timed by the checker itself, their
-// share given against the step without them).
+// share given against the step without them); with --verify.on_fault=rollback, the step's snapshot.
 //
 // The peak is the fastest of OpenBLAS sgemm (whose kernel the environment may hold back: a
 // DYNAMIC_ARCH build that does not recognise the CPU falls back to an old core such as Prescott,
@@ -81,6 +81,8 @@ struct BenchResult {
   int64_t abft_checks_per_step = 0;
   double abft_tightness = 0;
   int64_t abft_faults = 0;  // failed checks (on a clean benchmark: false alarms, or this machine's faults)
+  bool rollback = false;     // [verify] on_fault = "rollback": the step's snapshot, timed outside the step
+  BenchStats snapshot_ms;
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token

@@ -238,6 +238,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("loss_spike_threshold", c.verify.loss_spike_threshold);
   v.field("grad_norm_spike_threshold", c.verify.grad_norm_spike_threshold);
   v.field("on_fault", c.verify.on_fault);
+  v.field("max_replays", c.verify.max_replays);
   v.field("on_spike", c.verify.on_spike);
   v.finish();
 
@@ -252,6 +253,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   j.field("step", c.inject.step);
   j.field("kind", c.inject.kind);
   j.field("rank", c.inject.rank);
+  j.field("persistent", c.inject.persistent);
   j.finish();
 }
 
@@ -290,7 +292,9 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(v.loss_spike_threshold > 0 && v.grad_norm_spike_threshold > 0, c.source,
              ": [verify] loss_spike_threshold (", v.loss_spike_threshold, ") and grad_norm_spike_threshold (",
              v.grad_norm_spike_threshold, ") must be > 0");
-  detect::parse_fault_action(v.on_fault, c.source + ": [verify] on_fault");
+  detect::parse_fault_action(v.on_fault, c.source + ": [verify] on_fault", true);
+  LS_REQUIRE(v.max_replays >= 1, c.source, ": [verify] max_replays (", v.max_replays,
+             ") must be >= 1 (replays of a step before its fault counts as persistent)");
   detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");

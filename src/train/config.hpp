@@ -93,7 +93,8 @@ struct VerifyConfig {
   int64_t spike_window = 50;       // steps of history
   double loss_spike_threshold = 6;        // robust z-score above which a loss is a spike
   double grad_norm_spike_threshold = 20;  // the same for the gradient norm (see verify/detect/spikes.hpp)
-  std::string on_fault = "stop";   // non-finite values, replicas that differ: "stop" | "warn"
+  std::string on_fault = "stop";   // non-finite values, corruption: "stop" | "warn" | "rollback"
+  int64_t max_replays = 2;         // rollback: replays of one step before its fault is persistent
   std::string on_spike = "warn";   // spikes: "warn" | "stop"
 };
 
@@ -111,6 +112,7 @@ struct InjectConfig {
   int64_t step = 0;  // 0-based optimizer step
   std::string kind;  // bitflip:bit=B[,index=I] | order | cast:bf16|f16|e4m3|e5m2 | exit | hang
   int64_t rank = -1; // world rank that injects (-1 = every rank)
+  bool persistent = false;  // every step from `step` on, replays included (a broken device); else once
 };
 
 struct RunConfig {

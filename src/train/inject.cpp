@@ -57,6 +57,7 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
   inj.site = c.site;
   inj.step = c.step;
   inj.rank = c.rank;
+  inj.persistent = c.persistent;
   const std::string_view kind = c.kind;
   const size_t colon = kind.find(':');
   const std::string_view head = kind.substr(0, colon);
@@ -159,7 +160,8 @@ void Injector::on_received(std::string_view group, std::string_view op, void* da
 }
 
 void Injector::begin_step(int64_t step) {
-  now_ = active() && step == inj_.step;
+  now_ = active() && (inj_.persistent ? step >= inj_.step : step == inj_.step && !done_);
+  done_ = done_ || now_;
   applied_ = false;
   seen_ = 0;
   if (now_ && inj_.kind == Injection::Kind::kOrder) {

@@ -28,7 +28,9 @@
 // exit, hang (no site): after the step the process ends at once (_exit(9)) or sleeps forever, as
 //   a dead or hung rank would.
 // --inject.rank=R restricts the injection to world rank R (a fault on one device); by default every
-// rank injects. Under tensor parallelism a rank's tensor is its shard (src/model/hook_layout.hpp
+// rank injects. A fault is transient by default — it happens once, the first time its step runs (a
+// rolled-back replay of that step is clean) — or, with --inject.persistent=true, at its step and
+// every step after, replays included (a device that stays broken). Under tensor parallelism a rank's tensor is its shard (src/model/hook_layout.hpp
 // and param_layout.hpp say where it lies in the global one): bitflip's index is an element of it.
 #pragma once
 
@@ -56,6 +58,7 @@ struct Injection {
   int bit = 0;          // bitflip
   int64_t index = 0;    // bitflip: element of the tensor (comm/ sites: 32-bit word of the message)
   int64_t nth = 0;      // comm/ sites: which of the step's messages of that operation (0: the first)
+  bool persistent = false;  // every step from `step` on, and every replay of it; else once
   std::string format;   // cast
 };
 
@@ -105,6 +108,7 @@ class Injector final : public StepObserver {
   Model& model_;
   std::span<float> m_, v_;
   bool now_ = false;      // this step is the injection step
+  bool done_ = false;     // a transient fault has had its step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
   int64_t seen_ = 0;      // comm/ sites: messages of that operation received this step
   std::mutex received_mutex_;

@@ -39,6 +39,10 @@ class StepObserver {
   // The step is done. Collective observers are called on every rank.
   virtual void end_step(const StepRecord& r) {}
 
+  // The run's state was restored to the start of `step` (a rollback, src/train/rollback.hpp),
+  // which runs again next: what an observer compares across steps no longer holds.
+  virtual void rolled_back(int64_t step) {}
+
   // State an observer carries from step to step (a detector's history) is kept in checkpoints
   // under this key, so that a resumed run continues with it; "" (the default): none.
   virtual std::string state_key() const { return {}; }

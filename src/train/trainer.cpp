@@ -26,6 +26,7 @@
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
+#include "src/train/rollback.hpp"
 #include "src/train/run.hpp"
 #include "verify/core/dump.hpp"
 #include "verify/detect/abft.hpp"
@@ -113,9 +114,10 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   r.step = step;
   r.lr = static_cast<float>(schedule.at(step));
   const int64_t dp_rank = run.dp.rank();
+  // The batch is drawn after begin_step, whose snapshot (rollback.hpp) holds the cursor before it.
+  for (StepObserver* o : observers) o->begin_step(step);
   run.sampler.next_batch(run.B, dp_rank * run.BL, run.BL, inputs.data(), targets.data());
   run.model.zero_grad();
-  for (StepObserver* o : observers) o->begin_step(step);
   ChunkCombiner loss_sum;
   const float dloss = 1.0f / static_cast<float>(run.B * run.T);
   run.model.forward_backward_batch(inputs.data(), targets.data(), run.BL, run.MBL, dp_rank * run.BL * run.T, dloss,
@@ -255,7 +257,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   detect::FindingLog findings(out, [&](const nlohmann::json& j) {
     if (metrics.enabled()) metrics.write(j);
   });
-  const detect::FaultAction on_fault = detect::parse_fault_action(vc.on_fault, "[verify] on_fault");
+  const detect::FaultAction on_fault = detect::parse_fault_action(vc.on_fault, "[verify] on_fault", true);
   detect::NonFiniteDetector nonfinite(findings, on_fault);
   std::optional<detect::SpikeDetector> spikes;
   if (vc.spikes) {
@@ -274,6 +276,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
   }
   if (at_rest) observers.push_back(&*at_rest);
+  // [verify] on_fault = "rollback": the snapshot of each step, taken once its state at rest is checked.
+  std::optional<StepSnapshots> snapshots;
+  if (on_fault == detect::FaultAction::kRollback) {
+    snapshots.emplace(run, observers, static_cast<int>(vc.max_replays));
+    observers.push_back(&*snapshots);
+  }
   observers.push_back(&injector);
   if (dump_steps) observers.push_back(&*dump_steps);
   observers.push_back(&progress);
@@ -298,6 +306,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     StepRecord r;
     try {
       r = run_step(run, schedule, observers, step, inputs, targets);
+    } catch (const detect::FaultRollback& e) {
+      step = snapshots->restore(e) - 1;  // every rank met the finding: all of them run that step again
+      continue;
     } catch (const InputError& e) {
       // Past the set-up the ranks differ (their micro-batches, an injection on one rank): the error
       // is this rank's own while the others wait in the step's collectives. It ends the job here.
@@ -316,7 +327,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
       }
     }
     r.stopping = signal != 0;
-    for (StepObserver* o : observers) o->end_step(r);
+    try {
+      for (StepObserver* o : observers) o->end_step(r);
+    } catch (const detect::FaultRollback& e) {
+      step = snapshots->restore(e) - 1;
+      continue;
+    }
     total_time += r.seconds;
     ++steps_this_run;
     summary.last_loss = r.loss;
@@ -353,6 +369,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
+  if (snapshots && snapshots->rollbacks() > 0) {
+    out << "rollbacks: " << snapshots->rollbacks() << " (each step replayed from its in-memory snapshot)\n";
+  }
   if (abft && abft->checking()) {
     const detect::AbftStats& a = abft->stats();
     out << "abft: " << a.checks << " products checked on rank 0, " << a.faults << " failed; the largest "

@@ -24,10 +24,12 @@ expect_error "kind order: site must be an op's forward output \(embed/out, layer
 expect_error "d_model \(64\) must be divisible by n_heads \(5\)" "$LOCKSTEP" train --config cfg.toml --model.n_heads=5
 expect_error "cfg.toml: \[train\] weight_decay_on: unknown parameter class \"gains\" in \"matrices,gains\"" \
   "$LOCKSTEP" train --config cfg.toml --train.weight_decay_on=matrices,gains
-expect_error "cfg.toml: \[verify\] on_fault: expected \"stop\" or \"warn\", got \"explode\"" \
+expect_error "cfg.toml: \[verify\] on_fault: expected \"rollback\", \"stop\" or \"warn\", got \"explode\"" \
   "$LOCKSTEP" train --config cfg.toml --verify.on_fault=explode
-expect_error "cfg.toml: \[verify\] on_spike: \"rollback\" needs in-memory step snapshots" \
+expect_error "cfg.toml: \[verify\] on_spike: \"rollback\" is for faults \(on_fault\)" \
   "$LOCKSTEP" train --config cfg.toml --verify.on_spike=rollback
+expect_error "cfg.toml: \[verify\] max_replays \(0\) must be >= 1" "$LOCKSTEP" train --config cfg.toml \
+  --verify.on_fault=rollback --verify.max_replays=0
 expect_error "cfg.toml: \[verify\] spike_window \(0\) must be >= 10 steps" "$LOCKSTEP" train --config cfg.toml \
   --verify.spike_window=0
 expect_error "--verify.abtf: unknown key 'abtf'" "$LOCKSTEP" train --config cfg.toml --verify.abtf=true

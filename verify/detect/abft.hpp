@@ -134,6 +134,7 @@ class AbftDetector final : public StepObserver {
   AbftDetector(AbftBackend& abft, comm::Communicator& world, FindingLog& log, FaultAction action)
       : abft_(abft), world_(world), log_(log), action_(action) {}
   void after_reduce(int64_t step, float loss) override;
+  void rolled_back(int64_t) override { abft_.take_worst(); }
 
  private:
   AbftBackend& abft_;

@@ -7,12 +7,14 @@
 
 namespace lockstep::detect {
 
-FaultAction parse_fault_action(const std::string& text, const std::string& where) {
+FaultAction parse_fault_action(const std::string& text, const std::string& where, bool rollback) {
   if (text == "warn") return FaultAction::kWarn;
   if (text == "stop") return FaultAction::kStop;
-  LS_REQUIRE(text != "rollback", where, ": \"rollback\" needs in-memory step snapshots, which Lockstep does not take "
-             "yet; expected \"stop\" or \"warn\"");
-  throw ConfigError(str_cat(where, ": expected \"stop\" or \"warn\", got \"", text, "\""));
+  if (text == "rollback" && rollback) return FaultAction::kRollback;
+  LS_REQUIRE(text != "rollback", where, ": \"rollback\" is for faults (on_fault): a spike replayed from the same ",
+             "state and data spikes again; expected \"stop\" or \"warn\"");
+  throw ConfigError(str_cat(where, ": expected ", rollback ? "\"rollback\", " : "", "\"stop\" or \"warn\", got \"",
+                            text, "\""));
 }
 
 namespace {
@@ -61,6 +63,7 @@ void FindingLog::report(const Finding& f, FaultAction action, int exit_code, con
   ++count_;
   out_ << finding_line(f) << std::endl;
   if (record_) record_(finding_json(f));
+  if (action == FaultAction::kRollback) throw FaultRollback(f);
   if (action == FaultAction::kStop) {
     throw FaultStop(str_cat("stopped after step ", f.step, " on the ", f.detector, " finding at ", f.site, " ([verify] ",
                             action_key, " = \"stop\"; \"warn\" would go on)"),

@@ -20,15 +20,16 @@
 
 namespace lockstep::detect {
 
-enum class FaultAction { kWarn, kStop };
+enum class FaultAction { kWarn, kStop, kRollback };
 
-// "warn" | "stop"; anything else (and "rollback", which needs replay snapshots not built yet) is
-// a ConfigError naming `where`.
-FaultAction parse_fault_action(const std::string& text, const std::string& where);
+// "warn" | "stop", and "rollback" where `rollback` allows it (faults; not spikes, which a replay
+// from the same state and data repeats); anything else is a ConfigError naming `where`.
+FaultAction parse_fault_action(const std::string& text, const std::string& where, bool rollback = false);
 
 // Exit codes of a run stopped on a finding (beside 2 input error, 4 watchdog, 5 MPI error).
 inline constexpr int kExitCorruption = 6;  // values that must agree do not (replicas, checksums)
 inline constexpr int kExitNumeric = 7;     // a non-finite or spiking loss or gradient norm
+inline constexpr int kExitPersistent = 8;  // a fault that every replay of its step meets again
 
 struct Finding {
   int64_t step = 0;         // steps done when it was found (the step is step - 1, 0-based)
@@ -56,6 +57,16 @@ class FaultStop : public std::runtime_error {
   int exit_code_;
 };
 
+// Thrown on every rank when a finding rolls the run back to its last snapshot (src/train/rollback.hpp).
+class FaultRollback : public std::runtime_error {
+ public:
+  explicit FaultRollback(Finding f) : std::runtime_error(f.detector + " at " + f.site), finding_(std::move(f)) {}
+  const Finding& finding() const { return finding_; }
+
+ private:
+  Finding finding_;
+};
+
 class FindingLog {
  public:
   // out: world rank 0's console (the other ranks pass a null stream); record: writes one JSONL
@@ -63,7 +74,7 @@ class FindingLog {
   FindingLog(std::ostream& out, std::function<void(const nlohmann::json&)> record);
 
   // Every rank calls it with the same finding: rank 0's out gets the line and record the JSON;
-  // then kStop throws FaultStop(exit_code) and kWarn returns. action_key: the [verify] key that
+  // then kStop throws FaultStop(exit_code), kRollback FaultRollback, and kWarn returns. action_key: the [verify] key that
   // chose the action, for the message.
   void report(const Finding& f, FaultAction action, int exit_code, const std::string& action_key);
 

@@ -31,6 +31,7 @@ class StateAtRestDetector final : public StepObserver {
                       FaultAction action);
   void after_update(int64_t step) override;  // hashes
   void begin_step(int64_t step) override;    // hashes again and compares
+  void rolled_back(int64_t) override { hashes_.clear(); }  // the restored state is another one
 
  private:
   std::vector<RestingBuffer> buffers_;

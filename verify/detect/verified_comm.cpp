@@ -355,7 +355,9 @@ comm::Handle VerifiedCommunicator::irecv(void* buf, int64_t count, DType t, int 
   });
 }
 
-void CollectiveDetector::after_reduce(int64_t step, float) {
+void CollectiveDetector::after_reduce(int64_t step, float) { report(step); }
+
+void CollectiveDetector::report(int64_t step) {
   const std::vector<CollectiveFault> mine = log_.take();
   // Per rank: how many failed, and the first: its operation, its group (8 bytes of the name), its
   // sender, its magnitude and bound. Agreed on by every rank (agreed.hpp), so that all of them

@@ -15,7 +15,8 @@
 // and the result is handed on as it is: its consumers must survive any bits (the exact reduction
 // votes on its counts and refuses records out of range: src/parallel/exact_reduce.hpp).
 // CollectiveDetector, a step observer, gathers every rank's records after the gradient reduction
-// and reports them as findings (class corruption) that every rank reaches together.
+// and after the update and reports them as findings (class corruption) that every rank reaches
+// together.
 //
 // A receive hook sees each received buffer after the operation and before the check: [inject]'s
 // collective sites flip a bit there, as a fault on the wire or in the receiving NIC would.
@@ -115,8 +116,12 @@ class CollectiveDetector final : public StepObserver {
   CollectiveDetector(CollectiveLog& log, comm::Communicator& world, FindingLog& findings, FaultAction action)
       : log_(log), world_(world), findings_(findings), action_(action) {}
   void after_reduce(int64_t step, float loss) override;
+  // The update's messages (ZeRO's all-gather of the parameters), before anything keeps its result.
+  void after_update(int64_t step) override { report(step); }
+  void rolled_back(int64_t) override { log_.take(); }
 
  private:
+  void report(int64_t step);
   CollectiveLog& log_;
   comm::Communicator& world_;
   FindingLog& findings_;

@@ -116,13 +116,31 @@ TEST(NonFiniteDetector, NanOrInfiniteLossOrNormIsAFinding) {
   EXPECT_EQ(finding_json({.magnitude = kNaN})["finding"]["magnitude"], "nan");
 }
 
-TEST(FaultAction, ParsesWarnAndStopOnly) {
+TEST(FaultAction, ParsesWarnStopAndRollbackWhereAllowed) {
   EXPECT_EQ(parse_fault_action("warn", "x"), FaultAction::kWarn);
   EXPECT_EQ(parse_fault_action("stop", "x"), FaultAction::kStop);
-  EXPECT_TRUE(test::matches(test::config_error([] { parse_fault_action("explode", "c.toml: [verify] on_fault"); }),
-                            "c.toml: \\[verify\\] on_fault: expected \"stop\" or \"warn\", got \"explode\""));
+  EXPECT_EQ(parse_fault_action("rollback", "x", true), FaultAction::kRollback);
+  EXPECT_TRUE(test::matches(test::config_error([] { parse_fault_action("explode", "c.toml: [verify] on_fault", true); }),
+                            "c.toml: \\[verify\\] on_fault: expected \"rollback\", \"stop\" or \"warn\", got \"explode\""));
+  EXPECT_TRUE(test::matches(test::config_error([] { parse_fault_action("explode", "c.toml: [verify] on_spike"); }),
+                            "c.toml: \\[verify\\] on_spike: expected \"stop\" or \"warn\", got \"explode\""));
   EXPECT_TRUE(test::matches(test::config_error([] { parse_fault_action("rollback", "w"); }),
-                            "w: \"rollback\" needs in-memory step snapshots.*"));
+                            "w: \"rollback\" is for faults \\(on_fault\\).*"));
+}
+
+// Rollback throws on every rank, with the finding.
+TEST(FaultAction, RollbackThrowsWithTheFinding) {
+  std::ostringstream out;
+  FindingLog log(out, {});
+  try {
+    log.report({.step = 3, .ranks = {1}, .detector = "abft", .site = "gemm/x/forward"}, FaultAction::kRollback,
+               kExitCorruption, "on_fault");
+    ADD_FAILURE() << "no rollback";
+  } catch (const FaultRollback& e) {
+    EXPECT_EQ(e.finding().site, "gemm/x/forward");
+    EXPECT_EQ(e.finding().ranks, std::vector<int>{1});
+  }
+  EXPECT_EQ(log.count(), 1);
 }
 
 // A clean run's loss decays with noise and its gradient norm wanders by factors (a slow random walk

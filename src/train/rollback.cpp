@@ -1,0 +1,63 @@
+#include "src/train/rollback.hpp"
+
+#include <algorithm>
+
+#include "src/core/check.hpp"
+
+namespace lockstep {
+
+void copy_state(std::span<const float> from, std::vector<float>& to) {
+  constexpr int64_t kBlock = int64_t{1} << 18;
+  to.resize(from.size());
+  const auto n = static_cast<int64_t>(from.size());
+#pragma omp parallel for schedule(static) if (n > kBlock)
+  for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+    const int64_t first = b * kBlock, end = std::min(n, first + kBlock);
+    std::copy(from.begin() + first, from.begin() + end, to.begin() + first);
+  }
+}
+
+void StepSnapshots::begin_step(int64_t step) {
+  if (step == step_) return;  // a replay: the snapshot is this step's already
+  step_ = step;
+  replays_ = 0;
+  Model& model = run_.model;
+  copy_state({model.params(), static_cast<size_t>(model.num_params())}, params_);
+  copy_state(run_.ddp.moments_m(), m_);
+  copy_state(run_.ddp.moments_v(), v_);
+  sampler_ = run_.sampler.state();
+  histories_ = nlohmann::json::object();
+  for (const StepObserver* o : observers_) {
+    if (!o->state_key().empty()) histories_[o->state_key()] = o->save_state();
+  }
+}
+
+int64_t StepSnapshots::restore(const detect::FaultRollback& rollback) {
+  const detect::Finding& f = rollback.finding();
+  LS_CHECK(step_ >= 0, "a rollback before the first snapshot");
+  if (replays_ >= max_replays_) {
+    std::string ranks;
+    for (int r : f.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    throw detect::FaultStop(
+        str_cat("persistent fault: step ", step_, " met the ", f.detector, " finding at ", f.site, " again in each of ",
+                replays_, " replays from its snapshot; ranks ", ranks.empty() ? std::string("all") : ranks,
+                " (exclude the device and restart from the last checkpoint)"),
+        detect::kExitPersistent);
+  }
+  ++replays_;
+  ++rollbacks_;
+  Model& model = run_.model;
+  std::copy(params_.begin(), params_.end(), model.params());
+  std::copy(m_.begin(), m_.end(), run_.ddp.moments_m().begin());
+  std::copy(v_.begin(), v_.end(), run_.ddp.moments_v().begin());
+  run_.sampler.restore(sampler_);
+  for (StepObserver* o : observers_) {
+    if (!o->state_key().empty() && histories_.contains(o->state_key())) o->restore_state(histories_[o->state_key()]);
+    o->rolled_back(step_);
+  }
+  run_.out << "rolled back to step " << step_ << " (its in-memory snapshot; replay " << replays_ << " of at most "
+           << max_replays_ << ") on the " << f.detector << " finding at " << f.site << "\n";
+  return step_;
+}
+
+}  // namespace lockstep

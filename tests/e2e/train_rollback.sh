@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# [verify] on_fault = "rollback" end to end: a transient fault found in its step rolls every rank
+# back to the step's in-memory snapshot and the step runs again, so the run ends on the model of a
+# clean run, bitwise; a persistent fault (--inject.persistent=true) meets every replay and stops
+# the run with exit 8, naming the rank.
+#  - a faulty multiply (a GEMM product, [verify] abft) in canonical and in fast mode;
+#  - memory corruption at rest (a parameter flipped after the update, found before the next step);
+#  - dp2 ZeRO-1 with verified collectives: a corrupted exact sum and a corrupted parameter
+#    all-gather (found after the update, before the next snapshot) on rank 1;
+#  - a persistent corrupted message on rank 1: exit 8, the rank named, no checkpoint of a later step.
+source "$(dirname "$0")/lib.sh"
+make_data
+write_config
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run() { "$LOCKSTEP" train --config cfg.toml --train.steps=8 --verify.on_fault=rollback "$@"; }
+same_model() {  # LOG CLEAN_LOG WHAT
+  grep -q '^rolled back to step ' "$1" || fail "$3: no rollback: $(grep -E '^(finding|error)' "$1")"
+  grep -q '^done: 8 steps' "$1" || fail "$3: the run did not finish: $(tail -3 "$1")"
+  [ "$(model_hash "$1")" = "$(model_hash "$2")" ] \
+    || fail "$3: the model after the rollback ($(model_hash "$1")) is not the clean run's ($(model_hash "$2"))"
+}
+
+for mode in canonical fast; do
+  run --train.mode=$mode > clean_$mode.log 2>&1 || fail "clean $mode: $(tail -3 clean_$mode.log)"
+  run --train.mode=$mode --verify.abft=true --inject.site=gemm/layer/1/mlp/fc/weight/forward --inject.step=3 \
+    --inject.kind=bitflip:bit=27,index=300 > gemm_$mode.log 2>&1 || fail "gemm $mode: $(tail -3 gemm_$mode.log)"
+  grep -q '^rolled back to step 3 (its in-memory snapshot; replay 1 of at most 2) on the abft finding at gemm/layer/1/mlp/fc/weight/forward' \
+    gemm_$mode.log || fail "gemm $mode: no rollback line: $(grep -E '^(finding|rolled)' gemm_$mode.log)"
+  same_model gemm_$mode.log clean_$mode.log "gemm $mode"
+done
+
+run --inject.site=param/wte --inject.kind=bitflip:bit=26,index=6210 --inject.step=4 > rest.log 2>&1 \
+  || fail "at rest: $(tail -3 rest.log)"
+grep -q '^finding: after step 5, detector state_at_rest' rest.log || fail "at rest: no finding"
+same_model rest.log clean_canonical.log "at rest"
+
+mpi() {
+  timeout 240 mpirun --oversubscribe -np 2 "$LOCKSTEP" train --config cfg.toml --train.steps=8 --train.threads=1 \
+    --parallel.dp=2 --parallel.zero=1 --parallel.timeout_s=60 --verify.collectives=true --verify.on_fault=rollback "$@"
+}
+mpi > clean_dp.log 2>&1 || fail "clean dp2: $(tail -3 clean_dp.log)"
+mpi --inject.site=comm/dp/all_to_allv --inject.step=2 --inject.rank=1 --inject.kind=bitflip:bit=29,index=123,nth=1 \
+  > sums.log 2>&1 || fail "dp2 sums: $(tail -3 sums.log)"
+same_model sums.log clean_dp.log "dp2 sums"
+mpi --inject.site=comm/dp/all_gatherv --inject.step=2 --inject.rank=1 --inject.kind=bitflip:bit=29,index=123 \
+  > params.log 2>&1 || fail "dp2 params: $(tail -3 params.log)"
+same_model params.log clean_dp.log "dp2 parameter all-gather"
+
+status=0
+mpi --checkpoint.dir=ck --checkpoint.every=1 --inject.persistent=true --inject.site=comm/dp/all_to_allv --inject.step=3 \
+  --inject.rank=1 --inject.kind=bitflip:bit=29,index=123,nth=1 > persistent.log 2>&1 || status=$?
+[ "$status" -eq 8 ] || fail "persistent: expected exit 8, got $status: $(tail -3 persistent.log)"
+[ "$(grep -c '^rolled back to step 3 ' persistent.log)" -eq 2 ] || fail "persistent: expected two replays"
+grep -q '^persistent fault: step 3 met the collectives finding at all_to_allv on dp again in each of 2 replays from its snapshot; ranks 1 ' \
+  persistent.log || fail "persistent: no message naming rank 1: $(tail -2 persistent.log)"
+[ -d ck/step_00000003 ] && [ ! -d ck/step_00000004 ] || fail "persistent: checkpoints $(ls ck)"
+echo "rollback: transient faults leave the clean model, persistent ones stop naming the rank"
