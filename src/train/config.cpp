@@ -239,6 +239,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("grad_norm_spike_threshold", c.verify.grad_norm_spike_threshold);
   v.field("on_fault", c.verify.on_fault);
   v.field("max_replays", c.verify.max_replays);
+  v.field("replay_every", c.verify.replay_every);
   v.field("on_spike", c.verify.on_spike);
   v.finish();
 
@@ -293,6 +294,8 @@ void validate(const RunConfig& c, ConfigUse use) {
              ": [verify] loss_spike_threshold (", v.loss_spike_threshold, ") and grad_norm_spike_threshold (",
              v.grad_norm_spike_threshold, ") must be > 0");
   detect::parse_fault_action(v.on_fault, c.source + ": [verify] on_fault", true);
+  LS_REQUIRE(v.replay_every >= 0, c.source, ": [verify] replay_every (", v.replay_every,
+             ") must be >= 0 (0: no replay; N: every N-th step runs twice)");
   LS_REQUIRE(v.max_replays >= 1, c.source, ": [verify] max_replays (", v.max_replays,
              ") must be >= 1 (replays of a step before its fault counts as persistent)");
   detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");

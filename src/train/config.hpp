@@ -95,6 +95,7 @@ struct VerifyConfig {
   double grad_norm_spike_threshold = 20;  // the same for the gradient norm (see verify/detect/spikes.hpp)
   std::string on_fault = "stop";   // non-finite values, corruption: "stop" | "warn" | "rollback"
   int64_t max_replays = 2;         // rollback: replays of one step before its fault is persistent
+  int64_t replay_every = 0;        // run every N-th step twice from its snapshot and compare (0: off)
   std::string on_spike = "warn";   // spikes: "warn" | "stop"
 };
 

@@ -46,6 +46,14 @@ int64_t StepSnapshots::restore(const detect::FaultRollback& rollback) {
   }
   ++replays_;
   ++rollbacks_;
+  put_back();
+  run_.out << "rolled back to step " << step_ << " (its in-memory snapshot; replay " << replays_ << " of at most "
+           << max_replays_ << ") on the " << f.detector << " finding at " << f.site << "\n";
+  return step_;
+}
+
+void StepSnapshots::put_back() {
+  LS_CHECK(step_ >= 0, "no snapshot to put back");
   Model& model = run_.model;
   std::copy(params_.begin(), params_.end(), model.params());
   std::copy(m_.begin(), m_.end(), run_.ddp.moments_m().begin());
@@ -55,9 +63,6 @@ int64_t StepSnapshots::restore(const detect::FaultRollback& rollback) {
     if (!o->state_key().empty() && histories_.contains(o->state_key())) o->restore_state(histories_[o->state_key()]);
     o->rolled_back(step_);
   }
-  run_.out << "rolled back to step " << step_ << " (its in-memory snapshot; replay " << replays_ << " of at most "
-           << max_replays_ << ") on the " << f.detector << " finding at " << f.site << "\n";
-  return step_;
 }
 
 }  // namespace lockstep

@@ -39,6 +39,8 @@ class StepSnapshots final : public StepObserver {
   // replayed max_replays times already. Every rank calls it together.
   int64_t restore(const detect::FaultRollback& rollback);
   int64_t rollbacks() const { return rollbacks_; }
+  // Restores the last snapshot for a replay (replay.hpp), counting nothing and saying nothing.
+  void put_back();
 
  private:
   TrainRun& run_;

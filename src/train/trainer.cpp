@@ -26,6 +26,7 @@
 #include "src/train/inject.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
+#include "src/train/replay.hpp"
 #include "src/train/rollback.hpp"
 #include "src/train/run.hpp"
 #include "verify/core/dump.hpp"
@@ -276,12 +277,20 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
   }
   if (at_rest) observers.push_back(&*at_rest);
-  // [verify] on_fault = "rollback": the snapshot of each step, taken once its state at rest is checked.
+  // [verify] on_fault = "rollback" or replay_every: the snapshot of each step, taken once its state
+  // at rest is checked. A replay runs the step again with only what it needs: the injection (a
+  // persistent fault meets the replay too), the snapshot and the state at rest's hashes.
   std::optional<StepSnapshots> snapshots;
-  if (on_fault == detect::FaultAction::kRollback) {
+  std::optional<StepReplay> replay;
+  std::vector<StepObserver*> replay_observers;
+  if (on_fault == detect::FaultAction::kRollback || vc.replay_every > 0) {
     snapshots.emplace(run, observers, static_cast<int>(vc.max_replays));
     observers.push_back(&*snapshots);
+    if (at_rest) replay_observers.push_back(&*at_rest);
+    replay_observers.push_back(&*snapshots);
+    replay_observers.push_back(&injector);
   }
+  if (vc.replay_every > 0) replay.emplace(run, *snapshots, findings, on_fault, vc.replay_every);
   observers.push_back(&injector);
   if (dump_steps) observers.push_back(&*dump_steps);
   observers.push_back(&progress);
@@ -306,6 +315,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     StepRecord r;
     try {
       r = run_step(run, schedule, observers, step, inputs, targets);
+      if (replay && replay->due(step)) {
+        replay->check(step, [&] { r = run_step(run, schedule, replay_observers, step, inputs, targets); });
+      }
     } catch (const detect::FaultRollback& e) {
       step = snapshots->restore(e) - 1;  // every rank met the finding: all of them run that step again
       continue;
@@ -369,6 +381,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
+  if (replay) out << "replays: " << replay->replays() << " (every " << vc.replay_every << " steps, compared bitwise)\n";
   if (snapshots && snapshots->rollbacks() > 0) {
     out << "rollbacks: " << snapshots->rollbacks() << " (each step replayed from its in-memory snapshot)\n";
   }

@@ -7,7 +7,11 @@
 #  - memory corruption at rest (a parameter flipped after the update, found before the next step);
 #  - dp2 ZeRO-1 with verified collectives: a corrupted exact sum and a corrupted parameter
 #    all-gather (found after the update, before the next snapshot) on rank 1;
-#  - a persistent corrupted message on rank 1: exit 8, the rank named, no checkpoint of a later step.
+#  - a persistent corrupted message on rank 1: exit 8, the rank named, no checkpoint of a later step;
+#  - [verify] replay_every: clean runs replayed every step (canonical and fast, one process and dp2)
+#    find nothing; a transient fault in an activation (no checksum covers it) in a replayed step is
+#    found as transient and the run ends on the clean model; in a step that is not replayed it is
+#    not found (the rate is 1/N at replay_every = N).
 source "$(dirname "$0")/lib.sh"
 make_data
 write_config
@@ -54,4 +58,20 @@ mpi --checkpoint.dir=ck --checkpoint.every=1 --inject.persistent=true --inject.s
 grep -q '^persistent fault: step 3 met the collectives finding at all_to_allv on dp again in each of 2 replays from its snapshot; ranks 1 ' \
   persistent.log || fail "persistent: no message naming rank 1: $(tail -2 persistent.log)"
 [ -d ck/step_00000003 ] && [ ! -d ck/step_00000004 ] || fail "persistent: checkpoints $(ls ck)"
-echo "rollback: transient faults leave the clean model, persistent ones stop naming the rank"
+for mode in canonical fast; do
+  run --train.mode=$mode --verify.replay_every=1 > replay_clean_$mode.log 2>&1 || fail "replayed $mode: $(tail -3 replay_clean_$mode.log)"
+  grep -q '^finding' replay_clean_$mode.log && fail "replayed $mode: $(grep '^finding' replay_clean_$mode.log)"
+  grep -q '^replays: 8 (every 1 steps' replay_clean_$mode.log || fail "replayed $mode: no summary"
+  [ "$(model_hash replay_clean_$mode.log)" = "$(model_hash clean_$mode.log)" ] || fail "replayed $mode: another model"
+done
+act="--inject.site=layer/1/mlp/act --inject.kind=bitflip:bit=27,index=300"
+run --verify.replay_every=2 $act --inject.step=3 > replay_hit.log 2>&1 || fail "replay: $(tail -3 replay_hit.log)"
+grep -q '^finding: after step 4, detector replay, site parameters and moments after the step, ranks 0: ranks 1 against bound 0 (transient)' \
+  replay_hit.log || fail "replay: no transient finding: $(grep '^finding' replay_hit.log)"
+[ "$(model_hash replay_hit.log)" = "$(model_hash clean_canonical.log)" ] || fail "replay: not the clean model"
+run --verify.replay_every=2 $act --inject.step=2 > replay_miss.log 2>&1 || fail "replay miss: $(tail -3 replay_miss.log)"
+grep -q '^finding' replay_miss.log && fail "a step that is not replayed was judged: $(grep '^finding' replay_miss.log)"
+[ "$(model_hash replay_miss.log)" != "$(model_hash clean_canonical.log)" ] || fail "the unreplayed fault changed nothing"
+mpi --verify.replay_every=1 > replay_dp.log 2>&1 || fail "replayed dp2: $(tail -3 replay_dp.log)"
+grep -q '^finding' replay_dp.log && fail "replayed dp2: $(grep '^finding' replay_dp.log)"
+echo "rollback and replay: transient faults leave the clean model, persistent ones stop naming the rank"

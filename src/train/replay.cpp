@@ -1,0 +1,54 @@
+#include "src/train/replay.hpp"
+
+#include "src/core/hash.hpp"
+#include "verify/detect/agreed.hpp"
+#include "verify/detect/checksum.hpp"
+
+namespace lockstep {
+
+uint64_t StepReplay::state_hash() const {
+  const Model& model = run_.model;
+  const std::span<float> m = run_.ddp.moments_m(), v = run_.ddp.moments_v();
+  const uint64_t h[3] = {detect::block_hash(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float)),
+                         detect::block_hash(m.data(), m.size_bytes()), detect::block_hash(v.data(), v.size_bytes())};
+  return xxh64(h, sizeof(h));
+}
+
+void StepReplay::check(int64_t step, const std::function<void()>& run_again) {
+  const uint64_t original = state_hash();
+  snapshots_.put_back();
+  run_again();
+  ++replays_;
+  const uint64_t replay = state_hash();
+  const uint64_t differs = original != replay ? 1 : 0;
+  const std::vector<uint64_t> all = detect::agreed_all_gather(run_.world, std::span<const uint64_t>(&differs, 1));
+  std::vector<int> ranks;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != 0) ranks.push_back(static_cast<int>(r));
+  }
+  if (ranks.empty()) return;
+  // A third run: which of the two does it reproduce?
+  snapshots_.put_back();
+  run_again();
+  ++replays_;
+  const uint64_t third = state_hash();
+  const uint64_t verdict = third == replay ? 1 : third == original ? 2 : 3;  // 1: original hit, 2: replay hit
+  uint64_t worst = 0;
+  for (uint64_t v : detect::agreed_all_gather(run_.world, std::span<const uint64_t>(&verdict, 1))) worst = std::max(worst, v);
+  const bool persistent = worst == 3;
+  detect::FaultAction action = action_;
+  // A transient fault is corrected already (the state is the third run's): stopping is still the
+  // user's choice, a rollback is not needed.
+  if (action == detect::FaultAction::kRollback) action = persistent ? detect::FaultAction::kStop : detect::FaultAction::kWarn;
+  log_.report({.step = step + 1, .ranks = ranks, .detector = "replay", .site = "parameters and moments after the step",
+               .magnitude = static_cast<double>(ranks.size()), .bound = 0, .unit = "ranks",
+               .classification = persistent ? "persistent" : "transient",
+               .detail = persistent ? std::string("three runs of the step from its snapshot ended on three different states")
+                         : worst == 1
+                             ? std::string("the step's replay and a third run agree, the original run did not (the "
+                                           "state is now the third run's)")
+                             : std::string("the original run and a third run agree, the replay did not")},
+              action, persistent ? detect::kExitPersistent : detect::kExitCorruption, "on_fault");
+}
+
+}  // namespace lockstep
