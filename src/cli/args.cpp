@@ -63,4 +63,10 @@ void Args::finish(const std::string& command) const {
   }
 }
 
+int64_t parse_count(const std::string& command, const std::string& key, const std::string& value) {
+  LS_REQUIRE(!value.empty() && value.find_first_not_of("0123456789") == std::string::npos && value.size() < 12,
+             command, ": --", key, " expects a non-negative integer, got '", value, "'");
+  return std::stoll(value);
+}
+
 }  // namespace lockstep::cli

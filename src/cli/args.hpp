@@ -33,4 +33,8 @@ class Args {
   std::vector<std::string> order_;  // options in the order given, for overrides
 };
 
+// A non-negative integer option's value; ConfigError "COMMAND: --KEY expects a non-negative
+// integer, got 'VALUE'" otherwise.
+int64_t parse_count(const std::string& command, const std::string& key, const std::string& value);
+
 }  // namespace lockstep::cli

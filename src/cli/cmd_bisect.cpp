@@ -47,12 +47,6 @@ verify::BisectSide side(Args& args, const std::string& key, const std::string& l
   return s;
 }
 
-int64_t count(const std::string& key, const std::string& v) {
-  LS_REQUIRE(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 12,
-             "bisect: --", key, " expects a non-negative integer, got '", v, "'");
-  return std::stoll(v);
-}
-
 }  // namespace
 
 int cmd_bisect(Args& args) {
@@ -65,8 +59,8 @@ int cmd_bisect(Args& args) {
   opt.b = side(args, "b", "B");
   const auto steps = args.take("steps");
   LS_REQUIRE(steps.has_value(), "bisect: --steps=N is required (the run's [train] steps; see lockstep bisect --help)");
-  opt.steps = count("steps", *steps);
-  opt.every = count("every", args.take_or("every", "0"));
+  opt.steps = parse_count("bisect", "steps", *steps);
+  opt.every = parse_count("bisect", "every", args.take_or("every", "0"));
   opt.out = args.take_or("out", "bisect-out");
   opt.bounds = args.take_flag("bounds");
   opt.launcher = args.take_or("launcher", "mpirun --oversubscribe -np {np}");

@@ -30,6 +30,7 @@ commands:
   diff A B [--bounds] [--plot DIR] [--json FILE]    compare two tensor dumps (train --dump.dir)
   bisect --a='ARGS' --b='ARGS' --steps=N [...]      first step and op where two runs diverge
   bench --config FILE [--json FILE]                 time the training step: tokens/s, MFU, phases
+  faultcampaign --config FILE [--np N] [--faults N] plant faults in a run; what the detectors catch
 
 Run `lockstep <command> --help` for the options of one command.
 )";
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     if (command == "diff") return cli::cmd_diff(args);
     if (command == "bisect") return cli::cmd_bisect(args);
     if (command == "bench") return cli::cmd_bench(args);
+    if (command == "faultcampaign") return cli::cmd_faultcampaign(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const detect::FaultStop& e) {

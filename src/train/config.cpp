@@ -255,6 +255,8 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   j.field("kind", c.inject.kind);
   j.field("rank", c.inject.rank);
   j.field("persistent", c.inject.persistent);
+  j.field("campaign", c.inject.campaign);
+  j.field("campaign_out", c.inject.campaign_out);
   j.finish();
 }
 
@@ -294,6 +296,13 @@ void validate(const RunConfig& c, ConfigUse use) {
              ": [verify] loss_spike_threshold (", v.loss_spike_threshold, ") and grad_norm_spike_threshold (",
              v.grad_norm_spike_threshold, ") must be > 0");
   detect::parse_fault_action(v.on_fault, c.source + ": [verify] on_fault", true);
+  if (!c.inject.campaign.empty()) {
+    LS_REQUIRE(c.inject.site.empty() && c.inject.kind.empty(), c.source,
+               ": [inject] campaign takes its faults from its file: no site or kind beside it");
+    LS_REQUIRE(v.on_fault == "rollback" && !c.inject.campaign_out.empty(), c.source,
+               ": [inject] campaign needs [verify] on_fault = \"rollback\" (each fault meets a clean state) and "
+               "[inject] campaign_out (where its records go)");
+  }
   LS_REQUIRE(v.replay_every >= 0, c.source, ": [verify] replay_every (", v.replay_every,
              ") must be >= 0 (0: no replay; N: every N-th step runs twice)");
   LS_REQUIRE(v.max_replays >= 1, c.source, ": [verify] max_replays (", v.max_replays,

@@ -114,6 +114,8 @@ struct InjectConfig {
   std::string kind;  // bitflip:bit=B[,index=I] | order | cast:bf16|f16|e4m3|e5m2 | exit | hang
   int64_t rank = -1; // world rank that injects (-1 = every rank)
   bool persistent = false;  // every step from `step` on, replays included (a broken device); else once
+  std::string campaign;      // a fault campaign's faults (JSON lines; src/train/campaign_recorder.hpp)
+  std::string campaign_out;  // where its records go (JSON lines, world rank 0)
 };
 
 struct RunConfig {

@@ -2,13 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
 #include "src/core/formats.hpp"
@@ -136,12 +140,59 @@ bool is_state_site(const std::string& site) {
 bool is_gemm_site(const std::string& site) { return site.starts_with("gemm/"); }
 bool is_comm_site(const std::string& site) { return site.starts_with("comm/"); }
 
-bool Injector::watches_tensors() const {
-  return active() && inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang &&
-         !is_state_site(inj_.site) && !is_gemm_site(inj_.site) && !is_comm_site(inj_.site);
+std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig& model) {
+  std::ifstream in(path);
+  LS_REQUIRE(in.good(), path, ": cannot read the campaign's faults");
+  std::vector<Injection> faults;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    const std::string where = str_cat(path, ":", n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(str_cat(where, ": not a JSON object (", e.what(), ")"));
+    }
+    LS_REQUIRE(j.is_object() && j.contains("step") && j.contains("site") && j.contains("kind"), where,
+               ": expected {\"step\": S, \"rank\": R, \"site\": \"...\", \"kind\": \"bitflip:bit=B,index=I\"}");
+    InjectConfig c{.site = j.at("site").get<std::string>(), .step = j.at("step").get<int64_t>(),
+                   .kind = j.at("kind").get<std::string>(), .rank = j.value("rank", int64_t{-1})};
+    Injection f = parse_injection(c, where, model);
+    LS_REQUIRE(faults.empty() || f.step > faults.back().step, where, ": steps must increase (one fault a step), got ",
+               f.step, " after ", faults.back().step);
+    f.wrap = true;
+    faults.push_back(std::move(f));
+  }
+  return faults;
 }
 
-void Injector::on_received(std::string_view group, std::string_view op, void* data, int64_t bytes) {
+Injector::Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m,
+                   std::span<float> v)
+    : schedule_(std::move(schedule)), done_(schedule_.size(), false), applied_fault_(schedule_.size(), false),
+      rank_(world_rank), model_(model), m_(m), v_(v) {}
+
+bool Injector::at_tensor(const Injection& f) {
+  return f.kind != Injection::Kind::kExit && f.kind != Injection::Kind::kHang && !is_state_site(f.site) &&
+         !is_gemm_site(f.site) && !is_comm_site(f.site);
+}
+
+bool Injector::watches_tensors() const {
+  return std::any_of(schedule_.begin(), schedule_.end(), [&](const Injection& f) { return here(f) && at_tensor(f); });
+}
+
+bool Injector::watches_products() const {
+  return std::any_of(schedule_.begin(), schedule_.end(),
+                     [&](const Injection& f) { return here(f) && is_gemm_site(f.site); });
+}
+
+bool Injector::watches_messages() const {
+  return std::any_of(schedule_.begin(), schedule_.end(),
+                     [&](const Injection& f) { return here(f) && is_comm_site(f.site); });
+}
+
+void Injector::on_received(std::string_view group, std::string_view op,
+                           std::span<const detect::ReceivedBytes> blocks) {
   if (!now_ || inj_.site.size() != 6 + group.size() + op.size() ||
       inj_.site.compare(5, group.size(), group) != 0 || inj_.site.compare(6 + group.size(), op.size(), op) != 0) {
     return;
@@ -149,19 +200,38 @@ void Injector::on_received(std::string_view group, std::string_view op, void* da
   // The gradient buckets reduce on a thread of their own.
   std::lock_guard<std::mutex> lock(received_mutex_);
   if (applied_ || seen_++ != inj_.nth) return;
-  LS_REQUIRE(inj_.index < bytes / 4, "[inject] bitflip index ", inj_.index, " is outside the message ", inj_.site,
-             " received (", bytes / 4, " 32-bit words)");
-  auto* word = static_cast<unsigned char*>(data) + 4 * inj_.index;
-  uint32_t w;
-  std::memcpy(&w, word, 4);
-  w ^= 1u << inj_.bit;
-  std::memcpy(word, &w, 4);
+  int64_t words = 0;
+  for (const detect::ReceivedBytes& b : blocks) words += b.bytes / 4;
+  int64_t w_index = element(words);
+  LS_REQUIRE(w_index < words, "[inject] bitflip index ", inj_.index, " is outside the message ", inj_.site,
+             " received (", words, " 32-bit words from its peers)");
+  for (const detect::ReceivedBytes& b : blocks) {
+    if (w_index >= b.bytes / 4) {
+      w_index -= b.bytes / 4;
+      continue;
+    }
+    auto* word = static_cast<unsigned char*>(b.data) + 4 * w_index;
+    uint32_t w;
+    std::memcpy(&w, word, 4);
+    w ^= 1u << inj_.bit;
+    std::memcpy(word, &w, 4);
+    break;
+  }
   applied_ = true;
+  applied_fault_[current_] = true;
 }
 
 void Injector::begin_step(int64_t step) {
-  now_ = active() && (inj_.persistent ? step >= inj_.step : step == inj_.step && !done_);
-  done_ = done_ || now_;
+  now_ = false;
+  inj_ = {};
+  for (size_t i = 0; i < schedule_.size() && !now_; ++i) {
+    const Injection& f = schedule_[i];
+    if (!here(f) || !(f.persistent ? step >= f.step : step == f.step && !done_[i])) continue;
+    now_ = true;
+    done_[i] = true;
+    current_ = i;
+    inj_ = f;
+  }
   applied_ = false;
   seen_ = 0;
   if (now_ && inj_.kind == Injection::Kind::kOrder) {
@@ -172,13 +242,15 @@ void Injector::begin_step(int64_t step) {
 void Injector::apply(std::string_view name, float* data, int64_t n) {
   if (inj_.kind == Injection::Kind::kBitflip) {
     if (applied_) return;  // one element of the step's first micro-batch
-    LS_REQUIRE(inj_.index < n, "[inject] bitflip index ", inj_.index, " is outside ", name, " (", n, " elements)");
-    data[inj_.index] = std::bit_cast<float>(std::bit_cast<uint32_t>(data[inj_.index]) ^ (1u << inj_.bit));
+    const int64_t e = element(n);
+    LS_REQUIRE(e < n, "[inject] bitflip index ", inj_.index, " is outside ", name, " (", n, " elements)");
+    data[e] = std::bit_cast<float>(std::bit_cast<uint32_t>(data[e]) ^ (1u << inj_.bit));
   } else if (inj_.kind == Injection::Kind::kCast) {
     for (int64_t i = 0; i < n; ++i) data[i] = round_through(inj_.format, data[i]);
   }
   // order: the op ran in the other mode; its output is seen here.
   applied_ = true;
+  applied_fault_[current_] = true;
 }
 
 void Injector::on_tensor(std::string_view name, const TensorView& t) {
@@ -189,28 +261,29 @@ void Injector::on_tensor(std::string_view name, const TensorView& t) {
 void Injector::on_product(std::string_view site, const detect::ProductView& product) {
   if (!now_ || applied_ || site != inj_.site) return;
   const int64_t n = product.M * product.N;
-  LS_REQUIRE(inj_.index < n, "[inject] bitflip index ", inj_.index, " is outside ", site, " (", product.M, " x ",
+  const int64_t element_index = element(n);
+  LS_REQUIRE(element_index < n, "[inject] bitflip index ", inj_.index, " is outside ", site, " (", product.M, " x ",
              product.N, " elements)");
   if (product.f32 != nullptr) {
     apply(site, product.f32, n);
     return;
   }
   // An exact sum (canonical mode): its value moves to the flipped one, as the rounded product would.
-  const auto e = static_cast<size_t>(product.offset + inj_.index);
+  const auto e = static_cast<size_t>(product.offset + element_index);
   const float value = product.exact->round(e);
   const float flipped = std::bit_cast<float>(std::bit_cast<uint32_t>(value) ^ (1u << inj_.bit));
   product.exact->add(e, static_cast<double>(flipped) - static_cast<double>(value));
   applied_ = true;
+  applied_fault_[current_] = true;
 }
 
 void Injector::after_reduce(int64_t, float) {
-  if (!now_ || !(watches_tensors() || watches_products() || watches_messages())) return;
+  if (!now_) return;
   if (inj_.kind == Injection::Kind::kOrder) model_.clear_op_modes();
-  LS_REQUIRE(applied_ || !watches_products(), "[inject] site \"", inj_.site, "\": that product was not computed ",
+  // A campaign's fault that found no such product or tensor is recorded as not applied.
+  if (inj_.wrap || !(at_tensor(inj_) || is_gemm_site(inj_.site))) return;
+  LS_REQUIRE(applied_ || !is_gemm_site(inj_.site), "[inject] site \"", inj_.site, "\": that product was not computed ",
              "in step ", inj_.step, " on this rank");
-  LS_REQUIRE(applied_ || !watches_messages(), "[inject] site \"", inj_.site, "\": this rank received ", seen_,
-             " such message(s) in step ", inj_.step, " before the gradient reduction ended, not the ", inj_.nth + 1,
-             "th (nth=", inj_.nth, ")");
   LS_REQUIRE(applied_, "[inject] site \"", inj_.site, "\" is not a tensor of this model (hook names look like ",
              "layer/0/attn/qkv, layer/0/mlp/fc, grad/layer/0/ln1/out, logits; see `lockstep train --dump.dir`)");
 }
@@ -227,6 +300,10 @@ void Injector::after_update(int64_t) {
 }
 
 void Injector::end_step(const StepRecord& r) {
+  // Messages: the whole step's, the update's included (ZeRO's all-gather of the parameters).
+  LS_REQUIRE(!now_ || inj_.wrap || applied_ || !is_comm_site(inj_.site), "[inject] site \"", inj_.site,
+             "\": this rank received ", seen_, " such message(s) in step ", inj_.step, ", not the ", inj_.nth + 1,
+             "th (nth=", inj_.nth, ")");
   if (!now_ || (inj_.kind != Injection::Kind::kExit && inj_.kind != Injection::Kind::kHang)) return;
   std::fprintf(stderr, "rank %lld: [inject] kind %s after step %lld\n", static_cast<long long>(rank_),
                inj_.kind == Injection::Kind::kExit ? "exit" : "hang", static_cast<long long>(r.done()));

@@ -16,9 +16,10 @@
 // element of the product: forward token·OC + o, dinp token·IC + i, dweight o·IC + i; dweight is the
 // gradient the product adds to); or a message as a rank receives it, `comm/dp|tp/OP` (OP
 // all_reduce, reduce_scatter, all_gatherv, all_to_allv, broadcast; verify/detect/verified_comm.hpp),
-// before any check sees it — a fault on the wire (bitflip's index is a 32-bit word of the received
-// buffer, nth=K the step's K-th such message on that rank, 0 the first; the exact reduction's
-// doubles are its first all_to_allv, the counts of its spilled records the second).
+// before any check sees it — a fault on the wire (bitflip's index is a 32-bit word of what the
+// rank received from its peers, its own block of a gather or all-to-all excluded, nth=K the step's
+// K-th such message to complete on that rank, 0 the first; the exact reduction's record counts
+// complete before its sums).
 // bitflip: flips one bit of one element, as silent data corruption would;
 // order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
 //   accumulation order, the kind of change a new kernel or library brings (hook sites of an op's
@@ -46,6 +47,7 @@
 #include "src/train/config.hpp"
 #include "src/train/step_observer.hpp"
 #include "verify/detect/gemm_checksum.hpp"
+#include "verify/detect/verified_comm.hpp"
 
 namespace lockstep {
 
@@ -59,11 +61,15 @@ struct Injection {
   int64_t index = 0;    // bitflip: element of the tensor (comm/ sites: 32-bit word of the message)
   int64_t nth = 0;      // comm/ sites: which of the step's messages of that operation (0: the first)
   bool persistent = false;  // every step from `step` on, and every replay of it; else once
+  bool wrap = false;    // index taken modulo the site's size (a campaign's random faults)
   std::string format;   // cast
 };
 
 // Parses and checks the [inject] section of a run of `model`; `where` names the config for messages.
 Injection parse_injection(const InjectConfig& c, const std::string& where, const ModelConfig& model);
+// The faults of a campaign file (JSON lines {"step", "rank", "site", "kind"}, steps increasing: one
+// fault a step at most), each checked as [inject] is, their indexes taken modulo the site's size.
+std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig& model);
 
 // A site of the state between steps (param/NAME, optim/m, optim/v), changed after the update.
 bool is_state_site(const std::string& site);
@@ -78,37 +84,44 @@ bool is_comm_site(const std::string& site);
 // appeared in the injection step is an error: a misspelt name must not pass silently.
 class Injector final : public StepObserver {
  public:
-  // world_rank: this process's rank; an injection restricted to another rank does nothing here.
-  // m, v: this rank's AdamW moments (the optim/ sites).
-  Injector(Injection injection, int64_t world_rank, Model& model, std::span<float> m, std::span<float> v)
-      : inj_(std::move(injection)), here_(inj_.rank < 0 || inj_.rank == world_rank), rank_(world_rank),
-        model_(model), m_(m), v_(v) {}
+  // schedule: the faults, one a step at most (one [inject], or a campaign's); world_rank: this
+  // process's rank, where only faults for it (or for every rank) act. m, v: this rank's AdamW
+  // moments (the optim/ sites).
+  Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m, std::span<float> v);
 
-  // The model needs its hook for this injection.
+  // The model needs its hook for these faults.
   bool watches_tensors() const;
   void on_tensor(std::string_view name, const TensorView& t);
-  // The GEMM product hook (verify/detect/abft.hpp) is needed for this injection.
-  bool watches_products() const { return active() && is_gemm_site(inj_.site); }
+  // The GEMM product hook (verify/detect/abft.hpp) is needed for these faults.
+  bool watches_products() const;
   void on_product(std::string_view site, const detect::ProductView& product);
-  // The collectives' receive hook (verify/detect/verified_comm.hpp) is needed for this injection.
-  bool watches_messages() const { return active() && is_comm_site(inj_.site); }
-  void on_received(std::string_view group, std::string_view op, void* data, int64_t bytes);
+  // The collectives' receive hook (verify/detect/verified_comm.hpp) is needed for these faults.
+  bool watches_messages() const;
+  void on_received(std::string_view group, std::string_view op, std::span<const detect::ReceivedBytes> blocks);
+  // Whether fault i of the schedule acted on this rank in some run of its step.
+  bool applied(size_t i) const { return applied_fault_[i]; }
   void begin_step(int64_t step) override;
   void after_reduce(int64_t step, float loss) override;
   void after_update(int64_t step) override;
   void end_step(const StepRecord& r) override;
 
  private:
-  bool active() const { return inj_.kind != Injection::Kind::kNone && here_; }
+  // Whether fault f acts on this rank, and whether it is one of a hook site.
+  bool here(const Injection& f) const { return f.kind != Injection::Kind::kNone && (f.rank < 0 || f.rank == rank_); }
+  static bool at_tensor(const Injection& f);
   // Applies the bitflip or cast to n elements at data.
   void apply(std::string_view name, float* data, int64_t n);
-  Injection inj_;
-  bool here_ = true;      // this rank injects
+  // The element of n a bitflip acts on.
+  int64_t element(int64_t n) const { return inj_.wrap ? inj_.index % n : inj_.index; }
+  std::vector<Injection> schedule_;
+  std::vector<bool> done_;  // a transient fault has had its step
+  std::vector<bool> applied_fault_;
+  size_t current_ = 0;      // this step's fault, when now_
+  Injection inj_;           // this step's fault (kind none: none)
   int64_t rank_ = 0;
   Model& model_;
   std::span<float> m_, v_;
-  bool now_ = false;      // this step is the injection step
-  bool done_ = false;     // a transient fault has had its step
+  bool now_ = false;      // a fault acts in this step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
   int64_t seen_ = 0;      // comm/ sites: messages of that operation received this step
   std::mutex received_mutex_;

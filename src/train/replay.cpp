@@ -6,20 +6,20 @@
 
 namespace lockstep {
 
-uint64_t StepReplay::state_hash() const {
-  const Model& model = run_.model;
-  const std::span<float> m = run_.ddp.moments_m(), v = run_.ddp.moments_v();
+uint64_t state_hash(const TrainRun& run) {
+  const Model& model = run.model;
+  const std::span<float> m = run.ddp.moments_m(), v = run.ddp.moments_v();
   const uint64_t h[3] = {detect::block_hash(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float)),
                          detect::block_hash(m.data(), m.size_bytes()), detect::block_hash(v.data(), v.size_bytes())};
   return xxh64(h, sizeof(h));
 }
 
 void StepReplay::check(int64_t step, const std::function<void()>& run_again) {
-  const uint64_t original = state_hash();
+  const uint64_t original = state_hash(run_);
   snapshots_.put_back();
   run_again();
   ++replays_;
-  const uint64_t replay = state_hash();
+  const uint64_t replay = state_hash(run_);
   const uint64_t differs = original != replay ? 1 : 0;
   const std::vector<uint64_t> all = detect::agreed_all_gather(run_.world, std::span<const uint64_t>(&differs, 1));
   std::vector<int> ranks;
@@ -31,7 +31,7 @@ void StepReplay::check(int64_t step, const std::function<void()>& run_again) {
   snapshots_.put_back();
   run_again();
   ++replays_;
-  const uint64_t third = state_hash();
+  const uint64_t third = state_hash(run_);
   const uint64_t verdict = third == replay ? 1 : third == original ? 2 : 3;  // 1: original hit, 2: replay hit
   uint64_t worst = 0;
   for (uint64_t v : detect::agreed_all_gather(run_.world, std::span<const uint64_t>(&verdict, 1))) worst = std::max(worst, v);

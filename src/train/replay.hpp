@@ -23,6 +23,9 @@
 
 namespace lockstep {
 
+// The block hash of this rank's parameters and AdamW moments (its ZeRO shard): what a step changes.
+uint64_t state_hash(const TrainRun& run);
+
 class StepReplay {
  public:
   StepReplay(TrainRun& run, StepSnapshots& snapshots, detect::FindingLog& log, detect::FaultAction action,
@@ -37,8 +40,6 @@ class StepReplay {
   int64_t replays() const { return replays_; }
 
  private:
-  uint64_t state_hash() const;
-
   TrainRun& run_;
   StepSnapshots& snapshots_;
   detect::FindingLog& log_;

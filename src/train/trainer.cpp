@@ -21,6 +21,7 @@
 #include "src/parallel/mesh.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
+#include "src/train/campaign_recorder.hpp"
 #include "src/train/checkpointing.hpp"
 #include "src/train/detectors.hpp"
 #include "src/train/inject.hpp"
@@ -146,16 +147,23 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 
   // Set-up: the mesh, the data, the model (this rank's part of it) and data parallelism over it.
   parallel::Mesh mesh({pc.dp, pc.tp, pc.pp, pc.ep, pc.cp}, world, cfg.source);
+  // The faults to plant: one [inject], or a campaign's.
+  const std::vector<Injection> faults = cfg.inject.campaign.empty()
+                                            ? std::vector<Injection>{parse_injection(cfg.inject, cfg.source, cfg.model)}
+                                            : parse_campaign(cfg.inject.campaign, cfg.model);
+  const auto any_fault = [&](bool (*at)(const std::string&)) {
+    return std::any_of(faults.begin(), faults.end(), [&](const Injection& f) { return at(f.site); });
+  };
   // [verify] collectives, or an injection into a received message: the dp and tp groups carry
   // checksums beside their messages (verify/detect/verified_comm.hpp), or only let the injection
   // see what arrives.
   detect::CollectiveLog collective_log;
   detect::ReceiveHook on_received;  // the injector's, once it exists
   std::optional<detect::VerifiedCommunicator> verified_dp, verified_tp;
-  if (world.size() > 1 && (cfg.verify.collectives || is_comm_site(cfg.inject.site))) {
-    const detect::ReceiveHook hook = [&on_received](std::string_view group, std::string_view op, void* data,
-                                                    int64_t bytes) {
-      if (on_received) on_received(group, op, data, bytes);
+  if (world.size() > 1 && (cfg.verify.collectives || any_fault(is_comm_site))) {
+    const detect::ReceiveHook hook = [&on_received](std::string_view group, std::string_view op,
+                                                    std::span<const detect::ReceivedBytes> blocks) {
+      if (on_received) on_received(group, op, blocks);
     };
     verified_dp.emplace(mesh.dp(), collective_log, cfg.verify.collectives, hook);
     verified_tp.emplace(mesh.group(parallel::Axis::kTp), collective_log, cfg.verify.collectives, hook);
@@ -189,7 +197,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // [verify] abft, or an injection at a GEMM product: the ops run through the backend that watches
   // the linear layers' products (verify/detect/abft.hpp); it changes no bit of them.
   std::optional<detect::AbftBackend> abft;
-  if (cfg.verify.abft || is_gemm_site(cfg.inject.site)) abft.emplace(backend, cfg.verify.abft);
+  if (cfg.verify.abft || any_fault(is_gemm_site)) abft.emplace(backend, cfg.verify.abft);
   Model model(cfg.model, tc.mode, part.local_micro,
               {.plan = tp_plan ? &*tp_plan : nullptr, .backend = abft ? static_cast<Backend*>(&*abft) : &backend});
   if (abft) abft->name_weights(model);
@@ -206,8 +214,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // first, so a dump records the tensor as the model uses it.
   LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
              ") is not a rank of this run (", world.size(), " ranks)");
-  Injector injector(parse_injection(cfg.inject, cfg.source, cfg.model), world.rank(), model, ddp.moments_m(),
-                    ddp.moments_v());
+  Injector injector(faults, world.rank(), model, ddp.moments_m(), ddp.moments_v());
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
@@ -219,8 +226,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                  &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp});
   }
   if (injector.watches_messages()) {
-    on_received = [&](std::string_view group, std::string_view op, void* data, int64_t bytes) {
-      injector.on_received(group, op, data, bytes);
+    on_received = [&](std::string_view group, std::string_view op, std::span<const detect::ReceivedBytes> blocks) {
+      injector.on_received(group, op, blocks);
     };
   }
   if (injector.watches_products()) {
@@ -277,6 +284,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
   }
   if (at_rest) observers.push_back(&*at_rest);
+  // A fault campaign judges each fault's step before the next step's snapshot is taken.
+  std::optional<CampaignRecorder> campaign;
+  if (!cfg.inject.campaign.empty()) {
+    campaign.emplace(run, faults, injector, cfg.inject.campaign_out);
+    findings.listen([&](const detect::Finding& f) { campaign->on_finding(f); });
+    observers.push_back(&*campaign);
+  }
   // [verify] on_fault = "rollback" or replay_every: the snapshot of each step, taken once its state
   // at rest is checked. A replay runs the step again with only what it needs: the injection (a
   // persistent fault meets the replay too), the snapshot and the state at rest's hashes.

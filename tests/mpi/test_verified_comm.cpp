@@ -73,15 +73,18 @@ TEST(VerifiedComm, SameBitsAndNothingRecordedOnCleanData) {
   EXPECT_EQ(log.checked(), 6);
 }
 
-// The last rank's received buffers get one bit flipped in their first word, one operation at a time
-// (the first element of every message here is small: its top exponent bit is clear).
+// The last rank's received messages get one bit flipped in the first word they hold from a peer,
+// one operation at a time (the first element of every message here is small: its top exponent bit
+// is clear).
 TEST(VerifiedComm, AFlippedBitIsRecordedWithItsSender) {
   const int p = g_world->size(), last = p - 1;
   const std::string ops[] = {"all_reduce", "reduce_scatter", "all_gatherv", "all_to_allv", "broadcast"};
   for (const std::string& target : ops) {
     CollectiveLog log;
-    VerifiedCommunicator v(*g_world, log, true, [&](std::string_view, std::string_view op, void* d, int64_t) {
+    VerifiedCommunicator v(*g_world, log, true, [&](std::string_view, std::string_view op,
+                                                    std::span<const ReceivedBytes> blocks) {
       if (g_world->rank() != last || op != target) return;
+      void* d = blocks.front().data;
       uint32_t w;
       std::memcpy(&w, d, 4);
       w ^= 1u << 30;  // the top exponent bit: 2^128 times larger or smaller
@@ -97,7 +100,7 @@ TEST(VerifiedComm, AFlippedBitIsRecordedWithItsSender) {
     if (f.empty()) continue;  // (never return early: the other ranks go on to the next operation)
     EXPECT_EQ(f[0].op, target);
     EXPECT_EQ(f[0].receiver, last);
-    // The first word of what the last rank receives is rank 0's block (or the root's); a reduction
+    // The first block the last rank receives from a peer is rank 0's (or the root's); a reduction
     // has no single sender.
     EXPECT_EQ(f[0].sender, target == "all_reduce" || target == "reduce_scatter" ? -1 : 0) << target;
   }
@@ -123,8 +126,10 @@ TEST(VerifiedComm, ExactReductionSurvivesAFlippedCount) {
   for (int bit : {0, 5, 40, 63}) {
     CollectiveLog log;
     int seen = 0;
-    VerifiedCommunicator v(*g_world, log, false, [&](std::string_view, std::string_view op, void* d, int64_t) {
+    VerifiedCommunicator v(*g_world, log, false, [&](std::string_view, std::string_view op,
+                                                     std::span<const ReceivedBytes> blocks) {
       if (g_world->rank() != p - 1 || op != "all_to_allv" || seen++ != 0) return;  // the counts
+      void* d = blocks.front().data;
       uint64_t w;
       std::memcpy(&w, d, 8);
       w ^= uint64_t{1} << bit;

@@ -63,6 +63,7 @@ void FindingLog::report(const Finding& f, FaultAction action, int exit_code, con
   ++count_;
   out_ << finding_line(f) << std::endl;
   if (record_) record_(finding_json(f));
+  if (listener_) listener_(f);
   if (action == FaultAction::kRollback) throw FaultRollback(f);
   if (action == FaultAction::kStop) {
     throw FaultStop(str_cat("stopped after step ", f.step, " on the ", f.detector, " finding at ", f.site, " ([verify] ",

@@ -79,10 +79,13 @@ class FindingLog {
   void report(const Finding& f, FaultAction action, int exit_code, const std::string& action_key);
 
   int64_t count() const { return count_; }
+  // Also tells `listener` of every finding, before its action (a fault campaign's bookkeeping).
+  void listen(std::function<void(const Finding&)> listener) { listener_ = std::move(listener); }
 
  private:
   std::ostream& out_;
   std::function<void(const nlohmann::json&)> record_;
+  std::function<void(const Finding&)> listener_;
   int64_t count_ = 0;
 };
 

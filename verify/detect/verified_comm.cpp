@@ -34,17 +34,20 @@ uint64_t hash_of(const void* p, int64_t first, int64_t count, DType t) {
   return block_hash(byte_ptr(p, first, t), static_cast<size_t>(count) * dtype_size(t));
 }
 
-// The bytes a v-collective receives into: from its lowest displacement to its highest end.
-std::pair<int64_t, int64_t> region(std::span<const int64_t> counts, std::span<const int64_t> displs, DType t) {
-  int64_t first = INT64_MAX, end = 0;
+// The blocks a v-collective receives from this rank's peers (`me`'s own is a local copy).
+std::vector<ReceivedBytes> peer_blocks(void* recv, std::span<const int64_t> counts, std::span<const int64_t> displs,
+                                       DType t, int me) {
+  std::vector<ReceivedBytes> b;
   for (size_t q = 0; q < counts.size(); ++q) {
-    if (counts[q] == 0) continue;
-    first = std::min(first, displs[q]);
-    end = std::max(end, displs[q] + counts[q]);
+    if (static_cast<int>(q) == me || counts[q] == 0) continue;
+    b.push_back({const_cast<char*>(byte_ptr(recv, displs[q], t)), counts[q] * static_cast<int64_t>(dtype_size(t))});
   }
-  if (end == 0) return {0, 0};
-  const auto es = static_cast<int64_t>(dtype_size(t));
-  return {first * es, (end - first) * es};
+  return b;
+}
+
+std::vector<ReceivedBytes> whole(void* recv, int64_t count, DType t) {
+  if (recv == nullptr || count == 0) return {};
+  return {{recv, count * static_cast<int64_t>(dtype_size(t))}};
 }
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF64; }
@@ -162,9 +165,9 @@ std::unique_ptr<comm::Communicator> VerifiedCommunicator::split(int color, int k
       new VerifiedCommunicator(inner_->split(color, key, name), log_, check_, hook_));
 }
 
-comm::Handle VerifiedCommunicator::unchecked(comm::Handle op, const char* name, void* recv, int64_t bytes) {
+comm::Handle VerifiedCommunicator::unchecked(comm::Handle op, const char* name, std::vector<ReceivedBytes> blocks) {
   if (!hook_) return op;
-  return verified(std::move(op), comm::Handle(), [this, name, recv, bytes] { received(name, recv, bytes); });
+  return verified(std::move(op), comm::Handle(), [this, name, blocks] { received(name, blocks); });
 }
 
 comm::Handle VerifiedCommunicator::verified(comm::Handle op, comm::Handle companion, std::function<void()> check) {
@@ -187,15 +190,14 @@ void VerifiedCommunicator::fault(const char* op, int sender_group_rank, double m
                .magnitude = magnitude, .bound = bound});
 }
 
-void VerifiedCommunicator::received(const char* op, void* data, int64_t bytes) const {
-  if (hook_ && data != nullptr && bytes > 0) hook_(name(), op, data, bytes);
+void VerifiedCommunicator::received(const char* op, const std::vector<ReceivedBytes>& blocks) const {
+  if (hook_ && !blocks.empty()) hook_(name(), op, blocks);
 }
 
 comm::Handle VerifiedCommunicator::iall_reduce(const void* send, void* recv, int64_t count, DType t,
                                                comm::ReduceOp op) {
   if (!check_ || op != comm::ReduceOp::kSum || !(is_float(t) || is_integer(t))) {
-    return unchecked(inner_->iall_reduce(send, recv, count, t, op), "all_reduce", recv,
-                     count * static_cast<int64_t>(dtype_size(t)));
+    return unchecked(inner_->iall_reduce(send, recv, count, t, op), "all_reduce", whole(recv, count, t));
   }
   const comm::CommStats before = inner_->stats();
   const int p = size();
@@ -205,7 +207,7 @@ comm::Handle VerifiedCommunicator::iall_reduce(const void* send, void* recv, int
     comm::Handle c = inner_->iall_reduce(sums.get(), sums.get(), 1, DType::kU64, comm::ReduceOp::kSum);
     count_bytes(before);
     return verified(std::move(h), std::move(c), [this, sums, recv, count, t] {
-      received("all_reduce", recv, count * static_cast<int64_t>(dtype_size(t)));
+      received("all_reduce", whole(recv, count, t));
       log_.count_checked();
       if (integer_sum(recv, 0, count, t) != *sums) fault("all_reduce", -1);
     });
@@ -216,7 +218,7 @@ comm::Handle VerifiedCommunicator::iall_reduce(const void* send, void* recv, int
   comm::Handle c = inner_->iall_gather(&(*mine)[static_cast<size_t>(p)], mine->data(), 2, DType::kF64);
   count_bytes(before);
   return verified(std::move(h), std::move(c), [this, mine, recv, count, t, p] {
-    received("all_reduce", recv, count * static_cast<int64_t>(dtype_size(t)));
+    received("all_reduce", whole(recv, count, t));
     log_.count_checked();
     mine->resize(static_cast<size_t>(p));
     double diff = 0, bound = 0;
@@ -227,8 +229,8 @@ comm::Handle VerifiedCommunicator::iall_reduce(const void* send, void* recv, int
 comm::Handle VerifiedCommunicator::ireduce_scatter(const void* send, void* recv, std::span<const int64_t> recv_counts,
                                                    DType t, comm::ReduceOp op) {
   if (!check_ || op != comm::ReduceOp::kSum || !is_float(t)) {
-    return unchecked(inner_->ireduce_scatter(send, recv, recv_counts, t, op), "reduce_scatter", recv,
-                     recv_counts[static_cast<size_t>(rank())] * static_cast<int64_t>(dtype_size(t)));
+    return unchecked(inner_->ireduce_scatter(send, recv, recv_counts, t, op), "reduce_scatter",
+                     whole(recv, recv_counts[static_cast<size_t>(rank())], t));
   }
   const comm::CommStats before = inner_->stats();
   const int p = size(), me = rank();
@@ -245,7 +247,7 @@ comm::Handle VerifiedCommunicator::ireduce_scatter(const void* send, void* recv,
   comm::Handle c = inner_->iall_to_all(mine->data(), theirs->data(), 2, DType::kF64);
   count_bytes(before);
   return verified(std::move(h), std::move(c), [this, mine, theirs, recv, count, t] {
-    received("reduce_scatter", recv, count * static_cast<int64_t>(dtype_size(t)));
+    received("reduce_scatter", whole(recv, count, t));
     log_.count_checked();
     double diff = 0, bound = 0;
     if (!float_sum_fits(float_sum(recv, 0, count, t), *theirs, count, t, diff, bound)) {
@@ -256,11 +258,8 @@ comm::Handle VerifiedCommunicator::ireduce_scatter(const void* send, void* recv,
 
 comm::Handle VerifiedCommunicator::iall_gatherv(const void* send, void* recv, std::span<const int64_t> counts,
                                                 std::span<const int64_t> displs, DType t) {
-  const auto [at, bytes] = region(counts, displs, t);
-  if (!check_) {
-    return unchecked(inner_->iall_gatherv(send, recv, counts, displs, t), "all_gatherv", static_cast<char*>(recv) + at,
-                     bytes);
-  }
+  std::vector<ReceivedBytes> peers = peer_blocks(recv, counts, displs, t, rank());
+  if (!check_) return unchecked(inner_->iall_gatherv(send, recv, counts, displs, t), "all_gatherv", std::move(peers));
   const comm::CommStats before = inner_->stats();
   const int p = size(), me = rank();
   auto hashes = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(p) + 1);
@@ -269,8 +268,8 @@ comm::Handle VerifiedCommunicator::iall_gatherv(const void* send, void* recv, st
   comm::Handle c = inner_->iall_gather(&(*hashes)[static_cast<size_t>(p)], hashes->data(), 1, DType::kU64);
   count_bytes(before);
   std::vector<int64_t> n(counts.begin(), counts.end()), d(displs.begin(), displs.end());
-  return verified(std::move(h), std::move(c), [this, hashes, recv, n, d, t, p, at, bytes] {
-    received("all_gatherv", static_cast<char*>(recv) + at, bytes);
+  return verified(std::move(h), std::move(c), [this, hashes, recv, n, d, t, p, peers] {
+    received("all_gatherv", peers);
     log_.count_checked();
     for (int q = 0; q < p; ++q) {
       const auto i = static_cast<size_t>(q);
@@ -283,10 +282,10 @@ comm::Handle VerifiedCommunicator::iall_to_allv(const void* send, std::span<cons
                                                 std::span<const int64_t> send_displs, void* recv,
                                                 std::span<const int64_t> recv_counts,
                                                 std::span<const int64_t> recv_displs, DType t) {
-  const auto [at, bytes] = region(recv_counts, recv_displs, t);
+  std::vector<ReceivedBytes> peers = peer_blocks(recv, recv_counts, recv_displs, t, rank());
   if (!check_) {
     return unchecked(inner_->iall_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t),
-                     "all_to_allv", static_cast<char*>(recv) + at, bytes);
+                     "all_to_allv", std::move(peers));
   }
   const comm::CommStats before = inner_->stats();
   const int p = size();
@@ -300,8 +299,8 @@ comm::Handle VerifiedCommunicator::iall_to_allv(const void* send, std::span<cons
   comm::Handle c = inner_->iall_to_all(out->data(), in->data(), 1, DType::kU64);
   count_bytes(before);
   std::vector<int64_t> n(recv_counts.begin(), recv_counts.end()), d(recv_displs.begin(), recv_displs.end());
-  return verified(std::move(h), std::move(c), [this, out, in, recv, n, d, t, p, at, bytes] {
-    received("all_to_allv", static_cast<char*>(recv) + at, bytes);
+  return verified(std::move(h), std::move(c), [this, out, in, recv, n, d, t, p, peers] {
+    received("all_to_allv", peers);
     log_.count_checked();
     for (int q = 0; q < p; ++q) {
       const auto i = static_cast<size_t>(q);
@@ -312,8 +311,7 @@ comm::Handle VerifiedCommunicator::iall_to_allv(const void* send, std::span<cons
 
 comm::Handle VerifiedCommunicator::ibroadcast(void* buf, int64_t count, DType t, int root) {
   if (!check_) {
-    return unchecked(inner_->ibroadcast(buf, count, t, root), "broadcast", rank() == root ? nullptr : buf,
-                     rank() == root ? 0 : count * static_cast<int64_t>(dtype_size(t)));
+    return unchecked(inner_->ibroadcast(buf, count, t, root), "broadcast", whole(rank() == root ? nullptr : buf, count, t));
   }
   const comm::CommStats before = inner_->stats();
   auto hash = std::make_shared<uint64_t>(rank() == root ? hash_of(buf, 0, count, t) : 0);
@@ -323,7 +321,7 @@ comm::Handle VerifiedCommunicator::ibroadcast(void* buf, int64_t count, DType t,
   return verified(std::move(h), std::move(c), [this, hash, buf, count, t, root] {
     log_.count_checked();
     if (rank() == root) return;
-    received("broadcast", buf, count * static_cast<int64_t>(dtype_size(t)));
+    received("broadcast", whole(buf, count, t));
     if (hash_of(buf, 0, count, t) != *hash) fault("broadcast", root);
   });
 }
@@ -341,15 +339,14 @@ comm::Handle VerifiedCommunicator::isend(const void* buf, int64_t count, DType t
 
 comm::Handle VerifiedCommunicator::irecv(void* buf, int64_t count, DType t, int source, int tag) {
   if (!check_) {
-    return unchecked(inner_->irecv(buf, count, t, source, tag), "send/recv", buf,
-                     count * static_cast<int64_t>(dtype_size(t)));
+    return unchecked(inner_->irecv(buf, count, t, source, tag), "send/recv", whole(buf, count, t));
   }
   LS_CHECK(tag >= 0 && tag < kCompanionTag, "tag ", tag, " collides with the verified companion's");
   auto hash = std::make_shared<uint64_t>(0);
   comm::Handle h = inner_->irecv(buf, count, t, source, tag);
   comm::Handle c = inner_->irecv(hash.get(), 1, DType::kU64, source, tag + kCompanionTag);
   return verified(std::move(h), std::move(c), [this, hash, buf, count, t, source] {
-    received("send/recv", buf, count * static_cast<int64_t>(dtype_size(t)));
+    received("send/recv", whole(buf, count, t));
     log_.count_checked();
     if (hash_of(buf, 0, count, t) != *hash) fault("send/recv", source);
   });

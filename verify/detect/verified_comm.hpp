@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -61,8 +62,15 @@ class CollectiveLog {
   int64_t checked_ = 0;
 };
 
-// Sees a received buffer before it is checked: (group, op, buffer, bytes).
-using ReceiveHook = std::function<void(std::string_view group, std::string_view op, void* data, int64_t bytes)>;
+// What a rank received from its peers in one operation (its own block of a gather or an
+// all-to-all, copied locally, is not among them).
+struct ReceivedBytes {
+  void* data;
+  int64_t bytes;
+};
+// Sees a received message before it is checked: (group, op, its blocks).
+using ReceiveHook =
+    std::function<void(std::string_view group, std::string_view op, std::span<const ReceivedBytes> blocks)>;
 
 class VerifiedCommunicator final : public comm::Communicator {
  public:
@@ -93,14 +101,14 @@ class VerifiedCommunicator final : public comm::Communicator {
 
  private:
   VerifiedCommunicator(std::unique_ptr<comm::Communicator> owned, CollectiveLog& log, bool check, ReceiveHook hook);
-  // An operation passed on unchecked; the hook sees its received bytes [recv, recv + bytes).
-  comm::Handle unchecked(comm::Handle op, const char* name, void* recv, int64_t bytes);
+  // An operation passed on unchecked; the hook sees its received blocks.
+  comm::Handle unchecked(comm::Handle op, const char* name, std::vector<ReceivedBytes> blocks);
   // The operation's handle, then its companion's, then the check (recorded in the log).
   comm::Handle verified(comm::Handle op, comm::Handle companion, std::function<void()> check);
   // Bytes the inner group sent since `before`, counted here too.
   void count_bytes(const comm::CommStats& before);
   void fault(const char* op, int sender_group_rank, double magnitude = 0, double bound = 0);
-  void received(const char* op, void* data, int64_t bytes) const;
+  void received(const char* op, const std::vector<ReceivedBytes>& blocks) const;
 
   std::unique_ptr<comm::Communicator> owned_;
   comm::Communicator* inner_;
