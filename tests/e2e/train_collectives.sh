@@ -3,8 +3,9 @@
 # message never crashing or hanging a rank.
 #  - dp2 ZeRO-1 with the exact reduction (canonical): a clean run with the checks has no finding and
 #    the model of a run without them; a bit flipped in what rank 1 receives — the counts of the
-#    exact reduction's records (its "header"), the exact sums themselves, the parameters' all-gather
-#    — is a finding naming the operation, the group, the receiving rank and the sender (exit 6),
+#    exact reduction's records (its "header"), the exact sums themselves, the reduced gradient's and
+#    the updated parameters' all-gathers — is a finding naming the operation, the group, the
+#    receiving rank and the sender (exit 6; the parameters' after the update, before the next step),
 #    and with on_fault = "warn" the run goes to its end;
 #  - without the checks the same flips end in neither a crash nor a hang: the counts are read by
 #    majority of three copies, so the run goes on (exit 0), and flipped sums give a different model
@@ -30,18 +31,20 @@ grep -q '^finding' checked.log && fail "a clean run reported: $(grep '^finding' 
 
 # The step's first all_to_allv to complete is the records' counts (three int64 copies per rank),
 # the second the exact sums (one double per element of the shard).
-for what in "counts:$(flip all_to_allv 30 0 0)" "sums:$(flip all_to_allv 29 123 1)" "params:$(flip all_gatherv 27 77 0)"; do
+# ZeRO-1's all_gatherv: the reduced gradient (nth 0), the loss (1), the updated parameters (2).
+for what in "counts:$(flip all_to_allv 30 0 0)" "sums:$(flip all_to_allv 29 123 1)" "grads:$(flip all_gatherv 27 77 0)" \
+            "params:$(flip all_gatherv 27 77 2)"; do
   name=${what%%:*}
   status=0
   mpi --verify.collectives=true ${what#*:} > $name.log 2>&1 || status=$?
   [ "$status" -eq 6 ] || fail "$name: expected exit 6, got $status: $(tail -3 $name.log)"
-  op=$([ $name = params ] && echo all_gatherv || echo all_to_allv)
+  op=$(case $name in grads | params) echo all_gatherv ;; *) echo all_to_allv ;; esac)
   grep -Eq "^finding: after step 3, detector collectives, site $op on dp, ranks 1: .*received blocks from world rank\(s\) 0 do not match" \
     $name.log || fail "$name: no finding naming the message: $(grep -E '^(finding|error)' $name.log)"
   status=0
   mpi ${what#*:} > ${name}_unchecked.log 2>&1 || status=$?
   case "$name:$status" in
-    counts:0 | sums:0 | sums:7 | params:0 | params:6 | params:7) ;;
+    counts:0 | sums:0 | sums:7 | grads:0 | grads:6 | grads:7 | params:0 | params:6 | params:7) ;;
     *) fail "$name without the checks: exit $status (a crash, a hang or an error): $(tail -3 ${name}_unchecked.log)" ;;
   esac
 done

@@ -46,7 +46,7 @@ mpi > clean_dp.log 2>&1 || fail "clean dp2: $(tail -3 clean_dp.log)"
 mpi --inject.site=comm/dp/all_to_allv --inject.step=2 --inject.rank=1 --inject.kind=bitflip:bit=29,index=123,nth=1 \
   > sums.log 2>&1 || fail "dp2 sums: $(tail -3 sums.log)"
 same_model sums.log clean_dp.log "dp2 sums"
-mpi --inject.site=comm/dp/all_gatherv --inject.step=2 --inject.rank=1 --inject.kind=bitflip:bit=29,index=123 \
+mpi --inject.site=comm/dp/all_gatherv --inject.step=2 --inject.rank=1 --inject.kind=bitflip:bit=29,index=123,nth=2 \
   > params.log 2>&1 || fail "dp2 params: $(tail -3 params.log)"
 same_model params.log clean_dp.log "dp2 parameter all-gather"
 
