@@ -60,7 +60,10 @@ std::string quote_shell_word(const std::string& word) {
 
 std::string join_shell_words(const std::vector<std::string>& words) {
   std::string out;
-  for (const auto& w : words) out += (out.empty() ? "" : " ") + quote_shell_word(w);
+  for (const auto& w : words) {
+    if (!out.empty()) out += ' ';
+    out += quote_shell_word(w);
+  }
   return out;
 }
 

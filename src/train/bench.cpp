@@ -118,7 +118,7 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"verification",
            {{"replica_hash",
              detector("[verify] replicas: the parameters' block hash (verify/detect/checksum.hpp), then an "
-                      "all-gather of 32 bytes per rank over the world (not timed here: needs ranks)",
+                      "all-gather of 96 bytes per rank over the world (32, three copies: verify/detect/agreed.hpp; not timed here: needs ranks)",
                       "on under dp or tp", replica_hash_ms)},
             {"numeric_monitors",
              detector("non-finite loss and gradient norm (always on), their spikes by a robust z-score "
@@ -373,7 +373,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
          "under dp or tp) hashes the parameters in "
       << r.replica_hash_ms.median << " ms = " << std::setprecision(2)
       << 100.0 * r.replica_hash_ms.median / r.step_ms.median
-      << "% of the step (plus an all-gather of 32 bytes per rank, not timed on one process); numeric monitors "
+      << "% of the step (plus an all-gather of 96 bytes per rank, not timed on one process); numeric monitors "
          "(non-finite, spikes) "
       << std::setprecision(4) << r.numeric_monitors_ms.median << " ms = " << std::setprecision(4)
       << 100.0 * r.numeric_monitors_ms.median / r.step_ms.median << "% of the step; state at rest ([verify] "

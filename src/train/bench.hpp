@@ -11,7 +11,7 @@
 // model does not expose a timer between its forward and backward); "optimizer" is clip + AdamW.
 // Communication is 0 (one process). Verification: the detectors the trainer attaches, each timed
 // at its default interval outside the step, as the cost it adds per step: [verify] replicas (every
-// step under dp or tp, each rank block-hashes its parameters and all-gathers 32 bytes; the
+// step under dp or tp, each rank block-hashes its parameters and all-gathers 96 bytes; the
 // hash is timed here, the all-gather is latency only and needs ranks), the numeric monitors
 // (non-finite and spikes of the loss and gradient norm) and the state at rest (parameters and
 // moments hashed after the update and again before the next step), all in verify/detect/; and,

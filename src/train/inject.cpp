@@ -156,8 +156,11 @@ std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig
     }
     LS_REQUIRE(j.is_object() && j.contains("step") && j.contains("site") && j.contains("kind"), where,
                ": expected {\"step\": S, \"rank\": R, \"site\": \"...\", \"kind\": \"bitflip:bit=B,index=I\"}");
-    InjectConfig c{.site = j.at("site").get<std::string>(), .step = j.at("step").get<int64_t>(),
-                   .kind = j.at("kind").get<std::string>(), .rank = j.value("rank", int64_t{-1})};
+    InjectConfig c;
+    c.site = j.at("site").get<std::string>();
+    c.step = j.at("step").get<int64_t>();
+    c.kind = j.at("kind").get<std::string>();
+    c.rank = j.value("rank", int64_t{-1});
     Injection f = parse_injection(c, where, model);
     LS_REQUIRE(faults.empty() || f.step > faults.back().step, where, ": steps must increase (one fault a step), got ",
                f.step, " after ", faults.back().step);

@@ -36,11 +36,9 @@ int64_t StepSnapshots::restore(const detect::FaultRollback& rollback) {
   const detect::Finding& f = rollback.finding();
   LS_CHECK(step_ >= 0, "a rollback before the first snapshot");
   if (replays_ >= max_replays_) {
-    std::string ranks;
-    for (int r : f.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
     throw detect::FaultStop(
         str_cat("persistent fault: step ", step_, " met the ", f.detector, " finding at ", f.site, " again in each of ",
-                replays_, " replays from its snapshot; ranks ", ranks.empty() ? std::string("all") : ranks,
+                replays_, " replays from its snapshot; ranks ", detect::ranks_text(f.ranks),
                 " (exclude the device and restart from the last checkpoint)"),
         detect::kExitPersistent);
   }

@@ -112,7 +112,7 @@ TEST(VerifiedComm, ExactReductionSurvivesAFlippedCount) {
   const int p = g_world->size();
   const int64_t n = 640;
   std::vector<ParamTensor> layout(1);
-  layout[0].name = "t";
+  layout[0].name = std::string(1, 't');  // (a literal assignment trips a GCC 12 -Wrestrict false positive)
   layout[0].numel = n;
   layout[0].shape = {n};
   const parallel::ShardPlan plan = parallel::make_shard_plan(layout, p);

@@ -19,19 +19,22 @@ FaultAction parse_fault_action(const std::string& text, const std::string& where
 
 namespace {
 
-std::string ranks_text(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "all";
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
-  return s;
-}
-
 nlohmann::json number(double x) {
   if (std::isfinite(x)) return x;
   return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
 }
 
 }  // namespace
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "all";
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
+  return s;
+}
 
 std::string finding_line(const Finding& f) {
   std::ostringstream s;

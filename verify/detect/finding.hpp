@@ -43,6 +43,8 @@ struct Finding {
   std::string detail{};       // the evidence in words (hashes, the window's median)
 };
 
+// "0,3" ("all" for none: a finding about the whole job).
+std::string ranks_text(const std::vector<int>& ranks);
 // "finding: after step 12, detector spike, site loss, ranks all: robust z 9.3 > bound 6 (spike); median ..."
 std::string finding_line(const Finding& f);
 nlohmann::json finding_json(const Finding& f);

@@ -4,8 +4,9 @@
 //     hold the same tensor-parallel shard;
 //   - under tensor parallelism, the tensors every tp rank holds whole (norms, row-parallel biases,
 //     learned positions), equal across the tp ranks of one dp replica.
-// One all-gather over the world of (dp rank, tp rank, both hashes), 32 bytes per rank, so that
-// every rank judges every group and all reach the same finding. In each group the reference hash is
+// One all-gather over the world of (dp rank, tp rank, both hashes), 32 bytes per rank sent three
+// times and read by majority (agreed.hpp), so that every rank judges every group and all reach the
+// same finding even when that message is corrupted. In each group the reference hash is
 // the most common one (the lowest rank's on a tie); the ranks that differ are named. Class
 // "corruption": a replica that differs is silent data corruption or a bug, never noise.
 // Not here: what corrupts them (src/train/inject.hpp plants such faults for tests).

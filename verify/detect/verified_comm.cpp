@@ -386,8 +386,7 @@ void CollectiveDetector::report(int64_t step) {
       const auto s = static_cast<int64_t>(all[6 * static_cast<size_t>(r) + 3]);
       if (s >= 0 && std::find(senders.begin(), senders.end(), s) == senders.end()) senders.push_back(static_cast<int>(s));
     }
-    std::string from;
-    for (int s : senders) from += (from.empty() ? "" : ",") + std::to_string(s);
+    const std::string from = ranks_text(senders);
     const double magnitude = std::bit_cast<double>(first[4]), bound = std::bit_cast<double>(first[5]);
     int64_t messages = 0;
     for (int r : ranks) messages += static_cast<int64_t>(all[6 * static_cast<size_t>(r)]);
