@@ -17,7 +17,6 @@ void CampaignRecorder::on_finding(const detect::Finding& f) {
     // A spike on a clean step is the training's own (a warning about its dynamics), not a detector
     // that fired without a fault.
     const bool spike = f.detector == "spike";
-    if (!spike) ++false_alarms_;
     if (out_.enabled()) {
       out_.write({{spike ? "spike" : "false_alarm", {{"step", f.step}, {"detector", f.detector}, {"site", f.site}}}});
     }

@@ -33,7 +33,6 @@ class CampaignRecorder final : public StepObserver {
   void begin_step(int64_t step) override;
   // The run's last step judges its own fault (no next step will).
   void end_step(const StepRecord& r) override;
-  int64_t false_alarms() const { return false_alarms_; }
 
  private:
   void judge(int64_t next_step);
@@ -48,7 +47,6 @@ class CampaignRecorder final : public StepObserver {
   int64_t found_at_ = -1;       // that finding's step (steps done)
   bool replaying_ = false;      // the undetected fault's clean replay is running
   uint64_t faulty_hash_ = 0;    // the state the faulty run ended on
-  int64_t false_alarms_ = 0;
 };
 
 }  // namespace lockstep

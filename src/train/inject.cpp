@@ -180,18 +180,16 @@ bool Injector::at_tensor(const Injection& f) {
          !is_gemm_site(f.site) && !is_comm_site(f.site);
 }
 
-bool Injector::watches_tensors() const {
-  return std::any_of(schedule_.begin(), schedule_.end(), [&](const Injection& f) { return here(f) && at_tensor(f); });
+bool Injector::watches(bool (*at)(const Injection&)) const {
+  return std::any_of(schedule_.begin(), schedule_.end(), [&](const Injection& f) { return here(f) && at(f); });
 }
 
+bool Injector::watches_tensors() const { return watches(at_tensor); }
 bool Injector::watches_products() const {
-  return std::any_of(schedule_.begin(), schedule_.end(),
-                     [&](const Injection& f) { return here(f) && is_gemm_site(f.site); });
+  return watches([](const Injection& f) { return is_gemm_site(f.site); });
 }
-
 bool Injector::watches_messages() const {
-  return std::any_of(schedule_.begin(), schedule_.end(),
-                     [&](const Injection& f) { return here(f) && is_comm_site(f.site); });
+  return watches([](const Injection& f) { return is_comm_site(f.site); });
 }
 
 void Injector::on_received(std::string_view group, std::string_view op,

@@ -109,6 +109,8 @@ class Injector final : public StepObserver {
   // Whether fault f acts on this rank, and whether it is one of a hook site.
   bool here(const Injection& f) const { return f.kind != Injection::Kind::kNone && (f.rank < 0 || f.rank == rank_); }
   static bool at_tensor(const Injection& f);
+  // Some fault of the schedule acts on this rank at such a site.
+  bool watches(bool (*at)(const Injection&)) const;
   // Applies the bitflip or cast to n elements at data.
   void apply(std::string_view name, float* data, int64_t n);
   // The element of n a bitflip acts on.

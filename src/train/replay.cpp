@@ -1,17 +1,18 @@
 #include "src/train/replay.hpp"
 
 #include "src/core/hash.hpp"
+#include "src/train/detectors.hpp"
 #include "verify/detect/agreed.hpp"
 #include "verify/detect/checksum.hpp"
 
 namespace lockstep {
 
 uint64_t state_hash(const TrainRun& run) {
-  const Model& model = run.model;
-  const std::span<float> m = run.ddp.moments_m(), v = run.ddp.moments_v();
-  const uint64_t h[3] = {detect::block_hash(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float)),
-                         detect::block_hash(m.data(), m.size_bytes()), detect::block_hash(v.data(), v.size_bytes())};
-  return xxh64(h, sizeof(h));
+  std::vector<uint64_t> h;
+  for (const detect::RestingBuffer& b : resting_state(run.model, run.ddp.moments_m(), run.ddp.moments_v())) {
+    h.push_back(detect::block_hash(b.data.data(), b.data.size_bytes()));
+  }
+  return xxh64(h.data(), h.size() * sizeof(uint64_t));
 }
 
 void StepReplay::check(int64_t step, const std::function<void()>& run_again) {

@@ -77,21 +77,35 @@ AbftFault AbftBackend::take_worst() {
   return w;
 }
 
-void AbftBackend::checksums_before(const ProductView& c) {
-  if (!check_) return;
-  const auto t0 = Clock::now();
-  observed_checksums(c, Checksum::kRows, scratch_, scratch_.before);
-  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+// Adds the time from its making to its end to the checker's.
+class AbftBackend::Timed {
+ public:
+  explicit Timed(double& seconds) : seconds_(seconds), t0_(Clock::now()) {}
+  ~Timed() { seconds_ += std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+ private:
+  double& seconds_;
+  Clock::time_point t0_;
+};
+
+const OperandRowSums& AbftBackend::weight_rows(int site, const MatrixView& w) {
+  const ForwardMemo& m = memo(site);
+  if (site >= 0 && m.sums.w.size() == static_cast<size_t>(w.rows)) return m.sums;
+  operand_row_sums(w, scratch_, fresh_.w, fresh_.w_mag);
+  return fresh_;
 }
 
-void AbftBackend::observe(int site, const ProductView& c, const MatrixView& a, const MatrixView& b,
-                          ProductRounding rounding, bool accumulates, const float* bias) {
-  if (hook_) hook_(site_name(site), c);
+const OperandRowSums& AbftBackend::input_rows(int site, const MatrixView& x) {
+  const ForwardMemo& m = memo(site);
+  if (site >= 0 && m.inp == x.data && m.N == x.rows) return m.sums;
+  operand_row_sums(x, scratch_, fresh_.a, fresh_.a_mag);
+  return fresh_;
+}
+
+void AbftBackend::checksums_before(const ProductView& c) {
   if (!check_) return;
-  const auto t0 = Clock::now();
-  predicted_checksums(a, b, Checksum::kRows, scratch_, scratch_.predicted);
-  conclude(site, c, a, b, rounding, accumulates, bias, scratch_.predicted);
-  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  const Timed timed(stats_.seconds);
+  observed_checksums(c, scratch_.before);
 }
 
 void AbftBackend::conclude(int site, const ProductView& c, const MatrixView& a, const MatrixView& b,
@@ -106,7 +120,7 @@ void AbftBackend::conclude(int site, const ProductView& c, const MatrixView& a, 
     for (double& r : predicted.sum) r += sum;
     extra_.assign(static_cast<size_t>(c.M), mag);
   }
-  observed_checksums(c, Checksum::kRows, scratch_, scratch_.after, false);
+  observed_checksums(c, scratch_.after, false);
   const ChecksumVerdict v =
       judge_checksums(scratch_.after, accumulates ? &scratch_.before : nullptr, predicted, c.N, rounding, extra_);
   ++stats_.checks;
@@ -133,13 +147,12 @@ void AbftBackend::check_forward(int site, const ProductView& c, LinearShape s, c
                                 const float* bias, int64_t chain, bool accumulates) {
   if (hook_) hook_(site_name(site), c);
   if (!check_) return;
-  const auto t0 = Clock::now();
+  const Timed timed(stats_.seconds);
   ForwardMemo& m = memo(site);
   predicted_rows_times_transposed(inp, s.N, s.IC, weight, s.OC, scratch_, scratch_.predicted, m.sums);
   m.inp = inp, m.N = s.N;
   conclude(site, c, {inp, s.N, s.IC}, {weight, s.OC, s.IC, true}, {.K = s.IC, .chain = chain}, accumulates, bias,
            scratch_.predicted);
-  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dweight,
@@ -152,37 +165,31 @@ void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset
   if (hook_ && dinp != nullptr) hook_(site_name(dx_site), dx);
   if (hook_ && has_dw) hook_(site_name(dw_site), dw);
   if (!check_) return;
-  const auto t0 = Clock::now();
+  const Timed timed(stats_.seconds);
   // dinp = dout·W needs W·e, dW += doutᵀ·inp needs inp·e: the forward's, where it fits.
-  const ForwardMemo& m = memo(dx_site);
   const MatrixView dout_m{dout, s.N, s.OC}, dout_t{dout, s.N, s.OC, true}, w{weight, s.OC, s.IC}, x{inp, s.N, s.IC};
-  const bool w_known = dx_site >= 0 && m.sums.w.size() == static_cast<size_t>(s.OC);
-  const bool x_known = dx_site >= 0 && m.inp == inp && m.N == s.N;
-  if (dinp != nullptr && !w_known) operand_row_sums(w, scratch_, fresh_.w, fresh_.w_mag);
-  if (has_dw && !x_known) operand_row_sums(x, scratch_, fresh_.a, fresh_.a_mag);
-  const OperandRowSums& bw = w_known ? m.sums : fresh_;
-  const OperandRowSums& bx = x_known ? m.sums : fresh_;
+  const OperandRowSums* bw = dinp != nullptr ? &weight_rows(dx_site, w) : nullptr;
+  const OperandRowSums* bx = has_dw ? &input_rows(dx_site, x) : nullptr;
   // Both products read dout: once where both are computed.
-  if (dinp != nullptr && has_dw) {
-    predicted_rows_sharing_a(dout, s.N, s.OC, bw.w.data(), bw.w_mag.data(), bx.a.data(), bx.a_mag.data(), scratch_,
-                             scratch_.predicted, scratch_.predicted2);
-  } else if (dinp != nullptr) {
-    predicted_rows_from(dout_m, bw.w.data(), bw.w_mag.data(), scratch_, scratch_.predicted);
-  } else if (has_dw) {
-    predicted_rows_from(dout_t, bx.a.data(), bx.a_mag.data(), scratch_, scratch_.predicted2);
+  if (bw && bx) {
+    predicted_rows_sharing_a(dout, s.N, s.OC, bw->w.data(), bw->w_mag.data(), bx->a.data(), bx->a_mag.data(),
+                             scratch_, scratch_.predicted, scratch_.predicted2);
+  } else if (bw) {
+    predicted_rows_from(dout_m, bw->w.data(), bw->w_mag.data(), scratch_, scratch_.predicted);
+  } else if (bx) {
+    predicted_rows_from(dout_t, bx->a.data(), bx->a_mag.data(), scratch_, scratch_.predicted2);
   }
-  if (dinp != nullptr) {
+  if (bw) {
     conclude(dx_site, dx, dout_m, w, {.K = s.OC, .chain = rounding_chain(canonical, s.OC, false)}, false, nullptr,
              scratch_.predicted);
   }
-  if (has_dw) {
+  if (bx) {
     // Canonical mode adds exact chunk partials (C before is in no rounding); fast mode's GEMM adds
     // the product onto the fp32 gradient (beta = 1).
     conclude(dw_site, dw, dout_t, x,
              {.K = s.N, .chain = rounding_chain(canonical, s.N, !canonical), .before_in_chain = !canonical}, true,
              nullptr, scratch_.predicted2);
   }
-  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void AbftBackend::linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* inp,
@@ -199,8 +206,15 @@ void AbftBackend::linear_backward_dinp_partials(LinearShape s, ExactAccumulator&
   const ProductView c = view_of(dinp, s.N, s.IC);
   checksums_before(c);
   inner().linear_backward_dinp_partials(s, dinp, dout, weight);
-  observe(site_of(weight, GemmProduct::kInputGrad), c, {dout, s.N, s.OC}, {weight, s.OC, s.IC},
-          {.K = s.OC, .chain = rounding_chain(true, s.OC, false)}, true, nullptr);
+  const int site = site_of(weight, GemmProduct::kInputGrad);
+  if (hook_) hook_(site_name(site), c);
+  if (!check_) return;
+  const Timed timed(stats_.seconds);
+  const MatrixView dout_m{dout, s.N, s.OC}, w{weight, s.OC, s.IC};
+  const OperandRowSums& bw = weight_rows(site, w);
+  predicted_rows_from(dout_m, bw.w.data(), bw.w_mag.data(), scratch_, scratch_.predicted);
+  conclude(site, c, dout_m, w, {.K = s.OC, .chain = rounding_chain(true, s.OC, false)}, true, nullptr,
+           scratch_.predicted);
 }
 
 void AbftDetector::after_reduce(int64_t step, float) {

@@ -70,7 +70,6 @@ class AbftBackend final : public ForwardingBackend {
   void name_weights(const Model& model);
   // "gemm/NAME/forward"; a weight never named: "gemm/unnamed/forward".
   const std::string& site_name(int site) const;
-  int site_count() const { return static_cast<int>(sites_.size()); }
 
   void set_product_hook(ProductHook hook) { hook_ = std::move(hook); }
   // The worst failed check since the last call (none: verdict.fault is false), and forgets it.
@@ -103,12 +102,12 @@ class AbftBackend final : public ForwardingBackend {
   int site_of(const float* weight, GemmProduct p) const;
   // The memo of a weight's products (a scratch one for an unnamed weight).
   ForwardMemo& memo(int site);
+  class Timed;
+  // The row sums W·e and inp·e a backward check needs: its forward's (the memo), where they fit.
+  const OperandRowSums& weight_rows(int site, const MatrixView& w);
+  const OperandRowSums& input_rows(int site, const MatrixView& x);
   // The row checksums of a product that accumulates, before the op.
   void checksums_before(const ProductView& c);
-  // The hook, then (when checking) the row checksums of c = a·b (+ bias); accumulates: c's
-  // checksums before the op are in scratch_.before.
-  void observe(int site, const ProductView& c, const MatrixView& a, const MatrixView& b, ProductRounding rounding,
-               bool accumulates, const float* bias);
   // The hook, then the row checksums of a forward product c = inp·Wᵀ (+ bias), its memo kept.
   void check_forward(int site, const ProductView& c, LinearShape s, const float* inp, const float* weight,
                      const float* bias, int64_t chain, bool accumulates);

@@ -5,18 +5,14 @@
 #include <limits>
 
 #include "src/core/check.hpp"
+#include "verify/core/bounds.hpp"
 
 namespace lockstep::detect {
 
 namespace {
 
-constexpr double kU32 = 0x1p-24;       // fp32 unit roundoff
-constexpr double kU64 = 0x1p-53;       // double unit roundoff
-constexpr double kTinyF32 = 0x1p-149;  // smallest fp32 subnormal: an underflowing rounding errs by at most half
 constexpr int64_t kTileRows = 64;      // rows per partial column sum
 constexpr int64_t kParallelElements = int64_t{1} << 15;
-
-double gamma(double u, int64_t n) { return static_cast<double>(n) * u / (1.0 - static_cast<double>(n) * u); }
 
 double* grown(std::vector<double>& v, int64_t n) {
   if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
@@ -208,15 +204,6 @@ void rows_of(const MatrixView& m, const double* v, const double* va, double* r, 
   }
 }
 
-// Its column reductions c[q] = Σ_p u[p]·X[p,q].
-void cols_of(const MatrixView& m, const double* u, const double* ua, double* c, double* ca, std::vector<double>& scratch) {
-  if (m.transposed) {
-    row_dots(m.data, m.rows, m.cols, u, ua, c, ca);
-  } else {
-    col_dots(m.data, m.rows, m.cols, u, ua, c, ca, scratch);
-  }
-}
-
 void resize(ChecksumVector& c, int64_t n, bool slack) {
   c.sum.resize(static_cast<size_t>(n));
   c.mag.resize(static_cast<size_t>(n));
@@ -225,26 +212,17 @@ void resize(ChecksumVector& c, int64_t n, bool slack) {
 
 }  // namespace
 
-void observed_checksums(const ProductView& c, Checksum which, ChecksumScratch& s, ChecksumVector& out,
-                        bool magnitudes) {
-  const bool rows = which == Checksum::kRows;
-  LS_CHECK(magnitudes || rows, "column checksums come with their magnitudes");
-  resize(out, rows ? c.M : c.N, true);
+void observed_checksums(const ProductView& c, ChecksumVector& out, bool magnitudes) {
+  resize(out, c.M, true);
   if (!magnitudes) out.mag.clear();
-  auto reduce = [&](const auto* X) {
-    if (rows) {
-      row_dots(X, c.M, c.N, nullptr, nullptr, out.sum.data(), magnitudes ? out.mag.data() : nullptr);
-    } else {
-      col_dots(X, c.M, c.N, nullptr, nullptr, out.sum.data(), out.mag.data(), s.partial);
-    }
-  };
+  double* mag = magnitudes ? out.mag.data() : nullptr;
   if (c.f32 != nullptr) {
-    reduce(c.f32);
+    row_dots(c.f32, c.M, c.N, nullptr, nullptr, out.sum.data(), mag);
     return;
   }
   const ExactAccumulator& acc = *c.exact;
   const auto first = static_cast<size_t>(c.offset);
-  reduce(acc.partial_sums() + first);
+  row_dots(acc.partial_sums() + first, c.M, c.N, nullptr, nullptr, out.sum.data(), mag);
   if (acc.spill_count() == 0) return;
   // A spilled element's double is stale: its exact sum, rounded (to fp32: an error of at most
   // u·|value|, which joins the threshold), replaces it.
@@ -255,28 +233,10 @@ void observed_checksums(const ProductView& c, Checksum which, ChecksumScratch& s
       if (!flags[e]) continue;
       const double stale = acc.partial_sums()[first + static_cast<size_t>(e)];
       const double value = acc.spill(first + static_cast<size_t>(e)).round_to_float();
-      const int64_t k = rows ? i : j;
-      out.sum[k] += value - stale;
-      if (magnitudes) out.mag[k] += std::fabs(value) - std::fabs(stale);
-      out.slack[k] += kU32 * std::fabs(value);
+      out.sum[i] += value - stale;
+      if (magnitudes) out.mag[i] += std::fabs(value) - std::fabs(stale);
+      out.slack[i] += bounds::kUnitF32 * std::fabs(value);
     }
-  }
-}
-
-void predicted_checksums(const MatrixView& A, const MatrixView& B, Checksum which, ChecksumScratch& s,
-                         ChecksumVector& out) {
-  const int64_t M = logical_rows(A), K = logical_cols(A), N = logical_cols(B);
-  LS_CHECK(logical_rows(B) == K, "product shapes: A is ", M, "x", K, ", B is ", logical_rows(B), "x", N);
-  double* v = grown(s.v, K);
-  double* va = grown(s.v_abs, K);
-  if (which == Checksum::kRows) {  // b = B·e, then A·b
-    resize(out, M, false);
-    rows_of(B, nullptr, nullptr, v, va, s.partial);
-    rows_of(A, v, va, out.sum.data(), out.mag.data(), s.partial);
-  } else {  // a = eᵀA, then aᵀ·B
-    resize(out, N, false);
-    cols_of(A, nullptr, nullptr, v, va, s.partial);
-    cols_of(B, v, va, out.sum.data(), out.mag.data(), s.partial);
   }
 }
 
@@ -320,12 +280,13 @@ int64_t rounding_chain(bool canonical, int64_t K, bool onto) {
 ChecksumVerdict judge_checksums(const ChecksumVector& after, const ChecksumVector* before,
                                 const ChecksumVector& predicted, int64_t length, const ProductRounding& rounding,
                                 const std::vector<double>& extra) {
-  const double g = gamma(kU32, rounding.chain);
+  const double g = bounds::gamma(rounding.chain, bounds::kUnitF32);
   // The checksums' own error in double (sums of at most K + length + a few terms, the observed
   // side a difference of two), and every fp32 rounding of the product underflowing.
   const auto n = static_cast<int64_t>(predicted.sum.size());
-  const double gd = gamma(kU64, rounding.K + length + 8);
-  const double underflow = static_cast<double>(length) * static_cast<double>(rounding.K + 2) * kTinyF32;
+  const double gd = bounds::gamma(rounding.K + length + 8, bounds::kUnitF64);
+  const double underflow =
+      static_cast<double>(length) * static_cast<double>(rounding.K + 2) * bounds::kHalfMinSubnormalF32;
   ChecksumVerdict v;
   for (int64_t i = 0; i < n; ++i) {
     double observed = after.sum[i], slack = after.slack[i];
@@ -371,7 +332,7 @@ int64_t locate_in_row(const MatrixView& A, const MatrixView& B, const float* C, 
       mag += std::fabs(t);
     }
     const double off = std::fabs(static_cast<double>(C[row * N + j]) - value);
-    const double ratio = std::isfinite(off) ? off / (mag + kTinyF32) : std::numeric_limits<double>::infinity();
+    const double ratio = std::isfinite(off) ? off / (mag + bounds::kHalfMinSubnormalF32) : std::numeric_limits<double>::infinity();
     if (ratio > worst_ratio) {
       worst_ratio = ratio;
       worst = j;

@@ -10,12 +10,12 @@
 // row checksum's threshold is γ_L·Σ_k |A[i,k]|·(Σ_j |B[k,j]|) (+ the terms the epilogue adds: a
 // bias, the C the product accumulates onto), plus the error of the checksums themselves (computed
 // in double: γ of their lengths in double, and the underflow of every fp32 rounding). A fault in
-// one element of C moves one row and one column checksum: together they locate it.
+// one element of C moves its row's checksum (and its column's, which is not computed: the row
+// alone detects, and recomputing the failed row of the product locates the element).
 //
 // Cost: the row checksums read each operand and C once (twice where C accumulates: before and
-// after), mostly along rows — O(MK + KN + MN) reads against the product's 2·M·N·K flops. A checker
-// runs them on every product and the column checksums only where a row fails, to locate the
-// element. Sums are taken in double, rows in parallel (OpenMP) and columns over tiles of rows
+// after), mostly along rows — O(MK + KN + MN) reads against the product's 2·M·N·K flops. Sums are
+// taken in double, rows in parallel (OpenMP) and the column sums of an operand over tiles of rows
 // combined in tile order, so that every figure depends on the shapes alone, not on the threads.
 // Not here: which products are checked and what a failed check becomes (abft.hpp).
 #pragma once
@@ -43,28 +43,23 @@ struct ProductView {
   int64_t M = 0, N = 0;
 };
 
-enum class Checksum : uint8_t { kRows, kColumns };
-
 // A checksum vector, its magnitudes and the error of reading it. Observed (of C): sum[i] = Σ_j
 // C[i,j], mag[i] = Σ_j |C[i,j]|, slack[i] = error of reading exact sums that had spilled.
 // Predicted (from A and B): sum[i] = Σ_k A[i,k]·(Σ_j B[k,j]), mag[i] = Σ_k |A[i,k]|·(Σ_j |B[k,j]|),
-// slack empty. Columns likewise.
+// slack empty.
 struct ChecksumVector {
   std::vector<double> sum, mag, slack;
 };
 
 // Scratch a checker reuses from product to product (no allocation once the largest has been seen).
 struct ChecksumScratch {
-  std::vector<double> v, v_abs, v2, v2_abs, partial;
+  std::vector<double> v, v_abs, partial;
   ChecksumVector before, after, predicted, predicted2;
 };
 
-// magnitudes false: the row sums alone (mag left empty), for a C whose magnitudes follow from the
-// predicted ones (judge_checksums).
-void observed_checksums(const ProductView& c, Checksum which, ChecksumScratch& s, ChecksumVector& out,
-                        bool magnitudes = true);
-void predicted_checksums(const MatrixView& A, const MatrixView& B, Checksum which, ChecksumScratch& s,
-                         ChecksumVector& out);
+// The row checksums of C; magnitudes false: the sums alone (mag left empty), for a C whose
+// magnitudes follow from the predicted ones (judge_checksums).
+void observed_checksums(const ProductView& c, ChecksumVector& out, bool magnitudes = true);
 
 // Row sums Σ_q X[p,q] (and Σ_q |X[p,q]|) of a logical operand: the b = B·e of a row checksum.
 void operand_row_sums(const MatrixView& m, ChecksumScratch& s, std::vector<double>& sum, std::vector<double>& mag);

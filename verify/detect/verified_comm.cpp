@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <bit>
+#include <limits>
 #include <map>
 
 #include "src/core/check.hpp"
+#include "verify/core/bounds.hpp"
 #include "verify/detect/agreed.hpp"
 #include "verify/detect/checksum.hpp"
 
@@ -102,14 +104,13 @@ bool float_sum_fits(const FloatSum& result, const std::vector<FloatSum>& ranks, 
                     double& diff, double& bound) {
   double expected = 0, mag = 0;
   for (const FloatSum& r : ranks) expected += r.sum, mag += r.mag;
-  const auto p = static_cast<double>(ranks.size());
-  const double u = t == DType::kF32 ? 0x1p-24 : 0x1p-53;
-  const double tiny = t == DType::kF32 ? 0x1p-149 : 0x1p-1074;
-  const double gamma = (p - 1) * u / (1 - (p - 1) * u);
-  const double n = static_cast<double>(count) + p + 2;
-  const double gamma_d = n * 0x1p-53 / (1 - n * 0x1p-53);
+  const auto p = static_cast<int64_t>(ranks.size());
+  const double u = t == DType::kF32 ? bounds::kUnitF32 : bounds::kUnitF64;
+  // An underflowing rounding errs by at most half the smallest subnormal.
+  const double tiny = t == DType::kF32 ? bounds::kHalfMinSubnormalF32 : std::numeric_limits<double>::denorm_min() / 2;
   diff = std::fabs(result.sum - expected);
-  bound = gamma * mag + gamma_d * (2 * mag + result.mag) + static_cast<double>(count) * p * tiny;
+  bound = bounds::gamma(p - 1, u) * mag + bounds::gamma(count + p + 2, bounds::kUnitF64) * (2 * mag + result.mag) +
+          static_cast<double>(count * p) * tiny;
   if (!std::isfinite(expected) || !std::isfinite(bound)) return true;  // non-finite data: nothing to compare
   return std::isfinite(diff) && diff <= bound;
 }
