@@ -111,6 +111,30 @@ std::string heat_map(const std::vector<std::string>& rows, const std::map<std::s
   return s.str();
 }
 
+// "finding: after step N, detector D, site S, ranks R: ..." lines of a run's log, as
+// {"after_step", "detector", "ranks"} (ranks as world ranks; "all": empty).
+std::vector<nlohmann::json> findings_in_log(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("finding: after step ")) continue;
+    nlohmann::json f;
+    f["after_step"] = std::stoll(line.substr(20));
+    const size_t d = line.find(", detector "), r = line.find(", ranks ");
+    if (d == std::string::npos || r == std::string::npos) continue;
+    f["detector"] = line.substr(d + 11, line.find(',', d + 11) - d - 11);
+    std::vector<int> ranks;
+    std::istringstream words(line.substr(r + 8, line.find(':', r) - r - 8));
+    for (std::string w; std::getline(words, w, ',');) {
+      if (w != "all") ranks.push_back(std::stoi(w));
+    }
+    f["ranks"] = ranks;
+    out.push_back(f);
+  }
+  return out;
+}
+
 std::vector<nlohmann::json> read_lines(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
@@ -215,6 +239,21 @@ nlohmann::json summarize_campaign(const std::vector<nlohmann::json>& faults, con
           {"layout", {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"sp", cfg.parallel.sp}, {"zero", cfg.parallel.zero}}}};
 }
 
+nlohmann::json summarize_persistent(const std::vector<nlohmann::json>& runs, int64_t buddy_every, int64_t dp) {
+  int64_t stopped = 0, in_interval = 0, named = 0, pinned = 0;
+  for (const nlohmann::json& r : runs) {
+    const bool stop = r.at("exit").get<int>() == 8 && r.contains("latency");
+    stopped += stop ? 1 : 0;
+    in_interval += stop && r.at("latency").get<int64_t>() < buddy_every ? 1 : 0;
+    named += stop && r.value("named", false) ? 1 : 0;
+    pinned += stop && r.value("pinned", false) ? 1 : 0;
+  }
+  return {{"injected", runs.size()}, {"stopped_exit_8", stopped}, {"within_one_interval", in_interval},
+          {"rank_named", named}, {"pinned_alone", pinned}, {"buddy_every", buddy_every},
+          {"pinning", dp >= 3 ? "to the rank (dp >= 3)" : "to a pair of ranks (dp = 2: no third replica)"},
+          {"runs", runs}};
+}
+
 nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
   LS_REQUIRE(opt.faults >= 1, "faultcampaign: --faults (", opt.faults, ") must be >= 1");
   LS_REQUIRE(opt.every >= 1, "faultcampaign: --every (", opt.every, ") must be >= 1");
@@ -223,6 +262,9 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
   if (cfg.parallel.dp == 0 && opt.np % cfg.parallel.tp == 0) cfg.parallel.dp = opt.np / cfg.parallel.tp;  // dp = 0: the rest
   LS_REQUIRE(cfg.parallel.dp * cfg.parallel.tp == opt.np, "faultcampaign: --np (", opt.np,
              ") must be the run's dp x tp (", cfg.parallel.dp, " x ", cfg.parallel.tp, ")");
+  LS_REQUIRE(opt.persistent == 0 || cfg.parallel.dp >= 2, "faultcampaign: --persistent (", opt.persistent,
+             ") needs dp >= 2: a persistent fault is found by buddy replay, whose buddy is another dp group");
+  LS_REQUIRE(opt.buddy_every >= 1, "faultcampaign: --buddy-every (", opt.buddy_every, ") must be >= 1");
   durable_io::make_dirs(opt.out);
   const std::vector<nlohmann::json> plan = plan_faults(cfg, opt);
   std::string plan_text;
@@ -230,15 +272,17 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
   durable_io::write_file_atomic(opt.out + "/faults.jsonl", plan_text);
   const int64_t steps = 2 + opt.faults * opt.every;
 
-  std::vector<std::string> argv;
+  // `lockstep train` under the launcher, with the config and the overrides.
+  std::vector<std::string> train;
   if (opt.np > 1) {
     for (std::string w : split_shell_words(opt.launcher, "--launcher")) {
       if (const size_t at = w.find("{np}"); at != std::string::npos) w.replace(at, 4, std::to_string(opt.np));
-      argv.push_back(w);
+      train.push_back(w);
     }
   }
-  argv.insert(argv.end(), {opt.bin.empty() ? current_executable() : opt.bin, "train", "--config", opt.config});
-  for (const auto& [k, v] : opt.overrides) argv.push_back("--" + k + "=" + v);
+  train.insert(train.end(), {opt.bin.empty() ? current_executable() : opt.bin, "train", "--config", opt.config});
+  for (const auto& [k, v] : opt.overrides) train.push_back("--" + k + "=" + v);
+  std::vector<std::string> argv = train;
   for (const std::string& a :
        {str_cat("--train.steps=", steps), std::string("--verify.abft=true"),
         str_cat("--verify.collectives=", opt.np > 1 ? "true" : "false"), std::string("--verify.on_fault=rollback"),
@@ -255,6 +299,53 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
              "/train.log says:\n", tail_of_file(opt.out + "/train.log", 12));
   const std::vector<nlohmann::json> records = read_lines(opt.out + "/records.jsonl");
   nlohmann::json summary = summarize_campaign(plan, records, steps, cfg);
+
+  // Persistent faults, one run each: an activation on one rank, from a step within the first
+  // interval on, with buddy replay every buddy_every steps.
+  std::vector<Site> activations;
+  for (const Site& site : sites_of(cfg, opt.np)) {
+    if (site.klass == "activation") activations.push_back(site);
+  }
+  std::mt19937_64 rng(opt.seed ^ 0x5bd1e995ULL);
+  std::vector<nlohmann::json> persistent_runs;
+  for (int64_t i = 0; i < opt.persistent; ++i) {
+    const Site& site = activations[rng() % activations.size()];
+    const auto rank = static_cast<int64_t>(rng() % static_cast<uint64_t>(opt.np));
+    const int64_t step = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(opt.buddy_every));
+    const int bit = static_cast<int>(rng() % 32);
+    const auto index = static_cast<int64_t>(rng() % 1024);  // within the smallest activation's shard
+    std::vector<std::string> a = train;
+    for (const std::string& w :
+         {str_cat("--train.steps=", step + opt.buddy_every + 1), str_cat("--verify.buddy_every=", opt.buddy_every),
+          std::string("--verify.on_fault=rollback"), std::string("--verify.on_spike=warn"),
+          str_cat("--inject.site=", site.name), str_cat("--inject.step=", step), str_cat("--inject.rank=", rank),
+          str_cat("--inject.kind=bitflip:bit=", bit, ",index=", index), std::string("--inject.persistent=true"),
+          std::string("--checkpoint.dir="), std::string("--log.every=100"), std::string("--eval.every=0")}) {
+      a.push_back(w);
+    }
+    const std::string path = str_cat(opt.out, "/persistent_", i, ".log");
+    const ChildExit e = run_child(a, path);
+    nlohmann::json rec = {{"site", site.name}, {"rank", rank}, {"step", step}, {"bit", bit}, {"index", index},
+                          {"exit", e.status}, {"log", path}};
+    std::vector<nlohmann::json> found = findings_in_log(path);
+    std::erase_if(found, [](const nlohmann::json& f) { return f["detector"] == "spike"; });  // warnings only
+    if (!found.empty()) {
+      const nlohmann::json& f = found.front();
+      const auto ranks = f["ranks"].get<std::vector<int>>();
+      rec["detector"] = f["detector"];
+      rec["ranks_named"] = ranks;
+      rec["latency"] = f["after_step"].get<int64_t>() - 1 - step;
+      rec["named"] = std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+      rec["pinned"] = ranks == std::vector<int>{static_cast<int>(rank)};
+    }
+    log << "faultcampaign: persistent fault " << i + 1 << " of " << opt.persistent << " at " << site.name << " on rank "
+        << rank << " from step " << step << ": exit " << e.status
+        << (found.empty() ? std::string(", no finding") : ", found by " + rec["detector"].get<std::string>() +
+                                                             " naming ranks " + found.front()["ranks"].dump())
+        << "\n" << std::flush;
+    persistent_runs.push_back(rec);
+  }
+  if (opt.persistent > 0) summary["persistent"] = summarize_persistent(persistent_runs, opt.buddy_every, cfg.parallel.dp);
   durable_io::write_file_atomic(opt.out + "/campaign.json", summary.dump(1) + "\n");
 
   // The table and the plot.
@@ -275,6 +366,13 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
      << " detected (rate " << std::setprecision(3) << summary["interval_detection_rate"].get<double>() << "). False alarms: "
      << summary["false_alarms"] << " over " << summary["clean_steps"] << " clean steps. Detectors: "
      << summary["by_detector"].dump() << "; latest detection " << summary["max_latency_steps"] << " step(s) after its fault.\n";
+  if (summary.contains("persistent")) {
+    const nlohmann::json& p = summary["persistent"];
+    md << "Persistent faults (one run each, buddy replay every " << opt.buddy_every << " steps): " << p["injected"]
+       << " injected, " << p["stopped_exit_8"] << " stopped the run with exit 8, " << p["within_one_interval"]
+       << " within one interval, " << p["rank_named"] << " named their rank, " << p["pinned_alone"]
+       << " named it alone (pinning " << p["pinning"].get<std::string>() << ").\n";
+  }
   durable_io::write_file_atomic(opt.out + "/campaign.md", md.str());
   std::map<std::string, std::vector<std::pair<int, int>>> cells;
   for (const nlohmann::json& r : summary["records"]) {

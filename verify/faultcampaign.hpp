@@ -13,6 +13,11 @@
 // at interval sites, the replay's detection rate; and the false alarms over the clean steps.
 // Writes OUT/faults.jsonl (the plan), OUT/records.jsonl (the run's), OUT/campaign.json,
 // OUT/campaign.md (the table) and OUT/campaign.svg (detection rate by site and bit).
+// With `persistent` = P > 0 (and dp >= 2), P more runs each plant one persistent fault — an
+// activation on one rank, changed in every run of every step from its own — with buddy replay every
+// `buddy_every` steps, and report whether each stopped the run (exit 8) within one interval and
+// named its rank (pinned: named alone; with dp = 2 the finding names a pair). A replay on the
+// faulty rank meets such a fault again and cannot see it.
 // Not here: planting and judging one fault (src/train/inject.hpp, campaign_recorder.hpp).
 #pragma once
 
@@ -35,6 +40,8 @@ struct CampaignOptions {
   int64_t faults = 100;
   int64_t every = 2;             // steps per fault (the others are clean: false alarms)
   int64_t replay_every = 2;      // [verify] replay_every of the run (interval sites)
+  int64_t persistent = 0;        // runs with one persistent fault each
+  int64_t buddy_every = 2;       // their [verify] buddy_every
   uint64_t seed = 1;
   std::string out = "faultcampaign-out";
   std::string launcher = "mpirun --oversubscribe -np {np}";
@@ -54,6 +61,9 @@ std::string site_class(const std::string& site);
 // The summary of the run's records (see the top); `faults` the plan, `steps` the run's.
 nlohmann::json summarize_campaign(const std::vector<nlohmann::json>& faults, const std::vector<nlohmann::json>& records,
                                   int64_t steps, const RunConfig& cfg);
+
+// The summary of the persistent runs' records ({"rank", "named", "pinned", "exit", "latency", ...}).
+nlohmann::json summarize_persistent(const std::vector<nlohmann::json>& runs, int64_t buddy_every, int64_t dp);
 
 // Plans, runs and reports; progress to `log`. Returns the summary.
 nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log);

@@ -17,12 +17,16 @@ constexpr const char* kCampaignUsage =
     "  (every detector on, on_fault = rollback: each fault meets a clean state), and reports per site\n"
     "  and bit range what was detected, benign or missed, and the false alarms over the clean steps.\n"
     "  Writes OUT/campaign.json, OUT/campaign.md, OUT/campaign.svg, OUT/faults.jsonl, OUT/records.jsonl.\n"
-    "  Exit 0: nothing missed at an every-step site, 1: faults missed or false alarms, 2: bad input.\n"
+    "  Exit 0: nothing missed at an every-step site (and every persistent fault named with its rank),\n"
+    "  1: faults missed or false alarms, 2: bad input.\n"
     "options:\n"
     "  --np=N              ranks (the run's dp x tp; default 1)\n"
     "  --faults=N          faults to plant (default 100)\n"
     "  --every=K           steps per fault; the others are clean (default 2)\n"
     "  --replay-every=R    the run's [verify] replay_every (default 2; 0: no replay)\n"
+    "  --persistent=P      P more runs, one persistent fault each (an activation on one rank),\n"
+    "                      found by buddy replay (needs dp >= 2; default 0)\n"
+    "  --buddy-every=K     their [verify] buddy_every (default 2)\n"
     "  --seed=S            of the plan (default 1)\n"
     "  --out=DIR           (default faultcampaign-out)\n"
     "  --launcher='WORDS'  command before the executable for N > 1 ranks, {np} = N\n"
@@ -47,6 +51,8 @@ int cmd_faultcampaign(Args& args) {
   opt.faults = number(args, "faults", "100");
   opt.every = number(args, "every", "2");
   opt.replay_every = number(args, "replay-every", "2");
+  opt.persistent = number(args, "persistent", "0");
+  opt.buddy_every = number(args, "buddy-every", "2");
   opt.seed = static_cast<uint64_t>(number(args, "seed", "1"));
   opt.out = args.take_or("out", "faultcampaign-out");
   opt.launcher = args.take_or("launcher", opt.launcher);
@@ -58,7 +64,9 @@ int cmd_faultcampaign(Args& args) {
   const nlohmann::json s = verify::run_campaign(opt, std::cout);
   std::cout << "faultcampaign: report " << opt.out << "/campaign.md, " << opt.out << "/campaign.json, " << opt.out
             << "/campaign.svg\n";
-  return s["totals"]["missed"].get<int64_t>() == 0 && s["false_alarms"].get<int64_t>() == 0 ? 0 : 1;
+  const bool persistent_found =
+      !s.contains("persistent") || s["persistent"]["rank_named"] == s["persistent"]["injected"];
+  return s["totals"]["missed"].get<int64_t>() == 0 && s["false_alarms"].get<int64_t>() == 0 && persistent_found ? 0 : 1;
 }
 
 }  // namespace lockstep::cli

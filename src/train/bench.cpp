@@ -24,6 +24,7 @@
 #include "src/train/rollback.hpp"
 #include "src/train/step_observer.hpp"
 #include "verify/detect/abft.hpp"
+#include "verify/detect/buddy.hpp"
 #include "verify/detect/checksum.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
@@ -129,7 +130,7 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
                       "update and again before the next step's forward",
                       "on", state_at_rest_ms)},
             {"abft",
-             abft ? nlohmann::json{{"feature", "[verify] abft: row and column checksums of every linear layer's "
+             abft ? nlohmann::json{{"feature", "[verify] abft: row checksums of every linear layer's "
                                                "forward, input-gradient and weight-gradient products, inside the "
                                                "step (timed by the checker)"},
                                    {"default", "off"},
@@ -145,7 +146,22 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
              rollback ? detector("[verify] on_fault = \"rollback\": the in-memory copy of the parameters and AdamW "
                                  "moments before each step (src/train/rollback.hpp)",
                                  "off (on_fault = \"stop\")", snapshot_ms)
-                      : nlohmann::json("off: --verify.on_fault=rollback times it")}}},
+                      : nlohmann::json("off: --verify.on_fault=rollback times it")},
+            {"buddy_replay",
+             buddy_every > 0
+                 ? nlohmann::json{{"feature", "[verify] buddy_every: every N steps each dp group computes its "
+                                              "neighbour's batch too; the witness hashes every tensor the model "
+                                              "shows its hook (src/train/buddy_replay.hpp)"},
+                                  {"default", "off"},
+                                  {"interval_steps", buddy_every},
+                                  {"witness_ms", stats_json(witness_ms)},
+                                  {"witness_tensors_per_step", witness_tensors},
+                                  {"snapshot_ms", stats_json(snapshot_ms)},
+                                  {"fraction_of_step", buddy_fraction()},
+                                  {"fraction_note", "(one more step + both runs' witnesses + a state copy) / N, of "
+                                                    "the step without the witness; the witnesses' gather over the "
+                                                    "world not included"}}
+                 : nlohmann::json("off: --verify.buddy_every=N times it")}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -233,12 +249,25 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
   const float dloss = 1.0f / static_cast<float>(B * T);
-  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms, snapshot_ms;
-  // [verify] on_fault = "rollback": the step's in-memory snapshot (src/train/rollback.hpp), a copy of
-  // the parameters and moments before the step, into buffers allocated once.
+  std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms, snapshot_ms,
+      witness_ms;
+  // [verify] on_fault = "rollback" (or buddy_every, which copies the state as well): the step's
+  // in-memory snapshot (src/train/rollback.hpp), a copy of the parameters and moments before the
+  // step, into buffers allocated once.
   r.rollback = cfg.verify.on_fault == "rollback";
+  r.buddy_every = cfg.verify.buddy_every;
+  // Buddy replay's witness (verify/detect/buddy.hpp), hashing in every step, timed in the hook.
+  detect::TensorWitness witness;
+  double witness_s = 0;
+  if (r.buddy_every > 0) {
+    model.set_hook([&](std::string_view name, const TensorView& t) {
+      const auto t0 = Clock::now();
+      witness.observe(name, t);
+      witness_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+  }
   std::vector<float> snap_params, snap_m, snap_v;
-  if (r.rollback) {
+  if (r.rollback || r.buddy_every > 0) {
     snap_params.resize(static_cast<size_t>(model.num_params()));
     snap_m.resize(adamw.m().size());
     snap_v.resize(adamw.v().size());
@@ -263,7 +292,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     if (at_rest) at_rest->begin_step(step);
     const double rest_check = ms_since(t5);
     const auto t7 = Clock::now();
-    if (r.rollback) {
+    if (r.rollback || r.buddy_every > 0) {
       copy_state({model.params(), static_cast<size_t>(model.num_params())}, snap_params);
       copy_state(adamw.m(), snap_m);
       copy_state(adamw.v(), snap_v);
@@ -277,12 +306,15 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const int64_t faults0 = minor_page_faults();
     const double abft0 = abft ? abft->stats().seconds : 0;
     const int64_t checks0 = abft ? abft->stats().checks : 0;
+    const double witness0 = witness_s;
+    if (r.buddy_every > 0) witness.start();
     const auto t0 = Clock::now();
     model.zero_grad();
     ChunkCombiner loss_sum;
     model.forward_backward_batch(inputs.data(), targets.data(), B, MB, 0, dloss, loss_sum);
     model.finish_grads();
     const double fb = ms_since(t0);
+    if (r.buddy_every > 0) r.witness_tensors = static_cast<int64_t>(witness.stop().size());
     const double abft_step = abft ? 1e3 * (abft->stats().seconds - abft0) : 0;
     if (abft) r.abft_checks_per_step = abft->stats().checks - checks0;
     const auto t1 = Clock::now();
@@ -331,6 +363,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     rest_ms.push_back(rest_check + rest_hash);
     abft_ms.push_back(abft_step);
     snapshot_ms.push_back(snapshot);
+    witness_ms.push_back(1e3 * (witness_s - witness0));
   }
 
   if (tokens_file) tokens_file->commit();
@@ -347,6 +380,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.state_at_rest_ms = stats_of(rest_ms);
   r.abft_ms = stats_of(abft_ms);
   r.snapshot_ms = stats_of(snapshot_ms);
+  r.witness_ms = stats_of(witness_ms);
   if (abft) {
     r.abft_tightness = abft->stats().max_clean_ratio;
     r.abft_faults = abft->stats().faults;
@@ -365,7 +399,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   print_stats(out, "numeric monitors", r.numeric_monitors_ms);
   print_stats(out, "state at rest", r.state_at_rest_ms);
   if (r.abft) print_stats(out, "abft (in the step)", r.abft_ms);
-  if (r.rollback) print_stats(out, "rollback snapshot", r.snapshot_ms);
+  if (r.rollback || r.buddy_every > 0) print_stats(out, "state snapshot", r.snapshot_ms);
+  if (r.buddy_every > 0) print_stats(out, "buddy witness (in the step)", r.witness_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
       << ", communication 0 (one process), verification " << r.verification_ms() << "\n"
@@ -391,6 +426,14 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     out << "rollback ([verify] on_fault = \"rollback\"): the step's snapshot of the parameters and moments takes "
         << std::setprecision(2) << r.snapshot_ms.median << " ms = " << 100.0 * r.snapshot_ms.median / r.step_ms.median
         << "% of the step\n";
+  }
+  if (r.buddy_every > 0) {
+    out << "buddy replay ([verify] buddy_every = " << r.buddy_every << "): every " << r.buddy_every
+        << " steps one more step (" << std::setprecision(2) << r.step_ms.median - r.witness_ms.median
+        << " ms), the witness of both runs (2 x " << r.witness_ms.median << " ms: " << r.witness_tensors
+        << " tensors hashed) and a copy of the state (" << r.snapshot_ms.median << " ms) = "
+        << 100.0 * r.buddy_fraction()
+        << "% of the step; under dp, plus the gather of the witnesses (not timed on one process)\n";
   }
   out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "

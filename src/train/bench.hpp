@@ -83,6 +83,11 @@ struct BenchResult {
   int64_t abft_faults = 0;  // failed checks (on a clean benchmark: false alarms, or this machine's faults)
   bool rollback = false;     // [verify] on_fault = "rollback": the step's snapshot, timed outside the step
   BenchStats snapshot_ms;
+  // [verify] buddy_every = N (> 0): the witness's hashing of every tensor the model shows (inside
+  // the step here, as in a buddy step's runs; its step_ms includes it) and the tensors per step.
+  int64_t buddy_every = 0;
+  BenchStats witness_ms;
+  int64_t witness_tensors = 0;
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
@@ -101,6 +106,12 @@ struct BenchResult {
   }
   // The GEMM checksums' share of the step without them.
   double abft_fraction() const { return abft_ms.median / (step_ms.median - abft_ms.median); }
+  // Buddy replay's share of the step at its interval: every N steps one more step, both runs'
+  // witnesses and a copy of the state (the snapshot's cost), against the step without the witness.
+  double buddy_fraction() const {
+    const double step = step_ms.median - witness_ms.median;
+    return (step + 2 * witness_ms.median + snapshot_ms.median) / static_cast<double>(buddy_every) / step;
+  }
   nlohmann::json to_json(const RunConfig& cfg) const;
 };
 

@@ -37,10 +37,10 @@ void StepReplay::check(int64_t step, const std::function<void()>& run_again) {
   uint64_t worst = 0;
   for (uint64_t v : detect::agreed_all_gather(run_.world, std::span<const uint64_t>(&verdict, 1))) worst = std::max(worst, v);
   const bool persistent = worst == 3;
-  detect::FaultAction action = action_;
-  // A transient fault is corrected already (the state is the third run's): stopping is still the
-  // user's choice, a rollback is not needed.
-  if (action == detect::FaultAction::kRollback) action = persistent ? detect::FaultAction::kStop : detect::FaultAction::kWarn;
+  // What hit the step once is corrected already (no rollback needed); a fault that every run meets
+  // stops, named, unless the user said "warn".
+  const bool stop = persistent && action_ != detect::FaultAction::kWarn;
+  const detect::FaultAction action = detect::replayed_action(action_, persistent);
   log_.report({.step = step + 1, .ranks = ranks, .detector = "replay", .site = "parameters and moments after the step",
                .magnitude = static_cast<double>(ranks.size()), .bound = 0, .unit = "ranks",
                .classification = persistent ? "persistent" : "transient",
@@ -49,7 +49,8 @@ void StepReplay::check(int64_t step, const std::function<void()>& run_again) {
                              ? std::string("the step's replay and a third run agree, the original run did not (the "
                                            "state is now the third run's)")
                              : std::string("the original run and a third run agree, the replay did not")},
-              action, persistent ? detect::kExitPersistent : detect::kExitCorruption, "on_fault");
+              action, detect::kExitCorruption, "on_fault");
+  if (stop) detect::stop_persistent(str_cat("step ", step, " ended on three different states in three runs from its snapshot"), ranks);
 }
 
 }  // namespace lockstep

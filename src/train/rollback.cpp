@@ -17,30 +17,43 @@ void copy_state(std::span<const float> from, std::vector<float>& to) {
   }
 }
 
+void StepState::take(const TrainRun& run, const std::vector<StepObserver*>& observers) {
+  const Model& model = run.model;
+  copy_state({model.params(), static_cast<size_t>(model.num_params())}, params_);
+  copy_state(run.ddp.moments_m(), m_);
+  copy_state(run.ddp.moments_v(), v_);
+  sampler_ = run.sampler.state();
+  histories_ = nlohmann::json::object();
+  for (const StepObserver* o : observers) {
+    if (!o->state_key().empty()) histories_[o->state_key()] = o->save_state();
+  }
+}
+
+void StepState::put_back(TrainRun& run, const std::vector<StepObserver*>& observers, int64_t step) const {
+  std::copy(params_.begin(), params_.end(), run.model.params());
+  std::copy(m_.begin(), m_.end(), run.ddp.moments_m().begin());
+  std::copy(v_.begin(), v_.end(), run.ddp.moments_v().begin());
+  run.sampler.restore(sampler_);
+  for (StepObserver* o : observers) {
+    if (!o->state_key().empty() && histories_.contains(o->state_key())) o->restore_state(histories_[o->state_key()]);
+    o->rolled_back(step);
+  }
+}
+
 void StepSnapshots::begin_step(int64_t step) {
   if (step == step_) return;  // a replay: the snapshot is this step's already
   step_ = step;
   replays_ = 0;
-  Model& model = run_.model;
-  copy_state({model.params(), static_cast<size_t>(model.num_params())}, params_);
-  copy_state(run_.ddp.moments_m(), m_);
-  copy_state(run_.ddp.moments_v(), v_);
-  sampler_ = run_.sampler.state();
-  histories_ = nlohmann::json::object();
-  for (const StepObserver* o : observers_) {
-    if (!o->state_key().empty()) histories_[o->state_key()] = o->save_state();
-  }
+  before_.take(run_, observers_);
 }
 
 int64_t StepSnapshots::restore(const detect::FaultRollback& rollback) {
   const detect::Finding& f = rollback.finding();
   LS_CHECK(step_ >= 0, "a rollback before the first snapshot");
   if (replays_ >= max_replays_) {
-    throw detect::FaultStop(
-        str_cat("persistent fault: step ", step_, " met the ", f.detector, " finding at ", f.site, " again in each of ",
-                replays_, " replays from its snapshot; ranks ", detect::ranks_text(f.ranks),
-                " (exclude the device and restart from the last checkpoint)"),
-        detect::kExitPersistent);
+    detect::stop_persistent(str_cat("step ", step_, " met the ", f.detector, " finding at ", f.site, " again in each of ",
+                                     replays_, " replays from its snapshot"),
+                            f.ranks);
   }
   ++replays_;
   ++rollbacks_;
@@ -52,15 +65,7 @@ int64_t StepSnapshots::restore(const detect::FaultRollback& rollback) {
 
 void StepSnapshots::put_back() {
   LS_CHECK(step_ >= 0, "no snapshot to put back");
-  Model& model = run_.model;
-  std::copy(params_.begin(), params_.end(), model.params());
-  std::copy(m_.begin(), m_.end(), run_.ddp.moments_m().begin());
-  std::copy(v_.begin(), v_.end(), run_.ddp.moments_v().begin());
-  run_.sampler.restore(sampler_);
-  for (StepObserver* o : observers_) {
-    if (!o->state_key().empty() && histories_.contains(o->state_key())) o->restore_state(histories_[o->state_key()]);
-    o->rolled_back(step_);
-  }
+  before_.put_back(run_, observers_, step_);
 }
 
 }  // namespace lockstep

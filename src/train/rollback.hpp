@@ -25,6 +25,21 @@ namespace lockstep {
 // to = from, copied by blocks on the run's threads (a snapshot is as fast as the memory).
 void copy_state(std::span<const float> from, std::vector<float>& to);
 
+// A copy of what a step changes on this rank: its parameters, AdamW moments, the data cursor and
+// the histories of `observers` (their state_key).
+class StepState {
+ public:
+  void take(const TrainRun& run, const std::vector<StepObserver*>& observers);
+  // Restores the copy; every observer hears that the state is the one `step` began or ended on
+  // (rolled_back).
+  void put_back(TrainRun& run, const std::vector<StepObserver*>& observers, int64_t step) const;
+
+ private:
+  std::vector<float> params_, m_, v_;
+  data::SamplerState sampler_;
+  nlohmann::json histories_;
+};
+
 class StepSnapshots final : public StepObserver {
  public:
   // observers: the run's, whose histories (state_key) are part of the snapshot and which hear of a
@@ -39,17 +54,17 @@ class StepSnapshots final : public StepObserver {
   // replayed max_replays times already. Every rank calls it together.
   int64_t restore(const detect::FaultRollback& rollback);
   int64_t rollbacks() const { return rollbacks_; }
-  // Restores the last snapshot for a replay (replay.hpp), counting nothing and saying nothing.
+  // Restores the last snapshot for a replay (replay.hpp, buddy_replay.hpp), counting nothing and
+  // saying nothing.
   void put_back();
+  const std::vector<StepObserver*>& observers() const { return observers_; }
 
  private:
   TrainRun& run_;
   const std::vector<StepObserver*>& observers_;
   int max_replays_;
   int64_t step_ = -1;  // the step the snapshot begins (-1: none yet)
-  std::vector<float> params_, m_, v_;
-  data::SamplerState sampler_;
-  nlohmann::json histories_;
+  StepState before_;
   int replays_ = 0;  // of step_
   int64_t rollbacks_ = 0;
 };

@@ -21,6 +21,7 @@
 #include "src/parallel/mesh.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
+#include "src/train/buddy_replay.hpp"
 #include "src/train/campaign_recorder.hpp"
 #include "src/train/checkpointing.hpp"
 #include "src/train/detectors.hpp"
@@ -106,24 +107,24 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
 }
 
 // The step itself: the batch, forward and backward over the micro-batches, the gradient reduction,
-// clipping and AdamW, with the observers at their points.
+// clipping and AdamW, with the observers at their points. This rank computes dp group
+// batch_group's part of the batch (its own, but for a buddy replay's).
 StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObserver* const> observers,
-                    int64_t step, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+                    int64_t step, int64_t batch_group, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   const auto t0 = std::chrono::steady_clock::now();
   auto bytes = [&] { return run.dp.stats().total() + (run.tensor_parallel() ? run.tp.stats().total() : 0); };
   const uint64_t bytes_before = bytes();
   StepRecord r;
   r.step = step;
   r.lr = static_cast<float>(schedule.at(step));
-  const int64_t dp_rank = run.dp.rank();
   // The batch is drawn after begin_step, whose snapshot (rollback.hpp) holds the cursor before it.
   for (StepObserver* o : observers) o->begin_step(step);
-  run.sampler.next_batch(run.B, dp_rank * run.BL, run.BL, inputs.data(), targets.data());
+  run.sampler.next_batch(run.B, batch_group * run.BL, run.BL, inputs.data(), targets.data());
   run.model.zero_grad();
   ChunkCombiner loss_sum;
   const float dloss = 1.0f / static_cast<float>(run.B * run.T);
-  run.model.forward_backward_batch(inputs.data(), targets.data(), run.BL, run.MBL, dp_rank * run.BL * run.T, dloss,
-                                   loss_sum);
+  run.model.forward_backward_batch(inputs.data(), targets.data(), run.BL, run.MBL, batch_group * run.BL * run.T,
+                                   dloss, loss_sum);
   if (run.tensor_parallel() && run.cfg.parallel.sp) run.ddp.sum_norm_grads_over_tp();
   run.ddp.reduce_gradients();
   r.overlap = run.ddp.overlap_stats();
@@ -175,6 +176,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
+  LS_REQUIRE(cfg.verify.buddy_every == 0 || dp >= 2, cfg.source, ": [verify] buddy_every (", cfg.verify.buddy_every,
+             ") needs data parallelism (a buddy is another dp group; this run has dp = ", dp, ")");
 
   data::TokenFile train_file(cfg.data.train);
   train_file.check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
@@ -234,10 +237,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     abft->set_product_hook(
         [&](std::string_view site, const detect::ProductView& product) { injector.on_product(site, product); });
   }
-  if (dump || injector.watches_tensors()) {
+  // Buddy replay's witness sees each tensor as the model goes on with it, after any injection.
+  detect::TensorWitness witness;
+  if (dump || injector.watches_tensors() || cfg.verify.buddy_every > 0) {
     model.set_hook([&](std::string_view name, const TensorView& t) {
       injector.on_tensor(name, t);
       if (dump) dump->observe(name, t.f32(), t.shape.dims());
+      witness.observe(name, t);
     });
   }
 
@@ -291,13 +297,14 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     findings.listen([&](const detect::Finding& f) { campaign->on_finding(f); });
     observers.push_back(&*campaign);
   }
-  // [verify] on_fault = "rollback" or replay_every: the snapshot of each step, taken once its state
-  // at rest is checked. A replay runs the step again with only what it needs: the injection (a
-  // persistent fault meets the replay too), the snapshot and the state at rest's hashes.
+  // [verify] on_fault = "rollback", replay_every or buddy_every: the snapshot of each step, taken
+  // once its state at rest is checked. A replay runs the step again with only what it needs: the
+  // injection (a persistent fault meets the replay too), the snapshot and the state at rest's hashes.
   std::optional<StepSnapshots> snapshots;
   std::optional<StepReplay> replay;
+  std::optional<BuddyReplay> buddy;
   std::vector<StepObserver*> replay_observers;
-  if (on_fault == detect::FaultAction::kRollback || vc.replay_every > 0) {
+  if (on_fault == detect::FaultAction::kRollback || vc.replay_every > 0 || vc.buddy_every > 0) {
     snapshots.emplace(run, observers, static_cast<int>(vc.max_replays));
     observers.push_back(&*snapshots);
     if (at_rest) replay_observers.push_back(&*at_rest);
@@ -305,6 +312,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     replay_observers.push_back(&injector);
   }
   if (vc.replay_every > 0) replay.emplace(run, *snapshots, findings, on_fault, vc.replay_every);
+  if (vc.buddy_every > 0) {
+    buddy.emplace(run, *snapshots, witness, findings, on_fault, vc.buddy_every);
+    observers.push_back(&*buddy);
+  }
   observers.push_back(&injector);
   if (dump_steps) observers.push_back(&*dump_steps);
   observers.push_back(&progress);
@@ -328,9 +339,16 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   for (; step < tc.steps; ++step) {
     StepRecord r;
     try {
-      r = run_step(run, schedule, observers, step, inputs, targets);
+      const int64_t own_group = run.dp.rank();
+      r = run_step(run, schedule, observers, step, own_group, inputs, targets);
       if (replay && replay->due(step)) {
-        replay->check(step, [&] { r = run_step(run, schedule, replay_observers, step, inputs, targets); });
+        replay->check(step, [&] { r = run_step(run, schedule, replay_observers, step, own_group, inputs, targets); });
+      }
+      if (buddy && buddy->due(step)) {
+        buddy->check(step, [&](int64_t group, bool keep_record) {
+          const StepRecord again = run_step(run, schedule, replay_observers, step, group, inputs, targets);
+          if (keep_record) r = again;
+        });
       }
     } catch (const detect::FaultRollback& e) {
       step = snapshots->restore(e) - 1;  // every rank met the finding: all of them run that step again
@@ -396,6 +414,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
   if (replay) out << "replays: " << replay->replays() << " (every " << vc.replay_every << " steps, compared bitwise)\n";
+  if (buddy) {
+    out << "buddy replays: " << buddy->runs() << " runs (every " << vc.buddy_every
+        << " steps each dp group computed its neighbour's batch too, compared tensor by tensor)\n";
+  }
   if (snapshots && snapshots->rollbacks() > 0) {
     out << "rollbacks: " << snapshots->rollbacks() << " (each step replayed from its in-memory snapshot)\n";
   }

@@ -6,8 +6,9 @@
 //   dweight   dW  += doutᵀ · inp           (OC × IC, K = N tokens; the increment: after − before)
 //
 // and the tensor-parallel pieces of canonical mode (the partial sums a rank adds to an exact sum,
-// before the group combines them) — by its row and column checksums against the operands' and
-// thresholds derived from them (gemm_checksum.hpp), in both modes. The products are the run's, bit
+// before the group combines them) — by its row checksums against the operands' and thresholds
+// derived from them (gemm_checksum.hpp; a failed row is recomputed to locate the element), in both
+// modes. The products are the run's, bit
 // for bit: the checks only read them. Products are named by their weight (the model's parameter
 // names) and kind: `gemm/layer/2/mlp/fc/weight/forward`, `gemm/wte/dinp` (the tied head).
 //

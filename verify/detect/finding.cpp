@@ -59,6 +59,12 @@ nlohmann::json finding_json(const Finding& f) {
             {"detail", f.detail}}}};
 }
 
+void stop_persistent(const std::string& what, const std::vector<int>& ranks) {
+  throw FaultStop(str_cat("persistent fault: ", what, "; ranks ", ranks_text(ranks),
+                          " (exclude the device and restart from the last checkpoint)"),
+                  kExitPersistent);
+}
+
 FindingLog::FindingLog(std::ostream& out, std::function<void(const nlohmann::json&)> record)
     : out_(out), record_(std::move(record)) {}
 

@@ -59,6 +59,17 @@ class FaultStop : public std::runtime_error {
   int exit_code_;
 };
 
+// Stops the run on a fault that every run of its step meets (exit 8), naming its ranks for a
+// supervisor to exclude: "persistent fault: WHAT; ranks R (exclude the device ...)".
+[[noreturn]] void stop_persistent(const std::string& what, const std::vector<int>& ranks);
+
+// What a replay's finding does (src/train/replay.hpp, buddy_replay.hpp), which has corrected a
+// transient fault already: "stop" stops, otherwise it warns; for a persistent one (stop_persistent
+// after reporting it) it only reports.
+inline FaultAction replayed_action(FaultAction configured, bool persistent) {
+  return configured == FaultAction::kStop && !persistent ? FaultAction::kStop : FaultAction::kWarn;
+}
+
 // Thrown on every rank when a finding rolls the run back to its last snapshot (src/train/rollback.hpp).
 class FaultRollback : public std::runtime_error {
  public:
