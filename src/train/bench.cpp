@@ -118,8 +118,8 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
            "periodic checks at their default interval, timed outside the step (see verification)"},
           {"verification",
            {{"replica_hash",
-             detector("[verify] replicas: the parameters' block hash (verify/detect/checksum.hpp), then an "
-                      "all-gather of 96 bytes per rank over the world (32, three copies: verify/detect/agreed.hpp; not timed here: needs ranks)",
+             detector("[verify] replicas: the parameters' block hash (verify/detect/checksum.hpp; the "
+                      "state-at-rest check's, where that runs), then an all-gather of 96 bytes per rank over the world (32, three copies: verify/detect/agreed.hpp; not timed here: needs ranks)",
                       "on under dp or tp", replica_hash_ms)},
             {"numeric_monitors",
              detector("non-finite loss and gradient norm (always on), their spikes by a robust z-score "
@@ -337,8 +337,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
 
     // Verification, outside the step: what [verify] replicas computes on each rank, and the
     // numeric monitors on the step's loss and gradient norm.
+    // The replica check takes the parameters' hash from the state-at-rest check where that runs
+    // (verify/detect/replicas.hpp).
     const auto t3 = Clock::now();
-    detect::block_hash(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
+    if (!at_rest) detect::block_hash(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
     const double hs = ms_since(t3);
     r.params_xxh64 = xxh64(model.params(), static_cast<size_t>(model.num_params()) * sizeof(float));
     StepRecord record;
@@ -405,7 +407,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
       << ", communication 0 (one process), verification " << r.verification_ms() << "\n"
       << "verification at default intervals, outside the step: replica check ([verify] replicas, every step "
-         "under dp or tp) hashes the parameters in "
+         "under dp or tp) hashes the parameters (taken from the state-at-rest hash while that check is on) in "
       << r.replica_hash_ms.median << " ms = " << std::setprecision(2)
       << 100.0 * r.replica_hash_ms.median / r.step_ms.median
       << "% of the step (plus an all-gather of 96 bytes per rank, not timed on one process); numeric monitors "

@@ -281,13 +281,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (cfg.verify.collectives && world.size() > 1) collective_detector.emplace(collective_log, world, findings, on_fault);
   std::optional<detect::AbftDetector> abft_detector;
   if (abft && abft->checking()) abft_detector.emplace(*abft, world, findings, on_fault);
-  std::optional<detect::ReplicaDetector> replicas;
-  if (vc.replicas && world.size() > 1) replicas.emplace(model, world, dpc, tpc, findings, on_fault);
   // The state at rest is hashed first after the update, so that what changes it later (an
   // injected fault stands for a memory error) is found before the next step uses it.
   std::optional<detect::StateAtRestDetector> at_rest;
   if (vc.state_at_rest) {
     at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
+  }
+  std::optional<detect::ReplicaDetector> replicas;
+  if (vc.replicas && world.size() > 1) {
+    replicas.emplace(model, world, dpc, tpc, findings, on_fault, at_rest ? &*at_rest : nullptr);
   }
   if (at_rest) observers.push_back(&*at_rest);
   // A fault campaign judges each fault's step before the next step's snapshot is taken.

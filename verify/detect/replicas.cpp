@@ -55,10 +55,13 @@ Odd odd_members(const std::vector<std::pair<int, uint64_t>>& members, const char
 void ReplicaDetector::end_step(const StepRecord& r) {
   const bool tp = tp_.size() > 1;
   if (dp_.size() == 1 && !tp) return;
-  const uint64_t mine[4] = {
-      static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()),
-      dp_.size() > 1 ? block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float)) : 0,
-      tp ? tp_replicated_hash(model_) : 0};
+  uint64_t params = 0;
+  if (dp_.size() > 1) {
+    const std::optional<uint64_t> taken = at_rest_ ? at_rest_->hash_after_update(r.step, "parameters") : std::nullopt;
+    params = taken ? *taken : block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float));
+  }
+  const uint64_t mine[4] = {static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()), params,
+                            tp ? tp_replicated_hash(model_) : 0};
   const std::vector<uint64_t> gathered = agreed_all_gather(world_, mine);
   std::vector<RankHashes> all(static_cast<size_t>(world_.size()));
   for (size_t w = 0; w < all.size(); ++w) {

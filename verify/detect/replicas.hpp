@@ -9,6 +9,9 @@
 // same finding even when that message is corrupted. In each group the reference hash is
 // the most common one (the lowest rank's on a tie); the ranks that differ are named. Class
 // "corruption": a replica that differs is silent data corruption or a bug, never noise.
+// The parameters' hash is the one the state-at-rest check took after the update, where that
+// detector runs (the same bytes: hashing them twice would double the cost); a change to them after
+// the update is then the state-at-rest check's to find, before the next step.
 // Not here: what corrupts them (src/train/inject.hpp plants such faults for tests).
 #pragma once
 
@@ -18,14 +21,16 @@
 #include "src/model/model.hpp"
 #include "src/train/step_observer.hpp"
 #include "verify/detect/finding.hpp"
+#include "verify/detect/state_at_rest.hpp"
 
 namespace lockstep::detect {
 
 class ReplicaDetector final : public StepObserver {
  public:
+  // at_rest: the run's state-at-rest check, whose parameter hash it takes (nullptr: none).
   ReplicaDetector(const Model& model, comm::Communicator& world, comm::Communicator& dp, comm::Communicator& tp,
-                  FindingLog& log, FaultAction action)
-      : model_(model), world_(world), dp_(dp), tp_(tp), log_(log), action_(action) {}
+                  FindingLog& log, FaultAction action, const StateAtRestDetector* at_rest)
+      : model_(model), world_(world), dp_(dp), tp_(tp), log_(log), action_(action), at_rest_(at_rest) {}
   void end_step(const StepRecord& r) override;
 
  private:
@@ -35,6 +40,7 @@ class ReplicaDetector final : public StepObserver {
   comm::Communicator& tp_;
   FindingLog& log_;
   FaultAction action_;
+  const StateAtRestDetector* at_rest_;
 };
 
 }  // namespace lockstep::detect

@@ -18,9 +18,18 @@ StateAtRestDetector::StateAtRestDetector(std::vector<RestingBuffer> buffers, com
   LS_CHECK(buffers_.size() <= 64, "a bit per buffer in one word");
 }
 
-void StateAtRestDetector::after_update(int64_t) {
+void StateAtRestDetector::after_update(int64_t step) {
   hashes_.resize(buffers_.size());
   for (size_t i = 0; i < buffers_.size(); ++i) hashes_[i] = hash_of(buffers_[i]);
+  hashed_step_ = step;
+}
+
+std::optional<uint64_t> StateAtRestDetector::hash_after_update(int64_t step, const std::string& name) const {
+  if (step != hashed_step_) return std::nullopt;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (buffers_[i].name == name) return hashes_[i];
+  }
+  return std::nullopt;
 }
 
 void StateAtRestDetector::begin_step(int64_t step) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,7 +32,13 @@ class StateAtRestDetector final : public StepObserver {
                       FaultAction action);
   void after_update(int64_t step) override;  // hashes
   void begin_step(int64_t step) override;    // hashes again and compares
-  void rolled_back(int64_t) override { hashes_.clear(); }  // the restored state is another one
+  void rolled_back(int64_t) override {  // the restored state is another one
+    hashes_.clear();
+    hashed_step_ = -1;
+  }
+  // The hash of buffer `name` taken after the update of `step` (none: not taken in that step), for
+  // detectors that would hash the same bytes again (replicas.hpp).
+  std::optional<uint64_t> hash_after_update(int64_t step, const std::string& name) const;
 
  private:
   std::vector<RestingBuffer> buffers_;
@@ -39,6 +46,7 @@ class StateAtRestDetector final : public StepObserver {
   FindingLog& log_;
   FaultAction action_;
   std::vector<uint64_t> hashes_;  // after the last update; empty before the first
+  int64_t hashed_step_ = -1;      // the step whose update hashes_ follows
 };
 
 }  // namespace lockstep::detect
