@@ -52,6 +52,7 @@ std::vector<Site> sites_of(const RunConfig& cfg, int64_t np) {
       if (op.tensor != "loss") s.push_back({op.tensor, "activation"});
     }
   }
+  s.push_back({"optim/grad", "activation"});  // the reduced gradient, between the reduction and the update
   return s;
 }
 
@@ -330,18 +331,21 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
     std::vector<nlohmann::json> found = findings_in_log(path);
     std::erase_if(found, [](const nlohmann::json& f) { return f["detector"] == "spike"; });  // warnings only
     if (!found.empty()) {
-      const nlohmann::json& f = found.front();
+      // Found by the first finding; named by the last, the one that stopped the run.
+      const nlohmann::json& f = found.back();
       const auto ranks = f["ranks"].get<std::vector<int>>();
       rec["detector"] = f["detector"];
+      rec["first_detector"] = found.front()["detector"];
       rec["ranks_named"] = ranks;
-      rec["latency"] = f["after_step"].get<int64_t>() - 1 - step;
+      rec["latency"] = found.front()["after_step"].get<int64_t>() - 1 - step;
       rec["named"] = std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
       rec["pinned"] = ranks == std::vector<int>{static_cast<int>(rank)};
     }
     log << "faultcampaign: persistent fault " << i + 1 << " of " << opt.persistent << " at " << site.name << " on rank "
         << rank << " from step " << step << ": exit " << e.status
-        << (found.empty() ? std::string(", no finding") : ", found by " + rec["detector"].get<std::string>() +
-                                                             " naming ranks " + found.front()["ranks"].dump())
+        << (found.empty() ? std::string(", no finding")
+                          : ", found by " + rec["first_detector"].get<std::string>() + ", stopped by " +
+                                rec["detector"].get<std::string>() + " naming ranks " + found.back()["ranks"].dump())
         << "\n" << std::flush;
     persistent_runs.push_back(rec);
   }

@@ -82,6 +82,11 @@ const float* DataParallel::grad_shard() const {
   return staged_->shard();
 }
 
+std::span<float> DataParallel::reduced_grads() {
+  if (staged_) return {staged_->shard(), static_cast<size_t>(shard_end() - shard_first())};
+  return {model_.grads(), static_cast<size_t>(model_.num_params())};
+}
+
 uint64_t DataParallel::grad_bytes() const {
   const uint64_t scratch = (shard_.size() + part_.size() + rounded_.size()) * sizeof(float);
   return model_.grad_bytes() + (staged_ ? staged_->bytes() : 0) + scratch;

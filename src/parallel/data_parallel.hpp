@@ -140,6 +140,9 @@ class DataParallel {
   // the model then has no gradient buffer).
   bool grads_sharded() const { return staged_ != nullptr; }
   const float* grad_shard() const;
+  // The gradient this rank holds after reduce_gradients(), what clipping and AdamW read: the
+  // model's whole buffer, or (zero 2) this rank's shard.
+  std::span<float> reduced_grads();
   // Bytes of gradient storage this rank holds: the model's buffers, ZeRO-2's shard and staging,
   // the reduction's scratch.
   uint64_t grad_bytes() const;

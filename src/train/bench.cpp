@@ -28,6 +28,7 @@
 #include "verify/detect/checksum.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
+#include "verify/detect/reference_check.hpp"
 #include "verify/detect/spikes.hpp"
 #include "verify/detect/state_at_rest.hpp"
 
@@ -161,7 +162,18 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
                                   {"fraction_note", "(one more step + both runs' witnesses + a state copy) / N, of "
                                                     "the step without the witness; the witnesses' gather over the "
                                                     "world not included"}}
-                 : nlohmann::json("off: --verify.buddy_every=N times it")}}},
+                 : nlohmann::json("off: --verify.buddy_every=N times it")},
+            {"reference_check",
+             reference_every > 0
+                 ? nlohmann::json{{"feature", "[verify] reference_every: one op of the forward re-computed for a "
+                                              "sample of rows in Bounded<double> and held to its bound "
+                                              "(verify/detect/reference_check.hpp)"},
+                                  {"default", "off"},
+                                  {"interval_steps", reference_every},
+                                  {"ms", stats_json(reference_ms)},
+                                  {"fraction_of_step", reference_fraction()},
+                                  {"tightness", reference_tightness}}
+                 : nlohmann::json("off: --verify.reference_every=N times it")}}},
           {"forward_ms", stats_json(forward_ms)},
           {"forward_backward_ms", stats_json(forward_backward_ms)},
           {"optimizer_ms", stats_json(optimizer_ms)},
@@ -250,7 +262,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
 
   const float dloss = 1.0f / static_cast<float>(B * T);
   std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms, snapshot_ms,
-      witness_ms;
+      witness_ms, reference_ms;
   // [verify] on_fault = "rollback" (or buddy_every, which copies the state as well): the step's
   // in-memory snapshot (src/train/rollback.hpp), a copy of the parameters and moments before the
   // step, into buffers allocated once.
@@ -259,11 +271,21 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   // Buddy replay's witness (verify/detect/buddy.hpp), hashing in every step, timed in the hook.
   detect::TensorWitness witness;
   double witness_s = 0;
-  if (r.buddy_every > 0) {
+  // The reference check (verify/detect/reference_check.hpp), one op every step, in turn.
+  r.reference_every = cfg.verify.reference_every;
+  comm::SelfCommunicator reference_comm;
+  detect::FindingLog reference_findings(out, {});
+  std::optional<detect::ReferenceCheck> reference;
+  if (r.reference_every > 0) {
+    reference.emplace(model, detect::sampled_ops(model, 1, false), 1, reference_comm, reference_findings,
+                      detect::FaultAction::kWarn);
+  }
+  if (r.buddy_every > 0 || reference) {
     model.set_hook([&](std::string_view name, const TensorView& t) {
       const auto t0 = Clock::now();
       witness.observe(name, t);
       witness_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (reference) reference->observe(name, t);
     });
   }
   std::vector<float> snap_params, snap_m, snap_v;
@@ -307,7 +329,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const double abft0 = abft ? abft->stats().seconds : 0;
     const int64_t checks0 = abft ? abft->stats().checks : 0;
     const double witness0 = witness_s;
+    const double reference0 = reference ? reference->stats().seconds : 0;
     if (r.buddy_every > 0) witness.start();
+    if (reference) reference->begin_step(step);
     const auto t0 = Clock::now();
     model.zero_grad();
     ChunkCombiner loss_sum;
@@ -315,6 +339,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     model.finish_grads();
     const double fb = ms_since(t0);
     if (r.buddy_every > 0) r.witness_tensors = static_cast<int64_t>(witness.stop().size());
+    if (reference) reference->after_reduce(step, 0);
+    const double reference_step = reference ? 1e3 * (reference->stats().seconds - reference0) : 0;
     const double abft_step = abft ? 1e3 * (abft->stats().seconds - abft0) : 0;
     if (abft) r.abft_checks_per_step = abft->stats().checks - checks0;
     const auto t1 = Clock::now();
@@ -366,6 +392,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     abft_ms.push_back(abft_step);
     snapshot_ms.push_back(snapshot);
     witness_ms.push_back(1e3 * (witness_s - witness0));
+    reference_ms.push_back(reference_step);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -383,6 +410,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.abft_ms = stats_of(abft_ms);
   r.snapshot_ms = stats_of(snapshot_ms);
   r.witness_ms = stats_of(witness_ms);
+  r.reference_ms = stats_of(reference_ms);
+  if (reference) r.reference_tightness = reference->stats().max_ratio;
   if (abft) {
     r.abft_tightness = abft->stats().max_clean_ratio;
     r.abft_faults = abft->stats().faults;
@@ -403,6 +432,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (r.abft) print_stats(out, "abft (in the step)", r.abft_ms);
   if (r.rollback || r.buddy_every > 0) print_stats(out, "state snapshot", r.snapshot_ms);
   if (r.buddy_every > 0) print_stats(out, "buddy witness (in the step)", r.witness_ms);
+  if (reference) print_stats(out, "reference check (in the step)", r.reference_ms);
   out << "phases (median ms): forward " << std::setprecision(2) << r.forward_ms.median << ", backward "
       << r.backward_ms << " (forward_backward - forward), optimizer " << r.optimizer_ms.median
       << ", communication 0 (one process), verification " << r.verification_ms() << "\n"
@@ -436,6 +466,12 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
         << " tensors hashed) and a copy of the state (" << r.snapshot_ms.median << " ms) = "
         << 100.0 * r.buddy_fraction()
         << "% of the step; under dp, plus the gather of the witnesses (not timed on one process)\n";
+  }
+  if (reference) {
+    out << "reference checks ([verify] reference_every = " << r.reference_every << "): one op re-checked in "
+        << std::setprecision(2) << r.reference_ms.median << " ms (the ops in turn) = " << 100.0 * r.reference_fraction()
+        << "% of the step at that interval; the largest passing |trainer - reference| was " << std::scientific
+        << r.reference_tightness << std::fixed << " of its bound\n";
   }
   out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "

@@ -88,6 +88,11 @@ struct BenchResult {
   int64_t buddy_every = 0;
   BenchStats witness_ms;
   int64_t witness_tensors = 0;
+  // [verify] reference_every = N (> 0): one op re-checked against the Bounded<double> reference in
+  // every step here (inside the step: its step_ms includes it), the ops in turn; per check.
+  int64_t reference_every = 0;
+  BenchStats reference_ms;
+  double reference_tightness = 0;  // the largest passing |trainer − reference| / bound
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
@@ -108,6 +113,10 @@ struct BenchResult {
   double abft_fraction() const { return abft_ms.median / (step_ms.median - abft_ms.median); }
   // Buddy replay's share of the step at its interval: every N steps one more step, both runs'
   // witnesses and a copy of the state (the snapshot's cost), against the step without the witness.
+  // The reference check's share of the step at its interval, against the step without it.
+  double reference_fraction() const {
+    return reference_ms.median / static_cast<double>(reference_every) / (step_ms.median - reference_ms.median);
+  }
   double buddy_fraction() const {
     const double step = step_ms.median - witness_ms.median;
     return (step + 2 * witness_ms.median + snapshot_ms.median) / static_cast<double>(buddy_every) / step;

@@ -30,6 +30,14 @@ std::vector<std::vector<uint64_t>> BuddyReplay::gather(std::vector<uint64_t> min
   return by_rank;
 }
 
+void BuddyReplay::pin(int64_t step, const std::function<void(int64_t, bool)>& run_again) {
+  snapshots_.put_back();
+  witness_.start();
+  run_again(run_.dp.rank(), false);
+  own_ = witness_.stop();
+  check(step, run_again);
+}
+
 void BuddyReplay::check(int64_t step, const std::function<void(int64_t, bool)>& run_again) {
   const int64_t dp = run_.dp.size(), group = run_.dp.rank();
   detect::BuddyRuns runs{.dp = dp, .tp = run_.tp.size(), .original = gather(std::move(own_)), .buddy = {}, .third = {}};

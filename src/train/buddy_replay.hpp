@@ -11,7 +11,9 @@
 // witness); the state it ends on is kept; the step again from its snapshot with the batches
 // rotated by one dp group (its state is thrown away: under a reduction whose order depends on
 // the rank, reduce = "fast", it need not be the same); only when some batch disagrees, the step a
-// third time in its own assignment. Cost: one more step, a copy of the state and the hashing of
+// third time in its own assignment. A fault that another detector found and every rollback met
+// again is run through the same check before the run stops (pin), so that it too is pinned to
+// its rank where the witness sees it. Cost: one more step, a copy of the state and the hashing of
 // the activations, every N steps; the witnesses (one hash a tensor) gathered over the world.
 // Not here: the snapshot (rollback.hpp), a replay on the same rank (replay.hpp).
 #pragma once
@@ -44,6 +46,10 @@ class BuddyReplay final : public StepObserver {
   // alone, this rank computing dp group batch_group's part of the batch; keep_record: its record
   // is the step's — compares, and reports. Every rank calls it together.
   void check(int64_t step, const std::function<void(int64_t batch_group, bool keep_record)>& run_again);
+  // Before a rollback's fault is declared persistent (another detector's, which names the ranks
+  // it sees, not the faulty one): runs the snapshot's step witnessed and checks it as above, so a
+  // fault the witness sees is pinned to its rank (and stops the run there); returns if it sees none.
+  void pin(int64_t step, const std::function<void(int64_t batch_group, bool keep_record)>& run_again);
   int64_t runs() const { return runs_; }
 
  private:

@@ -50,7 +50,7 @@ Resumed resume(TrainRun& run) {
   if (cfg.checkpoint.dir.empty()) return {};
   std::ostringstream warnings;
   auto ck = ckpt::load_latest(cfg.checkpoint.dir, warnings);
-  if (!warnings.str().empty()) run.out << "warning: " << warnings.str() << std::flush;
+  run.out << warnings.str() << std::flush;  // "warning: skipping checkpoint ..." lines
   if (!ck) return {};
   check_resumable(*ck, cfg);
   const std::vector<ParamTensor>& global = run.global_layout;
@@ -107,6 +107,7 @@ void Checkpointer::save(int64_t step_done, float loss) {
                               state_tensors(run_.global_layout, w.data(), mg.data(), vg.data()), state,
                               static_cast<int>(cfg.checkpoint.keep));
   run_.out << "checkpoint " << dir << "\n";
+  if (on_saved_) on_saved_(dir, step_done);
 }
 
 std::string model_hash(const TrainRun& run) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,11 +43,16 @@ class Checkpointer final : public StepObserver {
   // Saves after every [checkpoint] every steps, the last step, and a step a signal stops after.
   // Collective.
   void end_step(const StepRecord& r) override;
+  // Called on world rank 0 with each checkpoint's directory once it is written ([inject]'s ckpt/ sites).
+  void on_saved(std::function<void(const std::string& dir, int64_t step_done)> listener) {
+    on_saved_ = std::move(listener);
+  }
 
  private:
   void save(int64_t step_done, float loss);
   TrainRun& run_;
   const std::vector<StepObserver*>& observers_;
+  std::function<void(const std::string&, int64_t)> on_saved_;
 };
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp.

@@ -241,6 +241,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("max_replays", c.verify.max_replays);
   v.field("replay_every", c.verify.replay_every);
   v.field("buddy_every", c.verify.buddy_every);
+  v.field("reference_every", c.verify.reference_every);
   v.field("on_spike", c.verify.on_spike);
   v.finish();
 
@@ -308,6 +309,8 @@ void validate(const RunConfig& c, ConfigUse use) {
              ") must be >= 0 (0: no replay; N: every N-th step runs twice)");
   LS_REQUIRE(v.buddy_every >= 0, c.source, ": [verify] buddy_every (", v.buddy_every,
              ") must be >= 0 (0: no buddy replay; N: every N-th step each dp group computes its neighbour's batch too)");
+  LS_REQUIRE(v.reference_every >= 0, c.source, ": [verify] reference_every (", v.reference_every,
+             ") must be >= 0 (0: no reference checks; N: every N-th step one op is re-checked)");
   LS_REQUIRE(v.max_replays >= 1, c.source, ": [verify] max_replays (", v.max_replays,
              ") must be >= 1 (replays of a step before its fault counts as persistent)");
   detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");

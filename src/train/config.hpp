@@ -96,7 +96,8 @@ struct VerifyConfig {
   std::string on_fault = "stop";   // non-finite values, corruption: "stop" | "warn" | "rollback"
   int64_t max_replays = 2;         // rollback: replays of one step before its fault is persistent
   int64_t replay_every = 0;        // run every N-th step twice from its snapshot and compare (0: off)
-  int64_t buddy_every = 0;         // every N-th step each dp group computes its neighbour's batch too (0: off)
+  int64_t buddy_every = 0;
+  int64_t reference_every = 0;     // every N-th step one op re-checked against the Bounded<double> reference (0: off)         // every N-th step each dp group computes its neighbour's batch too (0: off)
   std::string on_spike = "warn";   // spikes: "warn" | "stop"
 };
 

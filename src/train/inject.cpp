@@ -93,6 +93,15 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
                ": [inject] site ", c.site, ": expected gemm/WEIGHT/forward|dinp|dweight with WEIGHT a matrix ",
                "parameter of the model (e.g. gemm/layer/0/mlp/fc/weight/forward; the tied head is gemm/wte/...)");
   }
+  LS_REQUIRE(c.site != "optim/grad" || head == "bitflip", where, ": [inject] site optim/grad (the reduced gradient) ",
+             "takes kind bitflip");
+  if (is_checkpoint_site(c.site)) {
+    LS_REQUIRE(c.site == "ckpt/manifest" || c.site == "ckpt/tensors", where, ": [inject] site ", c.site,
+               ": expected ckpt/manifest (manifest.json) or ckpt/tensors (tensors-00000.bin)");
+    LS_REQUIRE(head == "bitflip", where, ": [inject] site ", c.site, " (a checkpoint file) takes kind bitflip");
+    LS_REQUIRE(c.rank <= 0, where, ": [inject] site ", c.site, ": checkpoints are written by world rank 0, not rank ",
+               c.rank);
+  }
   if (is_comm_site(c.site)) {
     const size_t cut = c.site.find('/', 5);
     const std::string group = c.site.substr(5, cut == std::string::npos ? std::string::npos : cut - 5);
@@ -139,6 +148,7 @@ bool is_state_site(const std::string& site) {
 
 bool is_gemm_site(const std::string& site) { return site.starts_with("gemm/"); }
 bool is_comm_site(const std::string& site) { return site.starts_with("comm/"); }
+bool is_checkpoint_site(const std::string& site) { return site.starts_with("ckpt/"); }
 
 std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig& model) {
   std::ifstream in(path);
@@ -171,13 +181,13 @@ std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig
 }
 
 Injector::Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m,
-                   std::span<float> v)
+                   std::span<float> v, std::function<std::span<float>()> reduced_grads)
     : schedule_(std::move(schedule)), done_(schedule_.size(), false), applied_fault_(schedule_.size(), false),
-      rank_(world_rank), model_(model), m_(m), v_(v) {}
+      rank_(world_rank), model_(model), m_(m), v_(v), reduced_grads_(std::move(reduced_grads)) {}
 
 bool Injector::at_tensor(const Injection& f) {
   return f.kind != Injection::Kind::kExit && f.kind != Injection::Kind::kHang && !is_state_site(f.site) &&
-         !is_gemm_site(f.site) && !is_comm_site(f.site);
+         !is_gemm_site(f.site) && !is_comm_site(f.site) && !is_checkpoint_site(f.site) && f.site != "optim/grad";
 }
 
 bool Injector::watches(bool (*at)(const Injection&)) const {
@@ -278,9 +288,33 @@ void Injector::on_product(std::string_view site, const detect::ProductView& prod
   applied_fault_[current_] = true;
 }
 
+void Injector::on_checkpoint(const std::string& dir, int64_t step_done) {
+  if (!now_ || !is_checkpoint_site(inj_.site) || step_done != inj_.step + 1) return;
+  const std::string path = dir + (inj_.site == "ckpt/manifest" ? "/manifest.json" : "/tensors-00000.bin");
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  LS_REQUIRE(file.good(), "[inject] site ", inj_.site, ": cannot open ", path);
+  file.seekg(0, std::ios::end);
+  const int64_t words = static_cast<int64_t>(file.tellg()) / 4, w = element(words);
+  LS_REQUIRE(w < words, "[inject] bitflip index ", inj_.index, " is outside ", path, " (", words, " 32-bit words)");
+  uint32_t word = 0;
+  file.seekg(4 * w);
+  file.read(reinterpret_cast<char*>(&word), 4);
+  word ^= 1u << inj_.bit;
+  file.seekp(4 * w);
+  file.write(reinterpret_cast<const char*>(&word), 4);
+  LS_REQUIRE(file.good(), "[inject] site ", inj_.site, ": cannot write ", path);
+  applied_ = true;
+  applied_fault_[current_] = true;
+}
+
 void Injector::after_reduce(int64_t, float) {
   if (!now_) return;
   if (inj_.kind == Injection::Kind::kOrder) model_.clear_op_modes();
+  if (inj_.site == "optim/grad") {
+    const std::span<float> g = reduced_grads_();
+    apply(inj_.site, g.data(), static_cast<int64_t>(g.size()));
+    return;
+  }
   // A campaign's fault that found no such product or tensor is recorded as not applied.
   if (inj_.wrap || !(at_tensor(inj_) || is_gemm_site(inj_.site))) return;
   LS_REQUIRE(applied_ || !is_gemm_site(inj_.site), "[inject] site \"", inj_.site, "\": that product was not computed ",

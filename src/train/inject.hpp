@@ -20,6 +20,12 @@
 // rank received from its peers, its own block of a gather or all-to-all excluded, nth=K the step's
 // K-th such message to complete on that rank, 0 the first; the exact reduction's record counts
 // complete before its sums).
+// Or `optim/grad`, the gradient this rank holds after the reduction (all of it, or its ZeRO-2
+// shard), changed before clipping and the update read it (bitflip's index is an element of it).
+// Or a file of the checkpoint written after the step, `ckpt/manifest` (manifest.json) or
+// `ckpt/tensors` (tensors-00000.bin), changed on disk once written, as a storage fault would
+// (bitflip's index is a 32-bit word of the file; world rank 0 writes checkpoints): the loader's
+// checksums refuse it, and a resume falls back to the checkpoint before it.
 // bitflip: flips one bit of one element, as silent data corruption would;
 // order:   runs that op's forward in the other mode (canonical <-> fast): a different but valid
 //   accumulation order, the kind of change a new kernel or library brings (hook sites of an op's
@@ -36,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -77,6 +84,8 @@ bool is_state_site(const std::string& site);
 bool is_gemm_site(const std::string& site);
 // A received message (comm/GROUP/OP), changed through the verified collectives' receive hook.
 bool is_comm_site(const std::string& site);
+// A file of a checkpoint (ckpt/manifest, ckpt/tensors), changed once written.
+bool is_checkpoint_site(const std::string& site);
 
 // Applies an Injection to a model step by step: a step observer (begin_step sets an op's mode,
 // after_reduce checks that a hook site was seen, after_update edits a parameter site, end_step
@@ -87,7 +96,9 @@ class Injector final : public StepObserver {
   // schedule: the faults, one a step at most (one [inject], or a campaign's); world_rank: this
   // process's rank, where only faults for it (or for every rank) act. m, v: this rank's AdamW
   // moments (the optim/ sites).
-  Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m, std::span<float> v);
+  // reduced_grads: the gradient after the reduction (optim/grad), asked for when it is changed.
+  Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m, std::span<float> v,
+           std::function<std::span<float>()> reduced_grads);
 
   // The model needs its hook for these faults.
   bool watches_tensors() const;
@@ -98,6 +109,8 @@ class Injector final : public StepObserver {
   // The collectives' receive hook (verify/detect/verified_comm.hpp) is needed for these faults.
   bool watches_messages() const;
   void on_received(std::string_view group, std::string_view op, std::span<const detect::ReceivedBytes> blocks);
+  // A checkpoint was written to `dir` after step_done steps (world rank 0).
+  void on_checkpoint(const std::string& dir, int64_t step_done);
   // Whether fault i of the schedule acted on this rank in some run of its step.
   bool applied(size_t i) const { return applied_fault_[i]; }
   void begin_step(int64_t step) override;
@@ -123,6 +136,7 @@ class Injector final : public StepObserver {
   int64_t rank_ = 0;
   Model& model_;
   std::span<float> m_, v_;
+  std::function<std::span<float>()> reduced_grads_;
   bool now_ = false;      // a fault acts in this step
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
   int64_t seen_ = 0;      // comm/ sites: messages of that operation received this step

@@ -54,6 +54,9 @@ class StepSnapshots final : public StepObserver {
   // replayed max_replays times already. Every rank calls it together.
   int64_t restore(const detect::FaultRollback& rollback);
   int64_t rollbacks() const { return rollbacks_; }
+  // The step of the last snapshot, and whether a rollback to it now would stop the run instead.
+  int64_t step() const { return step_; }
+  bool replays_spent() const { return replays_ >= max_replays_; }
   // Restores the last snapshot for a replay (replay.hpp, buddy_replay.hpp), counting nothing and
   // saying nothing.
   void put_back();

@@ -36,6 +36,7 @@
 #include "verify/detect/agreed.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/detect/nonfinite.hpp"
+#include "verify/detect/reference_check.hpp"
 #include "verify/detect/replicas.hpp"
 #include "verify/detect/spikes.hpp"
 #include "verify/detect/state_at_rest.hpp"
@@ -217,7 +218,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // first, so a dump records the tensor as the model uses it.
   LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
              ") is not a rank of this run (", world.size(), " ranks)");
-  Injector injector(faults, world.rank(), model, ddp.moments_m(), ddp.moments_v());
+  for (const Injection& f : faults) {
+    const int64_t done = f.step + 1;
+    LS_REQUIRE(!is_checkpoint_site(f.site) ||
+                   (!cfg.checkpoint.dir.empty() && ((cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) ||
+                                                    done == tc.steps || f.step == tc.stop_after)),
+               cfg.source, ": [inject] site ", f.site, ": no checkpoint is written after step ", f.step,
+               " ([checkpoint] dir and every; the last step's is always written)");
+  }
+  Injector injector(faults, world.rank(), model, ddp.moments_m(), ddp.moments_v(), [&] { return ddp.reduced_grads(); });
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
@@ -237,13 +246,16 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     abft->set_product_hook(
         [&](std::string_view site, const detect::ProductView& product) { injector.on_product(site, product); });
   }
-  // Buddy replay's witness sees each tensor as the model goes on with it, after any injection.
+  // Buddy replay's witness and the reference check see each tensor as the model goes on with it,
+  // after any injection. Their findings go to the log made below.
   detect::TensorWitness witness;
-  if (dump || injector.watches_tensors() || cfg.verify.buddy_every > 0) {
+  std::optional<detect::ReferenceCheck> reference;
+  if (dump || injector.watches_tensors() || cfg.verify.buddy_every > 0 || cfg.verify.reference_every > 0) {
     model.set_hook([&](std::string_view name, const TensorView& t) {
       injector.on_tensor(name, t);
       if (dump) dump->observe(name, t.f32(), t.shape.dims());
       witness.observe(name, t);
+      if (reference) reference->observe(name, t);
     });
   }
 
@@ -265,6 +277,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   Evaluation evaluation(run, metrics, val_reader ? &*val_reader : nullptr);
   std::vector<StepObserver*> observers;
   Checkpointer checkpoints(run, observers);
+  checkpoints.on_saved([&](const std::string& dir, int64_t step_done) { injector.on_checkpoint(dir, step_done); });
   // The detectors judge a step after its progress line and before anything keeps its state: a
   // finding that stops the run leaves the last checkpoint the last good one.
   const VerifyConfig& vc = cfg.verify;
@@ -286,6 +299,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::optional<detect::StateAtRestDetector> at_rest;
   if (vc.state_at_rest) {
     at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
+  }
+  if (vc.reference_every > 0) {
+    reference.emplace(model, detect::sampled_ops(model, tp, pc.sp), vc.reference_every, world, findings, on_fault);
   }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) {
@@ -325,6 +341,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (spikes) observers.push_back(&*spikes);
   if (collective_detector) observers.push_back(&*collective_detector);
   if (abft_detector) observers.push_back(&*abft_detector);
+  if (reference) observers.push_back(&*reference);
   if (replicas) observers.push_back(&*replicas);
   observers.push_back(&evaluation);
   observers.push_back(&checkpoints);
@@ -338,6 +355,16 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   double total_time = 0;
   int64_t steps_this_run = 0;
   int64_t step = summary.first_step;
+  // Every rank met a finding that rolls back: all of them run the snapshot's step again, or stop
+  // when its replays are spent (buddy replay first pins the fault to its rank where it can).
+  const auto roll_back = [&](const detect::FaultRollback& e) {
+    if (buddy && snapshots->replays_spent()) {
+      buddy->pin(snapshots->step(), [&](int64_t group, bool) {
+        run_step(run, schedule, replay_observers, snapshots->step(), group, inputs, targets);
+      });
+    }
+    return snapshots->restore(e) - 1;
+  };
   for (; step < tc.steps; ++step) {
     StepRecord r;
     try {
@@ -353,7 +380,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
         });
       }
     } catch (const detect::FaultRollback& e) {
-      step = snapshots->restore(e) - 1;  // every rank met the finding: all of them run that step again
+      step = roll_back(e);
       continue;
     } catch (const InputError& e) {
       // Past the set-up the ranks differ (their micro-batches, an injection on one rank): the error
@@ -376,7 +403,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     try {
       for (StepObserver* o : observers) o->end_step(r);
     } catch (const detect::FaultRollback& e) {
-      step = snapshots->restore(e) - 1;
+      step = roll_back(e);
       continue;
     }
     total_time += r.seconds;
@@ -422,6 +449,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   }
   if (snapshots && snapshots->rollbacks() > 0) {
     out << "rollbacks: " << snapshots->rollbacks() << " (each step replayed from its in-memory snapshot)\n";
+  }
+  if (reference) {
+    const detect::ReferenceStats& s = reference->stats();
+    out << "reference checks: " << s.checks << " ops re-checked on rank 0 (every " << vc.reference_every
+        << " steps, in turn); the largest passing |trainer - reference| was " << std::setprecision(3) << std::scientific
+        << s.max_ratio << std::defaultfloat << " of its bound; " << std::fixed << std::setprecision(2) << s.seconds
+        << " s checking\n";
   }
   if (abft && abft->checking()) {
     const detect::AbftStats& a = abft->stats();

@@ -6,6 +6,8 @@
 #  - a persistent fault in an activation on one rank — invisible to a replay on that rank, which
 #    meets it again — stops the run with exit 8, the finding naming that rank (dp3), or under dp2 x
 #    tp2 (fast mode) the pair of ranks one of which is faulty (two replicas cannot say which);
+#  - a persistent fault another detector finds and every rollback meets again is pinned by a buddy
+#    check before the run stops;
 #  - a transient fault in a buddy-replayed step is found, named with its rank and corrected: the
 #    run ends on the clean model;
 #  - buddy replay without data parallelism is refused in one line.
@@ -54,6 +56,22 @@ mpi 4 --parallel.dp=2 --parallel.tp=2 --model.vocab_size=384 $fast --verify.budd
 [ "$status" -eq 8 ] || fail "dp2 x tp2 persistent: expected exit 8, got $status: $(tail -3 pair.log)"
 grep -q '^finding: after step 2, detector buddy, site layer/1/mlp/act .*, ranks 0,2: ranks 2 against bound 0 (persistent, one of the ranks)' \
   pair.log || fail "dp2 x tp2 persistent: no finding naming ranks 0 and 2: $(grep -E '^(finding|error)' pair.log)"
+
+# A persistent fault that another detector finds first (a norm's gradient on rank 3, which the tp
+# replica check sees on ranks 1 and 3 once the dp reduction has spread it): when its rollbacks are
+# spent, buddy replay pins it before the run stops.
+status=0
+mpi 4 --parallel.dp=2 --parallel.tp=2 --model.vocab_size=384 $fast --verify.on_fault=rollback --verify.buddy_every=4 \
+  --inject.site=grad/layer/0/ln2/out --inject.kind=bitflip:bit=29,index=1000 --inject.step=2 --inject.rank=3 \
+  --inject.persistent=true > pinned.log 2>&1 || status=$?
+[ "$status" -eq 8 ] || fail "pinned after rollbacks: expected exit 8, got $status: $(tail -3 pinned.log)"
+grep -q '^finding: after step 3, detector replicas, site tensors every tp rank holds whole (dp ranks 0,1), ranks 1,3:' \
+  pinned.log || fail "pinned after rollbacks: no replica finding naming both groups: $(grep '^finding' pinned.log)"
+[ "$(grep -c '^rolled back to step 2 ' pinned.log)" -eq 2 ] || fail "pinned after rollbacks: expected two rollbacks"
+grep -q '^finding: after step 3, detector buddy, site grad/layer/0/ln2/out .*, ranks 1,3: .*(persistent, one of the ranks)' \
+  pinned.log || fail "pinned after rollbacks: no buddy finding: $(grep '^finding' pinned.log)"
+grep -q '^persistent fault: step 2 computed its batches differently than their buddies in every run' pinned.log \
+  || fail "pinned after rollbacks: not stopped by the buddy check: $(tail -2 pinned.log)"
 
 mpi 3 --verify.on_fault=rollback --verify.buddy_every=2 $act --inject.step=3 --inject.rank=2 > transient.log 2>&1 \
   || fail "transient: $(tail -3 transient.log)"

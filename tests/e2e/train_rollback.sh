@@ -11,7 +11,8 @@
 #  - [verify] replay_every: clean runs replayed every step (canonical and fast, one process and dp2)
 #    find nothing; a transient fault in an activation (no checksum covers it) in a replayed step is
 #    found as transient and the run ends on the clean model; in a step that is not replayed it is
-#    not found (the rate is 1/N at replay_every = N).
+#    not found (the rate is 1/N at replay_every = N); the reduced gradient changed before the update
+#    (dp2) is found by the replay and corrected.
 source "$(dirname "$0")/lib.sh"
 make_data
 write_config
@@ -74,4 +75,11 @@ grep -q '^finding' replay_miss.log && fail "a step that is not replayed was judg
 [ "$(model_hash replay_miss.log)" != "$(model_hash clean_canonical.log)" ] || fail "the unreplayed fault changed nothing"
 mpi --verify.replay_every=1 > replay_dp.log 2>&1 || fail "replayed dp2: $(tail -3 replay_dp.log)"
 grep -q '^finding' replay_dp.log && fail "replayed dp2: $(grep '^finding' replay_dp.log)"
+# The reduced gradient changed on rank 1 between the reduction and the update (optim/grad): no
+# checksum covers it; the replay finds it as transient and the run ends on the clean model.
+mpi --verify.replay_every=1 --inject.site=optim/grad --inject.step=2 --inject.rank=1 \
+  --inject.kind=bitflip:bit=27,index=100 > grad.log 2>&1 || fail "reduced gradient: $(tail -3 grad.log)"
+grep -q '^finding: after step 3, detector replay, .*(transient)' grad.log \
+  || fail "reduced gradient: no transient replay finding: $(grep '^finding' grad.log)"
+[ "$(model_hash grad.log)" = "$(model_hash clean_dp.log)" ] || fail "reduced gradient: not the clean model"
 echo "rollback and replay: transient faults leave the clean model, persistent ones stop naming the rank"

@@ -74,17 +74,22 @@ void ReplicaDetector::end_step(const StepRecord& r) {
     replicas[all[w].tp_rank].push_back({static_cast<int>(w), all[w].params});
     tp_groups[all[w].dp_rank].push_back({static_cast<int>(w), all[w].replicated});
   }
-  Finding f{.step = r.done(), .detector = "replicas", .unit = "ranks", .classification = "corruption"};
+  // One finding per kind of replica, naming the odd ranks of every group: a fault reaches other
+  // groups through the reductions, and the finding must not stop at the first.
   const auto check = [&](const auto& groups, const char* what, const char* site, const char* index) {
+    Finding f{.step = r.done(), .detector = "replicas", .unit = "ranks", .classification = "corruption"};
+    std::vector<int> odd_groups;
     for (const auto& [g, members] : groups) {
       const Odd odd = odd_members(members, what);
       if (odd.ranks.empty()) continue;
-      f.site = str_cat(site, " (", index, " ", g, ")");
-      f.ranks = odd.ranks;
-      f.magnitude = static_cast<double>(odd.ranks.size());
-      f.detail = odd.detail;
-      log_.report(f, action_, kExitCorruption, "on_fault");
+      odd_groups.push_back(static_cast<int>(g));
+      f.ranks.insert(f.ranks.end(), odd.ranks.begin(), odd.ranks.end());
+      f.detail += str_cat(f.detail.empty() ? "" : "; ", odd.detail);
     }
+    if (odd_groups.empty()) return;
+    f.site = str_cat(site, " (", index, odd_groups.size() > 1 ? "s " : " ", ranks_text(odd_groups), ")");
+    f.magnitude = static_cast<double>(f.ranks.size());
+    log_.report(f, action_, kExitCorruption, "on_fault");
   };
   if (dp_.size() > 1) check(replicas, "parameter", "parameters of the dp replicas", "tp rank");
   if (tp) check(tp_groups, "replicated-tensor", "tensors every tp rank holds whole", "dp rank");

@@ -1,0 +1,201 @@
+#include "verify/detect/reference_check.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <span>
+
+#include "reference/activation.hpp"
+#include "reference/bounded.hpp"
+#include "reference/linear.hpp"
+#include "reference/norm.hpp"
+#include "src/core/check.hpp"
+#include "verify/detect/agreed.hpp"
+
+namespace lockstep::detect {
+
+namespace {
+
+using Real = reference::Bounded<double>;
+using Kind = SampledOp::Kind;
+
+// Multiply-adds of an op's rows a check re-computes (at least one row).
+constexpr int64_t kBudget = int64_t{1} << 20;
+
+std::vector<Real> to_real(std::span<const float> x) {
+  std::vector<Real> r;
+  r.reserve(x.size());
+  for (float v : x) r.emplace_back(static_cast<double>(v));
+  return r;
+}
+
+}  // namespace
+
+std::vector<SampledOp> sampled_ops(const Model& model, int64_t tp, bool sp) {
+  const auto has = [&](const std::string& name) {
+    const auto& l = model.param_layout();
+    return std::any_of(l.begin(), l.end(), [&](const ParamTensor& t) { return t.name == name; });
+  };
+  const auto opt = [&](const std::string& name) { return has(name) ? name : std::string(); };
+  std::vector<SampledOp> ops;
+  for (const LayerDesc& l : model.desc().layers) {
+    const std::string& p = l.prefix;
+    const auto norm = [&](const std::string& ln, const std::string& input) {
+      if (sp) return;  // the norm's input is this rank's tokens, its output gathered over tp
+      ops.push_back({.kind = Kind::kNorm, .output = p + ln + "/out", .inputs = {input}, .weight = p + ln + "/weight",
+                     .bias = opt(p + ln + "/bias"), .norm = l.norm, .eps = l.norm_eps});
+    };
+    const auto linear = [&](const std::string& out, const std::string& in, const std::string& w) {
+      ops.push_back({.kind = Kind::kLinear, .output = out, .inputs = {in}, .weight = w + "/weight",
+                     .bias = opt(w + "/bias")});
+    };
+    const auto projection = [&](const std::string& branch, const std::string& w) {
+      if (tp > 1) return;  // row-parallel: the product is a sum over the tp group
+      ops.push_back({.kind = Kind::kLinearResidual, .output = l.output, .inputs = {branch, l.input},
+                     .weight = w + "/weight", .bias = opt(w + "/bias")});
+    };
+    switch (l.kind) {
+      case LayerKind::kAttention:
+        norm("ln1", l.input);
+        if (l.pos != PosKind::kRope) linear(p + "attn/qkv", p + "ln1/out", p + "attn/qkv");
+        projection(p + "attn/out", p + "attn/proj");
+        break;
+      case LayerKind::kMlp:
+        norm("ln2", l.input);
+        linear(p + "mlp/fc", p + "ln2/out", p + "mlp/fc");
+        ops.push_back({.kind = Kind::kActivation, .output = p + "mlp/act", .inputs = {p + "mlp/fc"}, .ffn = l.ffn});
+        projection(p + "mlp/act", p + "mlp/proj");
+        break;
+      case LayerKind::kFinalNorm: norm("lnf", l.input); break;
+      case LayerKind::kHead:
+        ops.push_back({.kind = Kind::kLinear, .output = l.output, .inputs = {l.input},
+                       .weight = l.tied ? "wte" : p + "lm_head/weight"});
+        break;
+      case LayerKind::kEmbedding: break;
+    }
+  }
+  return ops;
+}
+
+void ReferenceCheck::begin_step(int64_t step) {
+  op_ = nullptr;
+  checked_ = false;
+  inputs_.clear();
+  ratio_ = 0;
+  worst_ = -1;
+  if (every_ <= 0 || (step + 1) % every_ != 0 || ops_.empty()) return;
+  op_ = &ops_[static_cast<size_t>((step / every_) % static_cast<int64_t>(ops_.size()))];
+  rows_ = 0;  // set by the first input, from its shape
+}
+
+void ReferenceCheck::observe(std::string_view name, const TensorView& t) {
+  if (op_ == nullptr || checked_) return;
+  if (name == op_->output) {
+    if (inputs_.size() == op_->inputs.size()) check(t);
+    return;
+  }
+  if (std::find(op_->inputs.begin(), op_->inputs.end(), name) == op_->inputs.end() ||
+      inputs_.contains(std::string(name))) {
+    return;
+  }
+  LS_CHECK(t.is_contiguous() && t.shape.rank() >= 1, "reference check: ", name, " is not a contiguous tensor");
+  const int64_t width = t.shape[t.shape.rank() - 1], total_rows = t.numel() / width;
+  if (rows_ == 0) {
+    const int64_t per_row = op_->weight.empty() || op_->kind == Kind::kNorm ? width : model_.param(op_->weight).numel;
+    rows_ = std::clamp<int64_t>(kBudget / std::max<int64_t>(per_row, 1), 1, total_rows);
+  }
+  const float* x = t.f32();
+  inputs_[std::string(name)].assign(x, x + rows_ * width);
+}
+
+void ReferenceCheck::check(const TensorView& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t width = out.shape[out.shape.rank() - 1];
+  // The reference's own double roundings are counted into u (reference/bounded.hpp).
+  reference::BoundedFormat own = reference::bounded_format();
+  own.u = reference::kBoundedDoubleU;
+  reference::ScopedBoundedFormat own_roundings(own);
+  const auto param = [&](const std::string& name) -> std::vector<Real> {
+    if (name.empty()) return {};
+    const ParamTensor& p = model_.param(name);
+    return to_real({model_.params() + p.offset, static_cast<size_t>(p.numel)});
+  };
+  const std::vector<Real> x = to_real(inputs_.at(op_->inputs[0]));
+  const std::vector<Real> w = param(op_->weight), b = param(op_->bias);
+  const Real* bias = b.empty() ? nullptr : b.data();
+  std::vector<Real> y(static_cast<size_t>(rows_ * width));
+  const auto in_width = static_cast<int64_t>(x.size()) / rows_;
+  switch (op_->kind) {
+    case Kind::kNorm: {
+      std::vector<Real> mean(static_cast<size_t>(rows_)), rstd(mean.size());
+      if (op_->norm == NormKind::kRmsNorm) {
+        reference::rmsnorm_forward(rows_, width, op_->eps, y.data(), rstd.data(), x.data(), w.data());
+      } else {
+        reference::layernorm_forward(rows_, width, op_->eps, y.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                     bias);
+      }
+      break;
+    }
+    case Kind::kLinear:
+      LS_CHECK(static_cast<int64_t>(w.size()) == in_width * width, "reference check: ", op_->weight, " holds ",
+               w.size(), " elements for a ", in_width, " -> ", width, " product");
+      reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias);
+      break;
+    case Kind::kActivation:
+      if (op_->ffn == FfnKind::kSwiglu) {
+        reference::swiglu_forward(rows_, width, y.data(), x.data());
+      } else {
+        reference::gelu_forward(rows_ * width, y.data(), x.data());
+      }
+      break;
+    case Kind::kLinearResidual: {
+      const std::vector<Real> stream = to_real(inputs_.at(op_->inputs[1]));
+      reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias);
+      reference::residual_forward(rows_ * width, y.data(), y.data(), stream.data());
+      break;
+    }
+  }
+  const float* got = out.f32();
+  for (int64_t i = 0; i < rows_ * width; ++i) {
+    const double diff = std::fabs(static_cast<double>(got[i]) - y[i].value);
+    const double bound = std::nextafter(y[i].err, std::numeric_limits<double>::infinity());
+    const double ratio = diff == 0 ? 0 : bound > 0 ? diff / bound : std::numeric_limits<double>::infinity();
+    if (!(ratio <= ratio_)) {  // a NaN counts as the worst
+      ratio_ = std::isnan(ratio) ? std::numeric_limits<double>::infinity() : ratio;
+      worst_ = i;
+    }
+  }
+  checked_ = true;
+  ++stats_.checks;
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ReferenceCheck::after_reduce(int64_t step, float) {
+  if (op_ == nullptr) return;
+  LS_CHECK(checked_, "reference check: the step showed no ", op_->output, " after its inputs");
+  const SampledOp& op = *op_;
+  op_ = nullptr;
+  const uint64_t mine[2] = {ratio_ > 1 ? 1u : 0u, std::bit_cast<uint64_t>(ratio_)};
+  const std::vector<uint64_t> all = agreed_all_gather(world_, mine);
+  std::vector<int> ranks;
+  double worst = 0;
+  for (size_t r = 0; r < all.size() / 2; ++r) {
+    if (all[2 * r] == 0) continue;
+    ranks.push_back(static_cast<int>(r));
+    worst = std::max(worst, std::bit_cast<double>(all[2 * r + 1]));
+  }
+  if (ranks.empty()) {
+    stats_.max_ratio = std::max(stats_.max_ratio, ratio_);
+    return;
+  }
+  log_.report({.step = step + 1, .ranks = ranks, .detector = "reference",
+               .site = str_cat(op.output, " (", rows_, " rows of the first micro-batch)"), .magnitude = worst,
+               .bound = 1, .unit = "error / bound", .classification = "kernel",
+               .detail = str_cat("|trainer - reference| exceeds the op-local bound (Bounded<double> on the trainer's "
+                                 "own inputs)", ratio_ > 1 ? str_cat("; rank 0's worst: element ", worst_, " of its rows") : "")},
+              action_, kExitCorruption, "on_fault");
+}
+
+}  // namespace lockstep::detect

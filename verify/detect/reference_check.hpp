@@ -1,0 +1,86 @@
+// Sampled reference checks ([verify] reference_every = N): every N-th step one op of the model's
+// forward, taken in turn, is computed again for the first rows of the step's first micro-batch in
+// Bounded<double> (reference/), on the very inputs the trainer's op read, and every element of its
+// output held to |trainer − y*| <= bound — the op-local check of `verify step` on a sample, while
+// the run trains (NUMERICS.md, "Bounded<T>": the bound holds for any summation order, so canonical
+// and fast mode alike). A kernel that computes the same wrong result on every rank and in every run
+// (a bug, a miscompiled instruction, a unit broken the same way everywhere) agrees with its replays
+// and its buddies; only a reference sees it.
+//
+// The ops: the norms, the linear layers (qkv where positions are learned: RoPE's rotation is not
+// re-checked), the activation (GELU or SwiGLU), the projections with their residual add, the head.
+// Not attention, the embedding or the loss. Under tensor parallelism each rank checks its own
+// shard's ops (a column-parallel product, the activation, the head's vocabulary rows, the norms
+// without sequence parallelism); the row-parallel projections, whose result is a sum over the tp
+// group, are left out. Rows: as many as fit kBudget multiply-adds of the op (one at least), so a
+// check costs about the same for every op (bench: `--verify.reference_every=1`).
+// Not here: the reference ops (reference/), when the model shows its tensors (the hook, layer.hpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/comm/communicator.hpp"
+#include "src/core/tensor_view.hpp"
+#include "src/model/model.hpp"
+#include "src/train/step_observer.hpp"
+#include "verify/detect/finding.hpp"
+
+namespace lockstep::detect {
+
+// One op the check can re-compute: the hook tensor it writes and those it reads.
+struct SampledOp {
+  enum class Kind { kNorm, kLinear, kActivation, kLinearResidual };
+  Kind kind = Kind::kNorm;
+  std::string output{};
+  std::vector<std::string> inputs{};  // kLinearResidual: the branch, then the stream it adds to
+  std::string weight{}, bias{};       // parameter names ("" : none)
+  NormKind norm = NormKind::kLayerNorm;
+  float eps = 0;
+  FfnKind ffn = FfnKind::kGelu;
+};
+
+// The ops of `model` that a rank of a tp group of `tp` ranks (sp: sequence parallelism) can check.
+std::vector<SampledOp> sampled_ops(const Model& model, int64_t tp, bool sp);
+
+struct ReferenceStats {
+  int64_t checks = 0;
+  double max_ratio = 0;  // largest |trainer − y*| / bound of a passing check
+  double seconds = 0;
+};
+
+class ReferenceCheck final : public StepObserver {
+ public:
+  ReferenceCheck(const Model& model, std::vector<SampledOp> ops, int64_t every, comm::Communicator& world,
+                 FindingLog& log, FaultAction action)
+      : model_(model), ops_(std::move(ops)), every_(every), world_(world), log_(log), action_(action) {}
+
+  void begin_step(int64_t step) override;
+  // The model's hook calls it with every tensor (after any injection: what the next op reads).
+  void observe(std::string_view name, const TensorView& t);
+  // Every rank judges its check; the ranks agree on the finding.
+  void after_reduce(int64_t step, float loss) override;
+  const ReferenceStats& stats() const { return stats_; }
+
+ private:
+  void check(const TensorView& out);
+
+  const Model& model_;
+  std::vector<SampledOp> ops_;
+  int64_t every_;
+  comm::Communicator& world_;
+  FindingLog& log_;
+  FaultAction action_;
+  const SampledOp* op_ = nullptr;  // this step's, while it has not been checked
+  int64_t rows_ = 0;
+  std::map<std::string, std::vector<float>> inputs_;  // its inputs' first rows
+  bool checked_ = false;
+  double ratio_ = 0;  // this step's largest |trainer − y*| / bound
+  int64_t worst_ = -1;  // the element of the worst, or -1
+  ReferenceStats stats_;
+};
+
+}  // namespace lockstep::detect
