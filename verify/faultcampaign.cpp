@@ -305,7 +305,9 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
   // interval on, with buddy replay every buddy_every steps.
   std::vector<Site> activations;
   for (const Site& site : sites_of(cfg, opt.np)) {
-    if (site.klass == "activation") activations.push_back(site);
+    // Hook tensors (what buddy replay's witness sees), not the per-token losses, smaller than the
+    // index range below, nor the reduced gradient, which no witness holds.
+    if (site.klass == "activation" && site.name != "losses" && site.name != "optim/grad") activations.push_back(site);
   }
   std::mt19937_64 rng(opt.seed ^ 0x5bd1e995ULL);
   std::vector<nlohmann::json> persistent_runs;
