@@ -271,23 +271,6 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   // Buddy replay's witness (verify/detect/buddy.hpp), hashing in every step, timed in the hook.
   detect::TensorWitness witness;
   double witness_s = 0;
-  // The reference check (verify/detect/reference_check.hpp), one op every step, in turn.
-  r.reference_every = cfg.verify.reference_every;
-  comm::SelfCommunicator reference_comm;
-  detect::FindingLog reference_findings(out, {});
-  std::optional<detect::ReferenceCheck> reference;
-  if (r.reference_every > 0) {
-    reference.emplace(model, detect::sampled_ops(model, 1, false), 1, reference_comm, reference_findings,
-                      detect::FaultAction::kWarn);
-  }
-  if (r.buddy_every > 0 || reference) {
-    model.set_hook([&](std::string_view name, const TensorView& t) {
-      const auto t0 = Clock::now();
-      witness.observe(name, t);
-      witness_s += std::chrono::duration<double>(Clock::now() - t0).count();
-      if (reference) reference->observe(name, t);
-    });
-  }
   std::vector<float> snap_params, snap_m, snap_v;
   if (r.rollback || r.buddy_every > 0) {
     snap_params.resize(static_cast<size_t>(model.num_params()));
@@ -300,6 +283,21 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   std::optional<detect::SpikeDetector> spikes;
   std::vector<StepObserver*> monitors = {&nonfinite};
   comm::SelfCommunicator self;
+  // The reference check (verify/detect/reference_check.hpp), one op every step, in turn.
+  r.reference_every = cfg.verify.reference_every;
+  std::optional<detect::ReferenceCheck> reference;
+  if (r.reference_every > 0) {
+    reference.emplace(model, detect::sampled_ops(model, 1, false), 1, self, findings,
+                      detect::FaultAction::kWarn);
+  }
+  if (r.buddy_every > 0 || reference) {
+    model.set_hook([&](std::string_view name, const TensorView& t) {
+      const auto t0 = Clock::now();
+      witness.observe(name, t);
+      witness_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (reference) reference->observe(name, t);
+    });
+  }
   std::optional<detect::StateAtRestDetector> at_rest;
   if (cfg.verify.state_at_rest) {
     at_rest.emplace(resting_state(model, adamw.m(), adamw.v()), self, findings, detect::FaultAction::kWarn);
