@@ -25,34 +25,38 @@ struct Site {
 
 std::vector<Site> sites_of(const RunConfig& cfg, int64_t np) {
   std::vector<Site> s;
+  auto add = [&s](std::string name, int nths = 1) {
+    std::string klass = site_class(name);
+    s.push_back({std::move(name), std::move(klass), nths});
+  };
   for (const ParamTensor& t : build_param_layout(cfg.model)) {
     const bool linear = t.klass == ParamClass::kMatrix || (t.name == "wte" && cfg.model.tie_embeddings);
     if (linear && t.shape.size() == 2) {
-      for (const char* p : {"forward", "dinp", "dweight"}) s.push_back({str_cat("gemm/", t.name, "/", p), "gemm"});
+      for (const char* p : {"forward", "dinp", "dweight"}) add(str_cat("gemm/", t.name, "/", p));
     }
-    s.push_back({"param/" + t.name, "state"});
+    add("param/" + t.name);
   }
-  s.push_back({"optim/m", "state"});
-  s.push_back({"optim/v", "state"});
+  add("optim/m");
+  add("optim/v");
   const ParallelConfig& pc = cfg.parallel;
   const bool canonical = cfg.train.mode == Mode::kCanonical;
   if (np > 1 && pc.dp > 1) {
     // The exact reduction's record counts (nth 0) and sums (nth 1); the gathers of the loss, the
     // gradient norm and (ZeRO) the parameters; fast mode's float reduction.
-    if (pc.reduce == "exact") s.push_back({"comm/dp/all_to_allv", "comm", 2});
-    if (pc.reduce != "exact") s.push_back({"comm/dp/reduce_scatter", "comm"});
-    s.push_back({"comm/dp/all_gatherv", "comm", 2});
+    if (pc.reduce == "exact") add("comm/dp/all_to_allv", 2);
+    if (pc.reduce != "exact") add("comm/dp/reduce_scatter");
+    add("comm/dp/all_gatherv", 2);
   }
   if (np > 1 && pc.tp > 1) {
-    s.push_back({"comm/tp/all_gatherv", "comm"});
-    s.push_back({canonical ? "comm/tp/all_to_allv" : "comm/tp/reduce_scatter", "comm"});
+    add("comm/tp/all_gatherv");
+    add(canonical ? "comm/tp/all_to_allv" : "comm/tp/reduce_scatter");
   }
   for (const LayerDesc& l : describe_model(cfg.model).layers) {
     for (const OpDecl& op : l.ops) {
-      if (op.tensor != "loss") s.push_back({op.tensor, "activation"});
+      if (op.tensor != "loss") add(op.tensor);
     }
   }
-  s.push_back({"optim/grad", "activation"});  // the reduced gradient, between the reduction and the update
+  add("optim/grad");
   return s;
 }
 
@@ -151,6 +155,9 @@ std::vector<nlohmann::json> read_lines(const std::string& path) {
 std::string site_class(const std::string& site) {
   if (site.starts_with("gemm/")) return "gemm";
   if (site.starts_with("comm/")) return "comm";
+  // The reduced gradient lies in memory between the reduction and the update, as an activation
+  // between two ops: no every-step check holds it (replay does).
+  if (site == "optim/grad") return "activation";
   if (site.starts_with("param/") || site.starts_with("optim/")) return "state";
   return "activation";
 }
