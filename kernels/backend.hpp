@@ -11,6 +11,7 @@
 
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
+#include "kernels/ops/cast.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/crossentropy.hpp"
 #include "kernels/ops/embedding.hpp"

@@ -11,7 +11,8 @@
 // Dependencies, on purpose: kernels/ops/canonical.hpp (the executable contract; its ChunkCombiner
 // and, through it, src/core/exact_sum.hpp's ExactAccumulator provide the exact combination) and
 // kernels/ops/transcendental.hpp (the canonical exp/log/tanh). Nothing else of kernels/ or src/.
-// Not here: bf16/fp16/fp8 emulation, fast mode (checked with Bounded<T>, not emulated).
+// Not here: the bf16 rounding (reference/cast.hpp), fp16/fp8 emulation, fast mode (checked with
+// Bounded<T>, not emulated).
 #pragma once
 
 #include <cmath>

@@ -7,8 +7,9 @@
 #  - reference/ includes reference/ and the model's description only (src/model/layer_list.hpp and
 #    the config it holds), besides what it shares on purpose as the specification and checks
 #    against MPFR itself: the canonical contract and transcendentals CanonicalF32 is defined by
-#    (kernels/ops/canonical.hpp, transcendental.hpp) and the deterministic double functions of the
-#    canonical RoPE tables (src/core/det_math.hpp);
+#    (kernels/ops/canonical.hpp, transcendental.hpp), the deterministic double functions of the
+#    canonical RoPE tables (src/core/det_math.hpp) and the narrow formats' roundings that
+#    CanonicalF32's bf16 rounding is (src/core/formats.hpp, reference/cast.hpp);
 #  - verify/core/ (below the trainer) includes neither src/train nor the verify tools; nothing
 #    under src/ but the CLI includes a verify tool;
 #  - the detectors (verify/detect/, which the trainer attaches) include of the trainer only its
@@ -45,6 +46,7 @@ done | refuse "the model's code names a rank" '.'
 includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|src/model/config\.hpp|verify/core/bounds\.hpp)' \
   | grep -vE '^reference/(canonical_f32|canonical_checks)\.hpp: kernels/ops/(canonical|transcendental)\.hpp$' \
   | grep -vE '^reference/rope_tables\.hpp: src/core/det_math\.hpp$' \
+  | grep -vE '^reference/cast\.hpp: src/core/formats\.hpp$' \
   | refuse "reference/ includes beyond itself, the model's description and the canonical contract" '.'
 includes $(files verify/core) | refuse "verify/core includes the trainer or a verify tool" ': (src/train/|verify/[^c])'
 includes $(files verify/detect) | grep -vE ': src/train/step_observer\.hpp$' \

@@ -24,6 +24,7 @@
 
 #include "reference/activation.hpp"
 #include "reference/attention.hpp"
+#include "reference/cast.hpp"
 #include "reference/crossentropy.hpp"
 #include "reference/embedding.hpp"
 #include "reference/linear.hpp"
@@ -505,6 +506,36 @@ class ActivationCase final : public OpCase {
   std::vector<float> inp_, dout_, got_;
 };
 
+// ---- cast.hpp
+
+class RoundToBf16 final : public OpCase {
+ public:
+  explicit RoundToBf16(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})) {
+    Draw d(c);
+    inp_ = d.values(n_, 128, true);  // large values up to fp32's largest: some round to ±inf
+  }
+  std::string shape() const override { return dims_text({{"n", n_}}); }
+  double bytes() const override { return 4.0 * 2 * static_cast<double>(n_); }
+  void run(Backend& be, Mode) override {
+    got_ = inp_;
+    be.round_to_bf16(n_, got_.data(), got_.data());  // in place, as the contract allows
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    const auto i = as<Real>(inp_);
+    std::vector<Real> out(i.size());
+    reference::round_to_bf16(n_, out.data(), i.data());
+    return out;
+  }
+  int64_t n_;
+  std::vector<float> inp_, got_;
+};
+
 class ResidualForward final : public OpCase {
  public:
   explicit ResidualForward(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})) {
@@ -867,6 +898,7 @@ inline std::unique_ptr<OpCase> make_gelu_forward(const CaseSpec& c) { return std
 inline std::unique_ptr<OpCase> make_gelu_backward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, false, true); }
 inline std::unique_ptr<OpCase> make_swiglu_forward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, true, false); }
 inline std::unique_ptr<OpCase> make_swiglu_backward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, true, true); }
+inline std::unique_ptr<OpCase> make_round_to_bf16(const CaseSpec& c) { return std::make_unique<RoundToBf16>(c); }
 inline std::unique_ptr<OpCase> make_residual_forward(const CaseSpec& c) { return std::make_unique<ResidualForward>(c); }
 inline std::unique_ptr<OpCase> make_embedding_forward(const CaseSpec& c) { return std::make_unique<EmbeddingForward>(c); }
 inline std::unique_ptr<OpCase> make_embedding_backward(const CaseSpec& c) { return std::make_unique<EmbeddingBackward>(c); }
