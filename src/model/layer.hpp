@@ -30,10 +30,12 @@
 #include "src/core/tensor_view.hpp"
 #include "src/model/layer_list.hpp"
 #include "src/model/param_layout.hpp"
+#include "src/model/precision.hpp"
 
 namespace lockstep {
 
 class ModelPlan;
+class LinearOp;
 
 // Observer of named tensors as the model computes them (verify/, dumps, fault injection): called
 // with the stable hook name and a view of the tensor (its dtype, shape and data). Names are the layers' declared hooks: forward
@@ -86,7 +88,8 @@ struct Pass {
 // The model-wide state the layers of one model share.
 class LayerContext {
  public:
-  LayerContext(Mode mode, const ModelPlan& plan, Backend& backend) : mode_(mode), plan_(plan), backend_(backend) {}
+  LayerContext(Mode mode, const ModelPlan& plan, Backend& backend, PrecisionRecipe precision)
+      : mode_(mode), plan_(plan), backend_(backend), precision_(std::move(precision)) {}
 
   Mode mode() const { return mode_; }
   const ModelPlan& plan() const { return plan_; }
@@ -101,6 +104,21 @@ class LayerContext {
   }
   void set_op_mode(std::string op, Mode mode) { op_modes_.emplace_back(std::move(op), mode); }
   void clear_op_modes() { op_modes_.clear(); }
+
+  // The precision recipe (precision.hpp). Linear layers are named as it names them.
+  const PrecisionRecipe& precision() const { return precision_; }
+  bool bf16(const std::string& linear) const { return precision_.of_linear(linear) == Precision::kBf16; }
+  // The op of linear `name` (weight: this rank's tensor): the plan's, in the recipe's precision.
+  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name);
+  // The weight linear `name` computes with: the bf16 copy of the master weight, or the master.
+  float* linear_weight(const ParamTensor* t, const std::string& name) {
+    return bf16(name) ? weight_copies_.data() + t->offset : param(t);
+  }
+  // An activation of n floats that linear `name` reads (or wrote: q, k, v after RoPE): stored in
+  // bf16 (rounded in place) where that linear runs in bf16.
+  void store_for(const std::string& name, float* data, int64_t n) {
+    if (bf16(name)) backend_.round_to_bf16(n, data, data);
+  }
 
   // The parameter named `name` in this rank's layout, nullptr if the model has none.
   const ParamTensor* find_param(const std::string& name) const;
@@ -126,6 +144,8 @@ class LayerContext {
   friend class Model;
   // Allocates the own gradient buffers, zeroed, unless they exist or a GradStorage is set.
   void own_grads();
+  // The bf16 copies of the weights of bf16 linears, from the master weights.
+  void refresh_weight_copies();
 
   Mode mode_;
   const ModelPlan& plan_;
@@ -136,6 +156,10 @@ class LayerContext {
   std::unique_ptr<ExactAccumulator> exact_grads_ = std::make_unique<ExactAccumulator>();
   GradStorage* storage_ = nullptr;  // instead of grads_ and exact_grads_
   std::vector<std::pair<std::string, Mode>> op_modes_;
+  PrecisionRecipe precision_;
+  std::vector<const ParamTensor*> copied_weights_;  // the weights of bf16 linears
+  std::vector<float> weight_copies_;                // at the params' offsets (bf16 linears' weights only)
+  std::vector<float> cast_scratch_;                 // bf16 linears' output-gradient copies
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;

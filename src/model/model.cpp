@@ -55,6 +55,23 @@ GradSink LayerContext::sink(const ParamTensor* t) {
   return {grads_.data() + t->offset, nullptr, 0};
 }
 
+std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const ParamTensor& weight,
+                                               const std::string& name) {
+  std::unique_ptr<LinearOp> op = plan_.linear(layer, weight);
+  if (!bf16(name)) return op;
+  if (std::find(copied_weights_.begin(), copied_weights_.end(), &weight) == copied_weights_.end()) {
+    copied_weights_.push_back(&weight);
+  }
+  weight_copies_.resize(params_.size());
+  return bf16_linear(std::move(op), plan_, weight.split_dim == 1, cast_scratch_);
+}
+
+void LayerContext::refresh_weight_copies() {
+  for (const ParamTensor* t : copied_weights_) {
+    backend_.round_to_bf16(t->numel, weight_copies_.data() + t->offset, params_.data() + t->offset);
+  }
+}
+
 void LayerContext::own_grads() {
   if (storage_ || !grads_.empty()) return;
   grads_.assign(params_.size(), 0.0f);
@@ -68,7 +85,7 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     : desc_(std::move(desc)),
       options_(options),
       plan_(options.plan ? options.plan : &default_plan_),
-      ctx_(mode, *plan_, options.backend ? *options.backend : process_backend()),
+      ctx_(mode, *plan_, options.backend ? *options.backend : process_backend(), options.precision),
       max_batch_(micro_batch) {
   desc_.config.validate();
   LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
@@ -114,6 +131,12 @@ const ParamTensor& Model::param(const std::string& name) const {
   const ParamTensor* t = ctx_.find_param(name);
   if (t == nullptr) throw InternalError(str_cat("no parameter named ", name));
   return *t;
+}
+
+const float* Model::weight_copy(const ParamTensor& t) const {
+  const auto& copied = ctx_.copied_weights_;
+  const bool has = std::any_of(copied.begin(), copied.end(), [&](const ParamTensor* c) { return c->offset == t.offset; });
+  return has ? ctx_.weight_copies_.data() + t.offset : nullptr;
 }
 
 uint64_t Model::grad_bytes() const {
@@ -232,6 +255,7 @@ float* Model::stage_input(int64_t mb) {
 const float* Model::stage_output(int64_t mb) const { return layers_.back()->output(find(mb).pass.slot); }
 
 void Model::run_forward(Slot& s) {
+  ctx_.refresh_weight_copies();
   const float* in = options_.first_layer > 0 ? s.stage_input.data() : nullptr;
   for (auto& layer : layers_) {
     layer->forward(ctx_, s.pass, in);

@@ -43,6 +43,7 @@ struct MicroBatch {
 struct ModelOptions {
   const ModelPlan* plan = nullptr;  // nullptr: one device; it must outlive the model
   Backend* backend = nullptr;       // runs the ops (nullptr: process_backend()); it must outlive the model
+  PrecisionRecipe precision = {};   // fp32 unless set (precision.hpp)
   int slots = 1;                    // micro-batches whose activations may be alive at once
   size_t first_layer = 0;           // the layers [first_layer, end_layer) of the list (a stage)
   size_t end_layer = SIZE_MAX;
@@ -67,6 +68,9 @@ class Model {
   int64_t num_params() const { return static_cast<int64_t>(ctx_.params_.size()); }
   float* params() { return ctx_.params_.data(); }
   const float* params() const { return ctx_.params_.data(); }
+  // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
+  // at each forward; nullptr where no bf16 linear uses t.
+  const float* weight_copy(const ParamTensor& t) const;
   // The model's own gradient buffers (zero until a backward adds to them), allocated at their
   // first use — so that a model whose gradients go to a GradStorage from the start never holds
   // them, not even at its peak — and released (grads() is nullptr) while a GradStorage is set.

@@ -92,4 +92,11 @@ class ModelPlan {
   virtual std::unique_ptr<LossOp> loss(const LayerDesc& layer) const;
 };
 
+// `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output
+// gradient read through a bf16 copy in `scratch` (grown as needed, shared by the model's bf16
+// linears), its product and input gradient rounded to bf16. row_parallel: its weight is split
+// along the input features (split_dim 1).
+std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool row_parallel,
+                                      std::vector<float>& scratch);
+
 }  // namespace lockstep

@@ -1,6 +1,7 @@
 #include "src/optim/decay_policy.hpp"
 
 #include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
 
 namespace lockstep {
 
@@ -11,10 +12,7 @@ DecayPolicy DecayPolicy::parse(std::string_view list, const std::string& where) 
   std::string known;
   for (int c = 0; c < kNumParamClasses; ++c)
     known += std::string(c ? ", " : "") + "\"" + std::string(param_class_name(static_cast<ParamClass>(c))) + "\"";
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    const std::string_view name = list.substr(start, comma - start);
+  for (const std::string_view name : split_commas(list)) {
     int found = -1;
     for (int c = 0; c < kNumParamClasses; ++c)
       if (name == param_class_name(static_cast<ParamClass>(c))) found = c;
@@ -22,7 +20,6 @@ DecayPolicy DecayPolicy::parse(std::string_view list, const std::string& where) 
                "\"; expected a comma-separated list of ", known, ", or \"none\"");
     LS_REQUIRE(!p.classes[static_cast<size_t>(found)], where, ": \"", name, "\" named twice in \"", list, "\"");
     p.classes[static_cast<size_t>(found)] = true;
-    start = comma + 1;
   }
   return p;
 }

@@ -232,7 +232,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   std::optional<detect::AbftBackend> abft;
   if (cfg.verify.abft) abft.emplace(backend, true);
   r.abft = cfg.verify.abft;
-  Model model(cfg.model, tc.mode, MB, {.backend = abft ? static_cast<Backend*>(&*abft) : &backend});
+  Model model(cfg.model, tc.mode, MB,
+              {.backend = abft ? static_cast<Backend*>(&*abft) : &backend, .precision = tc.precision_recipe()});
   if (abft) abft->name_weights(model);
   model.init_parameters();
   AdamW adamw(model, tc.adamw());

@@ -37,9 +37,12 @@ void check_resumable(const ckpt::Checkpoint& ck, const RunConfig& cfg) {
                then["model"].value(key, nlohmann::json()).dump(), ", this run has ", value.dump(),
                " (use another [checkpoint] dir, or the same config)");
   }
-  for (const char* key : {"batch_size", "mode", "seed"}) {
-    LS_REQUIRE(then["train"][key] == now["train"][key], ck.dir, ": cannot resume: it was written with [train] ",
-               key, " = ", then["train"][key].dump(), ", this run has ", now["train"][key].dump());
+  // A key a checkpoint predates had its default then (fp32 throughout).
+  const nlohmann::json defaults = RunConfig{}.to_json()["train"];
+  for (const char* key : {"batch_size", "mode", "seed", "precision", "fp32_linears"}) {
+    const nlohmann::json was = then["train"].contains(key) ? then["train"][key] : defaults[key];
+    LS_REQUIRE(was == now["train"][key], ck.dir, ": cannot resume: it was written with [train] ", key, " = ",
+               was.dump(), ", this run has ", now["train"][key].dump());
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
 #include "src/train/inject.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/core/dump.hpp"
@@ -137,6 +138,8 @@ Mode mode_from(const std::string& s) {
   throw ConfigError(str_cat("[train] mode: expected \"canonical\" or \"fast\", got \"", s, "\""));
 }
 
+std::string precision_to(Precision p) { return std::string(precision_name(p)); }
+
 void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::string>& ov,
               nlohmann::json& echo) {
   auto section = [&](const std::string& name) {
@@ -195,6 +198,8 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("isa", c.train.isa);
   t.field("fast_gemm", c.train.fast_gemm);
   t.field("peak_gflops", c.train.peak_gflops);
+  enum_field(t, "precision", c.train.precision, precision_to, precision_from_name);
+  t.field("fp32_linears", c.train.fp32_linears);
   t.finish();
 
   Section k = section("checkpoint");
@@ -321,6 +326,17 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.fast_gemm == "auto" || t.fast_gemm == "openblas" || t.fast_gemm == "lockstep", c.source,
              ": [train] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"", t.fast_gemm, "\"");
   LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");
+  for (const std::string_view e : split_commas(t.fp32_linears)) {
+    LS_REQUIRE(!e.empty(), c.source, ": [train] fp32_linears: an empty name in \"", t.fp32_linears,
+               "\"; expected a comma-separated list of linears (head, layer/N/attn/qkv, ...) or prefixes");
+  }
+  const std::string unmatched = t.precision_recipe().unmatched(describe_model(c.model));
+  LS_REQUIRE(unmatched.empty(), c.source, ": [train] fp32_linears: \"", unmatched,
+             "\" names no linear layer of this model (they are head, layer/N/attn/qkv, layer/N/attn/proj, "
+             "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");
+  LS_REQUIRE(t.precision == Precision::kF32 || v.reference_every == 0, c.source,
+             ": [verify] reference_every needs [train] precision = \"fp32\": the sampled reference checks do not "
+             "bound bf16 roundings yet");
   LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0, c.source,
              ": [checkpoint] every and keep must be >= 0");
   LS_REQUIRE(c.log.every >= 1, c.source, ": [log] every (", c.log.every, ") must be >= 1");
@@ -339,6 +355,13 @@ void validate(const RunConfig& c, ConfigUse use) {
 }
 
 }  // namespace
+
+PrecisionRecipe TrainConfig::precision_recipe() const {
+  PrecisionRecipe r;
+  r.linears = precision;
+  for (const std::string_view e : split_commas(fp32_linears)) r.fp32_linears.emplace_back(e);
+  return r;
+}
 
 AdamWConfig TrainConfig::adamw() const {
   return {static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),

@@ -13,6 +13,7 @@
 
 #include "kernels/ops/mode.hpp"
 #include "src/model/config.hpp"
+#include "src/model/precision.hpp"
 #include "src/optim/adamw.hpp"
 
 namespace lockstep {
@@ -48,8 +49,13 @@ struct TrainConfig {
   // narrower than the CPU's vectors; kernels/cpu/sgemm_threads.hpp)
   std::string fast_gemm = "auto";
   double peak_gflops = 0;    // 0 = measure an fp32 GEMM peak at start-up
+  // The precision recipe (src/model/precision.hpp): fp32 | bf16, and the linears bf16 leaves in
+  // fp32 (comma-separated names or prefixes, e.g. "head,layer/0").
+  Precision precision = Precision::kF32;
+  std::string fp32_linears;
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
+  PrecisionRecipe precision_recipe() const;
   // The optimizer's fp32 hyperparameters and decay policy, as every step that trains uses them.
   AdamWConfig adamw() const;
 };

@@ -79,6 +79,7 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
       << run.B << " x " << run.T << " tokens (micro-batch " << run.MB << "); MFU against " << std::setprecision(1)
       << costs.peak_gflops << " GFLOP/s fp32 GEMM peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured: " + measured.describe() + ")") << "\n";
+  out << "precision: " << tc.precision_recipe().describe() << "\n";
   // The least a rank must send per step: to sum its N fp32 gradients over dp (a ring all-reduce,
   // or ZeRO's reduce-scatter + parameter all-gather) 2 · 4N · (dp-1)/dp bytes, plus tensor
   // parallelism's activation all-reduces (tensor_parallel.hpp).
@@ -203,7 +204,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::optional<detect::AbftBackend> abft;
   if (cfg.verify.abft || any_fault(is_gemm_site)) abft.emplace(backend, cfg.verify.abft);
   Model model(cfg.model, tc.mode, part.local_micro,
-              {.plan = tp_plan ? &*tp_plan : nullptr, .backend = abft ? static_cast<Backend*>(&*abft) : &backend});
+              {.plan = tp_plan ? &*tp_plan : nullptr,
+               .backend = abft ? static_cast<Backend*>(&*abft) : &backend,
+               .precision = tc.precision_recipe()});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).

@@ -47,7 +47,10 @@ void AbftBackend::name_weight(const float* data, int64_t numel, std::string name
 
 void AbftBackend::name_weights(const Model& model) {
   for (const ParamTensor& t : model.param_layout()) {
-    if (t.shape.size() == 2) name_weight(model.params() + t.offset, t.numel, t.name);
+    if (t.shape.size() != 2) continue;
+    name_weight(model.params() + t.offset, t.numel, t.name);
+    // A bf16 linear's products are of the weight's bf16 copy: named the same.
+    if (const float* copy = model.weight_copy(t)) name_weight(copy, t.numel, t.name);
   }
 }
 

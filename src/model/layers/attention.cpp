@@ -90,11 +90,15 @@ class Attention final : public ResidualBranch {
     const AttentionShape as = shape(p);
     norm_forward(ctx, p, x);
     in_->forward(be, ctx.mode_of(qkv_name_), {p.BT, m_.C, m_.qkv_width()}, a.qkv.data(), slot(p).ln.data(),
-                 ctx.param(in_w_), ctx.param(in_b_));
-    if (!rope_cos_.empty()) be.rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+                 ctx.linear_weight(in_w_, in_linear_), ctx.param(in_b_));
+    if (!rope_cos_.empty()) {
+      be.rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+      ctx.store_for(in_linear_, a.qkv.data(), p.BT * m_.qkv_width());
+    }
     ctx.observe(qkv_name_, a.qkv.data(), {p.B, p.T, m_.qkv_width()});
     be.attention_forward(ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
     ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, p.T});
+    ctx.store_for(out_linear_, a.out.data(), p.BT * m_.NH * m_.HS);
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, m_.NH * m_.HS});
     out_forward(ctx, p, x, a.out.data(), m_.NH * m_.HS);
   }

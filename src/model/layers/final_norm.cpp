@@ -48,6 +48,7 @@ class FinalNorm final : public Layer {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     norm_->forward(ctx.backend(), ctx.mode_of(out_name_), p.BT, a.out.data(), a.mean.data(), a.rstd.data(), x, ctx.param(w_),
                    ctx.param(b_));
+    ctx.store_for(kHeadLinear, a.out.data(), p.BT * C_);
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, C_});
   }
 

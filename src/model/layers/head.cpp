@@ -48,7 +48,7 @@ class Head final : public Layer {
         C_(desc.dims.C),
         V_(b.local.V),
         w_(b.ctx.find_param(desc.tied ? "wte" : name("lm_head/weight"))),
-        linear_(b.ctx.plan().linear(this->desc(), *w_)),
+        linear_(b.ctx.linear(this->desc(), *w_, kHeadLinear)),
         loss_(b.ctx.plan().loss(this->desc())),
         logits_name_(desc.output),
         losses_name_(name("losses")),
@@ -67,7 +67,8 @@ class Head final : public Layer {
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
-    linear_->forward(ctx.backend(), ctx.mode_of(logits_name_), {p.BT, C_, V_}, a.logits.data(), x, ctx.param(w_), nullptr);
+    linear_->forward(ctx.backend(), ctx.mode_of(logits_name_), {p.BT, C_, V_}, a.logits.data(), x,
+                     ctx.linear_weight(w_, kHeadLinear), nullptr);
     ctx.observe(logits_name_, a.logits.data(), {p.B, p.T, V_});
     if (!p.eval) return;
     loss_->forward(ctx.backend(), ctx.mode(), p.BT, a.losses.data(), a.logits.data(), p.targets, 0.0f, false);
@@ -83,7 +84,7 @@ class Head final : public Layer {
     ctx.observe(grad_logits_name_, a.logits.data(), {p.B, p.T, V_});
     add_losses(*p.loss_sum, a.losses.data(), p.BT);
     linear_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, V_}, p.token_offset, dinp, ctx.sink(w_), {}, a.logits.data(), x,
-                      ctx.param(w_));
+                      ctx.linear_weight(w_, kHeadLinear));
     // A tied weight is the embedding's too: its gradient is final after the embedding's backward.
     if (!desc().tied) ctx.grads_ready(p, w_);
     ctx.observe(grad_in_name_, dinp, {p.RB, p.RT, C_});

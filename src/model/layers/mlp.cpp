@@ -81,14 +81,15 @@ class Mlp final : public ResidualBranch {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     Backend& be = ctx.backend();
     norm_forward(ctx, p, x);
-    in_->forward(be, ctx.mode_of(fc_name_), {p.BT, C_, fc_out_}, a.fc.data(), slot(p).ln.data(), ctx.param(in_w_),
-                 ctx.param(in_b_));
+    in_->forward(be, ctx.mode_of(fc_name_), {p.BT, C_, fc_out_}, a.fc.data(), slot(p).ln.data(),
+                 ctx.linear_weight(in_w_, in_linear_), ctx.param(in_b_));
     ctx.observe(fc_name_, a.fc.data(), {p.B, p.T, fc_out_});
     if (desc().ffn == FfnKind::kGelu) {
       be.gelu_forward(ctx.mode_of(act_name_), p.BT * F_, a.act.data(), a.fc.data());
     } else {
       be.swiglu_forward(ctx.mode_of(act_name_), p.BT, F_, a.act.data(), a.fc.data());
     }
+    ctx.store_for(out_linear_, a.act.data(), p.BT * F_);
     ctx.observe(act_name_, a.act.data(), {p.B, p.T, F_});
     out_forward(ctx, p, x, a.act.data(), F_);
   }

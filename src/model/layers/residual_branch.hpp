@@ -32,8 +32,10 @@ class ResidualBranch : public Layer {
         in_b_(b.ctx.find_param(name(std::string(in) + "/bias"))),
         out_w_(b.ctx.find_param(name(std::string(out) + "/weight"))),
         out_b_(b.ctx.find_param(name(std::string(out) + "/bias"))),
-        in_(b.ctx.plan().linear(this->desc(), *in_w_)),
-        out_(b.ctx.plan().linear(this->desc(), *out_w_)),
+        in_linear_(name(in)),
+        out_linear_(name(out)),
+        in_(b.ctx.linear(this->desc(), *in_w_, in_linear_)),
+        out_(b.ctx.linear(this->desc(), *out_w_, out_linear_)),
         ln_name_(name(std::string(norm) + "/out")),
         grad_ln_name_("grad/" + ln_name_),
         grad_in_name_("grad/" + desc.input) {
@@ -57,13 +59,14 @@ class ResidualBranch : public Layer {
     Slot& s = slot(p);
     norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), p.BT, s.ln.data(), s.mean.data(), s.rstd.data(), x,
                    ctx.param(ln_w_), ctx.param(ln_b_));
+    ctx.store_for(in_linear_, s.ln.data(), p.BT * C_);
     ctx.observe(ln_name_, s.ln.data(), {p.B, p.T, C_});
   }
   // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
   void out_forward(LayerContext& ctx, const Pass& p, const float* x, const float* branch, int64_t K) {
     Slot& s = slot(p);
-    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, s.res.data(), branch, ctx.param(out_w_),
-                  ctx.param(out_b_));
+    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, s.res.data(), branch,
+                  ctx.linear_weight(out_w_, out_linear_), ctx.param(out_b_));
     ctx.backend().residual_forward(p.RS * C_, s.res.data(), s.res.data(), x);
     ctx.observe(desc().output, s.res.data(), {p.RB, p.RT, C_});
   }
@@ -71,7 +74,7 @@ class ResidualBranch : public Layer {
   void out_backward(LayerContext& ctx, const Pass& p, const float* dres, float* dbranch, const float* branch,
                     int64_t K) {
     out_->backward(ctx.backend(), ctx.mode(), {p.BT, K, C_}, p.token_offset, dbranch, ctx.sink(out_w_),
-                   ctx.sink(out_b_), dres, branch, ctx.param(out_w_));
+                   ctx.sink(out_b_), dres, branch, ctx.linear_weight(out_w_, out_linear_));
     ctx.grads_ready(p, out_w_, out_b_);
   }
   // The backward's last steps from din (the gradient of in's K outputs): in's input gradient
@@ -81,7 +84,7 @@ class ResidualBranch : public Layer {
                         int64_t K) {
     Slot& s = slot(p);
     in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
-                  din, s.ln.data(), ctx.param(in_w_));
+                  din, s.ln.data(), ctx.linear_weight(in_w_, in_linear_));
     ctx.grads_ready(p, in_w_, in_b_);
     ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C_});
     norm_backward_rows(ctx.backend(), desc(), ctx.mode(), p.RS, p.stream_offset, dres, ctx.sink(ln_w_),
@@ -93,6 +96,7 @@ class ResidualBranch : public Layer {
   int64_t C_;
   std::unique_ptr<NormOp> norm_;
   const ParamTensor *ln_w_, *ln_b_, *in_w_, *in_b_, *out_w_, *out_b_;
+  std::string in_linear_, out_linear_;  // the linears' names (precision.hpp)
   std::unique_ptr<LinearOp> in_, out_;
   std::string ln_name_, grad_ln_name_, grad_in_name_;
   std::vector<Slot> slots_;

@@ -1,0 +1,63 @@
+// The precision recipe of a model ([train] precision and fp32_linears): which linear layers run
+// in bf16, and what that means for the tensors around them.
+//
+//   fp32   every op in fp32 (the default).
+//   bf16   each linear layer in bf16 unless fp32_linears names it: its inputs — the activation it
+//          reads (stored in bf16 by the op that produces it: a norm, the activation, attention's
+//          output; q, k, v after RoPE), the weights (a bf16 copy of the fp32 master weights,
+//          made from them before each forward) and, in the backward, the output gradient — are
+//          bf16, the GEMM accumulates in fp32 in its own contract's order (a bf16 × bf16 product
+//          is exact in fp32), and its outputs — the product and the input gradient — are stored
+//          in bf16. The weight gradient accumulates in fp32 (canonical mode: exactly), unrounded,
+//          as Megatron's fp32 main gradients do; gradients are reduced, clipped and applied by
+//          AdamW to the fp32 master weights and moments as in fp32. Norms, softmax, attention's
+//          scores, the loss and its statistics, the residual stream and its gradient stay fp32.
+//
+// Every bf16 value is held in an fp32 container (kernels/ops/cast.hpp's rounding): the numbers
+// are the recipe's, the memory and speed are not yet a bf16 store's. Canonical mode stays bitwise
+// across threads, ISAs and layouts: the roundings are elementwise, applied to values that are
+// already layout-independent.
+//
+// Linear layers are named by their weight without "/weight" — layer/N/attn/qkv, layer/N/attn/proj,
+// layer/N/mlp/fc, layer/N/mlp/proj — and `head` (tied or not); an fp32_linears entry names one of
+// them or every one under a prefix that ends at a '/' ("layer/0" keeps block 0 in fp32).
+// Not here: the roundings' bounds (reference/cast.hpp), the layers that apply them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/model/layer_list.hpp"
+
+namespace lockstep {
+
+enum class Precision : uint8_t { kF32, kBf16 };
+
+// The head's linear, tied or not.
+inline constexpr const char* kHeadLinear = "head";
+
+std::string_view precision_name(Precision p);  // "fp32" | "bf16"
+// Throws ConfigError naming the expected values.
+Precision precision_from_name(const std::string& name);
+
+// The model's linear layers, by the names above, in layer order.
+std::vector<std::string> linear_names(const ModelDesc& desc);
+
+struct PrecisionRecipe {
+  Precision linears = Precision::kF32;
+  std::vector<std::string> fp32_linears;  // names or prefixes, as above
+
+  // The precision linear `name` runs in.
+  Precision of_linear(std::string_view name) const;
+  // An fp32_linears entry that names no linear of `desc` ("": none).
+  std::string unmatched(const ModelDesc& desc) const;
+  // Whether fp32_linears entry `entry` names linear `name`.
+  static bool names(std::string_view entry, std::string_view name);
+  // One line for the start-up banner, e.g. "bf16 (fp32 master weights ...); fp32 linears: head".
+  std::string describe() const;
+};
+
+
+}  // namespace lockstep

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# BF16 training ([train] precision = "bf16", src/model/precision.hpp):
+#  - canonical mode: the same model hash on 1, 2 and 3 threads, AVX2 and the widest ISA the CPU has,
+#    micro-batch splits, dp2 (zero 0, 1, 2), tp2 and dp2 x tp2 with sequence parallelism (zero 1),
+#    and after a checkpoint resumed by another layout — and a different one from the fp32 run's;
+#  - ABFT checks the bf16 products without a false alarm or a changed bit, and names a flipped one;
+#  - fast mode runs to the end and learns; fp32_linears = "head" changes the hash;
+#  - the recipe is printed at start-up; a checkpoint written in bf16 refuses an fp32 resume;
+#  - an unknown precision, an fp32_linears entry that names no linear, a bf16 `verify step` and a
+#    bf16 run with reference checks: one clear error each.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make_data
+write_config
+cat >> cfg.toml <<'TOML'
+[parallel]
+timeout_s = 60
+TOML
+# d_model 128 and a vocabulary of 384 keep tp2's split reductions on 64-element chunks.
+sed -i -e 's/^vocab_size = .*/vocab_size = 384/' -e 's/^d_model = .*/d_model = 128/' \
+  -e 's/^mode = .*/mode = "canonical"\nprecision = "bf16"/' cfg.toml
+steps=6
+run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps "$@"; }
+mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \
+  --train.steps=$steps --train.threads=1 "$@"; }
+same_hash() {  # name log
+  local got
+  got=$(model_hash "$2")
+  [ "$got" = "$want" ] || fail "$1: model hash '$got' != bf16 single-process $want: $(tail -3 "$2")"
+}
+
+run --train.threads=1 > one.log
+want=$(model_hash one.log)
+[ -n "$want" ] || fail "no model hash: $(tail -3 one.log)"
+grep -q '^precision: bf16 (linear layers: bf16 inputs, weights and outputs, fp32 accumulation' one.log \
+  || fail "no precision line: $(head -3 one.log)"
+run --train.precision=fp32 > fp32.log
+[ "$(model_hash fp32.log)" != "$want" ] || fail "the bf16 run has the fp32 run's hash"
+grep -q '^precision: fp32$' fp32.log || fail "no fp32 precision line"
+
+for t in 2 3; do run --train.threads=$t > t$t.log; same_hash "threads $t" t$t.log; done
+run --train.isa=avx2 > avx2.log  # the first run took the widest the CPU has
+same_hash "isa avx2" avx2.log
+for mb in 2 8; do run --train.micro_batch_size=$mb > mb$mb.log; same_hash "micro-batch $mb" mb$mb.log; done
+for zero in 0 1 2; do
+  mpi 2 --parallel.dp=2 --parallel.zero=$zero > dp2_z$zero.log 2>&1 || fail "dp2 zero $zero: $(tail -3 dp2_z$zero.log)"
+  same_hash "dp2 zero $zero" dp2_z$zero.log
+done
+mpi 2 --parallel.tp=2 > tp2.log 2>&1 || fail "tp2: $(tail -3 tp2.log)"
+same_hash tp2 tp2.log
+mpi 4 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=1 > dp2tp2.log 2>&1 \
+  || fail "dp2 x tp2 sp: $(tail -3 dp2tp2.log)"
+same_hash "dp2 x tp2 sp zero 1" dp2tp2.log
+
+# A checkpoint at step 4 of a dp2 run, resumed by tp2 with sequence parallelism.
+mpi 2 --parallel.dp=2 --checkpoint.dir=ck --checkpoint.every=4 > ck_a.log 2>&1 || fail "dp2 with checkpoints: $(tail -3 ck_a.log)"
+rm -rf ck/step_00000006
+cp -r ck ck32
+mpi 2 --parallel.tp=2 --parallel.sp=true --checkpoint.dir=ck > ck_b.log 2>&1 || fail "tp2 resume: $(tail -3 ck_b.log)"
+grep -q '^resumed from .*step_00000004' ck_b.log || fail "tp2 did not resume from step 4: $(head -3 ck_b.log)"
+same_hash "resumed by tp2 sp" ck_b.log
+expect_error "cannot resume: it was written with \[train\] precision = \"bf16\", this run has \"fp32\"" \
+  "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --train.precision=fp32 --checkpoint.dir=ck32
+
+# ABFT checks the bf16 products (of the weights' bf16 copies, named as the weights) without a
+# false alarm and changes no bit; a flipped bit in one is found and named.
+run --verify.abft=true > abft.log
+same_hash "abft on" abft.log
+grep -q '^abft: [1-9][0-9]* products checked on rank 0, 0 failed' abft.log || fail "abft: $(grep '^abft' abft.log)"
+status=0
+run --verify.abft=true --inject.site=gemm/layer/0/mlp/fc/weight/forward --inject.kind=bitflip:bit=28 \
+  --inject.step=2 > abft_fault.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "abft fault: expected exit 6, got $status: $(tail -3 abft_fault.log)"
+grep -q '^finding: after step 3, detector abft, site gemm/layer/0/mlp/fc/weight/forward, ranks 0' abft_fault.log \
+  || fail "abft fault not named: $(grep '^finding' abft_fault.log)"
+
+run --train.fp32_linears=head > head32.log
+[ "$(model_hash head32.log)" != "$want" ] || fail "fp32_linears = head did not change the model"
+steps=40 run --train.mode=fast > fast.log
+python3 - fast.log <<'PY' || fail "fast bf16 did not learn: $(grep '^step' fast.log)"
+import re, sys
+losses = [float(m.group(1)) for m in re.finditer(r"^step .*\| loss ([0-9.]+)", open(sys.argv[1]).read(), re.M)]
+assert len(losses) >= 2 and losses[-1] < losses[0] - 1.0, losses
+PY
+
+expect_error "\[train\] precision: expected \"fp32\" or \"bf16\", got \"fp16\"" \
+  "$LOCKSTEP" train --config cfg.toml --train.precision=fp16
+expect_error "\[train\] fp32_linears: \"layer/9\" names no linear layer of this model" \
+  "$LOCKSTEP" train --config cfg.toml --train.fp32_linears=head,layer/9
+expect_error "\[verify\] reference_every needs \[train\] precision = \"fp32\"" \
+  "$LOCKSTEP" train --config cfg.toml --verify.reference_every=2
+expect_error "verify step: \[train\] precision = \"bf16\" is not verified yet" \
+  "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck32
+echo "train_bf16: canonical bf16 hash $want on threads, ISAs, micro-batches, dp2 zero 0-2, tp2, dp2 x tp2 sp, resume"
