@@ -48,8 +48,9 @@ struct StepHyper {
 template <class Real>
 class GptReference {
  public:
-  // B: sequences of the step's batch.
-  GptReference(const ModelDesc& desc, int64_t B) : desc_(desc), B_(B), layout_(reference_param_layout(desc)) {
+  // B: sequences of the step's batch; precision: the model's recipe (src/model/precision.hpp).
+  GptReference(const ModelDesc& desc, int64_t B, PrecisionRecipe precision = {})
+      : desc_(desc), B_(B), layout_(reference_param_layout(desc)), precision_(std::move(precision)) {
     if constexpr (std::is_same_v<Real, CanonicalF32>) check_canonical_pieces();
     const int64_t n = layout_.empty() ? 0 : layout_.back().offset + layout_.back().numel;
     params.assign(n, Real(0));
@@ -137,6 +138,7 @@ class GptReference {
     s.grads = &grads_;
     s.layout = &layout_;
     s.hook = hook;
+    s.precision = &precision_;
     return s;
   }
   void forward(RefStep<Real>& s) {
@@ -150,6 +152,7 @@ class GptReference {
   ModelDesc desc_;
   int64_t B_;
   std::vector<ParamInfo> layout_;
+  PrecisionRecipe precision_;
   GradStore<Real> grads_;
   std::vector<std::unique_ptr<RefLayer<Real>>> layers_;
   std::vector<Real> stream_grad_[2];

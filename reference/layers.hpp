@@ -5,7 +5,11 @@
 // Every reduction over tokens runs over the step's global token index, which is how canonical
 // mode chunks them whatever the micro-batching (token offsets of micro-batches are multiples of
 // the chunk). Each layer reports its tensors to the step's hook under the declared names, its
-// forward outputs as computed and, at the end of its backward, the gradient of its input.
+// forward outputs as computed and, at the end of its backward, the gradient of its input. A bf16
+// recipe (src/model/precision.hpp) rounds where the model's layers do: the activations a bf16
+// linear reads as they are stored, its weight and output gradient as it reads them, its product and
+// input gradient as it writes them (reference/cast.hpp's bf16_rounded: the rounding itself for
+// CanonicalF32, a grown bound for Bounded<T>).
 // Not here: which layers (the description), the optimizer (reference/optim.hpp), anything of
 // kernels/ or the trainer.
 #pragma once
@@ -19,6 +23,7 @@
 
 #include "reference/activation.hpp"
 #include "reference/attention.hpp"
+#include "reference/cast.hpp"
 #include "reference/crossentropy.hpp"
 #include "reference/embedding.hpp"
 #include "reference/linear.hpp"
@@ -26,6 +31,7 @@
 #include "reference/reduce.hpp"
 #include "reference/rope_tables.hpp"
 #include "src/model/layer_list.hpp"
+#include "src/model/precision.hpp"
 
 namespace lockstep::reference {
 
@@ -67,11 +73,19 @@ struct RefStep {
   const std::vector<ParamInfo>* layout = nullptr;
   RefHook<Real> hook;
   Real dloss = Real(0);
+  const PrecisionRecipe* precision = nullptr;  // nullptr: fp32 throughout
   std::vector<int64_t> loss_segments;  // token boundaries of the trainer's micro-batches
   Real loss = Real(0);                 // the loss layer's mean loss
   bool eval = false;                   // forward only: the loss layer's forward computes the loss
 
   int64_t BT() const { return B * T; }
+  bool bf16(const std::string& linear) const {
+    return precision != nullptr && precision->of_linear(linear) == Precision::kBf16;
+  }
+  // n values that linear `linear` reads (or wrote), stored in its precision.
+  void store_for(const std::string& linear, Real* x, int64_t n) const {
+    if (bf16(linear)) round_to_bf16(n, x, x);
+  }
   const ParamInfo* find(const std::string& name) const {
     for (const auto& t : *layout)
       if (t.name == name) return &t;
@@ -122,7 +136,30 @@ class RefLayer {
     }
   }
 
+  // The model's linear `linear` (src/model/layers/, bf16_linear.cpp) in the step's precision.
+  void linear_fwd(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* out,
+                  const Real* inp, const ParamInfo* w, const Real* bias) {
+    if (!s.bf16(linear)) return linear_forward(N, IC, OC, out, inp, s.p(w), bias);
+    const std::vector<Real> wb = rounded(s.p(w), OC * IC);
+    linear_forward(N, IC, OC, out, inp, wb.data(), bias);
+    round_to_bf16(N * OC, out, out);
+  }
+  void linear_bwd(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* dinp,
+                  const ParamInfo* w, GradOut<Real> dbias, const Real* dout, const Real* inp) {
+    if (!s.bf16(linear)) return linear_backward(N, IC, OC, dinp, s.sink(w), dbias, dout, inp, s.p(w));
+    const std::vector<Real> wb = rounded(s.p(w), OC * IC), db = rounded(dout, N * OC);
+    linear_backward(N, IC, OC, dinp, s.sink(w), dbias, db.data(), inp, wb.data());
+    round_to_bf16(N * IC, dinp, dinp);
+  }
+
   LayerDesc d_;
+
+ private:
+  static std::vector<Real> rounded(const Real* x, int64_t n) {
+    std::vector<Real> out(static_cast<size_t>(n));
+    round_to_bf16(n, out.data(), x);
+    return out;
+  }
 };
 
 template <class Real>
@@ -167,19 +204,23 @@ class RefAttention final : public RefLayer<Real> {
   void forward(RefStep<Real>& s, const Real* x) override {
     const LayerDims& m = this->d_.dims;
     const int64_t BT = s.BT(), A = m.NH * m.HS;
+    const std::string qkv = this->n("attn/qkv"), proj = this->n("attn/proj");
     this->norm_forward(s, ln_.data(), mean_.data(), rstd_.data(), x, param(s, "ln1/weight"), param(s, "ln1/bias"));
+    s.store_for(qkv, ln_.data(), BT * m.C);
     s.observe(this->n("ln1/out"), ln_, {s.B, s.T, m.C});
-    linear_forward(BT, m.C, m.qkv_width(), qkv_.data(), ln_.data(), s.p(param(s, "attn/qkv/weight")),
-                   s.p(param(s, "attn/qkv/bias")));
+    this->linear_fwd(s, qkv, BT, m.C, m.qkv_width(), qkv_.data(), ln_.data(), param(s, "attn/qkv/weight"),
+                     s.p(param(s, "attn/qkv/bias")));
     if (this->d_.pos == PosKind::kRope) {
       rope_forward(s.B, s.T, m.NH, m.NKV, m.HS, qkv_.data(), rope_cos_.data(), rope_sin_.data());
+      s.store_for(qkv, qkv_.data(), BT * m.qkv_width());
     }
-    s.observe(this->n("attn/qkv"), qkv_, {s.B, s.T, m.qkv_width()});
+    s.observe(qkv, qkv_, {s.B, s.T, m.qkv_width()});
     attention_forward(s.B, s.T, m.NH, m.NKV, m.HS, out_.data(), att_.data(), qkv_.data());
     s.observe(this->n("attn/att"), att_, {s.B, m.NH, s.T, s.T});
+    s.store_for(proj, out_.data(), BT * A);
     s.observe(this->n("attn/out"), out_, {s.B, s.T, A});
-    linear_forward(BT, A, m.C, res_.data(), out_.data(), s.p(param(s, "attn/proj/weight")),
-                   s.p(param(s, "attn/proj/bias")));
+    this->linear_fwd(s, proj, BT, A, m.C, res_.data(), out_.data(), param(s, "attn/proj/weight"),
+                     s.p(param(s, "attn/proj/bias")));
     residual_forward(BT * m.C, res_.data(), res_.data(), x);
     s.observe(this->d_.output, res_, {s.B, s.T, m.C});
   }
@@ -188,18 +229,16 @@ class RefAttention final : public RefLayer<Real> {
     const LayerDims& m = this->d_.dims;
     const int64_t BT = s.BT(), A = m.NH * m.HS;
     std::vector<Real> dnorm(BT * m.C), dqkv(BT * m.qkv_width()), dout(BT * A), datt(s.B * m.NH * s.T * s.T);
-    const ParamInfo* proj_w = param(s, "attn/proj/weight");
-    linear_backward(BT, A, m.C, dout.data(), s.sink(proj_w), s.sink(param(s, "attn/proj/bias")), dres, out_.data(),
-                    s.p(proj_w));
+    this->linear_bwd(s, this->n("attn/proj"), BT, A, m.C, dout.data(), param(s, "attn/proj/weight"),
+                     s.sink(param(s, "attn/proj/bias")), dres, out_.data());
     s.observe("grad/" + this->n("attn/out"), dout, {s.B, s.T, A});
     attention_backward(s.B, s.T, m.NH, m.NKV, m.HS, dqkv.data(), datt.data(), dout.data(), qkv_.data(), att_.data());
     s.observe("grad/" + this->n("attn/qkv"), dqkv, {s.B, s.T, m.qkv_width()});
     if (this->d_.pos == PosKind::kRope) {
       rope_backward(s.B, s.T, m.NH, m.NKV, m.HS, dqkv.data(), rope_cos_.data(), rope_sin_.data());
     }
-    const ParamInfo* qkv_w = param(s, "attn/qkv/weight");
-    linear_backward(BT, m.C, m.qkv_width(), dnorm.data(), s.sink(qkv_w), s.sink(param(s, "attn/qkv/bias")),
-                    dqkv.data(), ln_.data(), s.p(qkv_w));
+    this->linear_bwd(s, this->n("attn/qkv"), BT, m.C, m.qkv_width(), dnorm.data(), param(s, "attn/qkv/weight"),
+                     s.sink(param(s, "attn/qkv/bias")), dqkv.data(), ln_.data());
     s.observe("grad/" + this->n("ln1/out"), dnorm, {s.B, s.T, m.C});
     this->norm_backward(s, dres, dnorm.data(), x, mean_.data(), rstd_.data(), param(s, "ln1/weight"),
                         param(s, "ln1/bias"));
@@ -232,19 +271,22 @@ class RefMlp final : public RefLayer<Real> {
   void forward(RefStep<Real>& s, const Real* x) override {
     const LayerDims& m = this->d_.dims;
     const int64_t BT = s.BT();
+    const std::string fc = this->n("mlp/fc"), proj = this->n("mlp/proj");
     this->norm_forward(s, ln_.data(), mean_.data(), rstd_.data(), x, param(s, "ln2/weight"), param(s, "ln2/bias"));
+    s.store_for(fc, ln_.data(), BT * m.C);
     s.observe(this->n("ln2/out"), ln_, {s.B, s.T, m.C});
-    linear_forward(BT, m.C, fc_out(), fc_.data(), ln_.data(), s.p(param(s, "mlp/fc/weight")),
-                   s.p(param(s, "mlp/fc/bias")));
+    this->linear_fwd(s, fc, BT, m.C, fc_out(), fc_.data(), ln_.data(), param(s, "mlp/fc/weight"),
+                     s.p(param(s, "mlp/fc/bias")));
     s.observe(this->n("mlp/fc"), fc_, {s.B, s.T, fc_out()});
     if (this->d_.ffn == FfnKind::kSwiglu) {
       swiglu_forward(BT, m.F, act_.data(), fc_.data());
     } else {
       gelu_forward(BT * m.F, act_.data(), fc_.data());
     }
+    s.store_for(proj, act_.data(), BT * m.F);
     s.observe(this->n("mlp/act"), act_, {s.B, s.T, m.F});
-    linear_forward(BT, m.F, m.C, res_.data(), act_.data(), s.p(param(s, "mlp/proj/weight")),
-                   s.p(param(s, "mlp/proj/bias")));
+    this->linear_fwd(s, proj, BT, m.F, m.C, res_.data(), act_.data(), param(s, "mlp/proj/weight"),
+                     s.p(param(s, "mlp/proj/bias")));
     residual_forward(BT * m.C, res_.data(), res_.data(), x);
     s.observe(this->d_.output, res_, {s.B, s.T, m.C});
   }
@@ -253,9 +295,8 @@ class RefMlp final : public RefLayer<Real> {
     const LayerDims& m = this->d_.dims;
     const int64_t BT = s.BT();
     std::vector<Real> dnorm(BT * m.C), dfc(BT * fc_out()), dact(BT * m.F);
-    const ParamInfo* proj_w = param(s, "mlp/proj/weight");
-    linear_backward(BT, m.F, m.C, dact.data(), s.sink(proj_w), s.sink(param(s, "mlp/proj/bias")), dres, act_.data(),
-                    s.p(proj_w));
+    this->linear_bwd(s, this->n("mlp/proj"), BT, m.F, m.C, dact.data(), param(s, "mlp/proj/weight"),
+                     s.sink(param(s, "mlp/proj/bias")), dres, act_.data());
     s.observe("grad/" + this->n("mlp/act"), dact, {s.B, s.T, m.F});
     if (this->d_.ffn == FfnKind::kSwiglu) {
       swiglu_backward(BT, m.F, dfc.data(), fc_.data(), dact.data());
@@ -263,9 +304,8 @@ class RefMlp final : public RefLayer<Real> {
       gelu_backward(BT * m.F, dfc.data(), fc_.data(), dact.data());
     }
     s.observe("grad/" + this->n("mlp/fc"), dfc, {s.B, s.T, fc_out()});
-    const ParamInfo* fc_w = param(s, "mlp/fc/weight");
-    linear_backward(BT, m.C, fc_out(), dnorm.data(), s.sink(fc_w), s.sink(param(s, "mlp/fc/bias")), dfc.data(),
-                    ln_.data(), s.p(fc_w));
+    this->linear_bwd(s, this->n("mlp/fc"), BT, m.C, fc_out(), dnorm.data(), param(s, "mlp/fc/weight"),
+                     s.sink(param(s, "mlp/fc/bias")), dfc.data(), ln_.data());
     s.observe("grad/" + this->n("ln2/out"), dnorm, {s.B, s.T, m.C});
     this->norm_backward(s, dres, dnorm.data(), x, mean_.data(), rstd_.data(), param(s, "ln2/weight"),
                         param(s, "ln2/bias"));
@@ -290,6 +330,7 @@ class RefFinalNorm final : public RefLayer<Real> {
   void forward(RefStep<Real>& s, const Real* x) override {
     this->norm_forward(s, out_.data(), mean_.data(), rstd_.data(), x, s.find(this->n("lnf/weight")),
                        s.find(this->n("lnf/bias")));
+    s.store_for(kHeadLinear, out_.data(), s.BT() * this->d_.dims.C);
     s.observe(this->d_.output, out_, {s.B, s.T, this->d_.dims.C});
   }
   void backward(RefStep<Real>& s, const Real* x, Real* dout, Real* dinp) override {
@@ -316,7 +357,7 @@ class RefHead final : public RefLayer<Real> {
   Real* output() override { return logits_.data(); }
   void forward(RefStep<Real>& s, const Real* x) override {
     const LayerDims& m = this->d_.dims;
-    linear_forward(s.BT(), m.C, m.V, logits_.data(), x, s.p(head(s)), static_cast<Real*>(nullptr));
+    this->linear_fwd(s, kHeadLinear, s.BT(), m.C, m.V, logits_.data(), x, head(s), static_cast<Real*>(nullptr));
     s.observe(this->d_.output, logits_, {s.B, s.T, m.V});
     if (!s.eval) return;
     crossentropy_forward(s.BT(), m.V, losses_.data(), logits_.data(), s.targets);
@@ -328,7 +369,7 @@ class RefHead final : public RefLayer<Real> {
     s.observe(this->n("losses"), losses_, {s.B, s.T});
     s.observe("grad/" + this->d_.output, logits_, {s.B, s.T, m.V});
     s.loss = sum_segments(losses_.data(), s.loss_segments) / Real(static_cast<float>(s.BT()));
-    linear_backward(s.BT(), m.C, m.V, dinp, s.sink(head(s)), GradOut<Real>{}, logits_.data(), x, s.p(head(s)));
+    this->linear_bwd(s, kHeadLinear, s.BT(), m.C, m.V, dinp, head(s), GradOut<Real>{}, logits_.data(), x);
     s.observe("grad/" + this->d_.input, dinp, {s.B, s.T, m.C});
   }
 

@@ -79,7 +79,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
   reference::BoundedFormat own = reference::bounded_format();
   own.u = reference::kBoundedDoubleU;
   reference::ScopedBoundedFormat own_roundings(own);
-  reference::GptReference<Real> ref(s.model, setup.B);
+  reference::GptReference<Real> ref(s.model, setup.B, s.cfg.train.precision_recipe());
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);

@@ -74,7 +74,7 @@ int64_t numel(const std::vector<int64_t>& shape) {
 std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup& u, Backend& backend,
                                             std::vector<std::string>& order) {
   const TrainConfig& tc = s.cfg.train;
-  Model model(s.model, tc.mode, u.MB, {.backend = &backend});
+  Model model(s.model, tc.mode, u.MB, {.backend = &backend, .precision = tc.precision_recipe()});
   const auto ref_layout = reference::reference_param_layout(s.model);
   LS_CHECK(ref_layout.size() == model.param_layout().size(), "reference layout has ",
            ref_layout.size(), " tensors, the model ", model.param_layout().size());
@@ -139,7 +139,7 @@ template <class Real>
 std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSetup& u,
                                                const std::map<std::string, Observed>& trainer,
                                                bool anchor) {
-  reference::GptReference<Real> ref(s.model, u.B);
+  reference::GptReference<Real> ref(s.model, u.B, s.cfg.train.precision_recipe());
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);

@@ -101,9 +101,6 @@ int cmd_verify(Args& args) {
   args.finish("verify step");
 
   const RunConfig cfg = load_run_config(*config, overrides);
-  LS_REQUIRE(cfg.train.precision == Precision::kF32, "lockstep verify step: [train] precision = \"",
-             precision_name(cfg.train.precision), "\" is not verified yet (the reference carries no bf16 roundings); ",
-             "--train.precision=fp32 verifies the checkpoint's next step in fp32");
   for (int64_t l : opt.layers) {
     LS_REQUIRE(l >= 0 && l < cfg.model.n_layers, "--verify.layers: layer ", l,
                " does not exist (the model has ", cfg.model.n_layers, " layers)");

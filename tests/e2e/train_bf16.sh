@@ -6,8 +6,10 @@
 #  - ABFT checks the bf16 products without a false alarm or a changed bit, and names a flipped one;
 #  - fast mode runs to the end and learns; fp32_linears = "head" changes the hash;
 #  - the recipe is printed at start-up; a checkpoint written in bf16 refuses an fp32 resume;
-#  - an unknown precision, an fp32_linears entry that names no linear, a bf16 `verify step` and a
-#    bf16 run with reference checks: one clear error each.
+#  - `verify step` passes a canonical bf16 checkpoint bitwise (the emulation with the recipe's
+#    roundings) and a fast one within its bounds;
+#  - an unknown precision, an fp32_linears entry that names no linear and a bf16 run with sampled
+#    reference checks: one clear error each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -89,6 +91,13 @@ expect_error "\[train\] fp32_linears: \"layer/9\" names no linear layer of this 
   "$LOCKSTEP" train --config cfg.toml --train.fp32_linears=head,layer/9
 expect_error "\[verify\] reference_every needs \[train\] precision = \"fp32\"" \
   "$LOCKSTEP" train --config cfg.toml --verify.reference_every=2
-expect_error "verify step: \[train\] precision = \"bf16\" is not verified yet" \
-  "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck32
+# verify step of the bf16 checkpoint: bitwise against the CanonicalF32 emulation with the recipe's
+# roundings; a fast-mode bf16 checkpoint within the Bounded<double> bounds.
+"$LOCKSTEP" verify step --config cfg.toml --checkpoint ck32 > verify.log || fail "verify step: $(tail -3 verify.log)"
+grep -q '^verify step: PASS' verify.log || fail "verify step did not pass: $(tail -2 verify.log)"
+grep -Eq '^layer/0/ln1/out +\[8,64,128\] +bitwise ' verify.log || fail "verify step not bitwise: $(grep ln1/out verify.log)"
+steps=4 run --train.mode=fast --checkpoint.dir=ckf > ckf.log
+"$LOCKSTEP" verify step --config cfg.toml --train.mode=fast --checkpoint ckf --reference.type=double > verify_fast.log \
+  || fail "verify step fast: $(tail -3 verify_fast.log)"
+grep -q '^verify step: PASS' verify_fast.log || fail "fast verify step did not pass: $(tail -2 verify_fast.log)"
 echo "train_bf16: canonical bf16 hash $want on threads, ISAs, micro-batches, dp2 zero 0-2, tp2, dp2 x tp2 sp, resume"

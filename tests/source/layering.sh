@@ -4,8 +4,8 @@
 #  - src/comm/ is the only place that includes mpi.h or nccl.h;
 #  - the model's code (src/model/) includes nothing of src/parallel, src/comm, src/train or verify/,
 #    and the layers and the model that runs them never name a rank (outside comments);
-#  - reference/ includes reference/ and the model's description only (src/model/layer_list.hpp and
-#    the config it holds), besides what it shares on purpose as the specification and checks
+#  - reference/ includes reference/ and the model's description only (src/model/layer_list.hpp, the
+#    config it holds and the precision recipe, src/model/precision.hpp), besides what it shares on purpose as the specification and checks
 #    against MPFR itself: the canonical contract and transcendentals CanonicalF32 is defined by
 #    (kernels/ops/canonical.hpp, transcendental.hpp), the deterministic double functions of the
 #    canonical RoPE tables (src/core/det_math.hpp) and the narrow formats' roundings that
@@ -43,7 +43,7 @@ for f in $(files src/model/layers) src/model/model.hpp src/model/model.cpp src/m
          src/model/modules.cpp; do
   sed 's://.*$::' "$f" | grep -niw 'rank\|ranks' | sed "s|^|$f: |"
 done | refuse "the model's code names a rank" '.'
-includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|src/model/config\.hpp|verify/core/bounds\.hpp)' \
+includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|src/model/config\.hpp|src/model/precision\.hpp|verify/core/bounds\.hpp)' \
   | grep -vE '^reference/(canonical_f32|canonical_checks)\.hpp: kernels/ops/(canonical|transcendental)\.hpp$' \
   | grep -vE '^reference/rope_tables\.hpp: src/core/det_math\.hpp$' \
   | grep -vE '^reference/cast\.hpp: src/core/formats\.hpp$' \
