@@ -1,7 +1,9 @@
 #include "src/train/trainer.hpp"
 
 #include <atomic>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +110,21 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   return costs;
 }
 
+// Every rank's loss and gradient norm become the worst of any rank's (NaN before infinity before
+// the largest). They are equal on every rank unless something went wrong on one: a data-parallel
+// replica whose reduced gradient was corrupted computes its own norm. The detectors that judge
+// them must decide alike on every rank, or the ranks would part ways and wait for each other.
+void agree_on_worst(comm::Communicator& world, float& loss, float& grad_norm) {
+  if (world.size() == 1) return;
+  const uint64_t mine[2] = {std::bit_cast<uint32_t>(loss), std::bit_cast<uint32_t>(grad_norm)};
+  const std::vector<uint64_t> all = detect::agreed_all_gather(world, mine);
+  auto worst = [](float a, float b) { return std::isnan(a) || (!std::isnan(b) && a >= b) ? a : b; };
+  for (size_t r = 0; r < all.size(); r += 2) {
+    loss = worst(loss, std::bit_cast<float>(static_cast<uint32_t>(all[r])));
+    grad_norm = worst(grad_norm, std::bit_cast<float>(static_cast<uint32_t>(all[r + 1])));
+  }
+}
+
 // The step itself: the batch, forward and backward over the micro-batches, the gradient reduction,
 // clipping and AdamW, with the observers at their points. This rank computes dp group
 // batch_group's part of the batch (its own, but for a buddy replay's).
@@ -134,6 +151,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   for (StepObserver* o : observers) o->after_reduce(step, r.loss);
   r.grad_norm = run.ddp.clip_grad_norm(static_cast<float>(run.cfg.train.grad_clip));
   run.ddp.step(r.lr, step + 1);
+  agree_on_worst(run.world, r.loss, r.grad_norm);
   for (StepObserver* o : observers) o->after_update(step);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.comm_bytes = bytes() - bytes_before;

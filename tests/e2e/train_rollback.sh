@@ -12,7 +12,8 @@
 #    find nothing; a transient fault in an activation (no checksum covers it) in a replayed step is
 #    found as transient and the run ends on the clean model; in a step that is not replayed it is
 #    not found (the rate is 1/N at replay_every = N); the reduced gradient changed before the update
-#    (dp2) is found by the replay and corrected.
+#    (dp2) is found by the replay and corrected; one that makes one replica's gradient norm
+#    infinite is found by every rank alike (the norm is agreed) and rolled back.
 source "$(dirname "$0")/lib.sh"
 make_data
 write_config
@@ -82,4 +83,11 @@ mpi --verify.replay_every=1 --inject.site=optim/grad --inject.step=2 --inject.ra
 grep -q '^finding: after step 3, detector replay, .*(transient)' grad.log \
   || fail "reduced gradient: no transient replay finding: $(grep '^finding' grad.log)"
 [ "$(model_hash grad.log)" = "$(model_hash clean_dp.log)" ] || fail "reduced gradient: not the clean model"
+# An exponent flip there makes one replica's gradient norm infinite while the other's is finite:
+# every rank must reach the same finding and roll back together (not part ways and wait).
+mpi --inject.site=optim/grad --inject.step=2 --inject.rank=1 --inject.kind=bitflip:bit=30,index=100 \
+  > grad_inf.log 2>&1 || fail "one replica's infinite norm: $(tail -3 grad_inf.log)"
+grep -q '^finding: after step 3, detector nonfinite, site grad_norm' grad_inf.log \
+  || fail "one replica's infinite norm: no finding: $(grep -E '^(finding|rank)' grad_inf.log)"
+same_model grad_inf.log clean_dp.log "one replica's infinite norm"
 echo "rollback and replay: transient faults leave the clean model, persistent ones stop naming the rank"
