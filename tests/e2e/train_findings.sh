@@ -3,9 +3,9 @@
 #  - a clean run has no finding;
 #  - a parameter's exponent bit flipped after step 20's update (the embedding of 'a', a token of
 #    the data, 256 times larger) is memory corruption at rest: found before step 21 uses it (exit 6);
-#  - a run resumed at step 20 with a learning rate of 3 (instead of 1e-3) blows up: its loss at step
-#    24 is a spike against the history from before the restart (kept in the checkpoint; without it
-#    the window would hold 3 values, too few to judge): a finding line naming the detector, the
+#  - a run resumed at step 20 with a learning rate of 3 (instead of 1e-3) blows up: its gradient
+#    norm at step 22 and its loss at step 23 are spikes against the history from before the restart
+#    (kept in the checkpoint; without it the window would hold too few values to judge): a finding line naming the detector, the
 #    site and the step, a JSONL record, and the run goes on ([verify] on_spike = "warn", the
 #    default); with on_spike = "stop" it ends there with exit 7 and says why, its last checkpoint
 #    the one before the finding;
@@ -34,17 +34,20 @@ grep -q '^finding: after step 21, detector state_at_rest, site parameters' at_re
 cp -r ck ck_stop
 run --checkpoint.dir=ck --train.lr=3.0 > spike.log 2>&1 || fail "spike run (warn): $(tail -3 spike.log)"
 grep -q '^resumed from ck/step_00000020' spike.log || fail "did not resume: $(head -3 spike.log)"
-grep -Eq '^finding: after step 24, detector spike, site loss, ranks all: robust z [0-9.e+]+ against bound 6 \(spike\)' spike.log \
-  || fail "no spike finding at step 24: $(grep -E '^(finding|step +2[1-4])' spike.log)"
+# The gradient norm jumps first (step 22), the loss a step later.
+grep -Eq '^finding: after step 22, detector spike, site grad_norm, ranks all: robust z [0-9.e+]+ against bound 20 \(spike\)' \
+  spike.log || fail "no gradient-norm spike finding at step 22: $(grep -E '^(finding|step +2[1-4])' spike.log)"
+grep -Eq '^finding: after step 23, detector spike, site loss, ranks all: robust z [0-9.e+]+ against bound 6 \(spike\)' spike.log \
+  || fail "no loss spike finding at step 23: $(grep -E '^(finding|step +2[1-4])' spike.log)"
 grep -q '^done: 30 steps' spike.log || fail "the warned run did not finish"
 grep -q '"finding":{.*"detector":"spike"' m.jsonl || fail "no finding record in the metrics"
 
 status=0
 run --checkpoint.dir=ck_stop --train.lr=3.0 --verify.on_spike=stop --checkpoint.every=2 > spike_stop.log 2>&1 || status=$?
 [ "$status" -eq 7 ] || fail "spike with on_spike=stop: expected exit 7, got $status: $(tail -3 spike_stop.log)"
-grep -q 'stopped after step 24 on the spike finding at loss (\[verify\] on_spike = "stop"' spike_stop.log \
+grep -q 'stopped after step 22 on the spike finding at grad_norm (\[verify\] on_spike = "stop"' spike_stop.log \
   || fail "no reason for the stop: $(tail -2 spike_stop.log)"
-[ -d ck_stop/step_00000022 ] && [ ! -d ck_stop/step_00000024 ] || fail "checkpoints: $(ls ck_stop)"
+[ -d ck_stop/step_00000020 ] && [ ! -d ck_stop/step_00000022 ] || fail "checkpoints: $(ls ck_stop)"
 
 status=0
 inf="--inject.site=param/wte --inject.kind=bitflip:bit=30,index=700 --inject.step=20 --verify.state_at_rest=false"

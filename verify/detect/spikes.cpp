@@ -17,22 +17,34 @@ double median_of(std::vector<double> v) {
   return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + upper) / 2;
 }
 
+// The median absolute deviation from the median.
+double mad_of(std::vector<double> v) {
+  const double m = median_of(v);
+  for (double& x : v) x = std::fabs(x - m);
+  return median_of(std::move(v));
+}
+
 }  // namespace
 
-double robust_z(std::span<const double> history, double x, double floor) {
-  LS_CHECK(!history.empty());
-  const double m = median_of({history.begin(), history.end()});
-  std::vector<double> dev(history.size());
-  std::transform(history.begin(), history.end(), dev.begin(), [m](double h) { return std::fabs(h - m); });
-  const double scale = std::max(1.4826 * median_of(std::move(dev)), floor);
-  if (scale == 0) return x > m ? INFINITY : 0.0;
-  return (x - m) / scale;
+double jump_z(std::span<const double> history, double x, int64_t recent, double floor) {
+  LS_CHECK(history.size() >= 2 && recent >= 1);
+  const size_t r = std::min(history.size(), static_cast<size_t>(recent));
+  const std::vector<double> last(history.end() - static_cast<std::ptrdiff_t>(r), history.end());
+  const double level = median_of(last);
+  std::vector<double> diff(history.size() - 1);
+  for (size_t i = 1; i < history.size(); ++i) diff[i - 1] = history[i] - history[i - 1];
+  const double step_scale = 1.4826 * mad_of(std::move(diff)) / std::sqrt(2.0);
+  const double scale = std::max({step_scale, 1.4826 * mad_of(last), floor});
+  if (scale == 0) return x > level ? INFINITY : 0.0;
+  return (x - level) / scale;
 }
 
 double SpikeWindow::judge(double x) {
   if (!(x > 0 && std::isfinite(x))) return 0;
   const double y = std::log(x);
-  const double z = static_cast<int64_t>(logs_.size()) >= rule_.min_history ? robust_z(logs_, y, rule_.floor) : 0;
+  const double z = static_cast<int64_t>(logs_.size()) >= std::max<int64_t>(rule_.min_history, 2)
+                       ? jump_z(logs(), y, rule_.recent, rule_.floor)
+                       : 0;
   if (static_cast<int64_t>(logs_.size()) < rule_.window) {
     logs_.push_back(y);
   } else {
@@ -42,7 +54,12 @@ double SpikeWindow::judge(double x) {
   return z;
 }
 
-double SpikeWindow::median() const { return logs_.empty() ? 0.0 : std::exp(median_of(logs_)); }
+double SpikeWindow::recent_median() const {
+  if (logs_.empty()) return 0.0;
+  const std::vector<double> ordered = logs();
+  const size_t r = std::min(ordered.size(), static_cast<size_t>(rule_.recent));
+  return std::exp(median_of({ordered.end() - static_cast<std::ptrdiff_t>(r), ordered.end()}));
+}
 
 std::vector<double> SpikeWindow::logs() const {
   if (static_cast<int64_t>(logs_.size()) < rule_.window) return logs_;
@@ -60,12 +77,13 @@ void SpikeWindow::restore(const std::vector<double>& logs) {
 void SpikeDetector::end_step(const StepRecord& r) {
   for (auto [site, window, x, threshold] : {std::tuple{"loss", &loss_, r.loss, rule_.loss_threshold},
                                              std::tuple{"grad_norm", &grad_norm_, r.grad_norm, rule_.grad_norm_threshold}}) {
-    const double median = window->median();
+    const double median = window->recent_median();
     const double z = window->judge(x);
     if (z > threshold) {
       log_.report({.step = r.done(), .detector = "spike", .site = site, .magnitude = z, .bound = threshold,
                    .unit = "robust z", .classification = "spike",
-                   .detail = str_cat("value ", x, ", median of the last ", rule_.window, " steps ", median)},
+                   .detail = str_cat("value ", x, ", median of the last ", rule_.recent, " steps ", median,
+                                     "; scale from the step-to-step changes of the last ", rule_.window)},
                   action_, kExitNumeric, "on_spike");
     }
   }
