@@ -141,7 +141,11 @@ def cmd_time(a):
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        loss = forward_fp32(P, s, toks[step, 0], toks[step, 1])
+        if a.autocast == "bf16":  # PyTorch's mixed precision: bf16 GEMMs, fp32 parameters and AdamW
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = forward_fp32(P, s, toks[step, 0], toks[step, 1])
+        else:
+            loss = forward_fp32(P, s, toks[step, 0], toks[step, 1])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(P.values(), a.grad_clip)
         opt.step()
@@ -151,7 +155,7 @@ def cmd_time(a):
             step_ms.append(ms)
     med = statistics.median(step_ms)
     q = statistics.quantiles(step_ms, n=4) if len(step_ms) > 1 else [med, med, med]
-    out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
+    out = {"threads": torch.get_num_threads(), "torch": torch.__version__, "autocast": a.autocast,
            "step_ms_median": med, "step_ms_q1": q[0], "step_ms_q3": q[2],
            "tokens_per_s": a.batch * s["seq_len"] / (med / 1e3), "losses": losses} | blas_info()
     print(json.dumps(out))
@@ -298,6 +302,7 @@ def main():
     ap.add_argument("--lockstep-json", required=True, help="lockstep bench --json file (learning rates)")
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--autocast", choices=["off", "bf16"], default="off", help="time: torch.autocast to bf16")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.95)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Lockstep against PyTorch CPU on the same model, the same initial parameters and the same tokens:
-#   scripts/compare_pytorch.sh bench_small|bench_medium [STEPS]
+#   scripts/compare_pytorch.sh bench_small|bench_medium [STEPS] [fp32|bf16]
+# bf16: Lockstep's bf16 recipe (--train.precision=bf16) against PyTorch's bf16 autocast (fp32
+# parameters and AdamW, bf16 GEMMs); the step-1 loss check below is fp32's and is skipped.
 # For 1 and 2 threads: `lockstep bench` (fast mode, fp32) and the PyTorch rebuild of the model
 # (scripts/compare_pytorch.py) run the same warm-up + STEPS (default 10) steps, alternating, in
 # COMPARE_ROUNDS rounds (default 2); each side's figure is its best round (tokens/s at the median
@@ -25,9 +27,13 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 name="${1:-}"
 steps="${2:-10}"
+precision="${3:-fp32}"
+case "$precision" in fp32 | bf16) ;; *) echo "compare_pytorch: precision must be fp32 or bf16, got '$precision'" >&2; exit 2 ;; esac
+autocast=off
+[ "$precision" = bf16 ] && autocast=bf16
 case "$name" in
   bench_small | bench_medium) ;;
-  *) echo "usage: scripts/compare_pytorch.sh bench_small|bench_medium [STEPS]" >&2; exit 2 ;;
+  *) echo "usage: scripts/compare_pytorch.sh bench_small|bench_medium [STEPS] [fp32|bf16]" >&2; exit 2 ;;
 esac
 config="$root/scripts/configs/$name.toml"
 lockstep="${LOCKSTEP:-$root/build/bin/lockstep}"
@@ -53,7 +59,7 @@ trap 'rm -rf "$work"' EXIT
 warmup=2
 batch="$(sed -n 's/^batch_size *= *\([0-9]*\).*/\1/p' "$config")"
 
-echo "compare_pytorch: $name, $warmup warm-up + $steps timed steps, OPENBLAS_CORETYPE=${core:-unset} here (machine: ${OPENBLAS_CORETYPE:-unset}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "compare_pytorch: $name, $precision, $warmup warm-up + $steps timed steps, OPENBLAS_CORETYPE=${core:-unset} here (machine: ${OPENBLAS_CORETYPE:-unset}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$lockstep" ckpt export --config "$config" "$work/init.safetensors" >/dev/null
 
 field() {  # field FILE KEY: a top-level JSON value
@@ -70,7 +76,7 @@ for t in ${COMPARE_THREADS:-1 2}; do
   export OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t
   if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
   for round in $(seq 1 "${COMPARE_ROUNDS:-2}"); do
-    "$lockstep" bench --config "$config" --train.mode=fast --train.threads="$t" --bench.warmup=$warmup \
+    "$lockstep" bench --config "$config" --train.mode=fast --train.precision="$precision" --train.threads="$t" --bench.warmup=$warmup \
       --bench.steps="$steps" --json "$work/ls_${t}_$round.json" --tokens-out "$work/tokens.bin" >/dev/null
     cp "$work/ls_${t}_$round.json" "$work/ls.json"
     line="  threads $t round $round: Lockstep $(printf %.0f "$(field "$work/ls.json" tokens_per_s)")"
@@ -81,6 +87,7 @@ for t in ${COMPARE_THREADS:-1 2}; do
         lib=(env "LD_LIBRARY_PATH=$omp_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
       fi
       "${lib[@]}" "$py" "$root/scripts/compare_pytorch.py" time "${py_common[@]}" --threads "$t" --warmup $warmup \
+        --autocast "$autocast" \
         >"$work/pt_${t}_${round}_$variant.json"
       line+=", PyTorch on $variant OpenBLAS $(printf %.0f "$(field "$work/pt_${t}_${round}_$variant.json" tokens_per_s)")"
     done
@@ -96,14 +103,15 @@ for t in ${COMPARE_THREADS:-1 2}; do
 import json, sys
 ls, pt = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 t, variant = sys.argv[3], sys.argv[4]
-print(f"threads {t}: Lockstep fast {ls['tokens_per_s']:.0f} tokens/s ({ls['fast_gemm']}, "
+print(f"threads {t}: Lockstep fast {ls['precision'].split()[0]} {ls['tokens_per_s']:.0f} tokens/s ({ls['fast_gemm']}, "
       f"step {ls['step_ms_median']:.1f} ms), PyTorch {pt['tokens_per_s']:.0f} tokens/s ({variant} OpenBLAS "
-      f"{pt['openblas_core']}, step {pt['step_ms_median']:.1f} ms); Lockstep / PyTorch = "
+      f"{pt['openblas_core']}, autocast {pt['autocast']}, step {pt['step_ms_median']:.1f} ms); Lockstep / PyTorch = "
       f"{ls['tokens_per_s'] / pt['tokens_per_s']:.3f} (best of each side's rounds)")
 EOF
 done
 
 # Step-1 losses against the fp64 loss (the tokens and learning rates are the same at every thread count).
+if [ "$precision" != fp32 ]; then exit $fail; fi
 first_t="$(echo ${COMPARE_THREADS:-1 2} | cut -d' ' -f1)"
 "$lockstep" bench --config "$config" --train.mode=canonical --train.threads=1 --bench.warmup=0 --bench.steps=1 \
   --json "$work/canon.json" >/dev/null

@@ -85,6 +85,7 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
   };
   return {{"config", cfg.source},
           {"mode", mode_name(cfg.train.mode)},
+          {"precision", cfg.train.precision_recipe().describe()},
           {"threads", threads},
           {"isa", isa},
           {"params", params},
@@ -252,6 +253,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << " threads, " << r.isa << "; batch " << B << " x " << T
       << " tokens (micro-batch " << MB << "); "
       << (r.synthetic_tokens ? "synthetic uniform tokens" : "tokens from " + cfg.data.train) << "\n"
+      << "precision: " << tc.precision_recipe().describe() << "\n"
       << "fp32 GEMM peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
       << (r.peak_measured ? " (measured, same threads: " + r.measured.describe() + "; measured again after the steps)"
                           : " (configured)")

@@ -84,4 +84,11 @@ expect_error "bench.steps \\(0\\) must be >= 1" \
 # Only bench may run without [data] train; training still requires a token file.
 expect_error "\\[data\\] train: a token file is required" \
   "$LOCKSTEP" train --config "$SRC/scripts/configs/bench_small.toml"
+# The precision recipe is benchmarked as configured and named in the report.
+"$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.steps=1 --bench.warmup=0 \
+  --train.precision=bf16 --json bf16.json > bf16.log || fail "bf16 bench failed: $(cat bf16.log)"
+grep -q '^precision: bf16 (' bf16.log || fail "bf16 bench: no precision line: $(head -3 bf16.log)"
+/usr/bin/python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["precision"].startswith("bf16 ("), "precision"' \
+  bf16.json || fail "bf16 bench: no precision in the JSON"
+
 echo "bench_smoke: ok"

@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 
 LOCKSTEP="$LOCKSTEP" COMPARE_CORETYPE=machine COMPARE_THREADS=1 COMPARE_ROUNDS=1 "$SRC/scripts/compare_pytorch.sh" bench_small 1 > compare.log 2>&1 \
   || fail "compare_pytorch.sh failed: $(cat compare.log)"
-grep -Eq '^threads 1: Lockstep fast [0-9]+ tokens/s \((OpenBLAS sgemm \([A-Za-z0-9]+\)|Lockstep fast GEMM \([^)]+\)), .*PyTorch [0-9]+ tokens/s \((pthread|openmp) OpenBLAS [A-Za-z0-9]+, .*Lockstep / PyTorch = [0-9.]+' compare.log \
+grep -Eq '^threads 1: Lockstep fast fp32 [0-9]+ tokens/s \((OpenBLAS sgemm \([A-Za-z0-9]+\)|Lockstep fast GEMM \([^)]+\)), .*PyTorch [0-9]+ tokens/s \((pthread|openmp) OpenBLAS [A-Za-z0-9]+, .*Lockstep / PyTorch = [0-9.]+' compare.log \
   || fail "no throughput line: $(cat compare.log)"
 for side in "Lockstep fast" "Lockstep canonical" "PyTorch fp32"; do
   grep -Eq "^  $side +[0-9.]+ +\|diff\| .* ok$" compare.log || fail "no checked step-1 loss for $side: $(cat compare.log)"
