@@ -7,7 +7,8 @@
 #  - fast mode runs to the end and learns; fp32_linears = "head" changes the hash;
 #  - the recipe is printed at start-up; a checkpoint written in bf16 refuses an fp32 resume;
 #  - `verify step` passes a canonical bf16 checkpoint bitwise (the emulation with the recipe's
-#    roundings) and a fast one within its bounds;
+#    roundings) and a fast one within its bounds; `diff --bounds` of an fp32 and a bf16 run finds
+#    each side within its own recipe's op-local bounds and their difference explained;
 #  - an unknown precision, an fp32_linears entry that names no linear and a bf16 run with sampled
 #    reference checks: one clear error each.
 source "$(dirname "$0")/lib.sh"
@@ -84,6 +85,17 @@ import re, sys
 losses = [float(m.group(1)) for m in re.finditer(r"^step .*\| loss ([0-9.]+)", open(sys.argv[1]).read(), re.M)]
 assert len(losses) >= 2 and losses[-1] < losses[0] - 1.0, losses
 PY
+
+# diff --bounds of an fp32 and a bf16 run's dumped step: each side within the op-local bounds of
+# its own recipe, their difference within what both sides' roundings and their inputs explain.
+for p in fp32 bf16; do
+  steps=4 run --train.precision=$p --checkpoint.dir=ck_$p --checkpoint.every=3 --dump.dir=dump_$p --dump.steps=3 \
+    > dump_$p.log || fail "dump $p: $(tail -3 dump_$p.log)"
+done
+"$LOCKSTEP" diff dump_fp32 dump_bf16 --bounds --ckpt-a=ck_fp32 --ckpt-b=ck_bf16 > diff_bounds.log \
+  || fail "diff --bounds fp32 vs bf16: $(head -3 diff_bounds.log)"
+grep -q '^diff dump_fp32 dump_bf16 (mode bounds): agree' diff_bounds.log || fail "diff --bounds: $(head -2 diff_bounds.log)"
+grep -Eq '^step/3/layer/0/ln1/out .* 0\.99 ' diff_bounds.log || fail "diff --bounds: the bf16 side is not held to its rounding: $(grep ln1/out diff_bounds.log)"
 
 expect_error "\[train\] precision: expected \"fp32\" or \"bf16\", got \"fp16\"" \
   "$LOCKSTEP" train --config cfg.toml --train.precision=fp16
