@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -17,7 +18,10 @@ namespace lockstep {
 // What a step did.
 struct StepRecord {
   int64_t step = 0;           // 0-based
-  float loss = 0, lr = 0, grad_norm = 0;
+  float loss = 0, lr = 0, grad_norm = 0;  // loss and grad_norm: the worst of any rank's
+  // The ranks whose own loss or gradient norm was not finite where some rank's was (empty: every
+  // rank's alike).
+  std::vector<int> nonfinite_ranks{};
   double seconds = 0;         // the step, from the batch to the update
   uint64_t comm_bytes = 0;    // sent by this rank in the step (dp and tp groups)
   parallel::OverlapStats overlap;

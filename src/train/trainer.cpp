@@ -111,18 +111,24 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
 }
 
 // Every rank's loss and gradient norm become the worst of any rank's (NaN before infinity before
-// the largest). They are equal on every rank unless something went wrong on one: a data-parallel
-// replica whose reduced gradient was corrupted computes its own norm. The detectors that judge
-// them must decide alike on every rank, or the ranks would part ways and wait for each other.
-void agree_on_worst(comm::Communicator& world, float& loss, float& grad_norm) {
+// the largest), and the ranks whose own were not finite, where others' were, are noted. They are
+// equal on every rank unless something went wrong on one: a data-parallel replica whose reduced
+// gradient was corrupted computes its own norm. The detectors that judge them must decide alike
+// on every rank, or the ranks would part ways and wait for each other.
+void agree_on_worst(comm::Communicator& world, StepRecord& r) {
   if (world.size() == 1) return;
-  const uint64_t mine[2] = {std::bit_cast<uint32_t>(loss), std::bit_cast<uint32_t>(grad_norm)};
+  const uint64_t mine[2] = {std::bit_cast<uint32_t>(r.loss), std::bit_cast<uint32_t>(r.grad_norm)};
   const std::vector<uint64_t> all = detect::agreed_all_gather(world, mine);
   auto worst = [](float a, float b) { return std::isnan(a) || (!std::isnan(b) && a >= b) ? a : b; };
-  for (size_t r = 0; r < all.size(); r += 2) {
-    loss = worst(loss, std::bit_cast<float>(static_cast<uint32_t>(all[r])));
-    grad_norm = worst(grad_norm, std::bit_cast<float>(static_cast<uint32_t>(all[r + 1])));
+  std::vector<int> nonfinite;
+  for (int rank = 0; rank < world.size(); ++rank) {
+    const float loss = std::bit_cast<float>(static_cast<uint32_t>(all[2 * static_cast<size_t>(rank)]));
+    const float norm = std::bit_cast<float>(static_cast<uint32_t>(all[2 * static_cast<size_t>(rank) + 1]));
+    r.loss = worst(r.loss, loss);
+    r.grad_norm = worst(r.grad_norm, norm);
+    if (!std::isfinite(loss) || !std::isfinite(norm)) nonfinite.push_back(rank);
   }
+  if (static_cast<int>(nonfinite.size()) < world.size()) r.nonfinite_ranks = std::move(nonfinite);
 }
 
 // The step itself: the batch, forward and backward over the micro-batches, the gradient reduction,
@@ -151,7 +157,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   for (StepObserver* o : observers) o->after_reduce(step, r.loss);
   r.grad_norm = run.ddp.clip_grad_norm(static_cast<float>(run.cfg.train.grad_clip));
   run.ddp.step(r.lr, step + 1);
-  agree_on_worst(run.world, r.loss, r.grad_norm);
+  agree_on_worst(run.world, r);
   for (StepObserver* o : observers) o->after_update(step);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.comm_bytes = bytes() - bytes_before;

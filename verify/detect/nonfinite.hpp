@@ -1,5 +1,6 @@
 // The non-finite monitor (always on): a NaN or infinite loss or global gradient norm after a step
-// is a finding of class "numeric" (the values are the reduced ones, equal on every rank).
+// is a finding of class "numeric" (the values are the worst of any rank's, so every rank finds
+// alike; the finding names the ranks whose own were not finite, where the others' were).
 #pragma once
 
 #include "src/train/step_observer.hpp"
