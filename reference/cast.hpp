@@ -17,10 +17,11 @@
 
 namespace lockstep::reference {
 
-inline constexpr double kUnitBf16 = 0x1p-8;
-inline constexpr double kHalfMinSubnormalBf16 = 0x1p-134;
-// The smallest magnitude that rounds to infinity: the largest finite bf16 plus half its ulp.
-inline constexpr double kOverflowBf16 = 0x1.ffp127;
+inline constexpr double kUnitBf16 = kBF16Info.unit_roundoff;
+inline constexpr double kHalfMinSubnormalBf16 = kBF16Info.min_subnormal / 2;
+// The smallest magnitude that rounds to infinity: the largest finite bf16, (2 − 2u)·2^emax, plus
+// half its ulp, u·2^emax (emax = the bias in an IEEE format).
+inline const double kOverflowBf16 = std::ldexp(2.0 - kUnitBf16, kBF16Info.bias);
 
 template <class Real>
 Real bf16_rounded(const Real& x) {

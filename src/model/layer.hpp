@@ -105,9 +105,8 @@ class LayerContext {
   void set_op_mode(std::string op, Mode mode) { op_modes_.emplace_back(std::move(op), mode); }
   void clear_op_modes() { op_modes_.clear(); }
 
-  // The precision recipe (precision.hpp). Linear layers are named as it names them.
-  const PrecisionRecipe& precision() const { return precision_; }
-  bool bf16(const std::string& linear) const { return precision_.of_linear(linear) == Precision::kBf16; }
+  // Whether linear `linear` runs in bf16 (precision.hpp names the linears).
+  bool bf16(const std::string& linear) const { return precision_.bf16(linear); }
   // The op of linear `name` (weight: this rank's tensor): the plan's, in the recipe's precision.
   std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name);
   // The weight linear `name` computes with: the bf16 copy of the master weight, or the master.

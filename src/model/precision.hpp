@@ -49,8 +49,9 @@ struct PrecisionRecipe {
   Precision linears = Precision::kF32;
   std::vector<std::string> fp32_linears;  // names or prefixes, as above
 
-  // The precision linear `name` runs in.
+  // The precision linear `name` runs in, and whether that is bf16.
   Precision of_linear(std::string_view name) const;
+  bool bf16(std::string_view name) const { return of_linear(name) == Precision::kBf16; }
   // An fp32_linears entry that names no linear of `desc` ("": none).
   std::string unmatched(const ModelDesc& desc) const;
   // Whether fp32_linears entry `entry` names linear `name`.

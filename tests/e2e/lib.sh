@@ -53,6 +53,14 @@ batches = 2
 TOML
 }
 
+# write_tp_config VOCAB D_MODEL: write_config's model with that vocabulary and width (chosen so
+# that tensor parallelism's split reductions fall on 64-element chunks) and a 60 s watchdog.
+write_tp_config() {
+  write_config
+  sed -i -e "s/^vocab_size = .*/vocab_size = $1/" -e "s/^d_model = .*/d_model = $2/" cfg.toml
+  printf '[parallel]\ntimeout_s = 60\n' >> cfg.toml
+}
+
 # expect_error "regex" command...: the command must exit with status 2 and print one line
 # `error: ...` matching the regex on stderr.
 expect_error() {

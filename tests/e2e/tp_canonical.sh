@@ -14,13 +14,8 @@
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
-write_config
 # d_model 256 and a vocabulary of 512 keep every split reduction on 64-element chunks up to tp4.
-cat >> cfg.toml <<'TOML'
-[parallel]
-timeout_s = 60
-TOML
-sed -i -e 's/^vocab_size = .*/vocab_size = 512/' -e 's/^d_model = .*/d_model = 256/' cfg.toml
+write_tp_config 512 256
 steps=4
 run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --train.threads=1 "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \

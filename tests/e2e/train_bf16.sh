@@ -14,14 +14,9 @@
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
-write_config
-cat >> cfg.toml <<'TOML'
-[parallel]
-timeout_s = 60
-TOML
 # d_model 128 and a vocabulary of 384 keep tp2's split reductions on 64-element chunks.
-sed -i -e 's/^vocab_size = .*/vocab_size = 384/' -e 's/^d_model = .*/d_model = 128/' \
-  -e 's/^mode = .*/mode = "canonical"\nprecision = "bf16"/' cfg.toml
+write_tp_config 384 128
+sed -i 's/^mode = .*/mode = "canonical"\nprecision = "bf16"/' cfg.toml
 steps=6
 run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \

@@ -153,41 +153,44 @@ TEST(FaultAction, RollbackThrowsWithTheFinding) {
   EXPECT_EQ(log.count(), 1);
 }
 
-// A clean run's loss decays with noise and its gradient norm wanders by factors (a slow random walk
-// and step-to-step noise of 10%): 10,000 steps, no finding at the default rule.
+// A spike detector at the default rule that warns into a log, and the noise of a simulated run.
+struct WarningSpikes {
+  explicit WarningSpikes(unsigned seed) : rng(seed) {}
+  std::ostringstream out;
+  FindingLog log{out, {}};
+  SpikeDetector spikes{SpikeRule{}, log, FaultAction::kWarn};
+  std::mt19937 rng;
+  std::normal_distribution<double> normal{0.0, 1.0};
+  double noise() { return normal(rng); }
+};
+
 // tiny.toml's clean fp32 run: a loss falling from 6.2 to the plateau at ln 16 ≈ 2.77 in 30 steps,
 // then one step at 15.9 (rare tokens' embeddings, moved by Adam while unused, meeting a changed
 // hidden state): a spike; the descent itself is not.
 TEST(SpikeDetector, FindsAJumpRightAfterAFastDescent) {
-  std::ostringstream out;
-  FindingLog log(out, {});
-  SpikeDetector spikes(SpikeRule{}, log, FaultAction::kWarn);
-  std::mt19937 rng(3);
-  std::normal_distribution<double> noise(0.0, 1.0);
+  WarningSpikes w(3);
   for (int64_t s = 0; s < 41; ++s) {
-    const double loss = 2.775 + 3.45 * std::exp(-static_cast<double>(s) / 7.0) + 0.003 * noise(rng);
-    spikes.end_step(record(s, static_cast<float>(loss), 0.3f + 0.02f * static_cast<float>(s % 3)));
+    const double loss = 2.775 + 3.45 * std::exp(-static_cast<double>(s) / 7.0) + 0.003 * w.noise();
+    w.spikes.end_step(record(s, static_cast<float>(loss), 0.3f + 0.02f * static_cast<float>(s % 3)));
   }
-  EXPECT_EQ(log.count(), 0) << out.str();
-  spikes.end_step(record(41, 15.91f, 0.33f));
-  EXPECT_EQ(log.count(), 1);
-  EXPECT_TRUE(test::matches(out.str(), "finding: after step 42, detector spike, site loss, .*\n")) << out.str();
+  EXPECT_EQ(w.log.count(), 0) << w.out.str();
+  w.spikes.end_step(record(41, 15.91f, 0.33f));
+  EXPECT_EQ(w.log.count(), 1);
+  EXPECT_TRUE(test::matches(w.out.str(), "finding: after step 42, detector spike, site loss, .*\n")) << w.out.str();
 }
 
+// A clean run's loss decays with noise and its gradient norm wanders by factors (a slow random walk
+// and step-to-step noise of 10%): 10,000 steps, no finding at the default rule.
 TEST(SpikeDetector, NoFalseAlarmOnTenThousandNoisyCleanSteps) {
-  std::ostringstream out;
-  FindingLog log(out, {});
-  SpikeDetector spikes(SpikeRule{}, log, FaultAction::kWarn);
-  std::mt19937 rng(1);
-  std::normal_distribution<double> noise(0.0, 1.0);
+  WarningSpikes w(1);
   double drift = 0;
   for (int64_t s = 0; s < 10000; ++s) {
-    const double loss = 2.0 + 3.0 * std::exp(-static_cast<double>(s) / 1500.0) + 0.03 * noise(rng);
-    drift = 0.98 * drift + 0.05 * noise(rng);
-    const double norm = (0.5 + 2.0 * std::exp(-static_cast<double>(s) / 500.0)) * std::exp(drift + 0.1 * noise(rng));
-    spikes.end_step(record(s, static_cast<float>(loss), static_cast<float>(norm)));
+    const double loss = 2.0 + 3.0 * std::exp(-static_cast<double>(s) / 1500.0) + 0.03 * w.noise();
+    drift = 0.98 * drift + 0.05 * w.noise();
+    const double norm = (0.5 + 2.0 * std::exp(-static_cast<double>(s) / 500.0)) * std::exp(drift + 0.1 * w.noise());
+    w.spikes.end_step(record(s, static_cast<float>(loss), static_cast<float>(norm)));
   }
-  EXPECT_EQ(log.count(), 0) << out.str();
+  EXPECT_EQ(w.log.count(), 0) << w.out.str();
 }
 
 // A buffer changed between the update and the next step is named; one left alone is not; the first
