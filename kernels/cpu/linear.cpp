@@ -65,7 +65,7 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     // out[n,o] = canonical_dot_i(inp[n,i], weight[o,i]) + bias[o]: B[i,o] = weight[o,i].
     MatmulEpilogue ep;
     ep.col_bias = bias;
-    matmul_canonical(s.N, s.OC, s.IC, out, s.OC, inp, s.IC, 1, weight, 1, s.IC, ep);
+    matmul_canonical(s.N, s.OC, s.IC, out, s.OC, inp, s.IC, 1, weight, 1, s.IC, ep, s.operands);
     return;
   }
   float beta = 0.0f;
@@ -74,7 +74,7 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     for (int64_t n = 0; n < s.N; ++n) std::copy(bias, bias + s.OC, out + n * s.OC);
     beta = 1.0f;
   }
-  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, beta, out, s.OC);
+  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, beta, out, s.OC, s.operands);
 }
 
 void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp,
@@ -91,21 +91,22 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     // forward: out = inp · weightᵀ + bias
     // dinp[n,i] = canonical_dot_o(dout[n,o], weight[o,i])
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-      matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, MatmulEpilogue{});
+      matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, MatmulEpilogue{}, s.operands);
     }
     // dweight[o,i] += Σ_n dout[n,o]·inp[n,i]: A = doutᵀ, K = tokens.
     if (!dweight.empty()) {
       matmul_chunks_exact(s.OC, s.IC, s.N, *dweight.exact, dweight.offset, dout, 1, s.OC, inp,
-                          s.IC, 1);
+                          s.IC, 1, s.operands);
     }
     if (!dbias.empty()) bias_grad_canonical(s, dbias, dout);
     return;
   }
   if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC);
+    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands);
   }
   if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
-    sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC);
+    sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,
+                  s.operands);
   }
   if (!dbias.empty()) {
     // Threads take blocks of columns; every element still adds the tokens in order, onto its
@@ -138,14 +139,14 @@ void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* 
                              const float* weight) {
   check_shape(s);
   // out[n,o] = Σ_i inp[n,i]·weight[o,i]: B[i,o] = weight[o,i].
-  matmul_chunks_exact(s.N, s.OC, s.IC, out, 0, inp, s.IC, 1, weight, 1, s.IC);
+  matmul_chunks_exact(s.N, s.OC, s.IC, out, 0, inp, s.IC, 1, weight, 1, s.IC, s.operands);
 }
 
 void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const float* dout,
                                    const float* weight) {
   check_shape(s);
   // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
-  matmul_chunks_exact(s.N, s.IC, s.OC, dinp, 0, dout, s.OC, 1, weight, s.IC, 1);
+  matmul_chunks_exact(s.N, s.IC, s.OC, dinp, 0, dout, s.OC, 1, weight, s.IC, 1, s.operands);
 }
 
 }  // namespace lockstep::cpu

@@ -7,16 +7,33 @@
 //    chunks of kCanonicalChunk and adds every chunk partial into an ExactAccumulator — the
 //    canonical weight-gradient reduction.
 // All of them dispatch on active_isa() and give the same bits on AVX2 and AVX-512 and for any
-// thread count. Beside them, matmul_fast: fast mode's product on the same packed kernel where
+// thread count; with Operands::kBf16 they may run VDPBF16PS (Bf16Kernel below), the same bits
+// again. Beside them, matmul_fast: fast mode's product on the same packed kernel where
 // OpenBLAS's kernel is narrower than the CPU (sgemm_threads.hpp chooses).
 // Not here: fast-mode OpenBLAS products, which callers invoke directly.
 #pragma once
 
 #include <cstdint>
 
+#include <string>
+
+#include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
 
 namespace lockstep::cpu {
+
+// The instructions of products whose operands are bf16 values (Operands::kBf16): kDot, VDPBF16PS on
+// operands packed as bf16 pairs, where the CPU has AVX512-BF16 and the active ISA is AVX-512; kFma,
+// the fp32 kernels of the active ISA. Canonical results are the same bits with either; fast mode's
+// differ within its bound. kAuto resolves to kDot where the CPU can run it. Process-wide, like
+// set_isa; set outside parallel regions.
+enum class Bf16Kernel { kAuto, kFma, kDot };
+bool bf16_dot_supported();
+// Throws ConfigError for kDot where the CPU cannot run it.
+void set_bf16_kernel(Bf16Kernel kernel);
+Bf16Kernel active_bf16_kernel();
+// "VDPBF16PS (avx512bf16)" or the fp32 kernel's ISA: "fp32 FMA (avx2)".
+std::string bf16_kernel_name();
 
 // Applied to each element after the rounded canonical dot r: C = r (+ col_bias[n]), one fp32
 // addition.
@@ -30,7 +47,7 @@ void matmul_canonical(int64_t M, int64_t N, int64_t K,
                       float* C, int64_t ldc,                     // (M, N) row stride ldc
                       const float* A, int64_t sam, int64_t sak,  // (M, K) strides
                       const float* B, int64_t sbk, int64_t sbn,  // (K, N) strides
-                      MatmulEpilogue epilogue);
+                      MatmulEpilogue epilogue, Operands operands = Operands::kFp32);
 // The same without an epilogue.
 void matmul_canonical(int64_t M, int64_t N, int64_t K,
                       float* C, int64_t ldc,                     // (M, N) row stride ldc
@@ -50,7 +67,8 @@ void matmul_chunk_partials(int64_t M, int64_t N, int64_t K,
 void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
                          ExactAccumulator& acc, int64_t offset,     // (M, N) elements from offset
                          const float* A, int64_t sam, int64_t sak,  // (M, K)
-                         const float* B, int64_t sbk, int64_t sbn); // (K, N)
+                         const float* B, int64_t sbk, int64_t sbn,  // (K, N)
+                         Operands operands = Operands::kFp32);
 
 // Fast mode's product without OpenBLAS: C (M, N) = alpha·A·B + beta·C (beta 0: C is not read),
 // each element one fp32 FMA chain per K block of the packed kernel, the blocks added into C in
@@ -58,6 +76,7 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t sam, int64_t sak,  // (M, K)
                  const float* B, int64_t sbk, int64_t sbn,  // (K, N)
-                 float beta, float* C, int64_t ldc);        // (M, N)
+                 float beta, float* C, int64_t ldc,         // (M, N)
+                 Operands operands = Operands::kFp32);
 
 }  // namespace lockstep::cpu

@@ -1,5 +1,7 @@
 // The canonical matrix product as a packed, register-blocked SIMD kernel; compiled once per ISA
-// (kernels/CMakeLists.txt) into lockstep::cpu::avx2 and lockstep::cpu::avx512.
+// (kernels/CMakeLists.txt) into lockstep::cpu::avx2 and lockstep::cpu::avx512, and once more with
+// LS_BF16_PAIRS into lockstep::cpu::avx512bf16 for operands that hold bf16 values: there the
+// panels hold bf16 pair words and the FMA loop is VDPBF16PS's (see chunk_dots), the rest the same.
 //
 // Algorithm (matmul_packed_mrx2v):
 //  - B is packed into panels of kNr = 2 vectors of columns, k-major (panel[k][j]); A into
@@ -44,6 +46,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -261,6 +264,12 @@ inline void transpose(VecF r[kLanes]) {
 constexpr int kNr = 2 * kLanes;
 constexpr int kHalf = kLanes / 2;  // doubles per vector
 constexpr int64_t kAlign = 64;     // bytes; every packed panel starts on a cache line
+// Whether this build packs its operands as bf16 pair words (the avx512bf16 build, matmul_isa.hpp).
+#if defined(LS_BF16_PAIRS)
+constexpr bool kPairs = true;
+#else
+constexpr bool kPairs = false;
+#endif
 
 // What a tile does with its results.
 enum class Output {
@@ -549,14 +558,26 @@ LeftVectors retire_pending(TilePipeline& pl, uint32_t vectors, const PendingGrou
   return left;
 }
 
+// A tile's accumulators: row r's two vectors in c0[r], c1[r].
+[[gnu::always_inline]] inline void zero_tile(VecF c0[kMr], VecF c1[kMr]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) c0[r] = c1[r] = vzero();
+}
+[[gnu::always_inline]] inline void store_tile(const VecF c0[kMr], const VecF c1[kMr], float* dst) {
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) {
+    vstore(dst + r * kNr, c0[r]);
+    vstore(dst + r * kNr + kLanes, c1[r]);
+  }
+}
+
 // One chunk's FMA loop of a kMr x kNr tile (exactly chunk_dot in every lane: each accumulator
 // starts from +0.0f), `between()` called after every k.
 template <int kAStride, class Between>
 [[gnu::always_inline]] inline void chunk_fmas(int64_t len, const float* a, const float* b, float* dst,
                                              Between&& between) {
   VecF c0[kMr], c1[kMr];
-#pragma GCC unroll 16
-  for (int r = 0; r < kMr; ++r) c0[r] = c1[r] = vzero();
+  zero_tile(c0, c1);
   const auto fma_k = [&] {
     const VecF b0 = vload(b);
     const VecF b1 = vload(b + kLanes);
@@ -573,17 +594,112 @@ template <int kAStride, class Between>
     fma_k();
     between();
   }
+  store_tile(c0, c1, dst);
+}
+
+#if defined(LS_BF16_PAIRS)
+// Products of bf16 operands (LS_BF16_PAIRS, the avx512bf16 build): the packed panels hold pair
+// words, the bf16 bits of k and k + 1 of one index in 32 bits, k's in the high half (pack_pairs).
+// VDPBF16PS adds a lane's two products to its fp32 accumulator one after the other, the high
+// halves' first (Intel SDM; checked on the CPU by tests/unit/kernels/test_matmul_bf16.cpp), each
+// addition rounded to nearest even: a bf16 x bf16 product is exact in fp32, so that is the FMA
+// chain of chunk_dot over k, k + 1 — except that the instruction reads subnormal inputs as zero
+// and flushes subnormal results to zero. Canonical tiles use it only where neither can occur
+// (dots_exact); the others run the same chains with FMAs (chunk_fmas_of_pairs).
+
+// One chunk's VDPBF16PS loop of a kMr x kNr tile: `len` k's, (len + 1) / 2 pair words per index,
+// `between()` after every pair. The A micro-panel is pair-major (kAStride 0: kMr words a pair) or
+// row by row, kAStride words apart.
+template <int kAStride, class Between>
+[[gnu::always_inline]] inline void chunk_dots(int64_t len, const float* a, const float* b, float* dst,
+                                             Between&& between) {
+  VecF c0[kMr], c1[kMr];
+  zero_tile(c0, c1);
+  for (int64_t k = 0; k < len; k += 2) {
+    const auto b0 = (__m512bh)_mm512_castps_si512(vload(b));
+    const auto b1 = (__m512bh)_mm512_castps_si512(vload(b + kLanes));
 #pragma GCC unroll 16
-  for (int r = 0; r < kMr; ++r) {
-    vstore(dst + r * kNr, c0[r]);
-    vstore(dst + r * kNr + kLanes, c1[r]);
+    for (int r = 0; r < kMr; ++r) {
+      const float word = a[kAStride == 0 ? r : r * kAStride];
+      const auto av = (__m512bh)_mm512_castps_si512(vset1(word));  // the pair word, bits unchanged
+      c0[r] = _mm512_dpbf16_ps(c0[r], av, b0);
+      c1[r] = _mm512_dpbf16_ps(c1[r], av, b1);
+    }
+    a += kAStride == 0 ? kMr : 1;
+    b += kNr;
+    between();
   }
+  store_tile(c0, c1, dst);
+}
+
+// The same chains as chunk_dots with fp32 FMAs on the pair words' halves (subnormals kept): exactly
+// chunk_dot, for the canonical tiles whose operands VDPBF16PS could flush.
+template <int kAStride, class Between>
+[[gnu::always_inline]] inline void chunk_fmas_of_pairs(int64_t len, const float* a, const float* b, float* dst,
+                                                       Between&& between) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const auto first = [&](const float* p) {  // k's values of a vector of pair words
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(vload(p)), high));
+  };
+  const auto second = [&](const float* p) {  // k + 1's
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_castps_si512(vload(p)), 16));
+  };
+  VecF c0[kMr], c1[kMr];
+  zero_tile(c0, c1);
+  for (int64_t k = 0; k < len; k += 2) {
+    const VecF b0 = first(b), b1 = first(b + kLanes), b0n = second(b), b1n = second(b + kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+      const uint32_t w = std::bit_cast<uint32_t>(a[kAStride == 0 ? r : r * kAStride]);
+      const VecF ak = vset1(std::bit_cast<float>(w & 0xffff0000u));
+      const VecF an = vset1(std::bit_cast<float>(w << 16));
+      c0[r] = vfma(ak, b0, c0[r]);
+      c1[r] = vfma(ak, b1, c1[r]);
+      c0[r] = vfma(an, b0n, c0[r]);
+      c1[r] = vfma(an, b1n, c1[r]);
+    }
+    a += kAStride == 0 ? kMr : 1;
+    b += kNr;
+    between();
+  }
+  store_tile(c0, c1, dst);
+}
+#endif
+
+// Packed rows of the first k values: one a k, or in the pair-packed build one a pair of k's.
+constexpr int64_t packed_k(int64_t k) { return kPairs ? (k + 1) / 2 : k; }
+
+// One chunk's chains of a tile from its packed A micro-panel and B panel: the FMA loop, or with
+// pair-packed operands VDPBF16PS where kDots (canonical tiles: dots_exact) and the FMAs on the pairs
+// otherwise. (A template parameter: with both loops in one function the compiler spilled the
+// accumulators of the VDPBF16PS loop.)
+template <int kAStride, bool kDots, class Between>
+[[gnu::always_inline]] inline void chunk_chains(int64_t len, const float* a, const float* b, float* dst,
+                                               Between&& between) {
+#if defined(LS_BF16_PAIRS)
+  if constexpr (kDots) {
+    chunk_dots<kAStride>(len, a, b, dst, between);
+  } else {
+    chunk_fmas_of_pairs<kAStride>(len, a, b, dst, between);
+  }
+#else
+  chunk_fmas<kAStride>(len, a, b, dst, between);
+#endif
+}
+
+// f(std::bool_constant<dots>{}): the tile loops with VDPBF16PS or with FMAs as constants. Builds
+// without pair-packed operands have the FMA loop only.
+template <class F>
+decltype(auto) with_dots(bool dots, F&& f) {
+  if (kPairs && dots) return f(std::true_type{});
+  return f(std::false_type{});
 }
 
 // The single chunk (K <= 64) of a tile, its fp32 chains stored into `partials` (laid out like the
 // tile). The A micro-panel is k-major.
+template <bool kDots>
 void tile_single_chunk(int64_t K, const float* ap, const float* bp, float* partials) {
-  chunk_fmas<0>(K, ap, bp, partials, [] {});
+  chunk_chains<0, kDots>(K, ap, bp, partials, [] {});
 }
 
 // One kMr x kNr tile over a K block: a (K, kMr) A micro-panel — k-major (kAStride 0: kMr floats
@@ -595,9 +711,8 @@ void tile_single_chunk(int64_t K, const float* ap, const float* bp, float* parti
 // combination of a tile's last group left for the element path: with kInterleave, the tile
 // before's (only the pending group met by the first group can be a last one), otherwise this
 // tile's.
-template <int kAStride>
-LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const float* bp,
-                        const PendingGroup& tile) {
+template <int kAStride, bool kDots>
+LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const float* bp, const PendingGroup& tile) {
   LeftVectors left;
   const int64_t chunks = (K + kCanonicalChunk - 1) / kCanonicalChunk;
   for (int64_t g0 = 0; g0 < chunks; g0 += kGroup) {
@@ -609,8 +724,9 @@ LeftVectors tile_groups(TilePipeline& pl, int64_t K, const float* ap, const floa
     const auto fill = [&](auto&& between) {
       for (int c = 0; c < group.chunks; ++c) {
         const int64_t k0 = (g0 + c) * kCanonicalChunk;
-        const float* a = ap + k0 * (kAStride == 0 ? kMr : 1);
-        chunk_fmas<kAStride>(std::min<int64_t>(kCanonicalChunk, K - k0), a, bp + k0 * kNr, dst[c], between);
+        const float* a = ap + (kAStride == 0 ? packed_k(k0) * kMr : packed_k(k0));
+        chunk_chains<kAStride, kDots>(std::min<int64_t>(kCanonicalChunk, K - k0), a, bp + packed_k(k0) * kNr,
+                                      dst[c], between);
       }
     };
     if constexpr (kInterleave) {
@@ -760,6 +876,190 @@ void pack_panels(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, i
   }
 }
 
+// Panels packed by one call of pack_panels (or pack_pairs), which visits the memory rows once a
+// call; more panels a call would write too many streams at once.
+constexpr int64_t kPackBlock = 8;
+
+#if defined(LS_BF16_PAIRS)
+// What the packing of one panel saw: the smallest exponent field of its nonzero elements (255 when
+// there are none, 0 when one is subnormal), and whether an element was no bf16 value (the low half
+// of its fp32 bits not zero).
+struct PanelKey {
+  uint8_t min_exponent = 255;
+  bool not_bf16 = false;
+};
+
+// Canonical tiles may use VDPBF16PS when the smallest nonzero |a| and |b| of their panels have
+// exponent fields ea, eb with ea + eb >= 142. Why: a bf16 value with exponent e (unbiased) is an
+// integer multiple of 2^(e - 7), so every product is a multiple of 2^(ea + eb - 254 - 14) >= 2^-126,
+// and so is every sum of them; a multiple of 2^-126 rounds to one (fp32's grid is a multiple of
+// 2^-126 from 2^-103 up, and below that every multiple of 2^-126 is on it). Then no input is
+// subnormal (field 0 fails the test) and every nonzero product and accumulator is at least 2^-126
+// in magnitude: nothing to flush, and each product below the overflow threshold is exact.
+// Inf and NaN (field 255) leave the tile's result non-finite, which takes the scalar path.
+bool dots_exact(const PanelKey& a, const PanelKey& b) { return a.min_exponent + b.min_exponent >= 142; }
+
+// A panel's PanelKey, gathered over vectors of its fp32 elements; the exponents only where
+// kExponents (fast mode needs no dots_exact, which halves the packing's work).
+template <bool kExponents>
+class KeyScan {
+ public:
+  void see(VecF v) {
+    const __m512i u = _mm512_castps_si512(v);
+    low_ = _mm512_or_si512(low_, _mm512_and_si512(u, _mm512_set1_epi32(0xffff)));
+    if constexpr (!kExponents) return;
+    const __mmask16 nonzero = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffffff));
+    const __m512i field = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 23), _mm512_set1_epi32(0xff));
+    min_ = _mm512_mask_min_epu32(min_, nonzero, min_, field);
+  }
+  void see(float x) { see(_mm512_maskz_mov_ps(1, vset1(x))); }
+  PanelKey key() const {
+    alignas(kAlign) uint32_t mins[kLanes], lows[kLanes];
+    _mm512_store_si512(mins, min_);
+    _mm512_store_si512(lows, low_);
+    PanelKey k;
+    for (int i = 0; i < kLanes; ++i) {
+      k.min_exponent = std::min(k.min_exponent, static_cast<uint8_t>(mins[i]));
+      k.not_bf16 = k.not_bf16 || lows[i] != 0;
+    }
+    return k;
+  }
+
+ private:
+  __m512i min_ = _mm512_set1_epi32(255);
+  __m512i low_ = _mm512_setzero_si512();
+};
+
+// The pair words of two vectors of fp32 bf16 values: lane j holds x_k[j]'s high half above
+// x_k1[j]'s.
+inline VecF pair_words(VecF xk, VecF xk1) {
+  const __m512i high = _mm512_and_si512(_mm512_castps_si512(xk), _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  return _mm512_castsi512_ps(_mm512_or_si512(high, _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(xk1), 16)));
+}
+
+// The pair words of 32 consecutive k's of one index (x[0..16) in v0, x[16..32) in v1): word j
+// holds x[2j]'s high half above x[2j+1]'s.
+inline VecF pair_words_along(VecF v0, VecF v1) {
+  // 16-bit element 2j of the result takes x[2j+1]'s high half (element 4j + 3 of v0:v1), element
+  // 2j + 1 takes x[2j]'s (element 4j + 1).
+  alignas(64) static constexpr uint16_t kIndex[32] = {3,  1,  7,  5,  11, 9,  15, 13, 19, 17, 23,
+                                                      21, 27, 25, 31, 29, 35, 33, 39, 37, 43, 41,
+                                                      47, 45, 51, 49, 55, 53, 59, 57, 63, 61};
+  return _mm512_castsi512_ps(_mm512_permutex2var_epi16(_mm512_castps_si512(v0), _mm512_load_si512(kIndex),
+                                                       _mm512_castps_si512(v1)));
+}
+
+inline VecF vloadu_first(const float* p, int64_t n) {
+  return n >= kLanes ? vloadu(p) : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1), p);
+}
+
+// pack_panels for pair-packed operands: panel q holds, for every pair (k, k + 1) of k < K, the pair
+// words of its kWidth indices, written to out + q·packed_k(K)·kWidth as packed_k(K) rows of kWidth
+// (zero past n and past K), and its PanelKey to keys[q].
+template <int kWidth, bool kExponents>
+void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, int64_t s_i, int64_t s_k,
+                float* out, PanelKey* keys) {
+  const int64_t K2 = packed_k(K);
+  if (s_k != 1 && s_i == 1) {
+    // Indices contiguous, the k's in rows s_k apart: two rows make a row of pair words.
+    KeyScan<kExponents> scans[kPackBlock];
+    for (int64_t p = 0; p < K2; ++p) {
+      const float* row0 = x + 2 * p * s_k;
+      const bool has_k1 = 2 * p + 1 < K;
+      for (int64_t q = q0; q < q1; ++q) {
+        for (int h = 0; h * kLanes < kWidth; ++h) {
+          const int64_t i0 = q * kWidth + h * kLanes;
+          const int64_t valid = std::min<int64_t>({kLanes, kWidth - h * kLanes, n - i0});
+          const VecF v0 = vloadu_first(row0 + i0, valid);
+          const VecF v1 = has_k1 ? vloadu_first(row0 + s_k + i0, valid) : vzero();
+          scans[q - q0].see(v0);
+          scans[q - q0].see(v1);
+          vstore_first(out + (q * K2 + p) * kWidth + h * kLanes, pair_words(v0, v1),
+                       std::min(kLanes, kWidth - h * kLanes));
+        }
+      }
+    }
+    for (int64_t q = q0; q < q1; ++q) keys[q] = scans[q - q0].key();
+    return;
+  }
+  for (int64_t q = q0; q < q1; ++q) {
+    float* dst = out + q * K2 * kWidth;
+    const int valid = static_cast<int>(std::min<int64_t>(kWidth, n - q * kWidth));
+    const float* src = x + q * kWidth * s_i;
+    KeyScan<kExponents> scan;
+    if (s_k == 1) {
+      // K contiguous: 32 k's of each of kLanes indices become 16 pair words, transposed into 16
+      // rows of the panel.
+      for (int64_t k = 0; k < K; k += 2 * kLanes) {
+        for (int h = 0; h * kLanes < kWidth; ++h) {
+          VecF r[kLanes];
+          for (int i = 0; i < kLanes; ++i) {
+            if (h * kLanes + i >= valid) {
+              r[i] = vzero();
+              continue;
+            }
+            const float* row = src + (h * kLanes + i) * s_i + k;
+            const VecF v0 = vloadu_first(row, K - k), v1 = vloadu_first(row + kLanes, K - k - kLanes);
+            scan.see(v0);
+            scan.see(v1);
+            r[i] = pair_words_along(v0, v1);
+          }
+          transpose(r);
+          for (int64_t p = 0; p < kLanes && k / 2 + p < K2; ++p) {
+            vstore_first(dst + (k / 2 + p) * kWidth + h * kLanes, r[p], std::min(kLanes, kWidth - h * kLanes));
+          }
+        }
+      }
+    } else {
+      for (int64_t p = 0; p < K2; ++p) {
+        for (int i = 0; i < kWidth; ++i) {
+          const float xk = i < valid ? src[i * s_i + 2 * p * s_k] : 0.0f;
+          const float xk1 = i < valid && 2 * p + 1 < K ? src[i * s_i + (2 * p + 1) * s_k] : 0.0f;
+          scan.see(xk);
+          scan.see(xk1);
+          dst[p * kWidth + i] = std::bit_cast<float>((std::bit_cast<uint32_t>(xk) & 0xffff0000u) |
+                                                     (std::bit_cast<uint32_t>(xk1) >> 16));
+        }
+      }
+    }
+    keys[q] = scan.key();
+  }
+}
+
+// pack_rows for pair-packed operands: K block kblk of A micro-panel p at
+// out + (p·k_blocks + kblk)·kMr·a_stride, its row r (M's row p·kMr + r, zeros past M) the pair
+// words of the block's k's, a_stride words after row r − 1; the panel's PanelKey to keys[p].
+template <bool kExponents>
+void pack_pair_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, int64_t k_blocks, const float* A,
+                    int64_t sam, int64_t a_stride, float* out, PanelKey* keys) {
+  for (int64_t p = p0; p < p1; ++p) {
+    KeyScan<kExponents> scan;
+    for (int64_t kblk = 0; kblk < k_blocks; ++kblk) {
+      const int64_t k0 = kblk * kb, len = std::min(kb, K - k0);
+      float* dst = out + (p * k_blocks + kblk) * kMr * a_stride;
+      for (int r = 0; r < kMr; ++r) {
+        const int64_t m = p * kMr + r;
+        float* row_out = dst + r * a_stride;
+        if (m >= M) {
+          std::fill(row_out, row_out + packed_k(len), 0.0f);
+          continue;
+        }
+        const float* row = A + m * sam + k0;
+        for (int64_t k = 0; k < len; k += 2 * kLanes) {
+          const VecF v0 = vloadu_first(row + k, len - k), v1 = vloadu_first(row + k + kLanes, len - k - kLanes);
+          scan.see(v0);
+          scan.see(v1);
+          vstore_first(row_out + k / 2, pair_words_along(v0, v1),
+                       static_cast<int>(std::min<int64_t>(kLanes, packed_k(len) - k / 2)));
+        }
+      }
+    }
+    keys[p] = scan.key();
+  }
+}
+#endif
+
+#if !defined(LS_BF16_PAIRS)
 // A micro-panels [p0, p1) row by row (A's K contiguous, rows sam apart): K block kblk of panel p
 // at out + (p·k_blocks + kblk)·kMr·a_stride, its row r (of M's row p·kMr + r, zeros past M)
 // a_stride floats after row r − 1.
@@ -780,6 +1080,7 @@ void pack_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, int64_t
     }
   }
 }
+#endif
 
 // First index of part `who` when n indices are split into `parts` contiguous parts: the threads'
 // shares in run_product, and the ranges of A panels the tile order of matmul_packed follows so
@@ -826,10 +1127,8 @@ class PanelFlags {
   uint64_t stamp_ = 0;
 };
 
-// Panels [first, end) packed by pack(p0, p1) in blocks of kPackBlock (pack_panels visits the
-// memory rows once a call; more panels a call would write too many streams at once), packed(p)
-// called for each after its block.
-constexpr int64_t kPackBlock = 8;
+// Panels [first, end) packed by pack(p0, p1) in blocks of kPackBlock, packed(p) called for each
+// after its block.
 template <class Pack, class Packed>
 void pack_in_blocks(const Pack& pack, int64_t first, int64_t end, const Packed& packed) {
   for (int64_t p0 = first; p0 < end; p0 += kPackBlock) {
@@ -938,10 +1237,17 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       sak == 1 && !single_chunk && N <= 16 * kNr ? (kb <= kKBlock ? kRowsShort : kRowsLong) : 0;
   // B panels are read with aligned loads: start them on a cache line after A's panels.
   constexpr int64_t kLineFloats = kAlign / static_cast<int64_t>(sizeof(float));
-  const int64_t a_floats = a_stride != 0 ? a_panels * k_blocks * kMr * a_stride : a_panels * kMr * K;
+  const int64_t KP = packed_k(K);  // packed rows of a panel
+  const int64_t a_floats = a_stride != 0 ? a_panels * k_blocks * kMr * a_stride : a_panels * kMr * KP;
   const int64_t a_size = (a_floats + kLineFloats - 1) / kLineFloats * kLineFloats;
-  float* apack = scratch(a_size + b_panels * kNr * K);
+  float* apack = scratch(a_size + b_panels * kNr * KP);
   float* bpack = apack + a_size;
+#if defined(LS_BF16_PAIRS)
+  constexpr bool kExponents = kOut != Output::kFast;  // for dots_exact
+  thread_local std::vector<PanelKey> keys_of_caller;  // A panels', then B panels'
+  std::vector<PanelKey>& keys = keys_of_caller;
+  if (keys.size() < static_cast<size_t>(a_panels + b_panels)) keys.resize(static_cast<size_t>(a_panels + b_panels));
+#endif
   // Tiles run in blocks of nb B panels (about 512 KiB of packed B, which stays in L2): inside a
   // block, A micro-panel by A micro-panel, each meeting the block's panels in turn while it stays
   // in L1, so that consecutive tiles write neighbouring parts of the same output rows. Threads
@@ -950,7 +1256,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   // share of packed A rather than all of it (a thread per B block read the whole of A, from the
   // other core's cache for the half it did not pack); otherwise each thread takes B blocks.
   constexpr int64_t kBlockBytes = int64_t{1} << 19;
-  const int64_t nb = std::max<int64_t>(1, kBlockBytes / (kb * kNr * int64_t{sizeof(float)} + 1));
+  const int64_t nb = std::max<int64_t>(1, kBlockBytes / (packed_k(kb) * kNr * int64_t{sizeof(float)} + 1));
   const int64_t tiles = a_panels * b_panels;
   const bool wide = M * N * K > (int64_t{1} << 18);
   const int64_t ranges = M >= N ? std::min(a_panels, product_threads(wide)) : 1;
@@ -1004,18 +1310,25 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
     const int rows = static_cast<int>(std::min<int64_t>(kMr, M - ip * kMr));
     const int cols = static_cast<int>(std::min<int64_t>(kNr, N - jp * kNr));
     const float* ap = a_stride != 0 ? apack + (ip * k_blocks + kblock) * kMr * a_stride
-                                    : apack + ip * kMr * K + kb0 * kMr;
-    const float* bp = bpack + jp * kNr * K + kb0 * kNr;
+                                    : apack + ip * kMr * KP + packed_k(kb0) * kMr;
+    const float* bp = bpack + jp * kNr * KP + packed_k(kb0) * kNr;
+#if defined(LS_BF16_PAIRS)
+    const bool dots = kOut == Output::kFast || dots_exact(keys[ip], keys[a_panels + jp]);
+#else
+    const bool dots = false;
+#endif
     if constexpr (kOut == Output::kFast) {
       alignas(kAlign) float part[kMr * kNr];
-      with_a_stride(a_stride, [&](auto stride) { chunk_fmas<stride>(kb_len, ap, bp, part, [] {}); });
+      with_a_stride(a_stride, [&](auto stride) {
+        with_dots(dots, [&](auto d) { chunk_chains<stride, d>(kb_len, ap, bp, part, [] {}); });
+      });
       store_fast(part, rows, cols, sink.C + ip * kMr * sink.ldc + jp * kNr, sink.ldc, sink.alpha,
                  kblock == 0 ? sink.beta : 1.0f);
       return;
     }
     if (kOut == Output::kPartials || single_chunk) {
       alignas(kAlign) float part[kMr * kNr];
-      tile_single_chunk(K, ap, bp, part);
+      with_dots(dots, [&](auto d) { tile_single_chunk<d>(K, ap, bp, part); });
       for (int r = 0; r < rows; ++r) {
         const int64_t m = ip * kMr + r;
         const float* pr = part + r * kNr;
@@ -1069,21 +1382,42 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       }
     }
     element_path(with_a_stride(a_stride, [&](auto stride) {
-      return tile_groups<stride>(pl, kb_len, ap, bp, group);
+      return with_dots(dots, [&](auto d) { return tile_groups<stride, d>(pl, kb_len, ap, bp, group); });
     }));
   };
   run_product(wide, ranges > 1, a_panels, b_panels, k_blocks, tiles,
               [&](int64_t p0, int64_t p1) {
+#if defined(LS_BF16_PAIRS)
+                if (a_stride != 0) {
+                  pack_pair_rows<kExponents>(p0, p1, M, K, kb, k_blocks, A, sam, a_stride, apack, keys.data());
+                } else {
+                  pack_pairs<kMr, kExponents>(p0, p1, M, K, A, sam, sak, apack, keys.data());
+                }
+#else
                 if (a_stride != 0) {
                   pack_rows(p0, p1, M, K, kb, k_blocks, A, sam, a_stride, apack);
                 } else {
                   pack_panels<kMr>(p0, p1, M, K, A, sam, sak, apack);
                 }
+#endif
               },
-              [&](int64_t q0, int64_t q1) { pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack); }, tile,
-              panels_of, [&] {
+              [&](int64_t q0, int64_t q1) {
+#if defined(LS_BF16_PAIRS)
+                pack_pairs<kNr, kExponents>(q0, q1, N, K, B, sbn, sbk, bpack, keys.data() + a_panels);
+#else
+                pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack);
+#endif
+              },
+              tile, panels_of, [&] {
                 if (kOut != Output::kFast && !single_chunk) element_path(drain_pending(tile_pipeline()));
               });
+#if defined(LS_BF16_PAIRS)
+  for (int64_t p = 0; p < a_panels + b_panels; ++p) {
+    LS_CHECK(!keys[p].not_bf16, "a product of bf16 operands: ", p < a_panels ? "A" : "B",
+             " holds a value that is not bf16 (its fp32 bits' low half is not zero), in panel ",
+             p < a_panels ? p : p - a_panels, " (M=", M, " N=", N, " K=", K, ")");
+  }
+#endif
 }
 
 }  // namespace

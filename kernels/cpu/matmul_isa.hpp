@@ -1,5 +1,8 @@
 // Internal: the per-ISA entry points of matmul.isa.cpp, declared once for each namespace the file
-// is compiled into (avx2, avx512). Only kernels/cpu/matmul.cpp includes this; everyone else goes
+// is compiled into (avx2, avx512, avx512bf16). In avx512bf16 (AVX-512 with AVX512-BF16) the same
+// contracts hold for operands whose elements are bf16 values in fp32 containers: they are packed as
+// bf16 pair words and multiplied with VDPBF16PS where that gives the FMA chain's bits (matmul.isa.cpp),
+// and an element that is not a bf16 value is an error. Only kernels/cpu/matmul.cpp includes this; everyone else goes
 // through kernels/cpu/matmul.hpp, which dispatches on active_isa().
 #pragma once
 
@@ -32,5 +35,6 @@
 
 LS_DECLARE_MATMUL_ISA(avx2)
 LS_DECLARE_MATMUL_ISA(avx512)
+LS_DECLARE_MATMUL_ISA(avx512bf16)
 
 #undef LS_DECLARE_MATMUL_ISA

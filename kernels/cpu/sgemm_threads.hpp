@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/ops/mode.hpp"
+
 namespace lockstep::cpu {
 
 // Which GEMM sgemm_threads runs. OpenBLAS picks its kernel for the CPU once, at load: Debian 12's
@@ -55,9 +57,11 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 
 // The same product on the OpenMP threads: with OpenBLAS each thread takes a contiguous slice of
 // the rows of C or of its columns (whichever dimension is longer, in multiples of 64), each slice
-// one single-threaded OpenBLAS call; matmul_fast splits its tiles itself. Call outside parallel
+// one single-threaded OpenBLAS call; matmul_fast splits its tiles itself. Bf16 operands run
+// matmul_fast's VDPBF16PS kernel where active_bf16_kernel() is kDot. Call outside parallel
 // regions.
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                   Operands operands = Operands::kFp32);
 
 }  // namespace lockstep::cpu

@@ -32,6 +32,8 @@ struct LinearShape {
   int64_t N;   // rows (tokens)
   int64_t IC;  // input features
   int64_t OC;  // output features
+  // kBf16: inp, weight and dout hold bf16 values (mode.hpp); the contract above is unchanged.
+  Operands operands = Operands::kFp32;
 };
 
 }  // namespace lockstep

@@ -20,6 +20,7 @@ class Bf16Linear final : public LinearOp {
 
   void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w,
                const float* b) override {
+    s.operands = Operands::kBf16;
     inner_->forward(be, mode, s, out, inp, w, b);
     const int64_t rows = row_parallel_ ? plan_.stream_tokens(s.N) : s.N;
     be.round_to_bf16(rows * s.OC, out, out);
@@ -30,6 +31,7 @@ class Bf16Linear final : public LinearOp {
     const int64_t dout_n = (row_parallel_ ? plan_.stream_tokens(s.N) : s.N) * s.OC;
     if (scratch_.size() < static_cast<size_t>(dout_n)) scratch_.resize(static_cast<size_t>(dout_n));
     be.round_to_bf16(dout_n, scratch_.data(), dout);
+    s.operands = Operands::kBf16;
     inner_->backward(be, mode, s, token_offset, dinp, dw, db, scratch_.data(), inp, w);
     if (dinp != nullptr) be.round_to_bf16((row_parallel_ ? s.N : plan_.stream_tokens(s.N)) * s.IC, dinp, dinp);
   }

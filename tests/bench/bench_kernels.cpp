@@ -32,6 +32,7 @@
 
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/ops/cast.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "src/core/exact_sum.hpp"
@@ -82,23 +83,34 @@ Gemm gemm_of(const benchmark::State& state) {
   return {s.BT(), out[state.range(1)], s.C};
 }
 
+// The operands of a GEMM benchmark: filled(), rounded to bf16 for Operands::kBf16 (whose products
+// run VDPBF16PS where the CPU has it, cpu::bf16_kernel_name()).
+std::vector<float> operand(int64_t n, uint64_t seed, Operands operands) {
+  auto x = filled(n, seed);
+  if (operands == Operands::kBf16) cpu::round_to_bf16(n, x.data(), x.data());
+  return x;
+}
+
+template <Operands kOperands>
 void BM_matmul_canonical(benchmark::State& state) {
   const Gemm g = gemm_of(state);
-  const auto a = filled(g.M * g.K, 1), b = filled(g.K * g.N, 2);
+  const auto a = operand(g.M * g.K, 1, kOperands), b = operand(g.K * g.N, 2, kOperands);
   std::vector<float> c(static_cast<size_t>(g.M * g.N));
   for (auto _ : state) {
-    cpu::matmul_canonical(g.M, g.N, g.K, c.data(), g.N, a.data(), g.K, 1, b.data(), g.N, 1);
+    cpu::matmul_canonical(g.M, g.N, g.K, c.data(), g.N, a.data(), g.K, 1, b.data(), g.N, 1, cpu::MatmulEpilogue{},
+                          kOperands);
     benchmark::DoNotOptimize(c.data());
   }
   rate(state, "FLOP/s", 2.0 * g.M * g.N * g.K);
 }
 
+template <Operands kOperands>
 void BM_matmul_fast(benchmark::State& state) {
   const Gemm g = gemm_of(state);
-  const auto a = filled(g.M * g.K, 1), b = filled(g.K * g.N, 2);
+  const auto a = operand(g.M * g.K, 1, kOperands), b = operand(g.K * g.N, 2, kOperands);
   std::vector<float> c(static_cast<size_t>(g.M * g.N));
   for (auto _ : state) {
-    cpu::matmul_fast(g.M, g.N, g.K, 1.0f, a.data(), g.K, 1, b.data(), g.N, 1, 0.0f, c.data(), g.N);
+    cpu::matmul_fast(g.M, g.N, g.K, 1.0f, a.data(), g.K, 1, b.data(), g.N, 1, 0.0f, c.data(), g.N, kOperands);
     benchmark::DoNotOptimize(c.data());
   }
   rate(state, "FLOP/s", 2.0 * g.M * g.N * g.K);
@@ -125,8 +137,10 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-BENCHMARK(BM_matmul_canonical)->Apply(gemm_shapes);
-BENCHMARK(BM_matmul_fast)->Apply(gemm_shapes);
+BENCHMARK(BM_matmul_canonical<Operands::kFp32>)->Name("BM_matmul_canonical")->Apply(gemm_shapes);
+BENCHMARK(BM_matmul_fast<Operands::kFp32>)->Name("BM_matmul_fast")->Apply(gemm_shapes);
+BENCHMARK(BM_matmul_canonical<Operands::kBf16>)->Name("BM_matmul_canonical_bf16")->Apply(gemm_shapes);
+BENCHMARK(BM_matmul_fast<Operands::kBf16>)->Name("BM_matmul_fast_bf16")->Apply(gemm_shapes);
 BENCHMARK(BM_sgemm_openblas)->Apply(gemm_shapes);
 
 // Every op of ops.def in both modes at both bench shapes, from the op test driver's cases

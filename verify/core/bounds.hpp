@@ -34,6 +34,13 @@ inline double canonical_dot_bound(int64_t n, int64_t chunk, double abs_sum, doub
   return gamma(n < chunk ? n : chunk, u) * abs_sum + u * abs_result;
 }
 
+// VDPBF16PS's flushes (AVX512-BF16, fast mode): a subnormal input read as zero drops a product
+// smaller than 2^-126 times its partner, a subnormal result flushed loses less than 2^-126; over an
+// n-term dot at most 2^-126·(n + Σ(|a_k| + |b_k|)) (abs_operands = Σ(|a_k| + |b_k|)).
+inline double flush_to_zero_dot_bound(int64_t n, double abs_operands) {
+  return 0x1p-126 * (static_cast<double>(n) + abs_operands);
+}
+
 // Underflow: each rounding adds at most half the smallest subnormal in absolute terms.
 inline constexpr double kHalfMinSubnormalF32 = 0x1p-150;
 
