@@ -43,6 +43,11 @@ struct StepHyper {
   float bc1 = 1, bc2 = 1;
   float grad_clip = 0;  // 0: off
   std::array<bool, kNumParamClasses> decay_classes{};  // by ParamClass: weight decay applies
+  // bf16 parameters (src/optim/adamw.hpp): each updated tensor rounded stochastically with the
+  // stream of (seed, its place in the layout, step, global index).
+  bool bf16_params = false;
+  uint64_t seed = 0;
+  uint32_t step = 0;  // 1-based
 };
 
 template <class Real>
@@ -107,7 +112,8 @@ class GptReference {
   // clip_grad_norm then AdamW::update, on grads(): sumsq over every tensor (chunks restarting at
   // each tensor), norm = sqrt, and if grad_clip > 0 and norm > grad_clip every gradient is
   // scaled by grad_clip / (norm + 1e-6); then AdamW per tensor, weight decay on the tensors of
-  // h.decay_classes. Returns the norm before clipping.
+  // h.decay_classes, and with h.bf16_params the stochastic rounding. Returns the norm before
+  // clipping.
   Real clip_and_update(const StepHyper& h) {
     using std::sqrt;
     std::vector<int64_t> bounds{0};
@@ -123,6 +129,11 @@ class GptReference {
       const AdamWParams a{h.lr, h.beta1, h.beta2, h.eps, decays ? h.weight_decay : 0.0f, h.bc1, h.bc2};
       adamw_update(t.numel, a, params.data() + t.offset, m.data() + t.offset, v.data() + t.offset,
                    g.data() + t.offset);
+      if (h.bf16_params) {
+        Real* p = params.data() + t.offset;
+        const auto tensor = static_cast<uint32_t>(&t - layout_.data());
+        round_to_bf16_stochastic(t.numel, h.seed, tensor, h.step, 0, p, p);
+      }
     }
     return norm;
   }

@@ -239,6 +239,9 @@ StepSetup step_setup(const StepState& s) {
   u.hyper.bc1 = reference::to_f32(reference::bias_correction_exact(u.hyper.beta1, s.step + 1));
   u.hyper.bc2 = reference::to_f32(reference::bias_correction_exact(u.hyper.beta2, s.step + 1));
   u.hyper.grad_clip = static_cast<float>(tc.grad_clip);
+  u.hyper.bf16_params = tc.precision_recipe().bf16_params();
+  u.hyper.seed = tc.seed;
+  u.hyper.step = static_cast<uint32_t>(s.step + 1);
   return u;
 }
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "src/core/check.hpp"
 
@@ -30,6 +31,7 @@ CpuBackend CpuBackend::current() { return CpuBackend(static_cast<int64_t>(omp_ge
 
 std::string CpuBackend::isa_name() const { return std::string(cpu::isa_name(cpu::active_isa())); }
 std::string CpuBackend::fast_gemm_name() const { return cpu::fast_gemm_name(); }
+std::string CpuBackend::bf16_kernel_name() const { return cpu::bf16_kernel_name(); }
 std::string CpuBackend::blas_core() const { return openblas_get_corename(); }
 
 std::string CpuBackend::describe(Mode mode) const {

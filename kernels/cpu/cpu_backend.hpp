@@ -30,9 +30,12 @@ class CpuBackend final : public Backend {
   int64_t threads() const { return threads_; }
   std::string isa_name() const;
   std::string fast_gemm_name() const;  // "OpenBLAS sgemm (SkylakeX)", "Lockstep fast GEMM (avx512; ...)"
+  std::string bf16_kernel_name() const;  // "VDPBF16PS (avx512bf16)", "fp32 FMA (avx2)" (matmul.hpp)
   std::string blas_core() const;       // the kernel OpenBLAS chose for this CPU, e.g. "Haswell"
   // The GEMM peak of this process with its threads, measured now.
   GemmPeak measure_gemm_peak() const { return cpu::measure_gemm_peak(); }
+  // Fast mode's GEMM and the bf16 products' kernel, where left to auto: the faster as measured.
+  void choose_gemms(const GemmPeak& peak) const { cpu::choose_gemms(peak); }
 
   std::string describe(Mode mode) const override;
 

@@ -67,7 +67,41 @@ GemmPeak cpu::measure_gemm_peak() {
   peak.fast_gflops = best_gflops(n, [&] {
     cpu::matmul_fast(n, n, n, 1.0f, a.data(), n, 1, b.data(), n, 1, 0.0f, c.data(), n);
   });
+  if (cpu::active_isa() == cpu::Isa::kAvx512 && cpu::bf16_dot_supported()) {
+    const cpu::Bf16Kernel before = cpu::active_bf16_kernel();
+    cpu::set_bf16_kernel(cpu::Bf16Kernel::kDot);  // a and b hold bf16 values
+    peak.bf16_dot_gflops = best_gflops(n, [&] {
+      cpu::matmul_fast(n, n, n, 1.0f, a.data(), n, 1, b.data(), n, 1, 0.0f, c.data(), n, Operands::kBf16);
+    });
+    cpu::set_bf16_kernel(before);
+  }
   return with_fastest(peak);
+}
+
+void cpu::choose_gemms(const GemmPeak& peak) {
+  if (fast_gemm_setting() == FastGemm::kAuto) {
+    set_fast_gemm(peak.fast_gflops > peak.openblas_gflops ? FastGemm::kLockstep : FastGemm::kOpenBlas);
+  }
+  if (bf16_kernel_setting() == Bf16Kernel::kAuto) {
+    const double fp32 = std::max(peak.fast_gflops, peak.openblas_gflops);
+    set_bf16_kernel(peak.bf16_dot_gflops > fp32 ? Bf16Kernel::kDot : Bf16Kernel::kFma);
+  }
+}
+
+std::string describe_choice(const GemmPeak& peak) {
+  const bool lockstep = cpu::active_fast_gemm() == cpu::FastGemm::kLockstep;
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << "fast mode's GEMM " << cpu::fast_gemm_name() << " ("
+    << (lockstep ? peak.fast_gflops : peak.openblas_gflops) << " GFLOP/s measured; "
+    << (lockstep ? cpu::openblas_sgemm_name() : lockstep_name("fast")) << " "
+    << (lockstep ? peak.openblas_gflops : peak.fast_gflops) << ")";
+  if (peak.bf16_dot_gflops > 0) {
+    const bool dot = cpu::active_bf16_kernel() == cpu::Bf16Kernel::kDot;
+    const double fp32 = std::max(peak.fast_gflops, peak.openblas_gflops);
+    s << "; bf16 products " << cpu::bf16_kernel_name() << " (" << (dot ? peak.bf16_dot_gflops : fp32)
+      << " GFLOP/s measured; " << (dot ? "fp32 FMA " : "VDPBF16PS ") << (dot ? fp32 : peak.bf16_dot_gflops) << ")";
+  }
+  return s.str();
 }
 
 GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b) {
@@ -75,6 +109,7 @@ GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b) {
   peak.openblas_gflops = std::max(a.openblas_gflops, b.openblas_gflops);
   peak.canonical_gflops = std::max(a.canonical_gflops, b.canonical_gflops);
   peak.fast_gflops = std::max(a.fast_gflops, b.fast_gflops);
+  peak.bf16_dot_gflops = std::max(a.bf16_dot_gflops, b.bf16_dot_gflops);
   return with_fastest(peak);
 }
 
@@ -83,6 +118,7 @@ std::string GemmPeak::describe() const {
   s << std::fixed << std::setprecision(1) << "the fastest of " << cpu::openblas_sgemm_name() << " " << openblas_gflops
     << ", " << lockstep_name("canonical") << " " << canonical_gflops << " and " << lockstep_name("fast")
     << " " << fast_gflops << " GFLOP/s, 1024^3";
+  if (bf16_dot_gflops > 0) s << "; on bf16 operands VDPBF16PS (avx512bf16) " << bf16_dot_gflops << " GFLOP/s";
   return s.str();
 }
 

@@ -1,6 +1,7 @@
 // The fp32 GEMM peak of this CPU with the current threads (CpuBackend::measure_gemm_peak).
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 namespace lockstep {
@@ -17,6 +18,12 @@ struct GemmPeak {
   double canonical_gflops = 0;  // Lockstep's canonical GEMM (kernels/cpu/matmul.isa.cpp)
   double fast_gflops = 0;       // Lockstep's fast-mode GEMM (matmul_fast, the same kernel)
   std::string source;           // which one, with its kernel: "OpenBLAS sgemm (SkylakeX)"
+  // Fast mode's product of bf16 operands on VDPBF16PS (matmul.hpp's Bf16Kernel::kDot); 0 where the
+  // CPU lacks AVX512-BF16.
+  double bf16_dot_gflops = 0;
+
+  // The peak of a run whose GEMMs take bf16 operands: VDPBF16PS's where it is the faster.
+  double bf16_peak() const { return std::max(gflops, bf16_dot_gflops); }
   // "the fastest of OpenBLAS sgemm (Haswell) 104.6, Lockstep canonical GEMM (avx512) 141.9 and
   // Lockstep fast GEMM (avx512) 160.2 GFLOP/s, 1024^3": what a report prints beside the peak.
   std::string describe() const;
@@ -25,10 +32,20 @@ struct GemmPeak {
 // one), and the fastest of those.
 GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b);
 
+// What choose_gemms made of a measurement, for the start-up line: "fast mode's GEMM Lockstep fast
+// GEMM (avx512) (measured: 221.5 against OpenBLAS sgemm (Haswell) 116.0 GFLOP/s); bf16 products
+// VDPBF16PS (avx512bf16) (measured: 740.2 against 221.5 GFLOP/s)".
+std::string describe_choice(const GemmPeak& peak);
+
 }  // namespace lockstep
 
 namespace lockstep::cpu {
 
 GemmPeak measure_gemm_peak();
+
+// Where fast mode's GEMM and the bf16 products' kernel are left to kAuto (sgemm_threads.hpp,
+// matmul.hpp), sets each to the faster of its candidates as `peak` measured them here, rather than
+// by a rule about CPU names; a choice set by hand stays. Outside parallel regions.
+void choose_gemms(const GemmPeak& peak);
 
 }  // namespace lockstep::cpu

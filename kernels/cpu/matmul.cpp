@@ -32,6 +32,8 @@ void set_bf16_kernel(Bf16Kernel kernel) {
   g_bf16_kernel.store(kernel);
 }
 
+Bf16Kernel bf16_kernel_setting() { return g_bf16_kernel.load(); }
+
 Bf16Kernel active_bf16_kernel() {
   const Bf16Kernel k = g_bf16_kernel.load();
   if (k == Bf16Kernel::kFma || active_isa() != Isa::kAvx512) return Bf16Kernel::kFma;

@@ -25,13 +25,16 @@ namespace lockstep::cpu {
 // The instructions of products whose operands are bf16 values (Operands::kBf16): kDot, VDPBF16PS on
 // operands packed as bf16 pairs, where the CPU has AVX512-BF16 and the active ISA is AVX-512; kFma,
 // the fp32 kernels of the active ISA. Canonical results are the same bits with either; fast mode's
-// differ within its bound. kAuto resolves to kDot where the CPU can run it. Process-wide, like
-// set_isa; set outside parallel regions.
+// differ within its bound. The trainer and the bench time both at start-up and take the faster
+// (gemm_peak.hpp's choose_gemms); until then kAuto resolves to kDot where the CPU can run it.
+// Process-wide, like set_isa; set outside parallel regions.
 enum class Bf16Kernel { kAuto, kFma, kDot };
 bool bf16_dot_supported();
 // Throws ConfigError for kDot where the CPU cannot run it.
 void set_bf16_kernel(Bf16Kernel kernel);
 Bf16Kernel active_bf16_kernel();
+// The choice as set (kAuto unresolved).
+Bf16Kernel bf16_kernel_setting();
 // "VDPBF16PS (avx512bf16)" or the fp32 kernel's ISA: "fp32 FMA (avx2)".
 std::string bf16_kernel_name();
 

@@ -51,6 +51,8 @@ void run_matmul_fast(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 
 void set_fast_gemm(FastGemm choice) { g_fast_gemm.store(choice); }
 
+FastGemm fast_gemm_setting() { return g_fast_gemm.load(); }
+
 FastGemm active_fast_gemm() {
   const FastGemm choice = g_fast_gemm.load();
   if (choice != FastGemm::kAuto) return choice;
@@ -62,8 +64,9 @@ std::string openblas_sgemm_name() { return std::string("OpenBLAS sgemm (") + ope
 
 std::string fast_gemm_name() {
   if (active_fast_gemm() == FastGemm::kOpenBlas) return openblas_sgemm_name();
-  return "Lockstep fast GEMM (" + std::string(isa_name(active_isa())) + "; OpenBLAS's kernel " +
-         openblas_get_corename() +
+  const std::string name = "Lockstep fast GEMM (" + std::string(isa_name(active_isa()));
+  if (fast_gemm_setting() != FastGemm::kAuto) return name + ")";
+  return name + "; OpenBLAS's kernel " + openblas_get_corename() +
          (openblas_kernel_is_avx512() ? " is AVX-512)" : " is not AVX-512)");
 }
 

@@ -22,18 +22,23 @@ namespace lockstep::cpu {
 // Which GEMM sgemm_threads runs. OpenBLAS picks its kernel for the CPU once, at load: Debian 12's
 // OpenBLAS 0.3.21 takes its AVX2 (Haswell) kernel on AMD Zen 4 and 5, and OPENBLAS_CORETYPE can
 // force one anywhere; on an AVX-512 CPU that halves the fast mode's products (it then ran slower
-// than canonical mode). kAuto: Lockstep's matmul_fast (matmul.hpp) when the kernels use AVX-512
-// and OpenBLAS's kernel does not, otherwise OpenBLAS.
+// than canonical mode). The trainer and the bench time both at start-up and take the faster
+// (gemm_peak.hpp's choose_gemms); until then, or with the peak configured, kAuto is a rule:
+// Lockstep's matmul_fast (matmul.hpp) when the kernels use AVX-512 and OpenBLAS's kernel does not,
+// otherwise OpenBLAS.
 enum class FastGemm { kAuto, kOpenBlas, kLockstep };
 
 // Process-wide, like set_isa (kernels/cpu/isa.hpp); set before the step, outside parallel regions.
 void set_fast_gemm(FastGemm choice);
-// The GEMM sgemm_threads runs now (kAuto resolved against the active ISA).
+// The GEMM sgemm_threads runs now (kAuto resolved against the active ISA: the rule that holds
+// until a measurement chooses, gemm_peak.hpp's choose_gemms).
 FastGemm active_fast_gemm();
+// The choice as set (kAuto unresolved).
+FastGemm fast_gemm_setting();
 // OpenBLAS's sgemm with the kernel it runs: "OpenBLAS sgemm (SkylakeX)".
 std::string openblas_sgemm_name();
-// Names it for people: "OpenBLAS sgemm (SkylakeX)", "Lockstep fast GEMM (avx512; OpenBLAS's kernel
-// Haswell is not AVX-512)".
+// Names it for people: "OpenBLAS sgemm (SkylakeX)", "Lockstep fast GEMM (avx512)", and under the
+// rule "Lockstep fast GEMM (avx512; OpenBLAS's kernel Haswell is not AVX-512)".
 std::string fast_gemm_name();
 
 // OpenBLAS runs single-threaded for the duration of a scope (the caller's threads already split

@@ -177,6 +177,8 @@ void Model::init_parameters() {
       }
     }
   }
+  // bf16 parameters (precision.hpp) start as the nearest bf16 values of the fp32 initialisation.
+  if (ctx_.precision_.bf16_params()) backend().round_to_bf16(num_params(), params(), params());
 }
 
 void Model::zero_grad() {

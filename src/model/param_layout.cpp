@@ -32,6 +32,45 @@ int64_t ParamTensor::global_index(int64_t i) const {
   return (i / shape[1]) * global_shape[1] + map(i % shape[1]);
 }
 
+std::vector<IndexRun> ParamTensor::global_runs(int64_t first, int64_t end) const {
+  std::vector<IndexRun> runs;
+  // Local [l0, l1) maps to global [g0, g0 + l1 - l0): the part inside [first, end), merged with the
+  // run before where the two continue each other.
+  const auto add = [&](int64_t l0, int64_t l1, int64_t g0) {
+    const int64_t a = std::max(l0, first), b = std::min(l1, end);
+    if (a >= b) return;
+    const int64_t g = g0 + (a - l0);
+    if (!runs.empty() && runs.back().local + runs.back().length == a && runs.back().global + runs.back().length == g) {
+      runs.back().length += b - a;
+    } else {
+      runs.push_back({a, g, b - a});
+    }
+  };
+  if (replicated()) {
+    add(0, numel, 0);
+    return runs;
+  }
+  if (split_dim == 0) {
+    int64_t inner = 1;
+    for (size_t d = 1; d < global_shape.size(); ++d) inner *= global_shape[d];
+    int64_t local_row = 0;
+    for (const auto& [g_first, g_end] : ranges) {
+      add(local_row * inner, (local_row + g_end - g_first) * inner, g_first * inner);
+      local_row += g_end - g_first;
+    }
+    return runs;
+  }
+  LS_CHECK(split_dim == 1 && shape.size() == 2, name, ": split dim ", split_dim);
+  for (int64_t row = std::max<int64_t>(first, 0) / shape[1]; row < shape[0] && row * shape[1] < end; ++row) {
+    int64_t local_col = 0;
+    for (const auto& [g_first, g_end] : ranges) {
+      add(row * shape[1] + local_col, row * shape[1] + local_col + (g_end - g_first), row * global_shape[1] + g_first);
+      local_col += g_end - g_first;
+    }
+  }
+  return runs;
+}
+
 std::vector<ParamTensor> build_param_layout(const ModelDesc& desc, TpCoord tp, size_t first_layer, size_t end_layer) {
   const int64_t p = tp.size, r = tp.rank;
   LS_CHECK(p >= 1 && r >= 0 && r < p, "tensor-parallel rank ", r, " of ", p);

@@ -29,6 +29,12 @@
 
 namespace lockstep {
 
+// Local elements [local, local + length) of a tensor, whose global indices are
+// [global, global + length).
+struct IndexRun {
+  int64_t local = 0, global = 0, length = 0;
+};
+
 struct ParamTensor {
   std::string name;            // e.g. "layer/0/attn/qkv/weight"
   std::vector<int64_t> shape;  // this rank's tensor
@@ -51,6 +57,8 @@ struct ParamTensor {
   int64_t global_numel() const;
   // Row-major index in the global tensor of local element i.
   int64_t global_index(int64_t i) const;
+  // The local elements [first, end) as the fewest runs of consecutive global indices, in order.
+  std::vector<IndexRun> global_runs(int64_t first, int64_t end) const;
 };
 
 struct TpCoord {

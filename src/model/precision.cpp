@@ -51,9 +51,12 @@ Precision PrecisionRecipe::of_linear(std::string_view name) const {
 
 std::string PrecisionRecipe::describe() const {
   if (linears == Precision::kF32) return "fp32";
-  std::string s =
-      "bf16 (linear layers: bf16 inputs, weights and outputs, fp32 accumulation; fp32 master weights, AdamW "
-      "state and gradients; norms, attention scores and softmax, loss, residual stream in fp32)";
+  std::string s = str_cat(
+      "bf16 (linear layers: bf16 inputs, weights and outputs, fp32 accumulation; ",
+      master_weights ? "fp32 master weights, AdamW state and gradients"
+                     : "bf16 parameters updated by stochastic rounding (no master weights), fp32 AdamW state and "
+                       "gradients",
+      "; norms, attention scores and softmax, loss, residual stream in fp32)");
   if (!fp32_linears.empty()) {
     s += "; fp32 linears:";
     for (const std::string& e : fp32_linears) s += " " + e;

@@ -48,6 +48,13 @@ std::vector<std::string> linear_names(const ModelDesc& desc);
 struct PrecisionRecipe {
   Precision linears = Precision::kF32;
   std::vector<std::string> fp32_linears;  // names or prefixes, as above
+  // bf16 only. false: every parameter is a bf16 value (rounded to nearest at initialisation) and
+  // AdamW's fp32 result is rounded to bf16 stochastically, each element with the Philox word of
+  // (seed, tensor, step, global index) — kernels/ops/cast.hpp — so layouts do not change the bits;
+  // the moments and gradients stay fp32. true: fp32 master weights, bf16 copies for the linears.
+  bool master_weights = true;
+
+  bool bf16_params() const { return linears == Precision::kBf16 && !master_weights; }
 
   // The precision linear `name` runs in, and whether that is bf16.
   Precision of_linear(std::string_view name) const;

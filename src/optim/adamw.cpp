@@ -31,13 +31,21 @@ void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t 
                         int64_t end, float* m, float* v, const float* grads) {
   const float bc1 = adamw_bias_correction(cfg.beta1, t);
   const float bc2 = adamw_bias_correction(cfg.beta2, t);
-  for (const auto& p : model.param_layout()) {
+  const std::vector<ParamTensor>& layout = model.param_layout();
+  for (size_t tensor = 0; tensor < layout.size(); ++tensor) {
+    const ParamTensor& p = layout[tensor];
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, end);
     if (a >= b) continue;
     const AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.decay.decays(p.klass) ? cfg.weight_decay : 0.0f,
                         bc1, bc2};
     model.backend().adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
                                  grads + (a - first));
+    if (!cfg.bf16_params) continue;
+    const StochasticKey key{.seed = cfg.seed, .tensor = static_cast<uint32_t>(tensor), .step = static_cast<uint32_t>(t)};
+    for (const IndexRun& r : p.global_runs(a - p.offset, b - p.offset)) {
+      float* x = model.params() + p.offset + r.local;
+      model.backend().round_to_bf16_stochastic(r.length, key, r.global, x, x);
+    }
   }
 }
 

@@ -18,6 +18,11 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;
   DecayPolicy decay;  // the tensors weight_decay applies to
+  // bf16 parameters (src/model/precision.hpp's bf16_params): each updated element rounded to bf16
+  // stochastically, the Philox stream keyed by seed, the tensor's place in the canonical layout,
+  // the step and the element's global index.
+  bool bf16_params = false;
+  uint64_t seed = 0;
 };
 
 struct LrSchedule {
@@ -38,7 +43,8 @@ float adamw_bias_correction(float beta, int64_t t);
 // AdamW on the elements [first, end) of the model's flat parameter buffer (a ZeRO shard, or the
 // whole model): m, v and grads hold the moments and gradient of exactly those elements (m[0] is
 // element `first`; grads: the model's own buffer from `first`, or a ZeRO-2 shard).
-// Weight decay follows cfg.decay; a tensor cut by the range is updated in part.
+// Weight decay follows cfg.decay; a tensor cut by the range is updated in part. With
+// cfg.bf16_params the updated elements are then rounded stochastically, each by its global index.
 void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
                         int64_t end, float* m, float* v, const float* grads);
 

@@ -98,7 +98,9 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"peak_openblas_gflops", measured.openblas_gflops},
           {"peak_canonical_gflops", measured.canonical_gflops},
           {"peak_lockstep_fast_gflops", measured.fast_gflops},
+          {"peak_bf16_dot_gflops", measured.bf16_dot_gflops},
           {"fast_gemm", fast_gemm},
+          {"bf16_kernel", bf16_kernel},
           {"peak_source", peak_measured ? "measured: " + measured.describe() +
                                               ", same process and threads, each the higher of before and "
                                               "after the timed steps"
@@ -242,8 +244,16 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   // The peak is measured before and after the timed steps and the higher figure kept: on a shared
   // machine one measurement can fall in a busy moment, and an underestimated peak inflates MFU.
   r.peak_measured = tc.peak_gflops <= 0;
-  if (r.peak_measured) r.measured = backend.measure_gemm_peak();
-  r.peak_gflops = r.peak_measured ? r.measured.gflops : tc.peak_gflops;
+  const bool bf16 = tc.precision == Precision::kBf16;
+  if (r.peak_measured) {
+    r.measured = backend.measure_gemm_peak();
+    backend.choose_gemms(r.measured);
+    r.fast_gemm = backend.fast_gemm_name();
+  }
+  r.bf16_kernel = backend.bf16_kernel_name();
+  // bf16 operands: measured against the faster of the bf16 kernels.
+  const auto peak_of = [&](const GemmPeak& p) { return bf16 ? p.bf16_peak() : p.gflops; };
+  r.peak_gflops = r.peak_measured ? peak_of(r.measured) : tc.peak_gflops;
   r.flops_per_token = model.flops_per_token();
   r.params = model.num_params();
 
@@ -254,10 +264,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << " tokens (micro-batch " << MB << "); "
       << (r.synthetic_tokens ? "synthetic uniform tokens" : "tokens from " + cfg.data.train) << "\n"
       << "precision: " << tc.precision_recipe().describe() << "\n"
-      << "fp32 GEMM peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
+      << (bf16 ? "bf16" : "fp32") << " GEMM peak " << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
       << (r.peak_measured ? " (measured, same threads: " + r.measured.describe() + "; measured again after the steps)"
                           : " (configured)")
-      << "; fast mode's GEMM " << r.fast_gemm
+      << (r.peak_measured ? "; kernels: " + describe_choice(r.measured) : "; fast mode's GEMM " + r.fast_gemm)
       << "; " << opt.warmup << " warm-up + " << opt.steps << " timed steps\n";
 
   std::optional<durable_io::AtomicFile> tokens_file;
@@ -290,7 +300,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.reference_every = cfg.verify.reference_every;
   std::optional<detect::ReferenceCheck> reference;
   if (r.reference_every > 0) {
-    reference.emplace(model, detect::sampled_ops(model, 1, false), 1, self, findings,
+    reference.emplace(model, detect::sampled_ops(model, 1, false), cfg.train.precision_recipe(), 1, self, findings,
                       detect::FaultAction::kWarn);
   }
   if (r.buddy_every > 0 || reference) {
@@ -399,7 +409,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (tokens_file) tokens_file->commit();
   if (r.peak_measured) {
     r.measured = higher_peak(r.measured, backend.measure_gemm_peak());
-    r.peak_gflops = r.measured.gflops;
+    r.peak_gflops = peak_of(r.measured);
   }
   r.step_ms = stats_of(step_ms);
   r.forward_ms = stats_of(fwd_ms);
@@ -477,7 +487,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
-      << (r.peak_measured ? " (" + r.measured.source + ", the higher of the two measurements)" : std::string())
+      << (r.peak_measured ? " (" + (bf16 && r.measured.bf16_dot_gflops > r.measured.gflops ? std::string("VDPBF16PS")
+                                                                                             : r.measured.source) +
+                                ", the higher of the two measurements)"
+                          : std::string())
       << "; peak memory "
       << std::setprecision(0) << r.peak_memory_mib << " MiB; last loss " << std::setprecision(4) << r.last_loss << "\n"
       << "steady state: " << r.step_page_faults << " minor page faults in the " << opt.steps

@@ -60,6 +60,7 @@ struct BenchStats {
 struct BenchResult {
   int64_t threads = 0;
   std::string isa, fast_gemm, blas_core;  // the backend's choices (kernels/cpu/cpu_backend.hpp)
+  std::string bf16_kernel;                // the instructions of bf16 products (kernels/cpu/matmul.hpp)
   int64_t params = 0;
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;  // 6·N + 12·L·C·T (Model::flops_per_token)

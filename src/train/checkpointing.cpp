@@ -39,7 +39,7 @@ void check_resumable(const ckpt::Checkpoint& ck, const RunConfig& cfg) {
   }
   // A key a checkpoint predates had its default then (fp32 throughout).
   const nlohmann::json defaults = RunConfig{}.to_json()["train"];
-  for (const char* key : {"batch_size", "mode", "seed", "precision", "fp32_linears"}) {
+  for (const char* key : {"batch_size", "mode", "seed", "precision", "fp32_linears", "master_weights"}) {
     const nlohmann::json was = then["train"].contains(key) ? then["train"][key] : defaults[key];
     LS_REQUIRE(was == now["train"][key], ck.dir, ": cannot resume: it was written with [train] ", key, " = ",
                was.dump(), ", this run has ", now["train"][key].dump());

@@ -200,6 +200,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("peak_gflops", c.train.peak_gflops);
   enum_field(t, "precision", c.train.precision, precision_to, precision_from_name);
   t.field("fp32_linears", c.train.fp32_linears);
+  t.field("master_weights", c.train.master_weights);
   t.finish();
 
   Section k = section("checkpoint");
@@ -326,6 +327,9 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.fast_gemm == "auto" || t.fast_gemm == "openblas" || t.fast_gemm == "lockstep", c.source,
              ": [train] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"", t.fast_gemm, "\"");
   LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");
+  LS_REQUIRE(t.master_weights || t.precision == Precision::kBf16, c.source,
+             ": [train] master_weights = false needs precision = \"bf16\" (bf16 parameters updated by stochastic "
+             "rounding); an fp32 run's parameters are its master weights");
   for (const std::string_view e : split_commas(t.fp32_linears)) {
     LS_REQUIRE(!e.empty(), c.source, ": [train] fp32_linears: an empty name in \"", t.fp32_linears,
                "\"; expected a comma-separated list of linears (head, layer/N/attn/qkv, ...) or prefixes");
@@ -334,9 +338,6 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(unmatched.empty(), c.source, ": [train] fp32_linears: \"", unmatched,
              "\" names no linear layer of this model (they are head, layer/N/attn/qkv, layer/N/attn/proj, "
              "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");
-  LS_REQUIRE(t.precision == Precision::kF32 || v.reference_every == 0, c.source,
-             ": [verify] reference_every needs [train] precision = \"fp32\": the sampled reference checks do not "
-             "bound bf16 roundings yet");
   LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0, c.source,
              ": [checkpoint] every and keep must be >= 0");
   LS_REQUIRE(c.log.every >= 1, c.source, ": [log] every (", c.log.every, ") must be >= 1");
@@ -360,12 +361,16 @@ PrecisionRecipe TrainConfig::precision_recipe() const {
   PrecisionRecipe r;
   r.linears = precision;
   for (const std::string_view e : split_commas(fp32_linears)) r.fp32_linears.emplace_back(e);
+  r.master_weights = master_weights;
   return r;
 }
 
 AdamWConfig TrainConfig::adamw() const {
-  return {static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
-          static_cast<float>(weight_decay), DecayPolicy::parse(weight_decay_on, "[train] weight_decay_on")};
+  AdamWConfig c{static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
+                static_cast<float>(weight_decay), DecayPolicy::parse(weight_decay_on, "[train] weight_decay_on")};
+  c.bf16_params = precision_recipe().bf16_params();
+  c.seed = seed;
+  return c;
 }
 
 nlohmann::json RunConfig::to_json() const {

@@ -53,6 +53,9 @@ struct TrainConfig {
   // fp32 (comma-separated names or prefixes, e.g. "head,layer/0").
   Precision precision = Precision::kF32;
   std::string fp32_linears;
+  // false (bf16 only): the parameters themselves are bf16, AdamW's result stochastically rounded
+  // (src/model/precision.hpp); true: fp32 master weights.
+  bool master_weights = true;
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
   PrecisionRecipe precision_recipe() const;

@@ -72,15 +72,19 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   std::ostream& out = run.out;
   Progress::Costs costs;
   const GemmPeak measured = tc.peak_gflops > 0 ? GemmPeak{} : backend.measure_gemm_peak();
-  costs.peak_gflops = tc.peak_gflops > 0 ? tc.peak_gflops : measured.gflops;
+  if (tc.peak_gflops <= 0) backend.choose_gemms(measured);
+  // A run whose linears take bf16 operands is measured against the faster of the bf16 kernels.
+  const bool bf16 = tc.precision == Precision::kBf16;
+  costs.peak_gflops = tc.peak_gflops > 0 ? tc.peak_gflops : bf16 ? measured.bf16_peak() : measured.gflops;
   costs.flops_per_token = run.model.flops_per_token();
   const int64_t global_params = run.global_layout.back().offset + run.global_layout.back().numel;
   out << "model: " << global_params << " parameters, " << std::fixed << std::setprecision(2)
       << costs.flops_per_token / 1e6 << " MFLOP/token; mode " << mode_name(tc.mode) << ", " << backend.threads()
       << " threads, " << backend.describe(tc.mode) << "; batch "
       << run.B << " x " << run.T << " tokens (micro-batch " << run.MB << "); MFU against " << std::setprecision(1)
-      << costs.peak_gflops << " GFLOP/s fp32 GEMM peak per rank"
+      << costs.peak_gflops << " GFLOP/s " << (bf16 ? "bf16" : "fp32") << " GEMM peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured: " + measured.describe() + ")") << "\n";
+  if (tc.peak_gflops <= 0) out << "kernels: " << describe_choice(measured) << "\n";
   out << "precision: " << tc.precision_recipe().describe() << "\n";
   // The least a rank must send per step: to sum its N fp32 gradients over dp (a ring all-reduce,
   // or ZeRO's reduce-scatter + parameter all-gather) 2 · 4N · (dp-1)/dp bytes, plus tensor
@@ -328,7 +332,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
   }
   if (vc.reference_every > 0) {
-    reference.emplace(model, detect::sampled_ops(model, tp, pc.sp), vc.reference_every, world, findings, on_fault);
+    reference.emplace(model, detect::sampled_ops(model, tp, pc.sp), cfg.train.precision_recipe(), vc.reference_every,
+                      world, findings, on_fault);
   }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) {

@@ -28,9 +28,17 @@ assert min(gemms.values()) > 0, r
 fastest = max(gemms, key=gemms.get)
 assert r["peak_source"].startswith("measured: the fastest of OpenBLAS sgemm (" + r["openblas_core"] + ")"), r
 assert fastest in open("bench.log").read().split("throughput: ")[1], fastest
-# Fast mode's GEMM is named: OpenBLAS's, or Lockstep's where OpenBLAS's kernel is not AVX-512.
+# Fast mode's GEMM and the bf16 products' kernel are the faster of their candidates as timed at
+# start-up, and named with both figures.
 assert r["fast_gemm"].startswith("OpenBLAS sgemm (" + r["openblas_core"] + ")") or (
-    r["fast_gemm"].startswith("Lockstep fast GEMM (avx512; OpenBLAS's kernel " + r["openblas_core"])), r["fast_gemm"]
+    r["fast_gemm"].startswith("Lockstep fast GEMM (")), r["fast_gemm"]
+import re
+log = open("bench.log").read()
+m = re.search(r"kernels: fast mode's GEMM (.*?) \(([0-9.]+) GFLOP/s measured; .*? ([0-9.]+)\)", log)
+assert m and m.group(1) == r["fast_gemm"] and float(m.group(2)) >= float(m.group(3)), log
+m = re.search(r"bf16 products (.*?) \(([0-9.]+) GFLOP/s measured; .*? ([0-9.]+)\)", log)
+assert (m is None) == (r["peak_bf16_dot_gflops"] == 0), (log, r["peak_bf16_dot_gflops"])
+assert m is None or (m.group(1) == r["bf16_kernel"] and float(m.group(2)) >= float(m.group(3))), log
 assert isinstance(r["step_page_faults"], int) and r["step_page_faults"] >= 0, r["step_page_faults"]
 phases = r["phases_ms"]
 assert set(phases) == {"forward", "backward", "optimizer", "communication", "verification"}, phases
@@ -71,7 +79,7 @@ done
 import json, math, sys
 o, l = (json.load(open(p)) for p in sys.argv[1:3])
 assert o["fast_gemm"] == "OpenBLAS sgemm (" + o["openblas_core"] + ")", o["fast_gemm"]
-assert l["fast_gemm"].startswith("Lockstep fast GEMM (" + l["isa"] + "; OpenBLAS's kernel " + l["openblas_core"]), l["fast_gemm"]
+assert l["fast_gemm"] == "Lockstep fast GEMM (" + l["isa"] + ")", l["fast_gemm"]
 assert all(math.isfinite(r["last_loss"]) and r["last_loss"] > 0 for r in (o, l))
 PY
 grep -q "fast mode's GEMM Lockstep fast GEMM" fast_lockstep.log || fail "fast GEMM not named: $(cat fast_lockstep.log)"

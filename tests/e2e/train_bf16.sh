@@ -3,14 +3,16 @@
 #  - canonical mode: the same model hash on 1, 2 and 3 threads, AVX2 and the widest ISA the CPU has,
 #    micro-batch splits, dp2 (zero 0, 1, 2), tp2 and dp2 x tp2 with sequence parallelism (zero 1),
 #    and after a checkpoint resumed by another layout — and a different one from the fp32 run's;
+#  - with master_weights = false (bf16 parameters, stochastic rounding) the same hash on threads,
+#    ISAs, dp2 zero 2 and dp2 x tp2 sp, verify step bitwise, a mismatched resume refused;
 #  - ABFT checks the bf16 products without a false alarm or a changed bit, and names a flipped one;
 #  - fast mode runs to the end and learns; fp32_linears = "head" changes the hash;
 #  - the recipe is printed at start-up; a checkpoint written in bf16 refuses an fp32 resume;
 #  - `verify step` passes a canonical bf16 checkpoint bitwise (the emulation with the recipe's
 #    roundings) and a fast one within its bounds; `diff --bounds` of an fp32 and a bf16 run finds
 #    each side within its own recipe's op-local bounds and their difference explained;
-#  - an unknown precision, an fp32_linears entry that names no linear and a bf16 run with sampled
-#    reference checks: one clear error each.
+#  - sampled reference checks pass clean bf16 runs and name a wrong bf16 value;
+#  - an unknown precision and an fp32_linears entry that names no linear: one clear error each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -72,6 +74,32 @@ run --verify.abft=true --inject.site=gemm/layer/0/mlp/fc/weight/forward --inject
 grep -q '^finding: after step 3, detector abft, site gemm/layer/0/mlp/fc/weight/forward, ranks 0' abft_fault.log \
   || fail "abft fault not named: $(grep '^finding' abft_fault.log)"
 
+# bf16 parameters without master weights: AdamW's result rounded stochastically, each element by
+# its global index, so threads, ISAs and layouts keep the bits; verify step emulates the rounding.
+run --train.threads=1 --train.master_weights=false --checkpoint.dir=ck_sr --checkpoint.every=4 > sr.log
+want_sr=$(model_hash sr.log)
+[ -n "$want_sr" ] && [ "$want_sr" != "$want" ] || fail "master_weights = false: hash '$want_sr' (bf16 with master weights: $want)"
+grep -q 'bf16 parameters updated by stochastic rounding' sr.log || fail "no stochastic-rounding recipe line: $(head -3 sr.log)"
+sr_same() {  # name log
+  [ "$(model_hash "$2")" = "$want_sr" ] || fail "master_weights = false, $1: hash $(model_hash "$2") != $want_sr"
+}
+run --train.threads=2 --train.isa=avx2 --train.master_weights=false > sr_t2.log
+sr_same "threads 2 avx2" sr_t2.log
+mpi 2 --parallel.dp=2 --parallel.zero=2 --train.master_weights=false > sr_dp2.log 2>&1 || fail "sr dp2: $(tail -3 sr_dp2.log)"
+sr_same "dp2 zero 2" sr_dp2.log
+mpi 4 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=1 --train.master_weights=false > sr_dp2tp2.log 2>&1 \
+  || fail "sr dp2 x tp2: $(tail -3 sr_dp2tp2.log)"
+sr_same "dp2 x tp2 sp zero 1" sr_dp2tp2.log
+rm -rf ck_sr/step_00000006
+"$LOCKSTEP" verify step --config cfg.toml --train.master_weights=false --checkpoint ck_sr > verify_sr.log \
+  || fail "verify step, bf16 parameters: $(tail -3 verify_sr.log)"
+grep -Eq '^param/layer/0/mlp/fc/weight +\[512,128\] +bitwise ' verify_sr.log \
+  || fail "verify step, bf16 parameters: the update is not bitwise: $(grep 'param/layer/0/mlp/fc/weight' verify_sr.log)"
+expect_error "cannot resume: it was written with \[train\] master_weights = false, this run has true" \
+  "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --checkpoint.dir=ck_sr
+expect_error "\[train\] master_weights = false needs precision = \"bf16\"" \
+  "$LOCKSTEP" train --config cfg.toml --train.precision=fp32 --train.master_weights=false
+
 run --train.fp32_linears=head > head32.log
 [ "$(model_hash head32.log)" != "$want" ] || fail "fp32_linears = head did not change the model"
 steps=40 run --train.mode=fast > fast.log
@@ -96,8 +124,21 @@ expect_error "\[train\] precision: expected \"fp32\" or \"bf16\", got \"fp16\"" 
   "$LOCKSTEP" train --config cfg.toml --train.precision=fp16
 expect_error "\[train\] fp32_linears: \"layer/9\" names no linear layer of this model" \
   "$LOCKSTEP" train --config cfg.toml --train.fp32_linears=head,layer/9
-expect_error "\[verify\] reference_every needs \[train\] precision = \"fp32\"" \
-  "$LOCKSTEP" train --config cfg.toml --verify.reference_every=2
+# Sampled reference checks round where the model does: clean bf16 runs pass every op's bound in
+# both modes; a wrong bf16 mantissa bit in the activation's output is named.
+for mode in canonical fast; do
+  steps=20 run --train.mode=$mode --verify.reference_every=1 > reference_$mode.log 2>&1 \
+    || fail "reference checks, $mode: $(tail -3 reference_$mode.log)"
+  grep -q '^finding' reference_$mode.log && fail "reference checks, $mode: $(grep '^finding' reference_$mode.log)"
+  grep -q '^reference checks: 20 ops re-checked on rank 0' reference_$mode.log \
+    || fail "reference checks, $mode: no summary: $(tail -3 reference_$mode.log)"
+done
+status=0
+steps=20 run --verify.reference_every=1 --inject.site=layer/0/mlp/act --inject.step=0 --inject.persistent=true \
+  --inject.kind=bitflip:bit=20,index=3 > reference_fault.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "reference fault: expected exit 6, got $status: $(tail -3 reference_fault.log)"
+grep -q '^finding: after step [0-9]*, detector reference, site layer/0/mlp/act ' reference_fault.log \
+  || fail "reference fault not named: $(grep -E '^(finding|error)' reference_fault.log)"
 # verify step of the bf16 checkpoint: bitwise against the CanonicalF32 emulation with the recipe's
 # roundings; a fast-mode bf16 checkpoint within the Bounded<double> bounds.
 "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck32 > verify.log || fail "verify step: $(tail -3 verify.log)"

@@ -508,17 +508,20 @@ class ActivationCase final : public OpCase {
 
 // ---- cast.hpp
 
-class RoundToBf16 final : public OpCase {
+// A rounding to bf16 in place over n values up to fp32's largest (some round to ±inf): the two
+// cases differ in the op and its reference, `round(be, out)` and `reference(n, out, inp)`.
+template <class Rounding>
+class RoundingCase final : public OpCase {
  public:
-  explicit RoundToBf16(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})) {
+  RoundingCase(const CaseSpec& c, Rounding r) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})), r_(r) {
     Draw d(c);
-    inp_ = d.values(n_, 128, true);  // large values up to fp32's largest: some round to ±inf
+    inp_ = d.values(n_, 128, true);
   }
   std::string shape() const override { return dims_text({{"n", n_}}); }
   double bytes() const override { return 4.0 * 2 * static_cast<double>(n_); }
   void run(Backend& be, Mode) override {
     got_ = inp_;
-    be.round_to_bf16(n_, got_.data(), got_.data());  // in place, as the contract allows
+    r_.round(be, n_, got_.data());  // in place, as the contracts allow
   }
   std::vector<Check> checks(Mode mode) const override {
     return {check_of("out", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
@@ -529,11 +532,34 @@ class RoundToBf16 final : public OpCase {
   std::vector<Real> ref() const {
     const auto i = as<Real>(inp_);
     std::vector<Real> out(i.size());
-    reference::round_to_bf16(n_, out.data(), i.data());
+    r_.reference(n_, out.data(), i.data());
     return out;
   }
   int64_t n_;
+  Rounding r_;
   std::vector<float> inp_, got_;
+};
+
+struct NearestBf16 {
+  void round(Backend& be, int64_t n, float* x) const { be.round_to_bf16(n, x, x); }
+  template <class Real>
+  void reference(int64_t n, Real* out, const Real* inp) const {
+    reference::round_to_bf16(n, out, inp);
+  }
+};
+
+// The key and the first global index vary with the seed.
+struct StochasticBf16 {
+  StochasticKey key;
+  int64_t first;
+  explicit StochasticBf16(const CaseSpec& c)
+      : key{.seed = c.seed, .tensor = static_cast<uint32_t>(c.seed % 7), .step = static_cast<uint32_t>(c.seed % 5 + 1)},
+        first(static_cast<int64_t>(c.seed % 13)) {}
+  void round(Backend& be, int64_t n, float* x) const { be.round_to_bf16_stochastic(n, key, first, x, x); }
+  template <class Real>
+  void reference(int64_t n, Real* out, const Real* inp) const {
+    reference::round_to_bf16_stochastic(n, key.seed, key.tensor, key.step, first, out, inp);
+  }
 };
 
 class ResidualForward final : public OpCase {
@@ -898,7 +924,12 @@ inline std::unique_ptr<OpCase> make_gelu_forward(const CaseSpec& c) { return std
 inline std::unique_ptr<OpCase> make_gelu_backward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, false, true); }
 inline std::unique_ptr<OpCase> make_swiglu_forward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, true, false); }
 inline std::unique_ptr<OpCase> make_swiglu_backward(const CaseSpec& c) { return std::make_unique<ActivationCase>(c, true, true); }
-inline std::unique_ptr<OpCase> make_round_to_bf16(const CaseSpec& c) { return std::make_unique<RoundToBf16>(c); }
+inline std::unique_ptr<OpCase> make_round_to_bf16(const CaseSpec& c) {
+  return std::make_unique<RoundingCase<NearestBf16>>(c, NearestBf16{});
+}
+inline std::unique_ptr<OpCase> make_round_to_bf16_stochastic(const CaseSpec& c) {
+  return std::make_unique<RoundingCase<StochasticBf16>>(c, StochasticBf16(c));
+}
 inline std::unique_ptr<OpCase> make_residual_forward(const CaseSpec& c) { return std::make_unique<ResidualForward>(c); }
 inline std::unique_ptr<OpCase> make_embedding_forward(const CaseSpec& c) { return std::make_unique<EmbeddingForward>(c); }
 inline std::unique_ptr<OpCase> make_embedding_backward(const CaseSpec& c) { return std::make_unique<EmbeddingBackward>(c); }

@@ -9,6 +9,7 @@
 
 #include "reference/activation.hpp"
 #include "reference/bounded.hpp"
+#include "reference/cast.hpp"
 #include "reference/linear.hpp"
 #include "reference/norm.hpp"
 #include "src/core/check.hpp"
@@ -42,36 +43,38 @@ std::vector<SampledOp> sampled_ops(const Model& model, int64_t tp, bool sp) {
   std::vector<SampledOp> ops;
   for (const LayerDesc& l : model.desc().layers) {
     const std::string& p = l.prefix;
-    const auto norm = [&](const std::string& ln, const std::string& input) {
+    // reader: the linear that reads the norm's output.
+    const auto norm = [&](const std::string& ln, const std::string& input, const std::string& reader) {
       if (sp) return;  // the norm's input is this rank's tokens, its output gathered over tp
       ops.push_back({.kind = Kind::kNorm, .output = p + ln + "/out", .inputs = {input}, .weight = p + ln + "/weight",
-                     .bias = opt(p + ln + "/bias"), .norm = l.norm, .eps = l.norm_eps});
+                     .bias = opt(p + ln + "/bias"), .norm = l.norm, .eps = l.norm_eps, .linear = reader});
     };
     const auto linear = [&](const std::string& out, const std::string& in, const std::string& w) {
       ops.push_back({.kind = Kind::kLinear, .output = out, .inputs = {in}, .weight = w + "/weight",
-                     .bias = opt(w + "/bias")});
+                     .bias = opt(w + "/bias"), .linear = w});
     };
     const auto projection = [&](const std::string& branch, const std::string& w) {
       if (tp > 1) return;  // row-parallel: the product is a sum over the tp group
       ops.push_back({.kind = Kind::kLinearResidual, .output = l.output, .inputs = {branch, l.input},
-                     .weight = w + "/weight", .bias = opt(w + "/bias")});
+                     .weight = w + "/weight", .bias = opt(w + "/bias"), .linear = w});
     };
     switch (l.kind) {
       case LayerKind::kAttention:
-        norm("ln1", l.input);
+        norm("ln1", l.input, p + "attn/qkv");
         if (l.pos != PosKind::kRope) linear(p + "attn/qkv", p + "ln1/out", p + "attn/qkv");
         projection(p + "attn/out", p + "attn/proj");
         break;
       case LayerKind::kMlp:
-        norm("ln2", l.input);
+        norm("ln2", l.input, p + "mlp/fc");
         linear(p + "mlp/fc", p + "ln2/out", p + "mlp/fc");
-        ops.push_back({.kind = Kind::kActivation, .output = p + "mlp/act", .inputs = {p + "mlp/fc"}, .ffn = l.ffn});
+        ops.push_back({.kind = Kind::kActivation, .output = p + "mlp/act", .inputs = {p + "mlp/fc"}, .ffn = l.ffn,
+                       .linear = p + "mlp/proj"});
         projection(p + "mlp/act", p + "mlp/proj");
         break;
-      case LayerKind::kFinalNorm: norm("lnf", l.input); break;
+      case LayerKind::kFinalNorm: norm("lnf", l.input, kHeadLinear); break;
       case LayerKind::kHead:
         ops.push_back({.kind = Kind::kLinear, .output = l.output, .inputs = {l.input},
-                       .weight = l.tied ? "wte" : p + "lm_head/weight"});
+                       .weight = l.tied ? "wte" : p + "lm_head/weight", .linear = std::string(kHeadLinear)});
         break;
       case LayerKind::kEmbedding: break;
     }
@@ -122,8 +125,14 @@ void ReferenceCheck::check(const TensorView& out) {
     const ParamTensor& p = model_.param(name);
     return to_real({model_.params() + p.offset, static_cast<size_t>(p.numel)});
   };
+  // A bf16 linear reads its weight's bf16 copy and rounds its product; a norm or the activation
+  // that a bf16 linear reads rounds its output.
+  const bool bf16 = recipe_.bf16(op_->linear);
+  const bool product = op_->kind == Kind::kLinear || op_->kind == Kind::kLinearResidual;
   const std::vector<Real> x = to_real(inputs_.at(op_->inputs[0]));
-  const std::vector<Real> w = param(op_->weight), b = param(op_->bias);
+  std::vector<Real> w = param(op_->weight);
+  const std::vector<Real> b = param(op_->bias);
+  if (bf16 && product) reference::round_to_bf16(static_cast<int64_t>(w.size()), w.data(), w.data());
   const Real* bias = b.empty() ? nullptr : b.data();
   std::vector<Real> y(static_cast<size_t>(rows_ * width));
   const auto in_width = static_cast<int64_t>(x.size()) / rows_;
@@ -136,12 +145,14 @@ void ReferenceCheck::check(const TensorView& out) {
         reference::layernorm_forward(rows_, width, op_->eps, y.data(), mean.data(), rstd.data(), x.data(), w.data(),
                                      bias);
       }
+      if (bf16) reference::round_to_bf16(rows_ * width, y.data(), y.data());
       break;
     }
     case Kind::kLinear:
       LS_CHECK(static_cast<int64_t>(w.size()) == in_width * width, "reference check: ", op_->weight, " holds ",
                w.size(), " elements for a ", in_width, " -> ", width, " product");
       reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias);
+      if (bf16) reference::round_to_bf16(rows_ * width, y.data(), y.data());
       break;
     case Kind::kActivation:
       if (op_->ffn == FfnKind::kSwiglu) {
@@ -149,10 +160,12 @@ void ReferenceCheck::check(const TensorView& out) {
       } else {
         reference::gelu_forward(rows_ * width, y.data(), x.data());
       }
+      if (bf16) reference::round_to_bf16(rows_ * width, y.data(), y.data());
       break;
     case Kind::kLinearResidual: {
       const std::vector<Real> stream = to_real(inputs_.at(op_->inputs[1]));
       reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias);
+      if (bf16) reference::round_to_bf16(rows_ * width, y.data(), y.data());
       reference::residual_forward(rows_ * width, y.data(), y.data(), stream.data());
       break;
     }

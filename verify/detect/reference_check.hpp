@@ -13,7 +13,9 @@
 // shard's ops (a column-parallel product, the activation, the head's vocabulary rows, the norms
 // without sequence parallelism); the row-parallel projections, whose result is a sum over the tp
 // group, are left out. Rows: as many as fit kBudget multiply-adds of the op (one at least), so a
-// check costs about the same for every op (bench: `--verify.reference_every=1`).
+// check costs about the same for every op (bench: `--verify.reference_every=1`). Under a bf16 recipe
+// the reference rounds where the model does (the weight copy of a bf16 linear, what it writes, a
+// norm's or the activation's output that a bf16 linear reads; reference/cast.hpp's bounds).
 // Not here: the reference ops (reference/), when the model shows its tensors (the hook, layer.hpp).
 #pragma once
 
@@ -41,6 +43,9 @@ struct SampledOp {
   NormKind norm = NormKind::kLayerNorm;
   float eps = 0;
   FfnKind ffn = FfnKind::kGelu;
+  // The linear (precision.hpp's name) in whose precision the output is computed (a linear, a
+  // projection) or stored (a norm or the activation: the linear that reads it).
+  std::string linear{};
 };
 
 // The ops of `model` that a rank of a tp group of `tp` ranks (sp: sequence parallelism) can check.
@@ -54,9 +59,12 @@ struct ReferenceStats {
 
 class ReferenceCheck final : public StepObserver {
  public:
-  ReferenceCheck(const Model& model, std::vector<SampledOp> ops, int64_t every, comm::Communicator& world,
-                 FindingLog& log, FaultAction action)
-      : model_(model), ops_(std::move(ops)), every_(every), world_(world), log_(log), action_(action) {}
+  // recipe: the model's precision recipe; a bf16 linear's reference reads bf16 copies of its weight
+  // and rounds what it writes, as the model does (reference/layers.hpp).
+  ReferenceCheck(const Model& model, std::vector<SampledOp> ops, PrecisionRecipe recipe, int64_t every,
+                 comm::Communicator& world, FindingLog& log, FaultAction action)
+      : model_(model), ops_(std::move(ops)), recipe_(std::move(recipe)), every_(every), world_(world), log_(log),
+        action_(action) {}
 
   void begin_step(int64_t step) override;
   // The model's hook calls it with every tensor (after any injection: what the next op reads).
@@ -70,6 +78,7 @@ class ReferenceCheck final : public StepObserver {
 
   const Model& model_;
   std::vector<SampledOp> ops_;
+  PrecisionRecipe recipe_;
   int64_t every_;
   comm::Communicator& world_;
   FindingLog& log_;

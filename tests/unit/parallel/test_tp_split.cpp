@@ -86,6 +86,31 @@ TEST(TpSplit, ShardsOfAllRanksTileEveryGlobalTensor) {
   }
 }
 
+// global_runs (stochastic rounding's global indices, per ZeRO shard) covers the asked range in
+// order with runs on which global_index counts up by one, merged where they continue each other.
+TEST(TpSplit, GlobalRunsFollowGlobalIndex) {
+  const ModelConfig m = model(FfnKind::kSwiglu, 2, false);
+  for (int64_t tp : {1, 2}) {
+    for (int64_t r = 0; r < tp; ++r) {
+      for (const ParamTensor& s : build_param_layout(m, {tp, r})) {
+        for (const auto& [first, end] : {std::pair<int64_t, int64_t>{0, s.numel}, {s.numel / 3 + 1, s.numel - 5}}) {
+          int64_t next = first;
+          const std::vector<IndexRun> runs = s.global_runs(first, end);
+          for (size_t k = 0; k < runs.size(); ++k) {
+            const IndexRun& run = runs[k];
+            ASSERT_EQ(run.local, next) << s.name;
+            ASSERT_GT(run.length, 0) << s.name;
+            for (int64_t j = 0; j < run.length; ++j) ASSERT_EQ(s.global_index(run.local + j), run.global + j) << s.name;
+            if (k > 0) ASSERT_NE(runs[k - 1].global + runs[k - 1].length, run.global) << s.name << ": runs not merged";
+            next += run.length;
+          }
+          ASSERT_EQ(next, std::max(first, end)) << s.name;
+        }
+      }
+    }
+  }
+}
+
 TEST(TpSplit, QkvShardHoldsTheQKAndVRowsOfItsHeads) {
   const ModelConfig m = model(FfnKind::kGelu, 2, true);  // C 256, 4 heads of 64, 2 kv heads
   const auto layout = build_param_layout(m, {2, 1});
