@@ -27,6 +27,11 @@ struct BoundedFormat {
   // Absolute error per position of an angle computed in double by set-up code (RoPE's tables:
   // kernels/ops/rope.hpp), beside the rounding of the table entry to the format.
   double setup_angle_error = 0x1p-49;
+  // 0: worst-case bounds. λ > 0: every n-term reduction's accumulated rounding error is bounded
+  // by Higham & Mary's probabilistic γ̃_n(λ) in place of γ_n (reference/reduce.hpp) — a bound that
+  // holds with probability at least 1 − 2n·exp(−λ²(1−u)²/2) per reduction if the roundings are
+  // mean-independent random errors, and no longer in the worst case.
+  double lambda = 0;
 };
 inline BoundedFormat& bounded_format() {
   static BoundedFormat f;

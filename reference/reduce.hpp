@@ -24,11 +24,16 @@
 #include <vector>
 
 #include "reference/bounded.hpp"
+#include "verify/core/bounds.hpp"
 
 namespace lockstep::reference {
 
+// γ_n, or with bounded_format().lambda > 0 the probabilistic γ̃_n(λ) = exp(λ√n·u + n·u²/(1−u)) − 1
+// (Higham & Mary 2019; verify/core/bounds.hpp), evaluated in double: a bound need not be exact.
 template <class T>
 T gamma_n(int64_t n) {
+  const double lambda = bounded_format().lambda;
+  if (lambda > 0) return T(bounds::gamma_probabilistic(n, bounded_format().u, lambda));
   T nu = T(static_cast<double>(n)) * Bounded<T>::u();
   return nu / (T(1) - nu);
 }

@@ -20,6 +20,7 @@
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/optim/grad_clip.hpp"
+#include "verify/core/bounds.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 
 namespace lockstep::verify {
@@ -318,6 +319,18 @@ double estimate_reference_seconds(const RunConfig& cfg, const StepOptions& opt) 
 
 namespace {
 
+// ", probabilistic bounds (λ = 6: ...)" for the report's reference line: the probability that the
+// longest reduction of the step stays within its bound, under the model's assumption.
+std::string probabilistic(const StepState& s, double lambda, double u) {
+  if (lambda <= 0) return "";
+  const ModelConfig& m = s.cfg.model;
+  const int64_t longest = std::max({m.d_model, m.ffn_width(), m.vocab_size, s.cfg.train.batch_size * m.seq_len});
+  return str_cat(", probabilistic bounds (lambda = ", lambda, ": each n-term reduction within gamma~_n(lambda), ",
+                 "with probability at least 1 - 2n exp(-lambda^2 (1-u)^2 / 2) if its roundings are independent; ",
+                 "for the longest, n = ", longest, ": ", bounds::gamma_probabilistic_confidence(longest, u, lambda),
+                 "; not a worst-case bound)");
+}
+
 std::string reference_name(const RunConfig& cfg, const StepOptions& opt) {
   if (cfg.train.mode == Mode::kCanonical) return "CanonicalF32";
   if (opt.reference_type == ReferenceType::kDouble) return "Bounded<double>";
@@ -381,13 +394,17 @@ StepReport verify_step(const StepState& s, const StepOptions& opt) {
   } else if (opt.reference_type == ReferenceType::kDouble) {
     reference::BoundedFormat f = reference::bounded_format();
     f.u = reference::kBoundedDoubleU;
+    f.lambda = opt.lambda;
     reference::ScopedBoundedFormat own_roundings(f);
-    report.reference = "Bounded<double, u = 2^-24 + 2^-51>, op-local";
+    report.reference = "Bounded<double, u = 2^-24 + 2^-51>, op-local" + probabilistic(s, opt.lambda, f.u);
     want = run_reference<reference::Bounded<double>>(s, u, got, true);
   } else {
     reference::ScopedMpfrBits bits(opt.reference_bits);
-    report.reference = "Bounded<mpfr " + std::to_string(reference::mpfr_bits()) +
-                       " bits>, op-local";
+    reference::BoundedFormat f = reference::bounded_format();
+    f.lambda = opt.lambda;
+    reference::ScopedBoundedFormat probabilistic_bounds(f);
+    report.reference = "Bounded<mpfr " + std::to_string(reference::mpfr_bits()) + " bits>, op-local" +
+                       probabilistic(s, opt.lambda, f.u);
     want = run_reference<reference::MpfrBounded>(s, u, got, true);
   }
   report.reference_seconds = seconds_since(t0);

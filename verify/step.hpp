@@ -39,6 +39,7 @@ enum class ReferenceType { kMpfr, kDouble };
 struct StepOptions {
   ReferenceType reference_type = ReferenceType::kMpfr;
   unsigned reference_bits = 256;  // MPFR precision of the Bounded reference (fast mode)
+  double lambda = 0;              // > 0: probabilistic bounds γ̃_n(λ) (reference/bounded.hpp), fast mode
   std::vector<int64_t> layers;    // activation rows of these layers only (empty: all)
   bool force = false;             // run even when the estimate exceeds max_seconds
   double max_seconds = 900;       // refuse (ConfigError with the estimate) above this

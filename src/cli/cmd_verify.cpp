@@ -3,6 +3,8 @@
 // Exit status: 0 when every tensor passes, 1 on any violation, 2 on bad input.
 // Not here: periodic verification during training, diff and bisect.
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -24,6 +26,8 @@ constexpr const char* kVerifyUsage =
     "  --reference.type=T        fast mode's Bounded reference: mpfr (default) or double (its own\n"
     "                            roundings counted in the bound; a few hundred times faster)\n"
     "  --reference.bits=N        MPFR precision of the Bounded reference (default 256)\n"
+    "  --reference.lambda=L      fast mode: probabilistic bounds (Higham & Mary) with lambda L > 0 in\n"
+    "                            place of the worst case; the report gives their probability\n"
     "  --verify.layers=0,2       activation rows of these layers only\n"
     "  --verify.max_seconds=S    refuse when the estimated reference time exceeds S (default 900)\n"
     "  --verify.force            run whatever the estimate\n"
@@ -74,6 +78,12 @@ int cmd_verify(Args& args) {
     LS_REQUIRE(*type == "mpfr" || *type == "double", "--reference.type: expected mpfr or double, got '",
                *type, "'");
     opt.reference_type = *type == "double" ? verify::ReferenceType::kDouble : verify::ReferenceType::kMpfr;
+  }
+  if (auto lambda = args.take("reference.lambda")) {
+    char* end = nullptr;
+    opt.lambda = std::strtod(lambda->c_str(), &end);
+    LS_REQUIRE(end != lambda->c_str() && *end == '\0' && opt.lambda > 0 && std::isfinite(opt.lambda),
+               "--reference.lambda: expected a positive number, got '", *lambda, "'");
   }
   if (auto bits = args.take("reference.bits")) {
     const int64_t b = parse_int("reference.bits", *bits);

@@ -38,6 +38,20 @@ diff <(grep -E '^[a-z].* ok$' fast.log | awk '{print $1, $5}') \
      <(grep -E '^[a-z].* ok$' fast_double.log | awk '{print $1, $5}') > bounds.diff \
   || fail "double and MPFR bounds differ: $(head -4 bounds.diff)"
 
+# Probabilistic bounds (--reference.lambda): the step passes them too, their probability is
+# printed, and a long reduction's bound is smaller than the worst case's (the weight gradient
+# sums over the batch's tokens).
+"$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=fast --reference.type=double \
+  --reference.lambda=6 > fast_lambda.log || fail "probabilistic bounds: $(grep -E 'VIOLATION|^verify' fast_lambda.log | head -5)"
+grep -q 'probabilistic bounds (lambda = 6: .* for the longest, n = [0-9]*: 0\.99' fast_lambda.log \
+  || fail "no probability printed: $(grep '^verify step' fast_lambda.log)"
+worst=$(awk '$1 == "grad/layer/0/mlp/fc/weight" {print $5}' fast_double.log)
+prob=$(awk '$1 == "grad/layer/0/mlp/fc/weight" {print $5}' fast_lambda.log)
+python3 -c "import sys; sys.exit(0 if 0 < float('$prob') < float('$worst') else 1)" \
+  || fail "probabilistic bound $prob not below the worst case $worst"
+expect_error "--reference.lambda: expected a positive number" \
+  "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --train.mode=fast --reference.lambda=-1
+
 # --verify.layers keeps the activation rows of layer 1 only.
 "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck --verify.layers=1 > layers.log
 grep -q '^layer/0/' layers.log && fail "--verify.layers=1 printed layer 0 rows"
