@@ -103,7 +103,8 @@ for t in ${COMPARE_THREADS:-1 2}; do
 import json, sys
 ls, pt = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 t, variant = sys.argv[3], sys.argv[4]
-print(f"threads {t}: Lockstep fast {ls['precision'].split()[0]} {ls['tokens_per_s']:.0f} tokens/s ({ls['fast_gemm']}, "
+gemm = ls['fast_gemm'] if ls['precision'].startswith('fp32') else f"{ls['bf16_kernel']} for the bf16 linears, {ls['fast_gemm']}"
+print(f"threads {t}: Lockstep fast {ls['precision'].split()[0]} {ls['tokens_per_s']:.0f} tokens/s ({gemm}, "
       f"step {ls['step_ms_median']:.1f} ms), PyTorch {pt['tokens_per_s']:.0f} tokens/s ({variant} OpenBLAS "
       f"{pt['openblas_core']}, autocast {pt['autocast']}, step {pt['step_ms_median']:.1f} ms); Lockstep / PyTorch = "
       f"{ls['tokens_per_s'] / pt['tokens_per_s']:.3f} (best of each side's rounds)")

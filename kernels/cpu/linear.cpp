@@ -11,6 +11,7 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/canonical.hpp"
+#include "kernels/ops/cast.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
 
@@ -66,6 +67,7 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     MatmulEpilogue ep;
     ep.col_bias = bias;
     matmul_canonical(s.N, s.OC, s.IC, out, s.OC, inp, s.IC, 1, weight, 1, s.IC, ep, s.operands);
+    if (s.round_outputs) round_to_bf16(s.N * s.OC, out, out);
     return;
   }
   float beta = 0.0f;
@@ -74,7 +76,8 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     for (int64_t n = 0; n < s.N; ++n) std::copy(bias, bias + s.OC, out + n * s.OC);
     beta = 1.0f;
   }
-  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, beta, out, s.OC, s.operands);
+  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, beta, out, s.OC, s.operands,
+                s.round_outputs);
 }
 
 void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp,
@@ -92,6 +95,7 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     // dinp[n,i] = canonical_dot_o(dout[n,o], weight[o,i])
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
       matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, MatmulEpilogue{}, s.operands);
+      if (s.round_outputs) round_to_bf16(s.N * s.IC, dinp, dinp);
     }
     // dweight[o,i] += Σ_n dout[n,o]·inp[n,i]: A = doutᵀ, K = tokens.
     if (!dweight.empty()) {
@@ -102,7 +106,8 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     return;
   }
   if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands);
+    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands,
+                  s.round_outputs);
   }
   if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
     sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,
@@ -138,6 +143,7 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
 void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* inp,
                              const float* weight) {
   check_shape(s);
+  LS_CHECK(!s.round_outputs, "linear_forward_partials: partial sums take no rounding to bf16");
   // out[n,o] = Σ_i inp[n,i]·weight[o,i]: B[i,o] = weight[o,i].
   matmul_chunks_exact(s.N, s.OC, s.IC, out, 0, inp, s.IC, 1, weight, 1, s.IC, s.operands);
 }
@@ -145,6 +151,7 @@ void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* 
 void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const float* dout,
                                    const float* weight) {
   check_shape(s);
+  LS_CHECK(!s.round_outputs, "linear_backward_dinp_partials: partial sums take no rounding to bf16");
   // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
   matmul_chunks_exact(s.N, s.IC, s.OC, dinp, 0, dout, s.OC, 1, weight, s.IC, 1, s.operands);
 }

@@ -80,6 +80,7 @@ void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t sam, int64_t sak,  // (M, K)
                  const float* B, int64_t sbk, int64_t sbn,  // (K, N)
                  float beta, float* C, int64_t ldc,         // (M, N)
-                 Operands operands = Operands::kFp32);
+                 Operands operands = Operands::kFp32,
+                 bool round_bf16 = false);                  // C rounded to bf16 as stored
 
 }  // namespace lockstep::cpu

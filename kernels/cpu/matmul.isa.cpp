@@ -118,6 +118,19 @@ inline VecD dabsmax(VecD big, VecD t) { return _mm512_range_pd(big, t, 0x0B); }
 // the sign are not all zero; a ±0 lane keeps small. (Not VFIXUPIMMPS mapping ±0 to +inf: on Zen 5
 // it issues on the FMA pipes.)
 inline VecF vinf() { return _mm512_set1_ps(__builtin_huge_valf()); }
+// Each lane rounded to bf16 as kernels/ops/cast.hpp's round_to_bf16 (nearest even on the bits, NaN
+// quieted with its sign), held in fp32.
+inline VecF vround_bf16(VecF x) {
+  const __m512i b = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, b, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb);
+  const __m512i rounded = _mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m512i magnitude = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
+                                        _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
 inline VecF vabsmin_nonzero(VecF small, VecF p) {
   const __mmask16 nonzero =
       _mm512_test_epi32_mask(_mm512_castps_si512(p), _mm512_set1_epi32(0x7fffffff));
@@ -215,6 +228,17 @@ inline VecD dabsmax(VecD big, VecD t) {
 }
 // min(small, |p|) over nonzero p: ±0 becomes +inf before the minimum.
 inline VecF vinf() { return _mm256_set1_ps(__builtin_huge_valf()); }
+inline VecF vround_bf16(VecF x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i rounded = _mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(static_cast<int>(0x80000000u))),
+                                        _mm256_set1_epi32(0x7fc00000));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan));
+}
 inline VecF vabsmin_nonzero(VecF small, VecF p) {
   const VecF a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), p);
   const VecF q = _mm256_blendv_ps(a, vinf(), _mm256_cmp_ps(a, vzero(), _CMP_EQ_OQ));
@@ -777,7 +801,16 @@ decltype(auto) with_a_stride(int64_t a_stride, F&& f) {
 
 // Output::kFast's tile: the fp32 chains over a K block (`partials`, laid out like the tile) times
 // alpha, plus beta·C (beta 0: C is not read), into the tile's rows x cols corner of C.
-void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc, float alpha, float beta) {
+// vround_bf16 of one value.
+inline float round_bf16(float x) {
+  const uint32_t b = std::bit_cast<uint32_t>(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return std::bit_cast<float>((b & 0x80000000u) | 0x7fc00000u);
+  return std::bit_cast<float>((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+}
+
+// round: the results rounded to bf16 as they are stored (the last K block's).
+void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc, float alpha, float beta,
+                bool round) {
   const VecF va = vset1(alpha), vb = vset1(beta);
   for (int r = 0; r < rows; ++r) {
     const float* p = partials + r * kNr;
@@ -785,9 +818,13 @@ void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc
     int j = 0;
     for (; j + kLanes <= cols; j += kLanes) {
       const VecF x = vmul(va, vload(p + j));
-      vstoreu(cr + j, beta == 0.0f ? x : vfma(vb, vloadu(cr + j), x));
+      const VecF y = beta == 0.0f ? x : vfma(vb, vloadu(cr + j), x);
+      vstoreu(cr + j, round ? vround_bf16(y) : y);
     }
-    for (; j < cols; ++j) cr[j] = beta == 0.0f ? alpha * p[j] : std::fma(beta, cr[j], alpha * p[j]);
+    for (; j < cols; ++j) {
+      const float y = beta == 0.0f ? alpha * p[j] : std::fma(beta, cr[j], alpha * p[j]);
+      cr[j] = round ? round_bf16(y) : y;
+    }
   }
 }
 
@@ -1202,6 +1239,7 @@ struct Sink {
   ExactAccumulator* acc = nullptr;
   int64_t offset = 0;
   float alpha = 1.0f, beta = 0.0f;  // Output::kFast
+  bool round_bf16 = false;           // Output::kFast: C rounded to bf16 as stored
 };
 
 // The scalar specification for one element of Output::kRound, then the epilogue.
@@ -1323,7 +1361,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
         with_dots(dots, [&](auto d) { chunk_chains<stride, d>(kb_len, ap, bp, part, [] {}); });
       });
       store_fast(part, rows, cols, sink.C + ip * kMr * sink.ldc + jp * kNr, sink.ldc, sink.alpha,
-                 kblock == 0 ? sink.beta : 1.0f);
+                 kblock == 0 ? sink.beta : 1.0f, sink.round_bf16 && last_block);
       return;
     }
     if (kOut == Output::kPartials || single_chunk) {
@@ -1444,12 +1482,13 @@ void matmul_chunk_partials_packed(int64_t M, int64_t N, int64_t K, float* C, int
 
 void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam,
                         int64_t sak, const float* B, int64_t sbk, int64_t sbn, float beta, float* C,
-                        int64_t ldc) {
+                        int64_t ldc, bool round_bf16) {
   Sink sink;
   sink.C = C;
   sink.ldc = ldc;
   sink.alpha = alpha;
   sink.beta = beta;
+  sink.round_bf16 = round_bf16;
   matmul_packed<Output::kFast>(M, N, K, A, sam, sak, B, sbk, sbn, sink);
 }
 

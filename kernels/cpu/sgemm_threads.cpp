@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/ops/cast.hpp"
 
 namespace lockstep::cpu {
 namespace {
@@ -42,9 +43,9 @@ constexpr int64_t kSliceAlign = 64;
 // transposed operand read down its columns. Threads itself outside a parallel region.
 void run_matmul_fast(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                     Operands operands = Operands::kFp32) {
+                     Operands operands = Operands::kFp32, bool round_bf16 = false) {
   matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb,
-              trans_b ? ldb : 1, beta, C, ldc, operands);
+              trans_b ? ldb : 1, beta, C, ldc, operands, round_bf16);
 }
 
 }  // namespace
@@ -86,14 +87,20 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                   Operands operands) {
+                   Operands operands, bool round_bf16) {
   if (M == 0 || N == 0) return;
-  if (operands == Operands::kBf16 && active_bf16_kernel() == Bf16Kernel::kDot) {
-    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, operands);
+  if ((operands == Operands::kBf16 && active_bf16_kernel() == Bf16Kernel::kDot) ||
+      active_fast_gemm() == FastGemm::kLockstep) {
+    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, operands, round_bf16);
     return;
   }
-  if (active_fast_gemm() == FastGemm::kLockstep) {
-    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (round_bf16) {
+    sgemm_threads(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (ldc == N) {
+      round_to_bf16(M * N, C, C);
+    } else {
+      for (int64_t m = 0; m < M; ++m) round_to_bf16(N, C + m * ldc, C + m * ldc);
+    }
     return;
   }
   const bool split_rows = M >= N;

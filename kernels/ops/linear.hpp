@@ -34,6 +34,10 @@ struct LinearShape {
   int64_t OC;  // output features
   // kBf16: inp, weight and dout hold bf16 values (mode.hpp); the contract above is unchanged.
   Operands operands = Operands::kFp32;
+  // out and dinp rounded to bf16 (cast.hpp's round_to_bf16) after the contract above, bias
+  // included: fast mode rounds as its GEMM stores them. The partials ops take no rounding (their
+  // sums are rounded once combined).
+  bool round_outputs = false;
 };
 
 }  // namespace lockstep

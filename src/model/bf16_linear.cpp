@@ -1,12 +1,11 @@
 // A linear layer in bf16 (src/model/precision.hpp): the plan's own op, on bf16 operands, its
 // outputs stored in bf16. The activation it reads comes stored in bf16 from the op that produced
 // it and the weight is the model's bf16 copy (LayerContext); what this adds is the rounding of the
-// output gradient it reads (a copy: the residual stream's gradient stays fp32) and of the product
-// and the input gradient it writes, on the rows the plan's op writes: all tokens, but under
-// sequence parallelism a row-parallel product and a column-parallel input gradient hold this
-// rank's stream tokens only, and a row-parallel op reads the stream tokens' output gradient
-// (modules.hpp). The roundings come after the plan's combination across ranks, so a layout rounds
-// the very fp32 values one process would.
+// output gradient it reads (a copy: the residual stream's gradient stays fp32), on the rows the
+// plan's op reads — all tokens, but a row-parallel op reads the stream tokens' output gradient
+// under sequence parallelism (modules.hpp) — and the request that the plan's op round the product
+// and the input gradient it writes (LinearShape::round_outputs): a plan rounds after its
+// combination across ranks, so a layout rounds the very fp32 values one process would.
 #include "src/model/modules.hpp"
 
 namespace lockstep {
@@ -21,9 +20,8 @@ class Bf16Linear final : public LinearOp {
   void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w,
                const float* b) override {
     s.operands = Operands::kBf16;
+    s.round_outputs = true;
     inner_->forward(be, mode, s, out, inp, w, b);
-    const int64_t rows = row_parallel_ ? plan_.stream_tokens(s.N) : s.N;
-    be.round_to_bf16(rows * s.OC, out, out);
   }
 
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
@@ -32,8 +30,8 @@ class Bf16Linear final : public LinearOp {
     if (scratch_.size() < static_cast<size_t>(dout_n)) scratch_.resize(static_cast<size_t>(dout_n));
     be.round_to_bf16(dout_n, scratch_.data(), dout);
     s.operands = Operands::kBf16;
+    s.round_outputs = true;
     inner_->backward(be, mode, s, token_offset, dinp, dw, db, scratch_.data(), inp, w);
-    if (dinp != nullptr) be.round_to_bf16((row_parallel_ ? s.N : plan_.stream_tokens(s.N)) * s.IC, dinp, dinp);
   }
 
  private:

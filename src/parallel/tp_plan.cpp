@@ -76,6 +76,12 @@ class SequenceParallelNorm final : public NormOp {
   Group g_;
 };
 
+// A linear's shape for the products whose results the group sums: the sums are rounded, not them.
+LinearShape unrounded(LinearShape s) {
+  s.round_outputs = false;
+  return s;
+}
+
 class ColumnParallelLinear final : public LinearOp {
  public:
   explicit ColumnParallelLinear(Group g) : g_(g) {}
@@ -84,12 +90,15 @@ class ColumnParallelLinear final : public LinearOp {
   }
   // Weight and bias gradients are this rank's rows; dinp sums over the output features, split
   // across the group, and is written like linear_backward's `dinp =`.
+  // A rounding of dinp to bf16 (LinearShape::round_outputs) comes after the sum.
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
     be.linear_backward(mode, s, token_offset, nullptr, dw, db, dout, inp, w);
+    const LinearShape part = unrounded(s);
     g_.reduce(
-        mode, s.N, s.IC, dinp, [&](ExactAccumulator& sum) { be.linear_backward_dinp_partials(s, sum, dout, w); },
-        [&](float* dst) { be.linear_backward(mode, s, token_offset, dst, {}, {}, dout, inp, w); });
+        mode, s.N, s.IC, dinp, [&](ExactAccumulator& sum) { be.linear_backward_dinp_partials(part, sum, dout, w); },
+        [&](float* dst) { be.linear_backward(mode, part, token_offset, dst, {}, {}, dout, inp, w); });
+    if (s.round_outputs) be.round_to_bf16(g_.stream(s.N) * s.IC, dinp, dinp);
   }
 
  private:
@@ -101,10 +110,12 @@ class RowParallelLinear final : public LinearOp {
   explicit RowParallelLinear(Group g) : g_(g) {}
   // out[n,o] = Σ over the input features, split across the group; under sequence parallelism
   // this rank keeps only its stream tokens' rows (a reduce-scatter instead of an all-reduce).
+  // A rounding of out to bf16 (LinearShape::round_outputs) comes after the sum and the bias.
   void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w, const float* b) override {
+    const LinearShape part = unrounded(s);
     g_.reduce(
-        mode, s.N, s.OC, out, [&](ExactAccumulator& sum) { be.linear_forward_partials(s, sum, inp, w); },
-        [&](float* dst) { be.linear_forward(mode, s, dst, inp, w, nullptr); });
+        mode, s.N, s.OC, out, [&](ExactAccumulator& sum) { be.linear_forward_partials(part, sum, inp, w); },
+        [&](float* dst) { be.linear_forward(mode, part, dst, inp, w, nullptr); });
     const int64_t rows = g_.stream(s.N);
     // The replicated bias, once, after the rounding: linear_forward's epilogue `dot + bias[o]`.
     if (b != nullptr) {
@@ -113,6 +124,7 @@ class RowParallelLinear final : public LinearOp {
         for (int64_t o = 0; o < s.OC; ++o) row[o] = row[o] + b[o];
       }
     }
+    if (s.round_outputs) be.round_to_bf16(rows * s.OC, out, out);
   }
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {

@@ -139,11 +139,16 @@ void AbftBackend::conclude(int site, const ProductView& c, const MatrixView& a, 
   }
 }
 
+// A product whose result is rounded to bf16 (LinearShape::round_outputs) is checked before the
+// rounding, which the checksums' bounds of an fp32 GEMM do not cover, and rounded after.
 void AbftBackend::linear_forward(Mode mode, LinearShape s, float* out, const float* inp, const float* weight,
                                  const float* bias) {
-  inner().linear_forward(mode, s, out, inp, weight, bias);
+  LinearShape product = s;
+  product.round_outputs = false;
+  inner().linear_forward(mode, product, out, inp, weight, bias);
   check_forward(site_of(weight, GemmProduct::kForward), {.f32 = out, .M = s.N, .N = s.OC}, s, inp, weight, bias,
                 rounding_chain(mode == Mode::kCanonical, s.IC, bias != nullptr), false);
+  if (s.round_outputs) inner().round_to_bf16(s.N * s.OC, out, out);
 }
 
 void AbftBackend::check_forward(int site, const ProductView& c, LinearShape s, const float* inp, const float* weight,
@@ -163,7 +168,17 @@ void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset
   const bool canonical = mode == Mode::kCanonical, has_dw = !dweight.empty();
   const ProductView dx = {.f32 = dinp, .M = s.N, .N = s.IC}, dw = view_of(dweight, s.OC, s.IC);
   if (has_dw) checksums_before(dw);
-  inner().linear_backward(mode, s, token_offset, dinp, dweight, dbias, dout, inp, weight);
+  LinearShape product = s;
+  product.round_outputs = false;
+  inner().linear_backward(mode, product, token_offset, dinp, dweight, dbias, dout, inp, weight);
+  check_backward(canonical, s, dx, dw, dout, inp, weight);
+  if (s.round_outputs && dinp != nullptr) inner().round_to_bf16(s.N * s.IC, dinp, dinp);
+}
+
+void AbftBackend::check_backward(bool canonical, LinearShape s, const ProductView& dx, const ProductView& dw,
+                                 const float* dout, const float* inp, const float* weight) {
+  const bool has_dw = dw.f32 != nullptr || dw.exact != nullptr;
+  float* dinp = dx.f32;
   const int dx_site = site_of(weight, GemmProduct::kInputGrad), dw_site = site_of(weight, GemmProduct::kWeightGrad);
   if (hook_ && dinp != nullptr) hook_(site_name(dx_site), dx);
   if (hook_ && has_dw) hook_(site_name(dw_site), dw);

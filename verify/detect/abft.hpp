@@ -112,6 +112,10 @@ class AbftBackend final : public ForwardingBackend {
   // The hook, then the row checksums of a forward product c = inp·Wᵀ (+ bias), its memo kept.
   void check_forward(int site, const ProductView& c, LinearShape s, const float* inp, const float* weight,
                      const float* bias, int64_t chain, bool accumulates);
+  // The hooks, then the row checksums of a backward's products dx = dout·W and dW += doutᵀ·inp
+  // (either may be absent: f32 and exact both null).
+  void check_backward(bool canonical, LinearShape s, const ProductView& dx, const ProductView& dw, const float* dout,
+                      const float* inp, const float* weight);
   // The row checksums of c against `predicted` (from a and b), recorded.
   void conclude(int site, const ProductView& c, const MatrixView& a, const MatrixView& b, ProductRounding rounding,
                 bool accumulates, const float* bias, ChecksumVector& predicted);

@@ -16,6 +16,9 @@
 
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/sgemm_threads.hpp"
+#include "kernels/ops/cast.hpp"
+#include "kernels/ops/linear.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
 #include "src/core/formats.hpp"
@@ -228,6 +231,44 @@ TEST(MatmulBf16, FmaKernelGivesTheSameCanonicalBits) {
     ASSERT_TRUE(r.ok()) << r.summary(std::string("fp32 kernels on bf16 operands, ") + std::string(isa_name(isa)));
   }
   EXPECT_EQ(active_bf16_kernel(), Bf16Kernel::kFma);
+}
+
+// LinearShape::round_outputs: the product and the input gradient equal the unrounded op's rounded
+// afterwards, bit for bit, in both modes, on every kernel that can run them (fused into
+// matmul_fast's stores; a pass after OpenBLAS; a pass after the canonical product).
+TEST(MatmulBf16, RoundedOutputsEqualTheProductRoundedAfter) {
+  const LinearShape base{70, 1100, 130};  // the forward's K = 1100 runs in K blocks
+  std::mt19937_64 g(3);
+  std::vector<float> inp(base.N * base.IC), w(base.OC * base.IC), b(base.OC), dout(base.N * base.OC);
+  for (auto* v : {&inp, &w, &b, &dout})
+    for (auto& x : *v) x = bf16(test::random_value(g));
+  std::vector<Bf16Kernel> kernels = {Bf16Kernel::kFma};
+  if (bf16_dot_supported()) kernels.push_back(Bf16Kernel::kDot);
+  for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
+    for (Bf16Kernel k : kernels) {
+      for (FastGemm gemm : {FastGemm::kOpenBlas, FastGemm::kLockstep}) {
+        ScopedBf16Kernel scoped(k);
+        set_fast_gemm(gemm);
+        LinearShape s = base;
+        s.operands = Operands::kBf16;
+        std::vector<float> want(base.N * base.OC), got(want.size()), want_dx(inp.size()), got_dx(inp.size());
+        linear_forward(mode, s, want.data(), inp.data(), w.data(), b.data());
+        round_to_bf16(static_cast<int64_t>(want.size()), want.data(), want.data());
+        linear_backward(mode, s, 0, want_dx.data(), {}, {}, dout.data(), inp.data(), w.data());
+        round_to_bf16(static_cast<int64_t>(want_dx.size()), want_dx.data(), want_dx.data());
+        s.round_outputs = true;
+        linear_forward(mode, s, got.data(), inp.data(), w.data(), b.data());
+        linear_backward(mode, s, 0, got_dx.data(), {}, {}, dout.data(), inp.data(), w.data());
+        const std::string where = std::string(mode_name(mode)) + (k == Bf16Kernel::kDot ? " VDPBF16PS" : " FMA") +
+                                  (gemm == FastGemm::kOpenBlas ? " OpenBLAS" : " Lockstep");
+        const auto r = verify::compare_exact(got.data(), want.data(), static_cast<int64_t>(want.size()));
+        ASSERT_TRUE(r.ok()) << r.summary("out, " + where);
+        const auto rx = verify::compare_exact(got_dx.data(), want_dx.data(), static_cast<int64_t>(want_dx.size()));
+        ASSERT_TRUE(rx.ok()) << rx.summary("dinp, " + where);
+      }
+    }
+  }
+  set_fast_gemm(FastGemm::kAuto);
 }
 
 }  // namespace
