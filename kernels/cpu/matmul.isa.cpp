@@ -714,8 +714,10 @@ template <int kAStride, bool kDots, class Between>
 // f(std::bool_constant<dots>{}): the tile loops with VDPBF16PS or with FMAs as constants. Builds
 // without pair-packed operands have the FMA loop only.
 template <class F>
-decltype(auto) with_dots(bool dots, F&& f) {
-  if (kPairs && dots) return f(std::true_type{});
+decltype(auto) with_dots([[maybe_unused]] bool dots, F&& f) {
+  if constexpr (kPairs) {
+    if (dots) return f(std::true_type{});
+  }
   return f(std::false_type{});
 }
 
