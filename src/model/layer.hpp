@@ -109,9 +109,10 @@ class LayerContext {
   bool bf16(const std::string& linear) const { return precision_.bf16(linear); }
   // The op of linear `name` (weight: this rank's tensor): the plan's, in the recipe's precision.
   std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name);
-  // The weight linear `name` computes with: the bf16 copy of the master weight, or the master.
+  // The weight linear `name` computes with: the bf16 copy of the master weight, or the parameter
+  // itself (fp32, or bf16 already: PrecisionRecipe::bf16_params).
   float* linear_weight(const ParamTensor* t, const std::string& name) {
-    return bf16(name) ? weight_copies_.data() + t->offset : param(t);
+    return bf16(name) && !precision_.bf16_params() ? weight_copies_.data() + t->offset : param(t);
   }
   // An activation of n floats that linear `name` reads (or wrote: q, k, v after RoPE): stored in
   // bf16 (rounded in place) where that linear runs in bf16.

@@ -59,6 +59,8 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
                                                const std::string& name) {
   std::unique_ptr<LinearOp> op = plan_.linear(layer, weight);
   if (!bf16(name)) return op;
+  // bf16 parameters are their own bf16 copy.
+  if (precision_.bf16_params()) return bf16_linear(std::move(op), plan_, weight.split_dim == 1, cast_scratch_);
   if (std::find(copied_weights_.begin(), copied_weights_.end(), &weight) == copied_weights_.end()) {
     copied_weights_.push_back(&weight);
   }

@@ -69,7 +69,7 @@ class Model {
   float* params() { return ctx_.params_.data(); }
   const float* params() const { return ctx_.params_.data(); }
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
-  // at each forward; nullptr where no bf16 linear uses t.
+  // at each forward; nullptr where no bf16 linear uses t or the parameters are bf16 themselves.
   const float* weight_copy(const ParamTensor& t) const;
   // The model's own gradient buffers (zero until a backward adds to them), allocated at their
   // first use — so that a model whose gradients go to a GradStorage from the start never holds
