@@ -1,24 +1,18 @@
-// Rounding to bf16 on the CPU (contract in kernels/ops/cast.hpp): on the fp32 bits, adding
-// 0x7fff plus the lowest kept bit rounds to nearest even, a carry running into the exponent where
-// the value rounds up to the next binade or to infinity; independent elements over the threads.
-// Stochastic rounding likewise, with the random word's top half in place of 0x7fff.
+// Rounding to bf16 on the CPU (contract in kernels/ops/cast.hpp): the bit steps of bf16_bits.hpp,
+// independent elements over the threads.
 #include "kernels/ops/cast.hpp"
 
 #include <algorithm>
 #include <bit>
 
+#include "kernels/cpu/bf16_bits.hpp"
 #include "src/core/philox.hpp"
 
 namespace lockstep::cpu {
 
 void round_to_bf16(int64_t n, float* out, const float* inp) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t b = std::bit_cast<uint32_t>(inp[i]);
-    const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    out[i] = std::bit_cast<float>(nan ? (b & 0x80000000u) | 0x7fc00000u : rounded);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(bf16_nearest_bits(std::bit_cast<uint32_t>(inp[i])));
 }
 
 namespace {
@@ -66,10 +60,8 @@ void sr_blocks(StochasticKey key, uint64_t g0, uint32_t out[4 * kLanes]) {
 }  // namespace
 
 // Philox blocks serve four consecutive global indices; threads take whole groups of kLanes blocks,
-// so each is drawn once. The rounding is the bit trick of formats.hpp's stochastic narrowing for
-// bf16, where the dropped part is always the low 16 bits: adding the random word's top 16 bits to
-// them carries into the kept bits with probability (dropped part) / 2^16, into the exponent (or to
-// ±inf) by itself.
+// so each is drawn once. bf16_stochastic_bits is formats.hpp's stochastic narrowing for bf16,
+// whose dropped part is always the low 16 bits.
 void round_to_bf16_stochastic(int64_t n, StochasticKey key, int64_t first_index, float* out, const float* inp) {
   if (n <= 0) return;
   const int64_t g0 = (first_index >> 2) / kLanes * kLanes;   // first block of the first group
@@ -85,11 +77,7 @@ void round_to_bf16_stochastic(int64_t n, StochasticKey key, int64_t first_index,
     const int64_t shift = first_index - gq * 4;  // words[i + shift]: element i's word
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
-      const uint32_t r = words[i + shift];
-      const uint32_t b = std::bit_cast<uint32_t>(inp[i]);
-      const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
-      const uint32_t rounded = (b + (r >> 16)) & 0xffff0000u;
-      out[i] = std::bit_cast<float>(nan ? (b & 0x80000000u) | 0x7fc00000u : rounded);
+      out[i] = std::bit_cast<float>(bf16_stochastic_bits(std::bit_cast<uint32_t>(inp[i]), words[i + shift]));
     }
   }
 }

@@ -57,6 +57,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/bf16_bits.hpp"
 #include "kernels/cpu/matmul_isa.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
@@ -118,8 +119,7 @@ inline VecD dabsmax(VecD big, VecD t) { return _mm512_range_pd(big, t, 0x0B); }
 // the sign are not all zero; a ±0 lane keeps small. (Not VFIXUPIMMPS mapping ±0 to +inf: on Zen 5
 // it issues on the FMA pipes.)
 inline VecF vinf() { return _mm512_set1_ps(__builtin_huge_valf()); }
-// Each lane rounded to bf16 as kernels/ops/cast.hpp's round_to_bf16 (nearest even on the bits, NaN
-// quieted with its sign), held in fp32.
+// Each lane rounded to bf16 by bf16_bits.hpp's bf16_nearest_bits, held in fp32.
 inline VecF vround_bf16(VecF x) {
   const __m512i b = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, b, 16), _mm512_set1_epi32(1));
@@ -803,13 +803,6 @@ decltype(auto) with_a_stride(int64_t a_stride, F&& f) {
 
 // Output::kFast's tile: the fp32 chains over a K block (`partials`, laid out like the tile) times
 // alpha, plus beta·C (beta 0: C is not read), into the tile's rows x cols corner of C.
-// vround_bf16 of one value.
-inline float round_bf16(float x) {
-  const uint32_t b = std::bit_cast<uint32_t>(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return std::bit_cast<float>((b & 0x80000000u) | 0x7fc00000u);
-  return std::bit_cast<float>((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
-}
-
 // round: the results rounded to bf16 as they are stored (the last K block's).
 void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc, float alpha, float beta,
                 bool round) {
@@ -825,7 +818,7 @@ void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc
     }
     for (; j < cols; ++j) {
       const float y = beta == 0.0f ? alpha * p[j] : std::fma(beta, cr[j], alpha * p[j]);
-      cr[j] = round ? round_bf16(y) : y;
+      cr[j] = round ? std::bit_cast<float>(bf16_nearest_bits(std::bit_cast<uint32_t>(y))) : y;
     }
   }
 }
