@@ -68,7 +68,7 @@ GemmPeak cpu::measure_gemm_peak() {
     cpu::matmul_fast(n, n, n, 1.0f, a.data(), n, 1, b.data(), n, 1, 0.0f, c.data(), n);
   });
   if (cpu::active_isa() == cpu::Isa::kAvx512 && cpu::bf16_dot_supported()) {
-    const cpu::Bf16Kernel before = cpu::active_bf16_kernel();
+    const cpu::Bf16Kernel before = cpu::bf16_kernel_setting();  // kAuto stays kAuto for choose_gemms
     cpu::set_bf16_kernel(cpu::Bf16Kernel::kDot);  // a and b hold bf16 values
     peak.bf16_dot_gflops = best_gflops(n, [&] {
       cpu::matmul_fast(n, n, n, 1.0f, a.data(), n, 1, b.data(), n, 1, 0.0f, c.data(), n, Operands::kBf16);

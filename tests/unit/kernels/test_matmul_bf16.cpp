@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_peak.hpp"
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
@@ -268,6 +269,36 @@ TEST(MatmulBf16, RoundedOutputsEqualTheProductRoundedAfter) {
       }
     }
   }
+  set_fast_gemm(FastGemm::kAuto);
+}
+
+// choose_gemms takes the faster candidate of a measurement where the choice is left to kAuto, and
+// leaves a choice set by hand; measuring does not fix the choice.
+TEST(MatmulBf16, ChoiceFollowsTheMeasurement) {
+  ScopedBf16Kernel restore(Bf16Kernel::kAuto);
+  GemmPeak peak;
+  peak.openblas_gflops = 100;
+  peak.fast_gflops = 200;
+  peak.bf16_dot_gflops = 150;
+  choose_gemms(peak);
+  EXPECT_EQ(active_bf16_kernel(), Bf16Kernel::kFma);
+  EXPECT_EQ(active_fast_gemm(), FastGemm::kLockstep);
+  if (bf16_dot_supported() && active_isa() == Isa::kAvx512) {
+    set_bf16_kernel(Bf16Kernel::kAuto);
+    set_fast_gemm(FastGemm::kAuto);
+    peak.bf16_dot_gflops = 400;
+    peak.openblas_gflops = 300;
+    choose_gemms(peak);
+    EXPECT_EQ(active_bf16_kernel(), Bf16Kernel::kDot);
+    EXPECT_EQ(active_fast_gemm(), FastGemm::kOpenBlas);
+    set_bf16_kernel(Bf16Kernel::kAuto);
+    (void)measure_gemm_peak();
+    EXPECT_EQ(bf16_kernel_setting(), Bf16Kernel::kAuto);
+  }
+  set_bf16_kernel(Bf16Kernel::kFma);  // by hand: a measurement does not change it
+  peak.bf16_dot_gflops = 1000;
+  choose_gemms(peak);
+  EXPECT_EQ(active_bf16_kernel(), Bf16Kernel::kFma);
   set_fast_gemm(FastGemm::kAuto);
 }
 
