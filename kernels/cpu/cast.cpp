@@ -17,43 +17,15 @@ void round_to_bf16(int64_t n, float* out, const float* inp) {
 
 namespace {
 
-// Philox4x32-10 of kLanes consecutive blocks at once, lane by lane the rounds of
-// src/core/philox.hpp written over arrays, which the compiler turns into vector code (32x32->64
-// multiplies as VPMULUDQ): the same words as sr_block, word j of block g0 + l at out[4·l + j], in
-// the order of the elements they serve.
+// The Philox words of kLanes consecutive blocks (src/core/philox.hpp's sr_block), word j of block
+// g0 + l at out[4·l + j], in the order of the elements they serve; a loop over blocks the compiler
+// turns into vector code (the rounds' 32x32->64 multiplies as VPMULUDQ).
 constexpr int kLanes = 16;
 void sr_blocks(StochasticKey key, uint64_t g0, uint32_t out[4 * kLanes]) {
-  uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
-  for (int l = 0; l < kLanes; ++l) {
-    const uint64_t g = g0 + static_cast<uint64_t>(l);
-    c0[l] = static_cast<uint32_t>(g);
-    c1[l] = static_cast<uint32_t>(g >> 32);
-    c2[l] = key.tensor;
-    c3[l] = key.step;
-  }
-  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    if (r > 0) {
-      k0 += detail::kPhiloxW0;
-      k1 += detail::kPhiloxW1;
-    }
 #pragma omp simd
-    for (int l = 0; l < kLanes; ++l) {
-      const uint64_t p0 = static_cast<uint64_t>(detail::kPhiloxM0) * c0[l];
-      const uint64_t p1 = static_cast<uint64_t>(detail::kPhiloxM1) * c2[l];
-      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
-      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
-      c1[l] = static_cast<uint32_t>(p1);
-      c3[l] = static_cast<uint32_t>(p0);
-      c0[l] = n0;
-      c2[l] = n2;
-    }
-  }
   for (int l = 0; l < kLanes; ++l) {
-    out[4 * l] = c0[l];
-    out[4 * l + 1] = c1[l];
-    out[4 * l + 2] = c2[l];
-    out[4 * l + 3] = c3[l];
+    const PhiloxBlock b = sr_block(key.seed, key.tensor, key.step, g0 + static_cast<uint64_t>(l));
+    for (int j = 0; j < 4; ++j) out[4 * l + j] = b.v[j];
   }
 }
 

@@ -83,8 +83,7 @@ void cpu::choose_gemms(const GemmPeak& peak) {
     set_fast_gemm(peak.fast_gflops > peak.openblas_gflops ? FastGemm::kLockstep : FastGemm::kOpenBlas);
   }
   if (bf16_kernel_setting() == Bf16Kernel::kAuto) {
-    const double fp32 = std::max(peak.fast_gflops, peak.openblas_gflops);
-    set_bf16_kernel(peak.bf16_dot_gflops > fp32 ? Bf16Kernel::kDot : Bf16Kernel::kFma);
+    set_bf16_kernel(peak.bf16_dot_gflops > peak.fast_fp32_gflops() ? Bf16Kernel::kDot : Bf16Kernel::kFma);
   }
 }
 
@@ -97,7 +96,7 @@ std::string describe_choice(const GemmPeak& peak) {
     << (lockstep ? peak.openblas_gflops : peak.fast_gflops) << ")";
   if (peak.bf16_dot_gflops > 0) {
     const bool dot = cpu::active_bf16_kernel() == cpu::Bf16Kernel::kDot;
-    const double fp32 = std::max(peak.fast_gflops, peak.openblas_gflops);
+    const double fp32 = peak.fast_fp32_gflops();
     s << "; bf16 products " << cpu::bf16_kernel_name() << " (" << (dot ? peak.bf16_dot_gflops : fp32)
       << " GFLOP/s measured; " << (dot ? "fp32 FMA " : "VDPBF16PS ") << (dot ? fp32 : peak.bf16_dot_gflops) << ")";
   }

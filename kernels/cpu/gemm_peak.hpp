@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/ops/mode.hpp"
+
 namespace lockstep {
 
 // The fp32 GEMM peak MFU is reported against: the best of the GEMMs this process can run, each
@@ -22,8 +24,16 @@ struct GemmPeak {
   // CPU lacks AVX512-BF16.
   double bf16_dot_gflops = 0;
 
-  // The peak of a run whose GEMMs take bf16 operands: VDPBF16PS's where it is the faster.
-  double bf16_peak() const { return std::max(gflops, bf16_dot_gflops); }
+  // Fast mode's fp32 GEMM: the faster of OpenBLAS's and Lockstep's.
+  double fast_fp32_gflops() const { return std::max(openblas_gflops, fast_gflops); }
+  // The peak of a run whose linears take these operands (for bf16: VDPBF16PS's where it is the
+  // faster), and which GEMM it is.
+  double gflops_for(Operands operands) const {
+    return operands == Operands::kBf16 ? std::max(gflops, bf16_dot_gflops) : gflops;
+  }
+  std::string source_for(Operands operands) const {
+    return operands == Operands::kBf16 && bf16_dot_gflops > gflops ? "VDPBF16PS (avx512bf16)" : source;
+  }
   // "the fastest of OpenBLAS sgemm (Haswell) 104.6, Lockstep canonical GEMM (avx512) 141.9 and
   // Lockstep fast GEMM (avx512) 160.2 GFLOP/s, 1024^3": what a report prints beside the peak.
   std::string describe() const;

@@ -40,6 +40,13 @@ struct LinearShape {
   bool round_outputs = false;
 };
 
+// The shape of a product whose results are rounded later, if at all: after a sum across ranks, a
+// check of the unrounded product.
+inline LinearShape unrounded(LinearShape s) {
+  s.round_outputs = false;
+  return s;
+}
+
 }  // namespace lockstep
 
 namespace lockstep::cpu {

@@ -76,12 +76,6 @@ class SequenceParallelNorm final : public NormOp {
   Group g_;
 };
 
-// A linear's shape for the products whose results the group sums: the sums are rounded, not them.
-LinearShape unrounded(LinearShape s) {
-  s.round_outputs = false;
-  return s;
-}
-
 class ColumnParallelLinear final : public LinearOp {
  public:
   explicit ColumnParallelLinear(Group g) : g_(g) {}

@@ -252,8 +252,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   }
   r.bf16_kernel = backend.bf16_kernel_name();
   // bf16 operands: measured against the faster of the bf16 kernels.
-  const auto peak_of = [&](const GemmPeak& p) { return bf16 ? p.bf16_peak() : p.gflops; };
-  r.peak_gflops = r.peak_measured ? peak_of(r.measured) : tc.peak_gflops;
+  const Operands operands = bf16 ? Operands::kBf16 : Operands::kFp32;
+  r.peak_gflops = r.peak_measured ? r.measured.gflops_for(operands) : tc.peak_gflops;
   r.flops_per_token = model.flops_per_token();
   r.params = model.num_params();
 
@@ -409,7 +409,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   if (tokens_file) tokens_file->commit();
   if (r.peak_measured) {
     r.measured = higher_peak(r.measured, backend.measure_gemm_peak());
-    r.peak_gflops = peak_of(r.measured);
+    r.peak_gflops = r.measured.gflops_for(operands);
   }
   r.step_ms = stats_of(step_ms);
   r.forward_ms = stats_of(fwd_ms);
@@ -487,9 +487,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "
       << std::setprecision(1) << r.peak_gflops << " GFLOP/s"
-      << (r.peak_measured ? " (" + (bf16 && r.measured.bf16_dot_gflops > r.measured.gflops ? std::string("VDPBF16PS")
-                                                                                             : r.measured.source) +
-                                ", the higher of the two measurements)"
+      << (r.peak_measured ? " (" + r.measured.source_for(operands) + ", the higher of the two measurements)"
                           : std::string())
       << "; peak memory "
       << std::setprecision(0) << r.peak_memory_mib << " MiB; last loss " << std::setprecision(4) << r.last_loss << "\n"

@@ -75,7 +75,7 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   if (tc.peak_gflops <= 0) backend.choose_gemms(measured);
   // A run whose linears take bf16 operands is measured against the faster of the bf16 kernels.
   const bool bf16 = tc.precision == Precision::kBf16;
-  costs.peak_gflops = tc.peak_gflops > 0 ? tc.peak_gflops : bf16 ? measured.bf16_peak() : measured.gflops;
+  costs.peak_gflops = tc.peak_gflops > 0 ? tc.peak_gflops : measured.gflops_for(bf16 ? Operands::kBf16 : Operands::kFp32);
   costs.flops_per_token = run.model.flops_per_token();
   const int64_t global_params = run.global_layout.back().offset + run.global_layout.back().numel;
   out << "model: " << global_params << " parameters, " << std::fixed << std::setprecision(2)

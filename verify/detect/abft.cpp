@@ -143,9 +143,7 @@ void AbftBackend::conclude(int site, const ProductView& c, const MatrixView& a, 
 // rounding, which the checksums' bounds of an fp32 GEMM do not cover, and rounded after.
 void AbftBackend::linear_forward(Mode mode, LinearShape s, float* out, const float* inp, const float* weight,
                                  const float* bias) {
-  LinearShape product = s;
-  product.round_outputs = false;
-  inner().linear_forward(mode, product, out, inp, weight, bias);
+  inner().linear_forward(mode, unrounded(s), out, inp, weight, bias);
   check_forward(site_of(weight, GemmProduct::kForward), {.f32 = out, .M = s.N, .N = s.OC}, s, inp, weight, bias,
                 rounding_chain(mode == Mode::kCanonical, s.IC, bias != nullptr), false);
   if (s.round_outputs) inner().round_to_bf16(s.N * s.OC, out, out);
@@ -168,9 +166,7 @@ void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset
   const bool canonical = mode == Mode::kCanonical, has_dw = !dweight.empty();
   const ProductView dx = {.f32 = dinp, .M = s.N, .N = s.IC}, dw = view_of(dweight, s.OC, s.IC);
   if (has_dw) checksums_before(dw);
-  LinearShape product = s;
-  product.round_outputs = false;
-  inner().linear_backward(mode, product, token_offset, dinp, dweight, dbias, dout, inp, weight);
+  inner().linear_backward(mode, unrounded(s), token_offset, dinp, dweight, dbias, dout, inp, weight);
   check_backward(canonical, s, dx, dw, dout, inp, weight);
   if (s.round_outputs && dinp != nullptr) inner().round_to_bf16(s.N * s.IC, dinp, dinp);
 }
