@@ -6,6 +6,7 @@
 // probability (dropped part) / 2^16. A NaN becomes the quiet NaN with its sign.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 namespace lockstep::cpu {
@@ -15,6 +16,9 @@ inline uint32_t bf16_nan_or(uint32_t b, uint32_t rounded) {
 }
 
 inline uint32_t bf16_nearest_bits(uint32_t b) { return bf16_nan_or(b, (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u); }
+
+// x rounded to bf16 to nearest even, held in fp32.
+inline float bf16_nearest(float x) { return std::bit_cast<float>(bf16_nearest_bits(std::bit_cast<uint32_t>(x))); }
 
 inline uint32_t bf16_stochastic_bits(uint32_t b, uint32_t random) {
   return bf16_nan_or(b, (b + (random >> 16)) & 0xffff0000u);

@@ -12,7 +12,7 @@ namespace lockstep::cpu {
 
 void round_to_bf16(int64_t n, float* out, const float* inp) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(bf16_nearest_bits(std::bit_cast<uint32_t>(inp[i])));
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_nearest(inp[i]);
 }
 
 namespace {

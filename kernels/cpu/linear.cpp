@@ -11,7 +11,6 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/canonical.hpp"
-#include "kernels/ops/cast.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
 
@@ -66,8 +65,8 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     // out[n,o] = canonical_dot_i(inp[n,i], weight[o,i]) + bias[o]: B[i,o] = weight[o,i].
     MatmulEpilogue ep;
     ep.col_bias = bias;
+    ep.round_bf16 = s.round_outputs;
     matmul_canonical(s.N, s.OC, s.IC, out, s.OC, inp, s.IC, 1, weight, 1, s.IC, ep, s.operands);
-    if (s.round_outputs) round_to_bf16(s.N * s.OC, out, out);
     return;
   }
   float beta = 0.0f;
@@ -94,8 +93,9 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
     // forward: out = inp · weightᵀ + bias
     // dinp[n,i] = canonical_dot_o(dout[n,o], weight[o,i])
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-      matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, MatmulEpilogue{}, s.operands);
-      if (s.round_outputs) round_to_bf16(s.N * s.IC, dinp, dinp);
+      MatmulEpilogue ep;
+      ep.round_bf16 = s.round_outputs;
+      matmul_canonical(s.N, s.IC, s.OC, dinp, s.IC, dout, s.OC, 1, weight, s.IC, 1, ep, s.operands);
     }
     // dweight[o,i] += Σ_n dout[n,o]·inp[n,i]: A = doutᵀ, K = tokens.
     if (!dweight.empty()) {

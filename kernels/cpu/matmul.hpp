@@ -39,9 +39,12 @@ Bf16Kernel bf16_kernel_setting();
 std::string bf16_kernel_name();
 
 // Applied to each element after the rounded canonical dot r: C = r (+ col_bias[n]), one fp32
-// addition.
+// addition, then (round_bf16) that rounded to bf16 to nearest even as round_to_bf16 would
+// (kernels/ops/cast.hpp): a bf16 linear's outputs, rounded as they are stored instead of in a pass
+// over C afterwards.
 struct MatmulEpilogue {
   const float* col_bias = nullptr;  // (N) or nullptr
+  bool round_bf16 = false;
 };
 
 // A SIMD kernel: one FMA chain per output lane (kernels/ops/canonical.hpp's contract), so the bits

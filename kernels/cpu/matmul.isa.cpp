@@ -344,12 +344,12 @@ uint32_t lanes_exact_bits(const LaneSums& v) {
   return exact_bits(v.t[0], v.t[1], v.big[0], v.big[1], v.small);
 }
 
-// kLanes double sums (p[0]: the first kHalf) rounded to fp32 once, then + bias — the scalar
-// epilogue's operations element by element.
-inline void store_rounded(const VecD p[2], float* c, const float* bias) {
+// kLanes double sums (p[0]: the first kHalf) rounded to fp32 once, then + bias, then rounded to
+// bf16 where `round` — the scalar epilogue's operations (store_element_spec) element by element.
+inline void store_rounded(const VecD p[2], float* c, const float* bias, bool round) {
   VecF x = narrow(p[0], p[1]);
   if (bias != nullptr) x = vadd(x, vloadu(bias));
-  vstoreu(c, x);
+  vstoreu(c, round ? vround_bf16(x) : x);
 }
 
 // The TwoSum error of s + p (t = s + p) in every lane: add_exact's test.
@@ -388,6 +388,7 @@ struct TileOut {
   float* c = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;
+  bool round_bf16 = false;
   ExactAccumulator* acc = nullptr;
   size_t index = 0;
   int64_t ld_acc = 0;
@@ -520,7 +521,7 @@ class GroupCombiner {
       const int r = i / kNr, j = i % kNr;
       if (j + kLanes <= o.cols && lanes_exact_bits(v_) == kAllLanes) {
         if (o.acc == nullptr) {
-          store_rounded(v_.t, o.c + r * o.ldc + j, o.bias != nullptr ? o.bias + j : nullptr);
+          store_rounded(v_.t, o.c + r * o.ldc + j, o.bias != nullptr ? o.bias + j : nullptr, o.round_bf16);
           return;
         }
         if (add_exact_lanes(*o.acc, o.index + static_cast<size_t>(r * o.ld_acc + j), v_.t)) return;
@@ -818,7 +819,7 @@ void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc
     }
     for (; j < cols; ++j) {
       const float y = beta == 0.0f ? alpha * p[j] : std::fma(beta, cr[j], alpha * p[j]);
-      cr[j] = round ? std::bit_cast<float>(bf16_nearest_bits(std::bit_cast<uint32_t>(y))) : y;
+      cr[j] = round ? bf16_nearest(y) : y;
     }
   }
 }
@@ -830,12 +831,12 @@ uint32_t stored_exact_bits(const TileSums& s, int i) {
 }
 
 // A single chunk (K <= 64) of finite partials rounded as the canonical dot: RN(+0.0 + p) is the
-// fp32 p + 0.0f.
-void store_row_single_chunk(const float* part, float* c, const float* bias) {
+// fp32 p + 0.0f; then the epilogue.
+void store_row_single_chunk(const float* part, float* c, const float* bias, bool round) {
   for (int h = 0; h < 2; ++h) {
     VecF x = vadd(vload(part + h * kLanes), vzero());
     if (bias != nullptr) x = vadd(x, vloadu(bias + h * kLanes));
-    vstoreu(c + h * kLanes, x);
+    vstoreu(c + h * kLanes, round ? vround_bf16(x) : x);
   }
 }
 
@@ -1241,7 +1242,7 @@ struct Sink {
 void store_element_spec(const Sink& sink, int64_t m, int64_t n, float dot) {
   float v = dot;
   if (sink.epilogue.col_bias != nullptr) v = v + sink.epilogue.col_bias[n];
-  sink.C[m * sink.ldc + n] = v;
+  sink.C[m * sink.ldc + n] = sink.epilogue.round_bf16 ? bf16_nearest(v) : v;
 }
 
 template <Output kOut>
@@ -1376,7 +1377,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
         } else {
           const float* bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
           if (cols == kNr && vall_finite(vload(pr)) && vall_finite(vload(pr + kLanes))) {
-            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias);
+            store_row_single_chunk(pr, sink.C + m * sink.ldc + jp * kNr, bias, sink.epilogue.round_bf16);
             continue;
           }
           for (int j = 0; j < cols; ++j) {
@@ -1408,6 +1409,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
         out.c = sink.C + ip * kMr * sink.ldc + jp * kNr;
         out.ldc = sink.ldc;
         out.bias = sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+        out.round_bf16 = sink.epilogue.round_bf16;
       } else {
         out.acc = sink.acc;
         out.index = static_cast<size_t>(sink.offset + ip * kMr * N + jp * kNr);

@@ -20,6 +20,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
+#include "src/core/formats.hpp"
 #include "tests/support/random_values.hpp"
 #include "tests/unit/kernels/matrix_util.hpp"
 #include "verify/core/compare.hpp"
@@ -273,6 +274,42 @@ TEST(MatmulCanonical, EpilogueAddsBiasAfterRounding) {
   matmul_canonical(M, N, K, C.data(), N, A.data(), K, 1, B.data(), N, 1, ep);
   const auto r = verify::compare_exact(C.data(), want.data(), M * N);
   ASSERT_TRUE(r.ok()) << r.summary("bias epilogue");
+}
+
+// With round_bf16 the epilogue's result is rounded to bf16 after the bias, as formats.hpp rounds
+// (nearest even, NaN quieted with its sign, overflow to inf): on every path a tile's element can
+// take — the vector stores of exact sums, the scalar specification of inexact or non-finite ones, a
+// single chunk — on each ISA and thread count. The bias reaches bf16's overflow threshold.
+TEST(MatmulCanonical, EpilogueRoundsToBf16AfterTheBias) {
+  std::mt19937_64 g(17);
+  for (int64_t K : {int64_t{17}, int64_t{150}, int64_t{1100}}) {
+    for (bool special : {false, true}) {
+      const int64_t M = 23, N = 45;
+      std::vector<float> A(M * K), B(K * N), bias(N);
+      for (auto& x : A) x = special && g() % 8 == 0 ? test::special_value(g) : test::random_value(g);
+      for (auto& x : B) x = test::random_value(g);
+      for (auto& x : bias) x = g() % 4 == 0 ? std::ldexp(test::random_value(g), 127) : test::random_value(g);
+      const auto dot = test::canonical_product_spec(M, N, K, A.data(), K, 1, B.data(), N, 1);
+      std::vector<float> want(M * N);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) want[m * N + n] = bf16_to_f32(bf16_from_f32(dot[m * N + n] + bias[n]));
+      }
+      MatmulEpilogue ep;
+      ep.col_bias = bias.data();
+      ep.round_bf16 = true;
+      for (Isa isa : supported_isas()) {
+        ScopedIsa scope(isa);
+        for (int threads : {1, 3}) {
+          ScopedThreads t(threads);
+          std::vector<float> C(M * N);
+          matmul_canonical(M, N, K, C.data(), N, A.data(), K, 1, B.data(), N, 1, ep);
+          const auto r = verify::compare_exact(C.data(), want.data(), M * N);
+          ASSERT_TRUE(r.ok()) << r.summary("bf16 epilogue, K=" + std::to_string(K) + (special ? " special" : "") +
+                                           " " + std::string(isa_name(isa)) + " threads " + std::to_string(threads));
+        }
+      }
+    }
+  }
 }
 
 TEST(MatmulChunkPartials, EqualsChunkDot) {

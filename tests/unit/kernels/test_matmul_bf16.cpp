@@ -236,7 +236,7 @@ TEST(MatmulBf16, FmaKernelGivesTheSameCanonicalBits) {
 
 // LinearShape::round_outputs: the product and the input gradient equal the unrounded op's rounded
 // afterwards, bit for bit, in both modes, on every kernel that can run them (fused into
-// matmul_fast's stores; a pass after OpenBLAS; a pass after the canonical product).
+// matmul_fast's stores; a pass after OpenBLAS; the canonical product's epilogue).
 TEST(MatmulBf16, RoundedOutputsEqualTheProductRoundedAfter) {
   const LinearShape base{70, 1100, 130};  // the forward's K = 1100 runs in K blocks
   std::mt19937_64 g(3);
