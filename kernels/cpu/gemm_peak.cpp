@@ -36,7 +36,8 @@ std::string lockstep_name(const char* which) {
   return std::string("Lockstep ") + which + " GEMM (" + std::string(cpu::isa_name(cpu::active_isa())) + ")";
 }
 
-// Sets the peak to the fastest candidate (the first of equals).
+}  // namespace
+
 GemmPeak with_fastest(GemmPeak peak) {
   const std::pair<double, std::string> candidates[] = {{peak.openblas_gflops, cpu::openblas_sgemm_name()},
                                                        {peak.canonical_gflops, lockstep_name("canonical")},
@@ -50,8 +51,6 @@ GemmPeak with_fastest(GemmPeak peak) {
   }
   return peak;
 }
-
-}  // namespace
 
 GemmPeak cpu::measure_gemm_peak() {
   const int n = 1024;

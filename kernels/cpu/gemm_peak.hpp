@@ -38,6 +38,9 @@ struct GemmPeak {
   // Lockstep fast GEMM (avx512) 160.2 GFLOP/s, 1024^3": what a report prints beside the peak.
   std::string describe() const;
 };
+// `peak` with gflops and source set to its fastest candidate's (the first of equals): for
+// candidates' figures set by hand or read back from a cache.
+GemmPeak with_fastest(GemmPeak peak);
 // Each candidate's higher figure of two measurements (a busy moment on a shared machine lowers
 // one), and the fastest of those.
 GemmPeak higher_peak(const GemmPeak& a, const GemmPeak& b);

@@ -198,6 +198,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("isa", c.train.isa);
   t.field("fast_gemm", c.train.fast_gemm);
   t.field("peak_gflops", c.train.peak_gflops);
+  t.field("kernel_cache", c.train.kernel_cache);
   enum_field(t, "precision", c.train.precision, precision_to, precision_from_name);
   t.field("fp32_linears", c.train.fp32_linears);
   t.field("master_weights", c.train.master_weights);
@@ -324,6 +325,8 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,
              ": [train] isa: expected \"auto\", \"avx2\" or \"avx512\", got \"", t.isa, "\"");
+  LS_REQUIRE(!t.kernel_cache.empty() && t.kernel_cache.back() != '/', c.source,
+             ": [train] kernel_cache: expected \"auto\", \"off\" or a file path, got \"", t.kernel_cache, "\"");
   LS_REQUIRE(t.fast_gemm == "auto" || t.fast_gemm == "openblas" || t.fast_gemm == "lockstep", c.source,
              ": [train] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"", t.fast_gemm, "\"");
   LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");

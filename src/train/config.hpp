@@ -49,6 +49,8 @@ struct TrainConfig {
   // narrower than the CPU's vectors; kernels/cpu/sgemm_threads.hpp)
   std::string fast_gemm = "auto";
   double peak_gflops = 0;    // 0 = measure an fp32 GEMM peak at start-up
+  // Where that measurement is kept between runs (src/train/kernel_cache.hpp): auto | off | a path.
+  std::string kernel_cache = "auto";
   // The precision recipe (src/model/precision.hpp): fp32 | bf16, and the linears bf16 leaves in
   // fp32 (comma-separated names or prefixes, e.g. "head,layer/0").
   Precision precision = Precision::kF32;

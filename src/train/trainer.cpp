@@ -28,6 +28,7 @@
 #include "src/train/checkpointing.hpp"
 #include "src/train/detectors.hpp"
 #include "src/train/inject.hpp"
+#include "src/train/kernel_cache.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
 #include "src/train/replay.hpp"
@@ -71,7 +72,10 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   const ParallelConfig& pc = cfg.parallel;
   std::ostream& out = run.out;
   Progress::Costs costs;
-  const GemmPeak measured = tc.peak_gflops > 0 ? GemmPeak{} : backend.measure_gemm_peak();
+  std::string measured_note;
+  const GemmPeak measured = tc.peak_gflops > 0 ? GemmPeak{}
+                                               : agreed_gemm_peak(backend, kernel_cache_path(tc.kernel_cache),
+                                                                  run.world, &measured_note);
   if (tc.peak_gflops <= 0) backend.choose_gemms(measured);
   // A run whose linears take bf16 operands is measured against the faster of the bf16 kernels.
   const bool bf16 = tc.precision == Precision::kBf16;
@@ -84,7 +88,7 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
       << run.B << " x " << run.T << " tokens (micro-batch " << run.MB << "); MFU against " << std::setprecision(1)
       << costs.peak_gflops << " GFLOP/s " << (bf16 ? "bf16" : "fp32") << " GEMM peak per rank"
       << (tc.peak_gflops > 0 ? " (configured)" : " (measured: " + measured.describe() + ")") << "\n";
-  if (tc.peak_gflops <= 0) out << "kernels: " << describe_choice(measured) << "\n";
+  if (tc.peak_gflops <= 0) out << "kernels: " << describe_choice(measured) << " (" << measured_note << ")\n";
   out << "precision: " << tc.precision_recipe().describe() << "\n";
   // The least a rank must send per step: to sum its N fp32 gradients over dp (a ring all-reduce,
   // or ZeRO's reduce-scatter + parameter all-gather) 2 · 4N · (dp-1)/dp bytes, plus tensor
