@@ -15,6 +15,7 @@
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
+#include "src/core/hash.hpp"
 #include "verify/child_process.hpp"
 #include "verify/core/compare.hpp"
 #include "verify/diff.hpp"
@@ -73,25 +74,24 @@ std::map<int64_t, float> read_losses(const std::string& path) {
 }
 
 // What a checkpoint holds, by digest: enough to tell whether two runs are in the same state.
+// Taken from the loaded whole tensors, not the manifest's shard checksums, which depend on the
+// layout that wrote them.
 struct StateDigest {
-  std::map<std::string, std::string> parts;  // "model hash", tensor name -> xxh64 of its shards, "sampler"
+  std::map<std::string, std::string> parts;  // "model hash", tensor name -> xxh64 of the tensor, "sampler state"
 };
 
 StateDigest read_state(const std::string& root, int64_t step) {
-  const std::string path = root + "/" + ckpt::step_dir_name(step) + "/" + ckpt::kManifestFile;
+  const std::string dir = root + "/" + ckpt::step_dir_name(step);
+  const std::string path = dir + "/" + ckpt::kManifestFile;
   if (!durable_io::exists(path)) throw DataError(str_cat(path, ": missing (the run should have written this checkpoint)"));
+  const ckpt::Checkpoint c = ckpt::load(dir);
   StateDigest d;
+  d.parts["model hash"] = hex64(ckpt::model_hash(c));
+  for (const ckpt::StoredTensor& t : c.tensors) d.parts[t.name] = hex64(t.xxh64);
   try {
-    const auto m = nlohmann::json::parse(durable_io::read_text(path));
-    d.parts["model hash"] = m.at("model_hash").get<std::string>();
-    for (const auto& t : m.at("tensors")) {
-      std::string h;
-      for (const auto& s : t.at("shards")) h += s.at("xxh64").get<std::string>();
-      d.parts[t.at("name").get<std::string>()] = h;
-    }
-    d.parts["sampler state"] = m.at("state").at("sampler").dump();
+    d.parts["sampler state"] = c.state.at("sampler").dump();
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(str_cat(path, ": malformed checkpoint manifest: ", e.what()));
+    throw DataError(str_cat(path, ": malformed checkpoint state: ", e.what()));
   }
   return d;
 }

@@ -1,39 +1,46 @@
-// Checkpoints: save a set of named tensors plus the trainer's state to a directory durably, load
-// and verify them, find the newest valid one, and hash the model they hold.
+// Checkpoints: save a set of named tensors plus the trainer's state to a directory durably — from
+// one process, or sharded, each of several writers (ranks) storing the pieces of tensors it holds —
+// load and verify them, find the newest valid one, and hash the model they hold.
 //
 // This file is the public API and the on-disk format. It is not the trainer's resume logic (what
-// goes into `state` and how it is restored belongs to src/train), not async writing, and not
-// resharding: this version writes and reads whole tensors from one process (layout dp=tp=pp=1),
-// although the manifest already describes every tensor as a list of shards so that sharded
-// writers can be added without a format change.
+// goes into `state`, which rank writes what, and how it is restored belongs to src/train), not
+// async writing, and not a reader of byte ranges: load() reads every shard and assembles whole
+// tensors, so a checkpoint written by any layout loads into any other.
 //
-// On-disk format, version 1
+// On-disk format, version 2
 // -------------------------
 // <root>/step_<step, zero-padded to 8 digits>/     one checkpoint
 //   manifest.json                                  what is stored, with checksums (below)
-//   tensors-00000.bin                              packed tensor bytes written by writer 0
+//   tensors-<writer, 5 digits>.bin                 packed shard bytes written by one writer
 //
-// A data file starts with a 64-byte header: the 8 bytes "LSCKDATA", the format version as a
-// little-endian uint32, then zeros. Each tensor shard follows at an offset aligned to 64 bytes (so
-// a later reader can mmap and use them in place), its elements in row-major order, little-endian
-// (the in-memory layout on the hosts we run on). Padding bytes are zero.
+// A data file starts with a 64-byte header: the 8 bytes "LSCKDATA", the data file version (1) as a
+// little-endian uint32, then zeros. Each shard follows at an offset aligned to 64 bytes (so a later
+// reader can mmap and use them in place), its elements little-endian (the in-memory layout on the
+// hosts we run on). Padding bytes are zero.
 //
 // manifest.json (example, abridged):
 //   {
-//     "format": "lockstep-checkpoint", "version": 1, "step": 120,
-//     "layout": {"dp": 1, "tp": 1, "pp": 1},
-//     "files": [{"name": "tensors-00000.bin", "bytes": 4224}],
+//     "format": "lockstep-checkpoint", "version": 2, "step": 120,
+//     "layout": {"dp": 2, "tp": 2, "pp": 1},
+//     "files": [{"name": "tensors-00000.bin", "bytes": 4224}, {"name": "tensors-00001.bin", ...}],
 //     "tensors": [
 //       {"name": "model/wte", "dtype": "f32", "shape": [64, 16], "bytes": 4096,
-//        "shards": [{"offsets": [0, 0], "shape": [64, 16], "file": "tensors-00000.bin",
-//                    "offset": 64, "bytes": 4096, "xxh64": "3f1c0a9e5d2b7c41"}]}],
+//        "shards": [{"split_dim": 0, "ranges": [[0, 32]], "elements": [0, 512],
+//                    "file": "tensors-00000.bin", "offset": 64, "bytes": 2048, "xxh64": "3f1c..."},
+//                   {"split_dim": 0, "ranges": [[32, 64]], "elements": [0, 512], ...}]}],
 //     "model_hash": "9a0b1c2d3e4f5061",
 //     "state": { ...free-form JSON supplied by the trainer... }
 //   }
-// "tensors" is in the writer's order (the trainer passes parameters in the model's canonical order).
-// "bytes" of a tensor is its global size; each shard names its place in the global tensor
-// (offsets and shape per dim), its file, offset, size and the xxh64 of its bytes. "files" lists
-// every data file with its exact size, so truncation is reported per file before any tensor is read.
+// "tensors" is in the order given to the save (the trainer passes parameters in the model's
+// canonical order). "bytes" of a tensor is its global size. A shard is a ShardPlace (below): the
+// slices "ranges" of dim "split_dim" of the global tensor (split_dim -1: the whole tensor) viewed
+// as one row-major tensor, and of that the flat elements "elements" = [first, end); its bytes are
+// those elements in order, at "offset" of "file", with the xxh64 of those bytes. The shards of a
+// tensor cover each of its elements exactly once. "files" lists every data file with its exact
+// size, so truncation is reported per file before any tensor is read. "model_hash" is there when
+// one writer held every parameter (a sharded save has no process that sees them all; `lockstep
+// ckpt info` computes it from the loaded tensors). Version 1 — one writer, each tensor one whole
+// shard given as "offsets" [0, ...] and "shape" — is still read.
 //
 // Durability (save): everything is written into <root>/.tmp-step_XXXXXXXX-<pid>, each file fsynced,
 // the directory fsynced, renamed to step_XXXXXXXX, and <root> fsynced. A checkpoint directory under
@@ -43,7 +50,8 @@
 //   .old-step_N-*  a checkpoint being replaced by a re-save of step N: restored to step_N if the
 //           re-save never landed, else deleted;
 //   .del-*  a checkpoint being removed by retention: deleted.
-// One process saves into a root at a time (the trainer's writer); load functions only read.
+// One process begins and finishes saves into a root at a time (the trainer's first rank); writers
+// only add their data files to the temporary directory between the two; load functions only read.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +59,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -60,7 +69,8 @@
 namespace lockstep::ckpt {
 
 inline constexpr const char* kFormatName = "lockstep-checkpoint";
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kDataFileVersion = 1;
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr char kDataMagic[8] = {'L', 'S', 'C', 'K', 'D', 'A', 'T', 'A'};
 inline constexpr size_t kDataHeaderBytes = 64;
@@ -75,6 +85,33 @@ struct TensorRef {
   DType dtype;
   std::vector<int64_t> shape;
   const void* data;
+};
+
+// Where a shard's elements lie in its global tensor (see the format above): the slices `ranges`
+// ([first, end) indices, in order) of dim `split_dim` — a tensor-parallel rank's slice; split_dim
+// < 0: the whole tensor — viewed as one row-major tensor, and of that the flat elements
+// [first, end) — a ZeRO shard's part of it.
+struct ShardPlace {
+  int split_dim = -1;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t first = 0, end = 0;
+};
+
+// A shard to save: `data` holds place.end - place.first elements of dtype, in order, and must stay
+// valid for the duration of write_shards(). `shape` is the global tensor's.
+struct ShardRef {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  ShardPlace place;
+  const void* data;
+};
+
+// What a tensor of a sharded save is (its shards come from the writers).
+struct TensorDesc {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
 };
 
 // A tensor read back from a checkpoint, verified against its checksum.
@@ -119,9 +156,28 @@ std::string step_dir_name(int64_t step);
 std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
                  const nlohmann::json& state, int keep);
 
-// Loads the checkpoint in `dir` and verifies the manifest, every file size, every tensor's size
-// and xxh64, and the model hash. Any problem throws DataError naming the file, the tensor (if any),
-// and what was expected versus found.
+// The sharded save, for writers that are several processes sharing the root's file system (the
+// coordination between them is the caller's):
+//  1. begin_save, by one process: resolves leftovers in `root`, makes and returns the temporary
+//     directory of `step`;
+//  2. write_shards, by each writer (writer numbers distinct, >= 0) with the shards it holds: writes
+//     tmp/tensors-<writer>.bin durably and returns its record (a JSON object: the file and its
+//     shards), which the caller brings to the finishing process;
+//  3. finish_save, by the process that began, once every writer's record is in: the manifest (the
+//     tensors in the order of `tensors`, each with its shards from every record; ConfigError when
+//     a tensor's shards do not add up to its size; model_hash "" when no writer saw every
+//     parameter), then the rename and retention as save() does.
+std::string begin_save(const std::string& root, int64_t step);
+nlohmann::json write_shards(const std::string& tmp, int writer, const std::vector<ShardRef>& shards);
+std::string finish_save(const std::string& root, int64_t step, const std::string& tmp,
+                        const std::vector<TensorDesc>& tensors, const std::vector<nlohmann::json>& records,
+                        const nlohmann::json& layout, const nlohmann::json& state, const std::string& model_hash,
+                        int keep);
+
+// Loads the checkpoint in `dir` and verifies the manifest, every file size, every shard's place,
+// size and xxh64, that the shards cover each tensor exactly once, and the model hash where the
+// manifest has one. Tensors come back whole, whatever layout wrote them. Any problem throws
+// DataError naming the file, the tensor (if any), and what was expected versus found.
 Checkpoint load(const std::string& dir);
 
 // The step_* directories of `root` (full paths) sorted by step, oldest first. Empty if root does

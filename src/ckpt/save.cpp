@@ -1,10 +1,13 @@
-// Writing a checkpoint durably, replacing a re-saved step, and retention (format and guarantees in
-// checkpoint.hpp). Not async: the caller's thread does the I/O.
+// Writing a checkpoint durably — from one process, or sharded over several writers — replacing a
+// re-saved step, and retention (format and guarantees in checkpoint.hpp). Not async: the caller's
+// thread does the I/O.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "src/ckpt/checkpoint.hpp"
@@ -16,8 +19,6 @@ namespace lockstep::ckpt {
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
-
-constexpr const char* kDataFile = "tensors-00000.bin";  // writer 0: the only writer for now
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
@@ -64,35 +65,40 @@ void resolve_leftovers(const std::string& root) {
 
 size_t align_up(size_t n) { return (n + kDataAlignment - 1) / kDataAlignment * kDataAlignment; }
 
-// Writes every tensor into dir/kDataFile and returns the manifest's "tensors" and "files".
-std::pair<OrderedJson, OrderedJson> write_data(const std::string& dir,
-                                               const std::vector<TensorRef>& tensors) {
-  durable_io::NewFile file(join(dir, kDataFile));
-  unsigned char header[kDataHeaderBytes] = {};
-  std::copy(std::begin(kDataMagic), std::end(kDataMagic), header);
-  const uint32_t version = kFormatVersion;
-  std::memcpy(header + sizeof kDataMagic, &version, sizeof version);
-  file.write(header, sizeof header);
+std::string data_file_name(int writer) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "tensors-%05d.bin", writer);
+  return buf;
+}
 
-  OrderedJson entries = OrderedJson::array();
-  for (const TensorRef& t : tensors) {
-    file.write_zeros(align_up(file.bytes_written()) - file.bytes_written());
-    const uint64_t offset = file.bytes_written();
-    const size_t bytes = static_cast<size_t>(numel(t.shape)) * dtype_size(t.dtype);
-    file.write(t.data, bytes);
-    OrderedJson zeros = OrderedJson::array();
-    for (size_t i = 0; i < t.shape.size(); ++i) zeros.push_back(0);
-    OrderedJson shard = {{"offsets", zeros}, {"shape", t.shape}, {"file", kDataFile},
-                         {"offset", offset}, {"bytes", bytes},
-                         {"xxh64", hex64(xxh64(t.data, bytes))}};
-    entries.push_back({{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))},
-                       {"shape", t.shape}, {"bytes", bytes},
-                       {"shards", OrderedJson::array({shard})}});
+OrderedJson place_json(const ShardPlace& p) {
+  OrderedJson ranges = OrderedJson::array();
+  for (const auto& [first, end] : p.ranges) ranges.push_back({first, end});
+  return {{"split_dim", p.split_dim}, {"ranges", ranges}, {"elements", {p.first, p.end}}};
+}
+
+// Elements of the tensor viewed through p's slices (all of them when split_dim < 0).
+int64_t sliced_numel(const std::vector<int64_t>& shape, const ShardPlace& p) {
+  if (p.split_dim < 0) return numel(shape);
+  int64_t along = 0;
+  for (const auto& [first, end] : p.ranges) along += end - first;
+  return numel(shape) / shape[static_cast<size_t>(p.split_dim)] * along;
+}
+
+void validate_shard(const ShardRef& s) {
+  LS_REQUIRE(!s.name.empty(), "checkpoint tensor names must be non-empty");
+  const ShardPlace& p = s.place;
+  LS_REQUIRE(p.split_dim < static_cast<int>(s.shape.size()), "checkpoint shard of '", s.name, "': split_dim ",
+             p.split_dim, " is not a dim of its ", s.shape.size(), "-dim tensor");
+  if (p.split_dim >= 0) {
+    for (const auto& [first, end] : p.ranges) {
+      LS_REQUIRE(0 <= first && first <= end && end <= s.shape[static_cast<size_t>(p.split_dim)],
+                 "checkpoint shard of '", s.name, "': range [", first, ", ", end, ") outside dim ", p.split_dim);
+    }
   }
-  const uint64_t total = file.bytes_written();
-  file.close_synced();
-  OrderedJson files = OrderedJson::array({{{"name", kDataFile}, {"bytes", total}}});
-  return {std::move(entries), std::move(files)};
+  LS_REQUIRE(0 <= p.first && p.first <= p.end && p.end <= sliced_numel(s.shape, p), "checkpoint shard of '", s.name,
+             "': elements [", p.first, ", ", p.end, ") outside its slices' ", sliced_numel(s.shape, p));
+  LS_REQUIRE(s.data != nullptr || p.end == p.first, "checkpoint shard of '", s.name, "' has no data");
 }
 
 void write_manifest(const std::string& dir, const OrderedJson& manifest) {
@@ -118,42 +124,14 @@ void apply_retention(const std::string& root, int keep, const std::string& just_
   }
 }
 
-}  // namespace
-
-std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
-                 const nlohmann::json& state, int keep) {
-  validate(step, tensors, state);
-  durable_io::make_dirs(root);
-  resolve_leftovers(root);
-
+// Renames the finished temporary directory to its step's name (keeping a replaced checkpoint
+// whole until then) and applies retention.
+std::string land(const std::string& root, int64_t step, const std::string& tmp, int keep) {
   const std::string name = step_dir_name(step);
-  const std::string pid = std::to_string(::getpid());
-  const std::string tmp = join(root, ".tmp-" + name + "-" + pid);
   const std::string final_dir = join(root, name);
-
-  try {
-    durable_io::make_dir(tmp);
-    auto [entries, files] = write_data(tmp, tensors);
-    OrderedJson manifest = {{"format", kFormatName},
-                            {"version", kFormatVersion},
-                            {"step", step},
-                            {"layout", {{"dp", 1}, {"tp", 1}, {"pp", 1}}},
-                            {"files", std::move(files)},
-                            {"tensors", std::move(entries)},
-                            {"model_hash", hex64(model_hash(tensors))},
-                            {"state", OrderedJson::parse(state.dump())}};
-    write_manifest(tmp, manifest);
-    durable_io::fsync_dir(tmp);
-  } catch (...) {
-    // Best effort: the next save removes whatever is left.
-    std::error_code ec;
-    std::filesystem::remove_all(tmp, ec);
-    throw;
-  }
-
   if (durable_io::exists(final_dir)) {
     // Re-saving a step: the old copy stays whole under .old-* until the new one has its name.
-    const std::string old = join(root, ".old-" + name + "-" + pid);
+    const std::string old = join(root, ".old-" + name + "-" + std::to_string(::getpid()));
     durable_io::rename_path(final_dir, old);
     durable_io::rename_path(tmp, final_dir);
     durable_io::fsync_dir(root);
@@ -164,6 +142,123 @@ std::string save(const std::string& root, int64_t step, const std::vector<Tensor
   }
   apply_retention(root, keep, final_dir);
   return final_dir;
+}
+
+}  // namespace
+
+std::string begin_save(const std::string& root, int64_t step) {
+  LS_REQUIRE(step >= 0, "checkpoint step must be >= 0, got ", step);
+  durable_io::make_dirs(root);
+  resolve_leftovers(root);
+  const std::string tmp = join(root, ".tmp-" + step_dir_name(step) + "-" + std::to_string(::getpid()));
+  durable_io::make_dir(tmp);
+  return tmp;
+}
+
+nlohmann::json write_shards(const std::string& tmp, int writer, const std::vector<ShardRef>& shards) {
+  LS_REQUIRE(writer >= 0, "checkpoint writer number must be >= 0, got ", writer);
+  for (const ShardRef& s : shards) validate_shard(s);
+  const std::string name = data_file_name(writer);
+  durable_io::NewFile file(join(tmp, name));
+  unsigned char header[kDataHeaderBytes] = {};
+  std::copy(std::begin(kDataMagic), std::end(kDataMagic), header);
+  const uint32_t version = kDataFileVersion;
+  std::memcpy(header + sizeof kDataMagic, &version, sizeof version);
+  file.write(header, sizeof header);
+  nlohmann::json entries = nlohmann::json::array();
+  for (const ShardRef& s : shards) {
+    file.write_zeros(align_up(file.bytes_written()) - file.bytes_written());
+    const uint64_t offset = file.bytes_written();
+    const size_t bytes = static_cast<size_t>(s.place.end - s.place.first) * dtype_size(s.dtype);
+    file.write(s.data, bytes);
+    OrderedJson shard = place_json(s.place);
+    shard["file"] = name;
+    shard["offset"] = offset;
+    shard["bytes"] = bytes;
+    shard["xxh64"] = hex64(xxh64(s.data, bytes));
+    entries.push_back({{"tensor", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shard", shard}});
+  }
+  const uint64_t total = file.bytes_written();
+  file.close_synced();
+  return {{"file", {{"name", name}, {"bytes", total}}}, {"shards", entries}};
+}
+
+std::string finish_save(const std::string& root, int64_t step, const std::string& tmp,
+                        const std::vector<TensorDesc>& tensors, const std::vector<nlohmann::json>& records,
+                        const nlohmann::json& layout, const nlohmann::json& state, const std::string& model_hash,
+                        int keep) {
+  LS_REQUIRE(state.is_object(), "checkpoint state must be a JSON object, got ", state.type_name());
+  try {
+    // Each tensor's shards, in the records' order; a shard of an unknown tensor is a caller's bug.
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      LS_REQUIRE(!tensors[i].name.empty(), "checkpoint tensor names must be non-empty");
+      LS_REQUIRE(index.emplace(tensors[i].name, i).second, "checkpoint tensor '", tensors[i].name, "' given twice");
+    }
+    std::vector<OrderedJson> shards(tensors.size(), OrderedJson::array());
+    std::vector<int64_t> covered(tensors.size(), 0);
+    OrderedJson files = OrderedJson::array();
+    for (const nlohmann::json& r : records) {
+      files.push_back(OrderedJson::parse(r.at("file").dump()));
+      for (const nlohmann::json& e : r.at("shards")) {
+        const std::string name = e.at("tensor").get<std::string>();
+        const auto it = index.find(name);
+        LS_REQUIRE(it != index.end(), "checkpoint shard of '", name, "', a tensor the save does not list");
+        LS_REQUIRE(e.at("dtype").get<std::string>() == dtype_name(tensors[it->second].dtype), "checkpoint shard of '",
+                   name, "' is ", e.at("dtype").get<std::string>(), ", the tensor ", dtype_name(tensors[it->second].dtype));
+        const nlohmann::json& elements = e.at("shard").at("elements");
+        covered[it->second] += elements[1].get<int64_t>() - elements[0].get<int64_t>();
+        shards[it->second].push_back(OrderedJson::parse(e.at("shard").dump()));
+      }
+    }
+    OrderedJson entries = OrderedJson::array();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorDesc& t = tensors[i];
+      LS_REQUIRE(covered[i] == numel(t.shape), "checkpoint tensor '", t.name, "': its shards hold ", covered[i],
+                 " elements, the tensor has ", numel(t.shape));
+      entries.push_back({{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape},
+                         {"bytes", static_cast<size_t>(numel(t.shape)) * dtype_size(t.dtype)},
+                         {"shards", std::move(shards[i])}});
+    }
+    OrderedJson manifest = {{"format", kFormatName},
+                            {"version", kFormatVersion},
+                            {"step", step},
+                            {"layout", OrderedJson::parse(layout.dump())},
+                            {"files", std::move(files)},
+                            {"tensors", std::move(entries)}};
+    if (!model_hash.empty()) manifest["model_hash"] = model_hash;
+    manifest["state"] = OrderedJson::parse(state.dump());
+    write_manifest(tmp, manifest);
+    durable_io::fsync_dir(tmp);
+  } catch (...) {
+    // Best effort: the next save removes whatever is left.
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    throw;
+  }
+  return land(root, step, tmp, keep);
+}
+
+std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
+                 const nlohmann::json& state, int keep) {
+  validate(step, tensors, state);
+  std::vector<ShardRef> shards;
+  std::vector<TensorDesc> descs;
+  for (const TensorRef& t : tensors) {
+    shards.push_back({t.name, t.dtype, t.shape, ShardPlace{-1, {}, 0, numel(t.shape)}, t.data});
+    descs.push_back({t.name, t.dtype, t.shape});
+  }
+  const std::string tmp = begin_save(root, step);
+  nlohmann::json record;
+  try {
+    record = write_shards(tmp, 0, shards);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    throw;
+  }
+  return finish_save(root, step, tmp, descs, {record}, {{"dp", 1}, {"tp", 1}, {"pp", 1}}, state,
+                     hex64(model_hash(tensors)), keep);
 }
 
 }  // namespace lockstep::ckpt

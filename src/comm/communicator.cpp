@@ -22,6 +22,27 @@ Handle Communicator::iall_to_all(const void* send, void* recv, int64_t count_per
   return iall_to_allv(send, counts, displs, recv, counts, displs, t);
 }
 
+std::vector<std::string> Communicator::all_gather_text(const std::string& mine) {
+  const std::vector<int64_t> counts = all_gather(static_cast<int64_t>(mine.size()));
+  std::vector<int64_t> displs(counts.size(), 0);
+  for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+  std::string all(static_cast<size_t>(displs.back() + counts.back()), '\0');
+  all_gatherv(mine.data(), all.data(), counts, displs, DType::kU8);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(counts[r])));
+  }
+  return out;
+}
+
+std::string Communicator::broadcast_text(const std::string& text, int root) {
+  auto bytes = static_cast<int64_t>(text.size());
+  broadcast(&bytes, 1, DType::kI64, root);
+  std::string out = rank() == root ? text : std::string(static_cast<size_t>(bytes), '\0');
+  broadcast(out.data(), bytes, DType::kU8, root);
+  return out;
+}
+
 std::string Communicator::describe() const {
   std::ostringstream os;
   os << name() << " group (world ranks ";

@@ -184,6 +184,10 @@ class Communicator {
     other.stats_ = {};
   }
 
+  // Text: every rank's string, in rank order, on every rank; root's string on every rank.
+  std::vector<std::string> all_gather_text(const std::string& mine);
+  std::string broadcast_text(const std::string& text, int root);
+
   // "dp group (world ranks 0,1)".
   std::string describe() const;
 

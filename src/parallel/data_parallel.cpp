@@ -235,18 +235,6 @@ uint64_t DataParallel::optimizer_state_bytes() const {
   return n * sizeof(float);
 }
 
-void DataParallel::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v) {
-  if (replicated_) {
-    m = replicated_->m();
-    v = replicated_->v();
-    return;
-  }
-  m.resize(static_cast<size_t>(model_.num_params()));
-  v.resize(m.size());
-  dp_.all_gatherv(m_.data(), m.data(), plan_.sizes(), plan_.firsts(), DType::kF32);
-  dp_.all_gatherv(v_.data(), v.data(), plan_.sizes(), plan_.firsts(), DType::kF32);
-}
-
 void DataParallel::load_optimizer_state(const float* m, const float* v) {
   if (replicated_) {
     std::copy(m, m + model_.num_params(), replicated_->m().begin());

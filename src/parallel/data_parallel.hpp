@@ -168,8 +168,6 @@ class DataParallel {
   // This rank's AdamW moments: all of them (zero 0) or its shard (zero 1/2).
   std::span<float> moments_m() { return replicated_ ? std::span<float>(replicated_->m()) : std::span<float>(m_); }
   std::span<float> moments_v() { return replicated_ ? std::span<float>(replicated_->v()) : std::span<float>(v_); }
-  // Full m and v (param_layout order) on every rank, gathered for a checkpoint. Collective.
-  void gather_optimizer_state(std::vector<float>& m, std::vector<float>& v);
   // Takes this rank's part of full m and v (from a checkpoint).
   void load_optimizer_state(const float* m, const float* v);
 

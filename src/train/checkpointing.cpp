@@ -1,5 +1,6 @@
 #include "src/train/checkpointing.hpp"
 
+#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -89,26 +90,108 @@ void Checkpointer::end_step(const StepRecord& r) {
   if (r.last || r.stopping || (c.every > 0 && r.done() % c.every == 0)) save(r.done(), r.loss);
 }
 
+namespace {
+
+// The shards this rank writes: of the parameters, dp rank 0's tensor-parallel slices (a tensor
+// every tp rank holds whole, tp rank 0's only); of the AdamW moments, the same without ZeRO, and
+// with it this rank's ZeRO shard — the pieces of its slices that lie in [shard_first, shard_end).
+std::vector<ckpt::ShardRef> own_shards(TrainRun& run, int zero) {
+  std::vector<ckpt::ShardRef> shards;
+  const bool first_tp = run.tp.rank() == 0, first_dp = run.dp.rank() == 0;
+  const std::vector<ParamTensor>& local = run.model.param_layout();
+  const auto place = [](const ParamTensor& p, int64_t first, int64_t end) {
+    return ckpt::ShardPlace{p.replicated() ? -1 : p.split_dim, p.ranges, first, end};
+  };
+  for (const ParamTensor& p : local) {
+    if (!first_dp || (p.replicated() && !first_tp)) continue;
+    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, place(p, 0, p.numel),
+                      run.model.params() + p.offset});
+  }
+  const float* m = run.ddp.moments_m().data();
+  const float* v = run.ddp.moments_v().data();
+  const int64_t first = zero == 0 ? 0 : run.ddp.shard_first(), end = zero == 0 ? run.model.num_params() : run.ddp.shard_end();
+  for (const ParamTensor& p : local) {
+    if ((zero == 0 && !first_dp) || (p.replicated() && !first_tp)) continue;
+    const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    const ckpt::ShardPlace where = place(p, lo - p.offset, hi - p.offset);
+    shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - first)});
+    shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - first)});
+  }
+  return shards;
+}
+
+// Every rank's error (empty where none), or, when one failed, the same DataError on every rank —
+// so that the ranks stop together and the error is printed once.
+void agree_or_throw(comm::Communicator& world, const std::string& mine) {
+  for (const std::string& e : world.all_gather_text(mine)) {
+    if (!e.empty()) throw DataError(e);
+  }
+}
+
+}  // namespace
+
 void Checkpointer::save(int64_t step_done, float loss) {
   const RunConfig& cfg = run_.cfg;
   if (cfg.checkpoint.dir.empty()) return;
-  std::vector<float> m, v;
-  run_.ddp.gather_optimizer_state(m, v);
-  const std::vector<float> w = run_.gather(run_.model.params()), mg = run_.gather(m.data()), vg = run_.gather(v.data());
-  if (run_.world.rank() != 0) return;
+  comm::Communicator& world = run_.world;
   const ParallelConfig& pc = cfg.parallel;
-  nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"sp", pc.sp}, {"zero", pc.zero},
-                           {"reduce", pc.reduce}};
-  if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
-  nlohmann::json observers = nlohmann::json::object();
-  for (const StepObserver* o : observers_) {
-    if (!o->state_key().empty()) observers[o->state_key()] = o->save_state();
+  // World rank 0 opens the checkpoint's temporary directory; every rank writes its own shards
+  // there (no rank gathers another's tensors); rank 0 writes the manifest once every file is
+  // durable, and renames.
+  std::string tmp, error;
+  if (world.rank() == 0) {
+    try {
+      tmp = ckpt::begin_save(cfg.checkpoint.dir, step_done);
+    } catch (const InputError& e) {
+      error = e.what();
+    }
   }
-  const nlohmann::json state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
-                                {"layout", layout},  {"loss", loss}, {"observers", observers}};
-  const auto dir = ckpt::save(cfg.checkpoint.dir, step_done,
-                              state_tensors(run_.global_layout, w.data(), mg.data(), vg.data()), state,
+  agree_or_throw(world, error);
+  tmp = world.broadcast_text(tmp, 0);
+  std::string record;
+  try {
+    const std::vector<ckpt::ShardRef> shards = own_shards(run_, static_cast<int>(pc.zero));
+    if (!shards.empty()) record = ckpt::write_shards(tmp, world.rank(), shards).dump();
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  agree_or_throw(world, error);
+  const std::vector<std::string> records = world.all_gather_text(record);
+  std::string dir;
+  if (world.rank() == 0) {
+    std::vector<ckpt::TensorDesc> tensors;
+    for (const char* prefix : {ckpt::kModelPrefix, "optim/m/", "optim/v/"}) {
+      for (const ParamTensor& p : run_.global_layout) tensors.push_back({prefix + p.name, DType::kF32, p.shape});
+    }
+    std::vector<nlohmann::json> parsed;
+    for (const std::string& r : records) {
+      if (!r.empty()) parsed.push_back(nlohmann::json::parse(r));
+    }
+    nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"sp", pc.sp}, {"zero", pc.zero},
+                             {"reduce", pc.reduce}};
+    if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
+    nlohmann::json observers = nlohmann::json::object();
+    for (const StepObserver* o : observers_) {
+      if (!o->state_key().empty()) observers[o->state_key()] = o->save_state();
+    }
+    const nlohmann::json state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
+                                  {"layout", layout},  {"loss", loss}, {"observers", observers}};
+    // Without tensor parallelism rank 0 holds every parameter whole and can hash the model.
+    const std::string hash =
+        run_.tensor_parallel()
+            ? ""
+            : hex64(ckpt::model_hash(state_tensors(run_.global_layout, run_.model.params(), nullptr, nullptr)));
+    try {
+      dir = ckpt::finish_save(cfg.checkpoint.dir, step_done, tmp, tensors, parsed,
+                              {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", 1}}, state, hash,
                               static_cast<int>(cfg.checkpoint.keep));
+    } catch (const InputError& e) {
+      error = e.what();
+    }
+  }
+  agree_or_throw(world, error);
+  if (world.rank() != 0) return;
   run_.out << "checkpoint " << dir << "\n";
   if (on_saved_) on_saved_(dir, step_done);
 }

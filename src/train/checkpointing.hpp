@@ -1,11 +1,13 @@
 // Checkpoints of a training run: resuming from the newest valid one, the observer that saves them,
 // and the model hash (the checkpoint's) a run ends with.
 //
-// Checkpoints hold whole tensors (the tp = 1 layout) and whole AdamW moments: ZeRO's shards are
-// gathered over dp and tensor parallelism's over tp, and world rank 0 writes them, so a checkpoint
-// does not depend on the layout that wrote it (the state records that layout and where each tp
-// shard lay). Resuming, every rank reads it and keeps its shards and its part of the moments.
-// Not here: the format (src/ckpt), the sharded save of the checkpoint issue.
+// Saves are sharded: each rank writes the pieces it holds — the parameters' tensor-parallel slices
+// from the first data-parallel replica, the AdamW moments' ZeRO shards from every rank — into one
+// data file of its own, with nothing gathered; world rank 0 writes the manifest, which places each
+// piece in its global tensor (src/ckpt/checkpoint.hpp), once every file is durable. The state
+// records the layout that wrote it. Resuming, every rank reads the whole tensors back (any layout
+// loads any checkpoint) and keeps its slices and its part of the moments.
+// Not here: the format (src/ckpt); asynchronous saves; reading only the byte ranges a rank needs.
 #pragma once
 
 #include <cstdint>

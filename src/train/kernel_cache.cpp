@@ -176,7 +176,7 @@ GemmPeak agreed_gemm_peak(const CpuBackend& backend, const std::string& cache_pa
       cached_at = hit->measured_at;
     }
   }
-  if (world.size() > 1) world.ibroadcast(shared.data(), 5, DType::kF64, 0).wait();
+  if (world.size() > 1) world.broadcast(shared.data(), 5, DType::kF64, 0);
   std::array<double, 4> f{shared[1], shared[2], shared[3], shared[4]};
   const bool hit = shared[0] != 0.0;
   if (!hit) {

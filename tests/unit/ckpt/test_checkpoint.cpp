@@ -148,7 +148,7 @@ TEST_F(CheckpointTest, ManifestDescribesEveryTensorAndFile) {
   const std::string dir = save(root_, 7, refs(ts), json{{"note", "x"}}, 0);
   const json m = read_json(dir + "/manifest.json");
   EXPECT_EQ(m["format"], "lockstep-checkpoint");
-  EXPECT_EQ(m["version"], 1);
+  EXPECT_EQ(m["version"], 2);
   EXPECT_EQ(m["step"], 7);
   EXPECT_EQ(m["layout"], (json{{"dp", 1}, {"tp", 1}, {"pp", 1}}));
   EXPECT_EQ(m["state"], (json{{"note", "x"}}));
@@ -168,8 +168,8 @@ TEST_F(CheckpointTest, ManifestDescribesEveryTensorAndFile) {
     EXPECT_EQ(e["bytes"].get<size_t>(), ts[i].bytes.size());
     ASSERT_EQ(e["shards"].size(), 1u);
     const json& s = e["shards"][0];
-    EXPECT_EQ(s["offsets"].get<std::vector<int64_t>>(), std::vector<int64_t>(ts[i].shape.size(), 0));
-    EXPECT_EQ(s["shape"].get<std::vector<int64_t>>(), ts[i].shape);
+    EXPECT_EQ(s["split_dim"], -1);  // the whole tensor
+    EXPECT_EQ(s["elements"], (json{0, numel(ts[i].shape)}));
     EXPECT_EQ(s["file"], data_file);
     EXPECT_EQ(s["offset"].get<uint64_t>() % kDataAlignment, 0u);
     EXPECT_GE(s["offset"].get<uint64_t>(), kDataHeaderBytes);
@@ -259,10 +259,10 @@ TEST_F(CheckpointTest, MissingOrMalformedManifestIsRejected) {
   expect_data_error([&] { load(dir); }, "manifest\\.json: field 'tensors' missing");
 
   m = good;
-  m["version"] = 2;
+  m["version"] = 3;
   write_text(path, m.dump());
-  expect_data_error([&] { load(dir); }, "manifest\\.json: format is 'lockstep-checkpoint' version 2, "
-                                        "this build reads 'lockstep-checkpoint' version 1");
+  expect_data_error([&] { load(dir); }, "manifest\\.json: format is 'lockstep-checkpoint' version 3, "
+                                        "this build reads 'lockstep-checkpoint' versions 1 to 2");
 
   m = good;
   m["tensors"][1]["dtype"] = "f12";
@@ -414,6 +414,116 @@ TEST_F(CheckpointTest, ModelHashCoversExactlyTheParameters) {
   auto retyped = ts;
   retyped[0].dtype = DType::kI32;
   EXPECT_NE(model_hash(refs(retyped)), h);
+}
+
+// The global tensor's element at flat index g, as the shards below hold it.
+float element_value(int64_t g) { return 0.5f * static_cast<float>(g) + 1.0f; }
+
+// A tensor's slices along split_dim (ranges), as one row-major tensor, its flat elements [first,
+// end): the values a writer of that ShardPlace holds. Computed element by element, independently
+// of the loader's runs.
+std::vector<float> shard_values(const std::vector<int64_t>& shape, const ShardPlace& p) {
+  const auto d = static_cast<size_t>(p.split_dim);
+  int64_t inner = 1, along = 0;
+  for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  std::vector<int64_t> global_of;  // local index along d -> global
+  for (const auto& [first, end] : p.ranges)
+    for (int64_t x = first; x < end; ++x) global_of.push_back(x);
+  along = static_cast<int64_t>(global_of.size());
+  std::vector<float> out;
+  for (int64_t i = p.first; i < p.end; ++i) {
+    const int64_t o = i / (along * inner), l = i / inner % along, j = i % inner;
+    out.push_back(element_value((o * shape[d] + global_of[static_cast<size_t>(l)]) * inner + j));
+  }
+  return out;
+}
+
+// Four writers as a dp2 x tp2 ZeRO layout would have them: a (3, 4, 6) tensor cut along dim 1 into
+// two tp slices of two segments each (a fused projection's q and k parts), each slice's flat
+// elements split between two dp ranks; a (10) tensor written whole by writer 0. load() gives every
+// element back in its place; the manifest names every shard and no model hash.
+TEST_F(CheckpointTest, ShardedSaveFromSeveralWritersLoadsWholeTensors) {
+  const std::vector<int64_t> shape{3, 4, 6}, bias_shape{10};
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_slices = {{{0, 1}, {2, 3}}, {{1, 2}, {3, 4}}};
+  const int64_t slice = 3 * 2 * 6;
+  std::vector<std::vector<float>> data;  // kept alive until the writes
+  std::vector<ShardPlace> places;
+  for (const auto& ranges : tp_slices) {
+    for (const auto& [first, end] : {std::pair<int64_t, int64_t>{0, 13}, {13, slice}}) {
+      places.push_back({1, ranges, first, end});
+      data.push_back(shard_values(shape, places.back()));
+    }
+  }
+  std::vector<float> bias(10);
+  for (int64_t i = 0; i < 10; ++i) bias[static_cast<size_t>(i)] = element_value(i);
+  const std::string tmp = begin_save(root_, 5);
+  std::vector<json> records;
+  for (int w = 0; w < 4; ++w) {
+    std::vector<ShardRef> shards = {{"model/w", DType::kF32, shape, places[static_cast<size_t>(w)],
+                                     data[static_cast<size_t>(w)].data()}};
+    if (w == 0) shards.push_back({"model/b", DType::kF32, bias_shape, ShardPlace{-1, {}, 0, 10}, bias.data()});
+    records.push_back(write_shards(tmp, w, shards));
+  }
+  const std::vector<TensorDesc> tensors = {{"model/w", DType::kF32, shape}, {"model/b", DType::kF32, bias_shape}};
+  const std::string dir = finish_save(root_, 5, tmp, tensors, records, json{{"dp", 2}, {"tp", 2}, {"pp", 1}},
+                                      json{{"note", "x"}}, "", 0);
+  const json m = read_json(dir + "/manifest.json");
+  EXPECT_EQ(m["files"].size(), 4u);
+  EXPECT_EQ(m["tensors"][0]["shards"].size(), 4u);
+  EXPECT_FALSE(m.contains("model_hash"));
+  EXPECT_EQ(m["layout"]["tp"], 2);
+  const Checkpoint c = load(dir);
+  std::vector<float> w(72), b(10);
+  c.copy_to("model/w", DType::kF32, shape, w.data());
+  c.copy_to("model/b", DType::kF32, bias_shape, b.data());
+  for (int64_t g = 0; g < 72; ++g) ASSERT_EQ(w[static_cast<size_t>(g)], element_value(g)) << "element " << g;
+  for (int64_t g = 0; g < 10; ++g) ASSERT_EQ(b[static_cast<size_t>(g)], element_value(g)) << "element " << g;
+
+  // A shard left out of the save: the tensor is refused before anything lands.
+  const std::string tmp2 = begin_save(root_, 6);
+  std::vector<json> short_records = {write_shards(tmp2, 0, {{"model/w", DType::kF32, shape, places[0], data[0].data()}})};
+  EXPECT_THROW(finish_save(root_, 6, tmp2, {tensors[0]}, short_records, json::object(), json::object(), "", 0),
+               ConfigError);
+  EXPECT_EQ(list_checkpoints(root_).size(), 1u);
+
+  // Manifests whose shards overlap or leave a gap: never loaded.
+  const std::string path = dir + "/manifest.json";
+  json bad = m;
+  bad["tensors"][0]["shards"][1]["elements"] = {0, slice - 13};
+  write_text(path, bad.dump());
+  expect_data_error([&] { load(dir); }, "tensor 'model/w': element [0-9]+ is in two shards");
+  bad = m;
+  bad["tensors"][0]["shards"][1]["elements"] = {14, slice};
+  write_text(path, bad.dump());
+  expect_data_error([&] { load(dir); }, "tensor 'model/w' shard 1: bytes is [0-9]+, its [0-9]+ elements need");
+  bad = m;
+  bad["tensors"][0]["shards"][2]["ranges"] = {{1, 2}, {3, 5}};
+  write_text(path, bad.dump());
+  expect_data_error([&] { load(dir); }, "tensor 'model/w' shard 2: range \\[3, 5\\) outside dim 1 \\(4\\)");
+  bad = m;
+  bad["tensors"][0]["shards"].erase(3);
+  write_text(path, bad.dump());
+  expect_data_error([&] { load(dir); }, "tensor 'model/w': elements \\[[0-9]+, [0-9]+\\) are in no shard");
+}
+
+// Checkpoints written before sharding (version 1: one whole shard per tensor, given by offsets and
+// shape) still load.
+TEST_F(CheckpointTest, VersionOneManifestsStillLoad) {
+  const auto ts = sample_tensors();
+  const std::string dir = save(root_, 3, refs(ts), json::object(), 0);
+  json m = read_json(dir + "/manifest.json");
+  m["version"] = 1;
+  for (json& t : m["tensors"]) {
+    json& s = t["shards"][0];
+    s.erase("split_dim");
+    s.erase("ranges");
+    s.erase("elements");
+    s["offsets"] = std::vector<int64_t>(t["shape"].size(), 0);
+    s["shape"] = t["shape"];
+  }
+  write_text(dir + "/manifest.json", m.dump());
+  const Checkpoint c = load(dir);
+  for (size_t i = 0; i < ts.size(); ++i) EXPECT_EQ(c.tensors[i].bytes, ts[i].bytes) << ts[i].name;
 }
 
 TEST(ModelHash, IsTheDocumentedByteSequence) {

@@ -95,7 +95,7 @@ TEST(KernelCache, EntryFoundOnlyForItsKeyAndBuild) {
 TEST(KernelCache, MalformedFileIsReportedAndReplaced) {
   ScratchDir dir("malformed");
   const std::string path = dir.file("kernels.json");
-  for (const std::string text : {std::string("{\"version\": 1, \"build\": \"b\", \"ent"), std::string("[1, 2]"),
+  for (const std::string& text : {std::string("{\"version\": 1, \"build\": \"b\", \"ent"), std::string("[1, 2]"),
                                  std::string("{\"version\": 1, \"build\": \"b\", \"entries\": {\"k\": "
                                              "{\"openblas_gflops\": -1, \"canonical_gflops\": 1, "
                                              "\"fast_gflops\": 1, \"bf16_dot_gflops\": 0}}}")}) {
