@@ -149,12 +149,13 @@ std::string step_dir_name(int64_t step);
 
 // Writes a checkpoint of `tensors` and `state` (must be a JSON object) for `step` under `root`
 // (created if missing), replacing an existing checkpoint of the same step, then removes all but the
-// `keep` newest step_* directories (keep <= 0 keeps all; the one just written is never removed).
+// `keep` newest step_* directories (keep <= 0 keeps all; the one just written is never removed;
+// nor is one whose step is a multiple of keep_every > 0, and those do not count against keep).
 // Returns the final directory. Tensor names must be non-empty and unique; ConfigError otherwise.
 // Any I/O failure throws DataError naming the path and the system error; checkpoints already under
 // their final names are untouched by a failed save.
 std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
-                 const nlohmann::json& state, int keep);
+                 const nlohmann::json& state, int keep, int64_t keep_every = 0);
 
 // The sharded save, for writers that are several processes sharing the root's file system (the
 // coordination between them is the caller's):
@@ -172,7 +173,7 @@ nlohmann::json write_shards(const std::string& tmp, int writer, const std::vecto
 std::string finish_save(const std::string& root, int64_t step, const std::string& tmp,
                         const std::vector<TensorDesc>& tensors, const std::vector<nlohmann::json>& records,
                         const nlohmann::json& layout, const nlohmann::json& state, const std::string& model_hash,
-                        int keep);
+                        int keep, int64_t keep_every = 0);
 
 // Loads the checkpoint in `dir` and verifies the manifest, every file size, every shard's place,
 // size and xxh64, that the shards cover each tensor exactly once, and the model hash where the

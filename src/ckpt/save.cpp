@@ -108,11 +108,17 @@ void write_manifest(const std::string& dir, const OrderedJson& manifest) {
   file.close_synced();
 }
 
-// Removes all but the `keep` newest checkpoints, never `just_saved`. Each is renamed to .del-*
-// first, so that a crash mid-delete leaves no half-deleted step_* directory behind.
-void apply_retention(const std::string& root, int keep, const std::string& just_saved) {
+// Removes all but the `keep` newest checkpoints, never `just_saved` nor one whose step is a
+// multiple of keep_every (> 0), which are not counted. Each is renamed to .del-* first, so that a
+// crash mid-delete leaves no half-deleted step_* directory behind.
+void apply_retention(const std::string& root, int keep, int64_t keep_every, const std::string& just_saved) {
   if (keep <= 0) return;
-  std::vector<std::string> all = list_checkpoints(root);
+  std::vector<std::string> all;
+  for (std::string& dir : list_checkpoints(root)) {
+    const std::string name = std::filesystem::path(dir).filename().string();
+    const int64_t step = std::stoll(name.substr(5));  // list_checkpoints returns step_<digits> only
+    if (keep_every <= 0 || step % keep_every != 0) all.push_back(std::move(dir));
+  }
   size_t excess = all.size() > static_cast<size_t>(keep) ? all.size() - keep : 0;
   for (size_t i = 0; i < all.size() && excess > 0; ++i) {
     if (all[i] == just_saved) continue;
@@ -126,7 +132,7 @@ void apply_retention(const std::string& root, int keep, const std::string& just_
 
 // Renames the finished temporary directory to its step's name (keeping a replaced checkpoint
 // whole until then) and applies retention.
-std::string land(const std::string& root, int64_t step, const std::string& tmp, int keep) {
+std::string land(const std::string& root, int64_t step, const std::string& tmp, int keep, int64_t keep_every) {
   const std::string name = step_dir_name(step);
   const std::string final_dir = join(root, name);
   if (durable_io::exists(final_dir)) {
@@ -140,7 +146,7 @@ std::string land(const std::string& root, int64_t step, const std::string& tmp, 
     durable_io::rename_path(tmp, final_dir);
     durable_io::fsync_dir(root);
   }
-  apply_retention(root, keep, final_dir);
+  apply_retention(root, keep, keep_every, final_dir);
   return final_dir;
 }
 
@@ -186,7 +192,7 @@ nlohmann::json write_shards(const std::string& tmp, int writer, const std::vecto
 std::string finish_save(const std::string& root, int64_t step, const std::string& tmp,
                         const std::vector<TensorDesc>& tensors, const std::vector<nlohmann::json>& records,
                         const nlohmann::json& layout, const nlohmann::json& state, const std::string& model_hash,
-                        int keep) {
+                        int keep, int64_t keep_every) {
   LS_REQUIRE(state.is_object(), "checkpoint state must be a JSON object, got ", state.type_name());
   try {
     // Each tensor's shards, in the records' order; a shard of an unknown tensor is a caller's bug.
@@ -236,11 +242,11 @@ std::string finish_save(const std::string& root, int64_t step, const std::string
     std::filesystem::remove_all(tmp, ec);
     throw;
   }
-  return land(root, step, tmp, keep);
+  return land(root, step, tmp, keep, keep_every);
 }
 
 std::string save(const std::string& root, int64_t step, const std::vector<TensorRef>& tensors,
-                 const nlohmann::json& state, int keep) {
+                 const nlohmann::json& state, int keep, int64_t keep_every) {
   validate(step, tensors, state);
   std::vector<ShardRef> shards;
   std::vector<TensorDesc> descs;
@@ -258,7 +264,7 @@ std::string save(const std::string& root, int64_t step, const std::vector<Tensor
     throw;
   }
   return finish_save(root, step, tmp, descs, {record}, {{"dp", 1}, {"tp", 1}, {"pp", 1}}, state,
-                     hex64(model_hash(tensors)), keep);
+                     hex64(model_hash(tensors)), keep, keep_every);
 }
 
 }  // namespace lockstep::ckpt

@@ -1,4 +1,7 @@
 // `lockstep ckpt info DIR`: load and verify a checkpoint, print what it holds and its model hash.
+// `lockstep ckpt verify DIR`: every checkpoint of a root (or the one checkpoint DIR) loaded and
+// verified — every file present and of its size, every shard's checksum, every tensor covered —
+// one line each, exit 1 when any fails.
 // `lockstep ckpt export (DIR | --config FILE) OUT`: write the model's parameters as safetensors —
 // a checkpoint's (verified first), or the initial parameters a config's [model] seed gives, so that
 // another framework can start from exactly the parameters Lockstep starts from.
@@ -13,6 +16,7 @@
 #include "src/ckpt/safetensors.hpp"
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
+#include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
 #include "src/model/model.hpp"
 #include "src/train/config.hpp"
@@ -22,10 +26,13 @@ namespace {
 
 constexpr const char* kCkptUsage =
     "usage: lockstep ckpt info DIR\n"
+    "       lockstep ckpt verify DIR\n"
     "       lockstep ckpt export DIR OUT\n"
     "       lockstep ckpt export --config FILE [--section.key=value ...] OUT\n"
     "  DIR: a checkpoint directory (step_XXXXXXXX) or a checkpoint root (its newest valid one)\n"
     "  info prints step, layout, one line per tensor (name dtype shape xxh64), then `model hash H`\n"
+    "  verify loads every checkpoint under a root (or DIR alone) and checks every file, shard and\n"
+    "  checksum: `ok DIR ...` or `FAILED DIR: why` each, exit 1 if any failed\n"
     "  export writes the model parameters to OUT in safetensors format (names without the\n"
     "  checkpoint's 'model/' prefix, e.g. layer/0/attn/qkv/weight); with --config, the initial\n"
     "  parameters of the config's [model] (its seed); __metadata__ holds the model config and the\n"
@@ -90,6 +97,29 @@ std::map<std::string, std::string> model_metadata(const ModelConfig& m) {
           {"seed", std::to_string(m.seed)}};
 }
 
+// Every checkpoint under root `dir` (or `dir` itself when it is one), verified; true when all load.
+bool verify_checkpoints(const std::string& dir, std::ostream& out) {
+  std::vector<std::string> all = ckpt::list_checkpoints(dir);
+  if (all.empty()) all.push_back(dir);
+  size_t failed = 0;
+  for (const std::string& d : all) {
+    try {
+      const ckpt::Checkpoint c = ckpt::load(d);
+      uint64_t bytes = 0;
+      for (const auto& t : c.tensors) bytes += t.bytes.size();
+      out << "ok " << d << " (step " << c.step << ", " << c.tensors.size() << " tensors, "
+          << c.manifest["files"].size() << " files, " << bytes << " bytes; model hash " << hex64(ckpt::model_hash(c))
+          << ")\n";
+    } catch (const DataError& e) {
+      ++failed;
+      out << "FAILED " << d << ": " << e.what() << "\n";
+    }
+  }
+  out << "verified " << all.size() << (all.size() == 1 ? " checkpoint: " : " checkpoints: ") << all.size() - failed
+      << " ok, " << failed << " failed\n";
+  return failed == 0;
+}
+
 // Parameters of checkpoint DIR: its "model/" tensors with the prefix removed.
 void export_checkpoint(const std::string& dir, const std::string& out_path) {
   const ckpt::Checkpoint c = load_dir_or_root(dir);
@@ -135,9 +165,15 @@ int cmd_ckpt(Args& args) {
     return 0;
   }
   const auto& pos = args.positionals();
-  LS_REQUIRE(!pos.empty(), "lockstep ckpt: missing verb (usage: lockstep ckpt info|export ...)");
-  LS_REQUIRE(pos[0] == "info" || pos[0] == "export", "lockstep ckpt: unknown verb '", pos[0],
-             "' (expected: info, export)");
+  LS_REQUIRE(!pos.empty(), "lockstep ckpt: missing verb (usage: lockstep ckpt info|verify|export ...)");
+  LS_REQUIRE(pos[0] == "info" || pos[0] == "verify" || pos[0] == "export", "lockstep ckpt: unknown verb '", pos[0],
+             "' (expected: info, verify, export)");
+  if (pos[0] == "verify") {
+    args.finish("ckpt verify");
+    LS_REQUIRE(pos.size() == 2, "lockstep ckpt verify: expected one DIR, got ", pos.size() - 1, " arguments");
+    LS_REQUIRE(durable_io::is_dir(pos[1]), "lockstep ckpt verify: ", pos[1], ": no such directory");
+    return verify_checkpoints(pos[1], std::cout) ? 0 : 1;
+  }
   if (pos[0] == "export") {
     const auto config = args.take("config");
     const auto overrides = args.take_dotted();

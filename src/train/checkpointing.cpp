@@ -1,7 +1,10 @@
 #include "src/train/checkpointing.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <iomanip>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "src/ckpt/checkpoint.hpp"
@@ -92,31 +95,28 @@ void Checkpointer::end_step(const StepRecord& r) {
 
 namespace {
 
-// The shards this rank writes: of the parameters, dp rank 0's tensor-parallel slices (a tensor
-// every tp rank holds whole, tp rank 0's only); of the AdamW moments, the same without ZeRO, and
-// with it this rank's ZeRO shard — the pieces of its slices that lie in [shard_first, shard_end).
+// The shards this rank writes: of its tensor-parallel slice of the model — the parameters and both
+// AdamW moments alike — the flat elements [first, end) of its data-parallel part: its ZeRO shard,
+// or without ZeRO an equal split of the slice between the replicas; of a tensor every tp rank holds
+// whole, its tp rank's equal part of that. So every rank writes its share.
 std::vector<ckpt::ShardRef> own_shards(TrainRun& run, int zero) {
   std::vector<ckpt::ShardRef> shards;
-  const bool first_tp = run.tp.rank() == 0, first_dp = run.dp.rank() == 0;
-  const std::vector<ParamTensor>& local = run.model.param_layout();
-  const auto place = [](const ParamTensor& p, int64_t first, int64_t end) {
-    return ckpt::ShardPlace{p.replicated() ? -1 : p.split_dim, p.ranges, first, end};
-  };
-  for (const ParamTensor& p : local) {
-    if (!first_dp || (p.replicated() && !first_tp)) continue;
-    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, place(p, 0, p.numel),
-                      run.model.params() + p.offset});
-  }
+  const int64_t n = run.model.num_params(), dp = run.dp.size(), r = run.dp.rank();
+  const int64_t first = zero > 0 ? run.ddp.shard_first() : r * n / dp;
+  const int64_t end = zero > 0 ? run.ddp.shard_end() : (r + 1) * n / dp;
+  // Where the moments buffer starts: this rank's shard under ZeRO, else the whole slice.
+  const int64_t moments_first = zero > 0 ? run.ddp.shard_first() : 0;
   const float* m = run.ddp.moments_m().data();
   const float* v = run.ddp.moments_v().data();
-  const int64_t first = zero == 0 ? 0 : run.ddp.shard_first(), end = zero == 0 ? run.model.num_params() : run.ddp.shard_end();
-  for (const ParamTensor& p : local) {
-    if ((zero == 0 && !first_dp) || (p.replicated() && !first_tp)) continue;
-    const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
+  const int64_t tp = run.tp.size(), t = run.tp.rank();
+  for (const ParamTensor& p : run.model.param_layout()) {
+    int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (p.replicated() && lo < hi) std::tie(lo, hi) = std::pair{lo + t * (hi - lo) / tp, lo + (t + 1) * (hi - lo) / tp};
     if (lo >= hi) continue;
-    const ckpt::ShardPlace where = place(p, lo - p.offset, hi - p.offset);
-    shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - first)});
-    shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - first)});
+    const ckpt::ShardPlace where{p.replicated() ? -1 : p.split_dim, p.ranges, lo - p.offset, hi - p.offset};
+    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, run.model.params() + lo});
+    shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - moments_first)});
+    shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - moments_first)});
   }
   return shards;
 }
@@ -139,6 +139,7 @@ void Checkpointer::save(int64_t step_done, float loss) {
   // World rank 0 opens the checkpoint's temporary directory; every rank writes its own shards
   // there (no rank gathers another's tensors); rank 0 writes the manifest once every file is
   // durable, and renames.
+  const auto started = std::chrono::steady_clock::now();
   std::string tmp, error;
   if (world.rank() == 0) {
     try {
@@ -159,6 +160,10 @@ void Checkpointer::save(int64_t step_done, float loss) {
   agree_or_throw(world, error);
   const std::vector<std::string> records = world.all_gather_text(record);
   std::string dir;
+  struct {
+    uint64_t total = 0, largest = 0;
+    size_t files = 0;
+  } written;
   if (world.rank() == 0) {
     std::vector<ckpt::TensorDesc> tensors;
     for (const char* prefix : {ckpt::kModelPrefix, "optim/m/", "optim/v/"}) {
@@ -168,6 +173,12 @@ void Checkpointer::save(int64_t step_done, float loss) {
     for (const std::string& r : records) {
       if (!r.empty()) parsed.push_back(nlohmann::json::parse(r));
     }
+    for (const nlohmann::json& r : parsed) {
+      const auto bytes = r.at("file").at("bytes").get<uint64_t>();
+      written.total += bytes;
+      written.largest = std::max(written.largest, bytes);
+    }
+    written.files = parsed.size();
     nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"sp", pc.sp}, {"zero", pc.zero},
                              {"reduce", pc.reduce}};
     if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
@@ -185,14 +196,20 @@ void Checkpointer::save(int64_t step_done, float loss) {
     try {
       dir = ckpt::finish_save(cfg.checkpoint.dir, step_done, tmp, tensors, parsed,
                               {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", 1}}, state, hash,
-                              static_cast<int>(cfg.checkpoint.keep));
+                              static_cast<int>(cfg.checkpoint.keep), cfg.checkpoint.keep_every);
     } catch (const InputError& e) {
       error = e.what();
     }
   }
   agree_or_throw(world, error);
   if (world.rank() != 0) return;
-  run_.out << "checkpoint " << dir << "\n";
+  // The stall the save cost the step: every rank waits for the slowest writer and the manifest.
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::ostringstream line;
+  line << "checkpoint " << dir << " (" << written.files << (written.files == 1 ? " file, " : " files, ") << std::fixed
+       << std::setprecision(1) << static_cast<double>(written.total) / 1e6 << " MB, largest "
+       << static_cast<double>(written.largest) / 1e6 << " MB; " << std::setprecision(2) << seconds << " s)\n";
+  run_.out << line.str();
   if (on_saved_) on_saved_(dir, step_done);
 }
 

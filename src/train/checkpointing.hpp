@@ -1,9 +1,9 @@
 // Checkpoints of a training run: resuming from the newest valid one, the observer that saves them,
 // and the model hash (the checkpoint's) a run ends with.
 //
-// Saves are sharded: each rank writes the pieces it holds — the parameters' tensor-parallel slices
-// from the first data-parallel replica, the AdamW moments' ZeRO shards from every rank — into one
-// data file of its own, with nothing gathered; world rank 0 writes the manifest, which places each
+// Saves are sharded: each rank writes its share of what its tensor-parallel group holds — of its
+// slice of the parameters and AdamW moments, its ZeRO shard (or an equal part between the
+// data-parallel replicas) — into one data file of its own, with nothing gathered; world rank 0 writes the manifest, which places each
 // piece in its global tensor (src/ckpt/checkpoint.hpp), once every file is durable. The state
 // records the layout that wrote it. Resuming, every rank reads the whole tensors back (any layout
 // loads any checkpoint) and keeps its slices and its part of the moments.

@@ -208,6 +208,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   k.field("dir", c.checkpoint.dir);
   k.field("every", c.checkpoint.every);
   k.field("keep", c.checkpoint.keep);
+  k.field("keep_every", c.checkpoint.keep_every);
   k.finish();
 
   Section l = section("log");
@@ -341,8 +342,8 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(unmatched.empty(), c.source, ": [train] fp32_linears: \"", unmatched,
              "\" names no linear layer of this model (they are head, layer/N/attn/qkv, layer/N/attn/proj, "
              "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");
-  LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0, c.source,
-             ": [checkpoint] every and keep must be >= 0");
+  LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0 && c.checkpoint.keep_every >= 0, c.source,
+             ": [checkpoint] every, keep and keep_every must be >= 0");
   LS_REQUIRE(c.log.every >= 1, c.source, ": [log] every (", c.log.every, ") must be >= 1");
   LS_REQUIRE(c.eval.every >= 0 && c.eval.batches >= 1, c.source,
              ": [eval] every must be >= 0 and batches >= 1");

@@ -69,6 +69,7 @@ struct CheckpointConfig {
   std::string dir;    // "" = no checkpoints
   int64_t every = 0;  // steps between checkpoints (0 = only at the end)
   int64_t keep = 3;   // newest checkpoints retained (0 = all)
+  int64_t keep_every = 0;  // checkpoints of steps that are multiples of this kept as well (0 = none)
 };
 
 struct LogConfig {
