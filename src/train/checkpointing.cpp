@@ -1,9 +1,12 @@
 #include "src/train/checkpointing.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -88,11 +91,6 @@ void restore_observers(std::span<StepObserver* const> observers, const nlohmann:
   }
 }
 
-void Checkpointer::end_step(const StepRecord& r) {
-  const CheckpointConfig& c = run_.cfg.checkpoint;
-  if (r.last || r.stopping || (c.every > 0 && r.done() % c.every == 0)) save(r.done(), r.loss);
-}
-
 namespace {
 
 // The shards this rank writes: of its tensor-parallel slice of the model — the parameters and both
@@ -131,54 +129,134 @@ void agree_or_throw(comm::Communicator& world, const std::string& mine) {
 
 }  // namespace
 
-void Checkpointer::save(int64_t step_done, float loss) {
+struct Checkpointer::Snapshot {
+  int64_t step = 0;
+  std::string tmp;                         // the checkpoint's temporary directory
+  std::vector<ckpt::ShardRef> shards;      // this rank's, into the run's buffers or the snapshot's copy
+  // World rank 0's: the manifest's tensors and state, and the model hash where it holds the model.
+  std::vector<ckpt::TensorDesc> tensors;
+  nlohmann::json layout, state;
+  std::string model_hash;
+  double stall_s = 0;                      // taking it: the step's cost of an asynchronous save
+};
+
+struct Checkpointer::Written {
+  int64_t step = 0;
+  std::string dir, error;
+  size_t files = 0;
+  uint64_t total = 0, largest = 0;
+  double seconds = 0;  // writing, from the snapshot to the renamed directory
+  double stall_s = 0;
+  bool async = false;
+};
+
+struct Checkpointer::InFlight {
+  std::thread thread;
+  std::atomic<bool> done{false};
+  Written written;
+  bool reported = false;
+};
+
+Checkpointer::Checkpointer(TrainRun& run, const std::vector<StepObserver*>& observers)
+    : run_(run), observers_(observers) {
+  const CheckpointConfig& c = run.cfg.checkpoint;
+  if (c.dir.empty() || !c.async) return;
+  LS_REQUIRE(run.world.concurrent_threads(), run.cfg.source,
+             ": [checkpoint] async needs an MPI library with MPI_THREAD_MULTIPLE, which this one does not provide");
+  writer_comm_ = run.world.split(0, run.world.rank(), "checkpoint writer");
+}
+
+Checkpointer::~Checkpointer() {
+  if (in_flight_ && in_flight_->thread.joinable()) in_flight_->thread.join();
+}
+
+void Checkpointer::end_step(const StepRecord& r) {
+  const CheckpointConfig& c = run_.cfg.checkpoint;
+  // A save written since the last step: its line now (rank 0 only; an error waits for the
+  // collective landing below, so that every rank meets it at the same step).
+  if (in_flight_ && !in_flight_->reported && in_flight_->done.load() && in_flight_->written.error.empty()) {
+    report(in_flight_->written);
+    in_flight_->reported = true;
+  }
+  if (c.dir.empty() || !(r.last || r.stopping || (c.every > 0 && r.done() % c.every == 0))) return;
+  if (!c.async) {
+    const Written w = write(snapshot(r.done(), r.loss, false), run_.world);
+    if (!w.error.empty()) throw DataError(w.error);
+    report(w);
+    return;
+  }
+  if (in_flight_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t previous = in_flight_->written.step;
+    const bool was_done = in_flight_->done.load();
+    land_in_flight();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!was_done && run_.world.rank() == 0) {
+      std::ostringstream line;
+      line << "checkpoint: step " << r.done() << "'s save waited " << std::fixed << std::setprecision(2) << waited
+           << " s for step " << previous << "'s to land (one save in flight at a time)\n";
+      run_.out << line.str();
+    }
+  }
+  in_flight_ = std::make_unique<InFlight>();
+  InFlight& f = *in_flight_;
+  f.written.step = r.done();
+  auto s = std::make_shared<Snapshot>(snapshot(r.done(), r.loss, true));
+  f.thread = std::thread([this, s, &f] {
+    f.written = write(*s, *writer_comm_);
+    f.done.store(true);
+  });
+  // The run's last checkpoint lands before the run ends.
+  if (r.last || r.stopping) land_in_flight();
+}
+
+void Checkpointer::land_in_flight() {
+  if (!in_flight_) return;
+  in_flight_->thread.join();
+  const Written w = in_flight_->written;
+  const bool reported = in_flight_->reported;
+  in_flight_.reset();
+  if (!w.error.empty()) throw DataError(w.error);
+  if (!reported) report(w);
+}
+
+Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, bool copy) {
+  const auto started = std::chrono::steady_clock::now();
   const RunConfig& cfg = run_.cfg;
-  if (cfg.checkpoint.dir.empty()) return;
-  comm::Communicator& world = run_.world;
   const ParallelConfig& pc = cfg.parallel;
+  comm::Communicator& world = run_.world;
+  Snapshot s;
+  s.step = step_done;
   // World rank 0 opens the checkpoint's temporary directory; every rank writes its own shards
   // there (no rank gathers another's tensors); rank 0 writes the manifest once every file is
   // durable, and renames.
-  const auto started = std::chrono::steady_clock::now();
-  std::string tmp, error;
+  std::string error;
   if (world.rank() == 0) {
     try {
-      tmp = ckpt::begin_save(cfg.checkpoint.dir, step_done);
+      s.tmp = ckpt::begin_save(cfg.checkpoint.dir, step_done);
     } catch (const InputError& e) {
       error = e.what();
     }
   }
   agree_or_throw(world, error);
-  tmp = world.broadcast_text(tmp, 0);
-  std::string record;
-  try {
-    const std::vector<ckpt::ShardRef> shards = own_shards(run_, static_cast<int>(pc.zero));
-    if (!shards.empty()) record = ckpt::write_shards(tmp, world.rank(), shards).dump();
-  } catch (const InputError& e) {
-    error = e.what();
+  s.tmp = world.broadcast_text(s.tmp, 0);
+  s.shards = own_shards(run_, static_cast<int>(pc.zero));
+  if (copy) {
+    size_t floats = 0;
+    for (const ckpt::ShardRef& r : s.shards) floats += static_cast<size_t>(r.place.end - r.place.first);
+    snapshot_buffer_.resize(floats);
+    float* at = snapshot_buffer_.data();
+    for (ckpt::ShardRef& r : s.shards) {
+      const auto n = static_cast<size_t>(r.place.end - r.place.first);
+      std::memcpy(at, r.data, n * sizeof(float));
+      r.data = at;
+      at += n;
+    }
   }
-  agree_or_throw(world, error);
-  const std::vector<std::string> records = world.all_gather_text(record);
-  std::string dir;
-  struct {
-    uint64_t total = 0, largest = 0;
-    size_t files = 0;
-  } written;
   if (world.rank() == 0) {
-    std::vector<ckpt::TensorDesc> tensors;
     for (const char* prefix : {ckpt::kModelPrefix, "optim/m/", "optim/v/"}) {
-      for (const ParamTensor& p : run_.global_layout) tensors.push_back({prefix + p.name, DType::kF32, p.shape});
+      for (const ParamTensor& p : run_.global_layout) s.tensors.push_back({prefix + p.name, DType::kF32, p.shape});
     }
-    std::vector<nlohmann::json> parsed;
-    for (const std::string& r : records) {
-      if (!r.empty()) parsed.push_back(nlohmann::json::parse(r));
-    }
-    for (const nlohmann::json& r : parsed) {
-      const auto bytes = r.at("file").at("bytes").get<uint64_t>();
-      written.total += bytes;
-      written.largest = std::max(written.largest, bytes);
-    }
-    written.files = parsed.size();
     nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"sp", pc.sp}, {"zero", pc.zero},
                              {"reduce", pc.reduce}};
     if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
@@ -186,31 +264,78 @@ void Checkpointer::save(int64_t step_done, float loss) {
     for (const StepObserver* o : observers_) {
       if (!o->state_key().empty()) observers[o->state_key()] = o->save_state();
     }
-    const nlohmann::json state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
-                                  {"layout", layout},  {"loss", loss}, {"observers", observers}};
+    s.state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
+               {"layout", layout},  {"loss", loss}, {"observers", observers}};
+    s.layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", 1}};
     // Without tensor parallelism rank 0 holds every parameter whole and can hash the model.
-    const std::string hash =
-        run_.tensor_parallel()
-            ? ""
-            : hex64(ckpt::model_hash(state_tensors(run_.global_layout, run_.model.params(), nullptr, nullptr)));
+    if (!run_.tensor_parallel()) {
+      s.model_hash = hex64(ckpt::model_hash(state_tensors(run_.global_layout, run_.model.params(), nullptr, nullptr)));
+    }
+  }
+  s.stall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return s;
+}
+
+Checkpointer::Written Checkpointer::write(const Snapshot& s, comm::Communicator& comm) const {
+  const auto started = std::chrono::steady_clock::now();
+  const CheckpointConfig& c = run_.cfg.checkpoint;
+  Written w;
+  w.step = s.step;
+  w.stall_s = s.stall_s;
+  w.async = &comm != &run_.world;
+  std::string record, error;
+  try {
+    if (!s.shards.empty()) record = ckpt::write_shards(s.tmp, run_.world.rank(), s.shards).dump();
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  // Every rank learns of any rank's failure (the same message, printed once).
+  const auto first_error = [&comm](const std::string& mine) {
+    for (const std::string& e : comm.all_gather_text(mine)) {
+      if (!e.empty()) return e;
+    }
+    return std::string();
+  };
+  w.error = first_error(error);
+  if (!w.error.empty()) return w;
+  const std::vector<std::string> records = comm.all_gather_text(record);
+  if (comm.rank() == 0) {
+    std::vector<nlohmann::json> parsed;
+    for (const std::string& r : records) {
+      if (r.empty()) continue;
+      parsed.push_back(nlohmann::json::parse(r));
+      const auto bytes = parsed.back().at("file").at("bytes").get<uint64_t>();
+      w.total += bytes;
+      w.largest = std::max(w.largest, bytes);
+    }
+    w.files = parsed.size();
     try {
-      dir = ckpt::finish_save(cfg.checkpoint.dir, step_done, tmp, tensors, parsed,
-                              {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", 1}}, state, hash,
-                              static_cast<int>(cfg.checkpoint.keep), cfg.checkpoint.keep_every);
+      w.dir = ckpt::finish_save(c.dir, s.step, s.tmp, s.tensors, parsed, s.layout, s.state, s.model_hash,
+                                static_cast<int>(c.keep), c.keep_every);
     } catch (const InputError& e) {
       error = e.what();
     }
   }
-  agree_or_throw(world, error);
-  if (world.rank() != 0) return;
-  // The stall the save cost the step: every rank waits for the slowest writer and the manifest.
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  w.error = first_error(error);
+  w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return w;
+}
+
+void Checkpointer::report(const Written& w) {
+  if (run_.world.rank() != 0) return;
   std::ostringstream line;
-  line << "checkpoint " << dir << " (" << written.files << (written.files == 1 ? " file, " : " files, ") << std::fixed
-       << std::setprecision(1) << static_cast<double>(written.total) / 1e6 << " MB, largest "
-       << static_cast<double>(written.largest) / 1e6 << " MB; " << std::setprecision(2) << seconds << " s)\n";
+  line << "checkpoint " << w.dir << " (" << w.files << (w.files == 1 ? " file, " : " files, ") << std::fixed
+       << std::setprecision(1) << static_cast<double>(w.total) / 1e6 << " MB, largest "
+       << static_cast<double>(w.largest) / 1e6 << " MB; " << std::setprecision(2);
+  // The stall is what the save cost the step: every rank waits for the slowest writer and the
+  // manifest, or, asynchronously, for the copy to host memory.
+  if (w.async) {
+    line << "written in " << w.seconds << " s beside training, the step stalled " << w.stall_s << " s)\n";
+  } else {
+    line << w.stall_s + w.seconds << " s)\n";
+  }
   run_.out << line.str();
-  if (on_saved_) on_saved_(dir, step_done);
+  if (on_saved_) on_saved_(w.dir, w.step);
 }
 
 std::string model_hash(const TrainRun& run) {

@@ -7,11 +7,15 @@
 // piece in its global tensor (src/ckpt/checkpoint.hpp), once every file is durable. The state
 // records the layout that wrote it. Resuming, every rank reads the whole tensors back (any layout
 // loads any checkpoint) and keeps its slices and its part of the moments.
-// Not here: the format (src/ckpt); asynchronous saves; reading only the byte ranges a rank needs.
+// Asynchronously ([checkpoint] async), the shards are copied to host memory at the end of the step
+// and a thread of each rank writes them, the ranks' threads meeting on a duplicate of the world
+// group, while training continues.
+// Not here: the format (src/ckpt); reading only the byte ranges a rank needs.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,10 +44,15 @@ void restore_observers(std::span<StepObserver* const> observers, const nlohmann:
 class Checkpointer final : public StepObserver {
  public:
   // observers: the run's, whose state the checkpoints keep (StepObserver::state_key); the list may
-  // be filled after the Checkpointer is made (it is one of them).
-  Checkpointer(TrainRun& run, const std::vector<StepObserver*>& observers) : run_(run), observers_(observers) {}
+  // be filled after the Checkpointer is made (it is one of them). Collective (with [checkpoint]
+  // async, it makes the writer thread's duplicate of the world group).
+  Checkpointer(TrainRun& run, const std::vector<StepObserver*>& observers);
+  // Waits for a save in flight (its errors are no longer reported).
+  ~Checkpointer() override;
   // Saves after every [checkpoint] every steps, the last step, and a step a signal stops after.
-  // Collective.
+  // With [checkpoint] async the step's state is copied to host memory and written by a thread
+  // while training goes on; a save waits for the one before it to land (saying so), and the run's
+  // last checkpoint is whole before end_step returns. Collective.
   void end_step(const StepRecord& r) override;
   // Called on world rank 0 with each checkpoint's directory once it is written ([inject]'s ckpt/ sites).
   void on_saved(std::function<void(const std::string& dir, int64_t step_done)> listener) {
@@ -51,10 +60,22 @@ class Checkpointer final : public StepObserver {
   }
 
  private:
-  void save(int64_t step_done, float loss);
+  struct Snapshot;  // what a save writes, taken at the end of its step
+  struct Written;   // what it wrote, or the error every rank met
+  struct InFlight;  // an asynchronous save being written
+  Snapshot snapshot(int64_t step_done, float loss, bool copy);
+  // Writes the snapshot's shards, and on rank 0 the manifest: collective over `comm`.
+  Written write(const Snapshot& s, comm::Communicator& comm) const;
+  void report(const Written& w);
+  // Waits for the save in flight and reports it; throws its error on every rank.
+  void land_in_flight();
+
   TrainRun& run_;
   const std::vector<StepObserver*>& observers_;
   std::function<void(const std::string&, int64_t)> on_saved_;
+  std::unique_ptr<comm::Communicator> writer_comm_;  // the world group's duplicate for the writer thread
+  std::vector<float> snapshot_buffer_;               // an asynchronous save's copy of this rank's shards
+  std::unique_ptr<InFlight> in_flight_;
 };
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp.

@@ -209,6 +209,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   k.field("every", c.checkpoint.every);
   k.field("keep", c.checkpoint.keep);
   k.field("keep_every", c.checkpoint.keep_every);
+  k.field("async", c.checkpoint.async);
   k.finish();
 
   Section l = section("log");

@@ -70,6 +70,7 @@ struct CheckpointConfig {
   int64_t every = 0;  // steps between checkpoints (0 = only at the end)
   int64_t keep = 3;   // newest checkpoints retained (0 = all)
   int64_t keep_every = 0;  // checkpoints of steps that are multiples of this kept as well (0 = none)
+  bool async = false;      // written by a thread from a copy in host memory while training goes on
 };
 
 struct LogConfig {
