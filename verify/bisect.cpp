@@ -16,7 +16,7 @@
 #include "src/core/check.hpp"
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
-#include "verify/child_process.hpp"
+#include "src/core/child_process.hpp"
 #include "verify/core/compare.hpp"
 #include "verify/diff.hpp"
 #include "verify/op_bounds.hpp"

@@ -20,7 +20,7 @@
 // Runs stop at a chosen step through the trainer's [train] stop_after: the child ends after the
 // target step as a run ending there would (metrics, checkpoint), with the LR schedule of all
 // steps, so no step past the target runs.
-// Not here: argument parsing (src/cli/cmd_bisect.cpp), child processes (child_process.hpp).
+// Not here: argument parsing (src/cli/cmd_bisect.cpp), child processes (src/core/child_process.hpp).
 #pragma once
 
 #include <cstdint>

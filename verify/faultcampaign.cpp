@@ -11,7 +11,7 @@
 #include "src/core/durable_io.hpp"
 #include "src/model/layer_list.hpp"
 #include "src/model/param_layout.hpp"
-#include "verify/child_process.hpp"
+#include "src/core/child_process.hpp"
 #include "verify/shell_words.hpp"
 
 namespace lockstep::verify {

@@ -6,7 +6,7 @@
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
 #include "verify/bisect.hpp"
-#include "verify/child_process.hpp"
+#include "src/core/child_process.hpp"
 #include "verify/shell_words.hpp"
 
 namespace lockstep::cli {
@@ -39,7 +39,7 @@ verify::BisectSide side(Args& args, const std::string& key, const std::string& l
   LS_REQUIRE(text.has_value(), "bisect: --", key, "='TRAIN ARGS' is required (e.g. --", key,
              "='--config c.toml'; see lockstep bisect --help)");
   s.args = verify::split_shell_words(*text, "--" + key);
-  s.bin = args.take_or(key + "-bin", verify::current_executable());
+  s.bin = args.take_or(key + "-bin", current_executable());
   const std::string np = args.take_or(key + "-np", "1");
   LS_REQUIRE(!np.empty() && np.find_first_not_of("0123456789") == std::string::npos && std::stoll(np) >= 1,
              "bisect: --", key, "-np expects a rank count >= 1, got '", np, "'");

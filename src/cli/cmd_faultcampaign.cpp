@@ -4,7 +4,7 @@
 
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
-#include "verify/child_process.hpp"
+#include "src/core/child_process.hpp"
 #include "verify/faultcampaign.hpp"
 
 namespace lockstep::cli {

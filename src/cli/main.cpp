@@ -25,12 +25,14 @@ commands:
   data build --input PATH --out DIR [...]           text files -> llm.c token files
   data inspect FILE                                 validate a token file and print its header
   ckpt info DIR                                     tensors, hashes and the model hash
+  ckpt verify DIR                                   every checkpoint of a root: whole or why not
   ckpt export DIR|--config FILE OUT                 parameters as safetensors
   verify step --config FILE --checkpoint DIR        one step in trainer and reference, per tensor
   diff A B [--bounds] [--plot DIR] [--json FILE]    compare two tensor dumps (train --dump.dir)
   bisect --a='ARGS' --b='ARGS' --steps=N [...]      first step and op where two runs diverge
   bench --config FILE [--json FILE]                 time the training step: tokens/s, MFU, phases
   faultcampaign --config FILE [--np N] [--faults N] plant faults in a run; what the detectors catch
+  launch [--np N] [--max-restarts R] -- COMMAND...  supervise a job: restart it from its checkpoint
 
 Run `lockstep <command> --help` for the options of one command.
 )";
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   try {
+    if (command == "launch") return cli::cmd_launch(argc, argv);
     cli::Args args(argc, argv, 2);
     if (command == "train") return cli::cmd_train(args);
     if (command == "data") return cli::cmd_data(args);
