@@ -14,6 +14,7 @@
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/train/checkpoint_interval.hpp"
 
 namespace lockstep {
 
@@ -178,11 +179,16 @@ void Checkpointer::end_step(const StepRecord& r) {
     report(in_flight_->written);
     in_flight_->reported = true;
   }
-  if (c.dir.empty() || !(r.last || r.stopping || (c.every > 0 && r.done() % c.every == 0))) return;
+  step_seconds_ += r.seconds;
+  ++steps_timed_;
+  const bool due = c.every_auto ? due_auto(r.done()) : c.every > 0 && r.done() % c.every == 0;
+  if (c.dir.empty() || !(r.last || r.stopping || due)) return;
+  last_saved_ = r.done();
   if (!c.async) {
     const Written w = write(snapshot(r.done(), r.loss, false), run_.world);
     if (!w.error.empty()) throw DataError(w.error);
     report(w);
+    if (c.every_auto) update_interval(w.stall_s + w.seconds);
     return;
   }
   if (in_flight_) {
@@ -202,12 +208,34 @@ void Checkpointer::end_step(const StepRecord& r) {
   InFlight& f = *in_flight_;
   f.written.step = r.done();
   auto s = std::make_shared<Snapshot>(snapshot(r.done(), r.loss, true));
+  if (c.every_auto) update_interval(s->stall_s);
   f.thread = std::thread([this, s, &f] {
     f.written = write(*s, *writer_comm_);
     f.done.store(true);
   });
   // The run's last checkpoint lands before the run ends.
   if (r.last || r.stopping) land_in_flight();
+}
+
+bool Checkpointer::due_auto(int64_t done) const {
+  if (auto_every_ == 0) return done == last_saved_ + 1;  // the first step of the run: measure a save
+  return done - last_saved_ >= auto_every_;
+}
+
+void Checkpointer::update_interval(double stall_s) {
+  const double mtbf_s = run_.cfg.checkpoint.mtbf_hours * 3600;
+  const double step_s = step_seconds_ / static_cast<double>(std::max<int64_t>(steps_timed_, 1));
+  int64_t every = checkpoint_interval_steps(stall_s, mtbf_s, step_s);
+  run_.world.broadcast(&every, 1, DType::kI64, 0);
+  if (every == auto_every_) return;
+  auto_every_ = every;
+  if (run_.world.rank() != 0) return;
+  std::ostringstream line;
+  line << "checkpoint interval: every " << every << (every == 1 ? " step" : " steps") << " (Daly's optimum for a save "
+       << "stall of " << std::setprecision(3) << stall_s << " s, a mean time between failures of "
+       << run_.cfg.checkpoint.mtbf_hours << " h and a step of " << step_s << " s: " << daly_interval_s(stall_s, mtbf_s)
+       << " s of training between saves)\n";
+  run_.out << line.str();
 }
 
 void Checkpointer::land_in_flight() {

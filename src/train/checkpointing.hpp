@@ -49,7 +49,8 @@ class Checkpointer final : public StepObserver {
   Checkpointer(TrainRun& run, const std::vector<StepObserver*>& observers);
   // Waits for a save in flight (its errors are no longer reported).
   ~Checkpointer() override;
-  // Saves after every [checkpoint] every steps, the last step, and a step a signal stops after.
+  // Saves after every [checkpoint] every steps (with every = "auto", after the first step and then
+  // at the interval checkpoint_interval.hpp gives), the last step, and a step a signal stops after.
   // With [checkpoint] async the step's state is copied to host memory and written by a thread
   // while training goes on; a save waits for the one before it to land (saying so), and the run's
   // last checkpoint is whole before end_step returns. Collective.
@@ -69,6 +70,10 @@ class Checkpointer final : public StepObserver {
   void report(const Written& w);
   // Waits for the save in flight and reports it; throws its error on every rank.
   void land_in_flight();
+  // [checkpoint] every = "auto": whether to save after step `done`, and the interval from rank 0's
+  // measured save stall (collective: every rank takes rank 0's).
+  bool due_auto(int64_t done) const;
+  void update_interval(double stall_s);
 
   TrainRun& run_;
   const std::vector<StepObserver*>& observers_;
@@ -76,6 +81,10 @@ class Checkpointer final : public StepObserver {
   std::unique_ptr<comm::Communicator> writer_comm_;  // the world group's duplicate for the writer thread
   std::vector<float> snapshot_buffer_;               // an asynchronous save's copy of this rank's shards
   std::unique_ptr<InFlight> in_flight_;
+  int64_t auto_every_ = 0;  // every = "auto": steps between saves (0: not measured yet)
+  int64_t last_saved_ = 0;
+  double step_seconds_ = 0;  // the steps' time so far, and how many
+  int64_t steps_timed_ = 0;
 };
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp.

@@ -1,6 +1,7 @@
 #include "src/train/config.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -36,6 +37,28 @@ class Section {
       if (const toml::node* node = table_->get(key)) dst = from_node<T>(*node, key);
     }
     out_[key] = dst;
+  }
+
+  // An integer key that may also be the string "auto" (auto set, dst left as it is).
+  void integer_or_auto(const std::string& key, int64_t& dst, bool& automatic) {
+    known_.insert(key);
+    const std::string dotted = name_ + "." + key;
+    if (auto it = overrides_.find(dotted); it != overrides_.end()) {
+      automatic = it->second == "auto";
+      if (!automatic) dst = parse_text<int64_t>(it->second, "--" + dotted);
+      overrides_.erase(it);
+    } else if (table_ != nullptr) {
+      if (const toml::node* node = table_->get(key)) {
+        if (auto v = node->value_exact<int64_t>()) {
+          dst = *v;
+        } else if (auto t = node->value_exact<std::string>(); t && *t == "auto") {
+          automatic = true;
+        } else {
+          throw ConfigError(str_cat(where(key), ": expected an integer or \"auto\""));
+        }
+      }
+    }
+    out_[key] = automatic ? nlohmann::json("auto") : nlohmann::json(dst);
   }
 
   // A key that lives elsewhere now: using it is an error that says where.
@@ -206,7 +229,8 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
 
   Section k = section("checkpoint");
   k.field("dir", c.checkpoint.dir);
-  k.field("every", c.checkpoint.every);
+  k.integer_or_auto("every", c.checkpoint.every, c.checkpoint.every_auto);
+  k.field("mtbf_hours", c.checkpoint.mtbf_hours);
   k.field("keep", c.checkpoint.keep);
   k.field("keep_every", c.checkpoint.keep_every);
   k.field("async", c.checkpoint.async);
@@ -345,6 +369,8 @@ void validate(const RunConfig& c, ConfigUse use) {
              "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");
   LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0 && c.checkpoint.keep_every >= 0, c.source,
              ": [checkpoint] every, keep and keep_every must be >= 0");
+  LS_REQUIRE(c.checkpoint.mtbf_hours > 0 && std::isfinite(c.checkpoint.mtbf_hours), c.source,
+             ": [checkpoint] mtbf_hours must be a positive number of hours, got ", c.checkpoint.mtbf_hours);
   LS_REQUIRE(c.log.every >= 1, c.source, ": [log] every (", c.log.every, ") must be >= 1");
   LS_REQUIRE(c.eval.every >= 0 && c.eval.batches >= 1, c.source,
              ": [eval] every must be >= 0 and batches >= 1");

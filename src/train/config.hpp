@@ -68,6 +68,10 @@ struct TrainConfig {
 struct CheckpointConfig {
   std::string dir;    // "" = no checkpoints
   int64_t every = 0;  // steps between checkpoints (0 = only at the end)
+  // every = "auto": the interval Daly's formula gives for the measured save stall, the mean step
+  // time and the job's mean time between failures (src/train/checkpoint_interval.hpp).
+  bool every_auto = false;
+  double mtbf_hours = 24;
   int64_t keep = 3;   // newest checkpoints retained (0 = all)
   int64_t keep_every = 0;  // checkpoints of steps that are multiples of this kept as well (0 = none)
   bool async = false;      // written by a thread from a copy in host memory while training goes on
