@@ -225,6 +225,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   enum_field(t, "precision", c.train.precision, precision_to, precision_from_name);
   t.field("fp32_linears", c.train.fp32_linears);
   t.field("master_weights", c.train.master_weights);
+  t.field("init_from", c.train.init_from);
   t.finish();
 
   Section k = section("checkpoint");

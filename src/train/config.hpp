@@ -58,6 +58,8 @@ struct TrainConfig {
   // false (bf16 only): the parameters themselves are bf16, AdamW's result stochastically rounded
   // (src/model/precision.hpp); true: fp32 master weights.
   bool master_weights = true;
+  // A safetensors file of initial parameters for a run that does not resume (src/train/init_from.hpp).
+  std::string init_from;
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
   PrecisionRecipe precision_recipe() const;

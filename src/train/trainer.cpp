@@ -27,6 +27,7 @@
 #include "src/train/campaign_recorder.hpp"
 #include "src/train/checkpointing.hpp"
 #include "src/train/detectors.hpp"
+#include "src/train/init_from.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/kernel_cache.hpp"
 #include "src/train/metrics.hpp"
@@ -298,7 +299,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   TrainSummary summary;
   const Resumed resumed = resume(run);
   summary.first_step = resumed.step;
-  if (summary.first_step == 0) model.init_parameters();
+  if (summary.first_step == 0) {
+    model.init_parameters();
+    if (!tc.init_from.empty()) out << init_parameters_from(run, tc.init_from) << "\n";
+  }
   LS_REQUIRE(tc.stop_after < 0 || tc.stop_after >= summary.first_step, cfg.source, ": [train] stop_after (",
              tc.stop_after, ") is a step before the one this run resumes from (", summary.first_step, ", ",
              cfg.checkpoint.dir, ")");
