@@ -3,9 +3,10 @@
 // load and verify them, find the newest valid one, and hash the model they hold.
 //
 // This file is the public API and the on-disk format. It is not the trainer's resume logic (what
-// goes into `state`, which rank writes what, and how it is restored belongs to src/train), not
-// async writing, and not a reader of byte ranges: load() reads every shard and assembles whole
-// tensors, so a checkpoint written by any layout loads into any other.
+// goes into `state`, which rank writes and reads what, and how it is restored belongs to
+// src/train), nor async writing. load() reads every shard and assembles whole tensors (the tools'
+// view); CheckpointReader reads only the blocks that hold what one rank of some layout needs. A
+// checkpoint written by any layout loads into any other.
 //
 // On-disk format, version 2
 // -------------------------
@@ -26,7 +27,8 @@
 //     "tensors": [
 //       {"name": "model/wte", "dtype": "f32", "shape": [64, 16], "bytes": 4096,
 //        "shards": [{"split_dim": 0, "ranges": [[0, 32]], "elements": [0, 512],
-//                    "file": "tensors-00000.bin", "offset": 64, "bytes": 2048, "xxh64": "3f1c..."},
+//                    "file": "tensors-00000.bin", "offset": 64, "bytes": 2048, "xxh64": "3f1c...",
+//                    "block_xxh64": ["3f1c..."]},
 //                   {"split_dim": 0, "ranges": [[32, 64]], "elements": [0, 512], ...}]}],
 //     "model_hash": "9a0b1c2d3e4f5061",
 //     "state": { ...free-form JSON supplied by the trainer... }
@@ -35,7 +37,8 @@
 // canonical order). "bytes" of a tensor is its global size. A shard is a ShardPlace (below): the
 // slices "ranges" of dim "split_dim" of the global tensor (split_dim -1: the whole tensor) viewed
 // as one row-major tensor, and of that the flat elements "elements" = [first, end); its bytes are
-// those elements in order, at "offset" of "file", with the xxh64 of those bytes. The shards of a
+// those elements in order, at "offset" of "file", with the xxh64 of those bytes and of each
+// kShardBlockBytes of them ("block_xxh64", the last block shorter). The shards of a
 // tensor cover each of its elements exactly once. "files" lists every data file with its exact
 // size, so truncation is reported per file before any tensor is read. "model_hash" is there when
 // one writer held every parameter (a sharded save has no process that sees them all; `lockstep
@@ -56,6 +59,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -75,6 +79,9 @@ inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr char kDataMagic[8] = {'L', 'S', 'C', 'K', 'D', 'A', 'T', 'A'};
 inline constexpr size_t kDataHeaderBytes = 64;
 inline constexpr size_t kDataAlignment = 64;
+// A shard's bytes are checksummed whole and in blocks of this size, so that a reader of a part of
+// a shard (CheckpointReader) checks what it reads without reading the rest.
+inline constexpr size_t kShardBlockBytes = size_t{1} << 20;
 // Tensors whose names start with this prefix are model parameters (see model_hash).
 inline constexpr const char* kModelPrefix = "model/";
 
@@ -180,6 +187,32 @@ std::string finish_save(const std::string& root, int64_t step, const std::string
 // manifest has one. Tensors come back whole, whatever layout wrote them. Any problem throws
 // DataError naming the file, the tensor (if any), and what was expected versus found.
 Checkpoint load(const std::string& dir);
+
+// A checkpoint opened for reading parts of its tensors: the manifest and every data file checked as
+// load() checks them (DataError otherwise), no tensor data read until asked. read() reads of tensor
+// `name` (its dtype and global shape must be those given) the elements a ShardPlace describes —
+// what one rank of some layout holds — into dst, in the place's order, reading only the stored
+// blocks that hold them, each checked against its checksum (a version 1 shard whole, against its
+// own); DataError naming the file and the tensor on a mismatch.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& dir);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& dir() const;
+  int64_t step() const;
+  const nlohmann::json& state() const;  // what the saver passed
+  void read(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const ShardPlace& want,
+            void* dst);
+  uint64_t bytes_read() const { return bytes_read_; }  // of data files, so far
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  uint64_t bytes_read_ = 0;
+};
 
 // The step_* directories of `root` (full paths) sorted by step, oldest first. Empty if root does
 // not exist; DataError if it exists but is not a directory. Temporaries ('.'-prefixed) are ignored.

@@ -192,12 +192,29 @@ ShardPlace read_place(const json& shard, const std::string& where, const StoredT
   return p;
 }
 
-// Reads and verifies one tensor entry: every shard's place, size and checksum, assembled into the
-// whole tensor, each element covered exactly once.
-StoredTensor read_tensor(const json& entry, size_t index, int64_t version,
-                         const std::map<std::string, DataFile>& files, const ManifestReader& m) {
+// One shard as the manifest gives it, its place checked and turned into runs.
+struct ParsedShard {
+  ShardPlace place;
+  std::vector<Run> runs;
+  const DataFile* file = nullptr;
+  int64_t offset = 0, bytes = 0;
+  std::string xxh64;                // of the whole shard
+  std::vector<std::string> blocks;  // of each kShardBlockBytes of it (version 2; empty in version 1)
+};
+
+// One tensor entry of the manifest, checked without reading any data: its dtype and shape, every
+// shard's place, size and file range, and that the shards cover each element exactly once.
+struct ParsedTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<ParsedShard> shards;
+};
+
+ParsedTensor parse_tensor(const json& entry, size_t index, int64_t version,
+                          const std::map<std::string, DataFile>& files, const ManifestReader& m) {
   const std::string where = str_cat("tensors[", index, "].");
-  StoredTensor t;
+  ParsedTensor t;
   t.name = m.string(entry, where, "name");
   const std::string dtype = m.string(entry, where, "dtype");
   try {
@@ -217,47 +234,49 @@ StoredTensor read_tensor(const json& entry, size_t index, int64_t version,
   if (version == 1 && shards.size() != 1) {
     m.fail(str_cat("tensor '", t.name, "' has ", shards.size(), " shards; version 1 has one whole shard per tensor"));
   }
-  t.bytes.resize(static_cast<size_t>(bytes));
+  StoredTensor view;  // read_place's name, dtype and shape
+  view.name = t.name;
+  view.dtype = t.dtype;
+  view.shape = t.shape;
   std::vector<std::pair<int64_t, int64_t>> covered;  // [global first, end) of every run
-  std::vector<std::byte> buf;
   for (size_t k = 0; k < shards.size(); ++k) {
     const std::string swhere = str_cat(where, "shards[", k, "].");
     const json& shard = shards[k];
-    const ShardPlace place = read_place(shard, swhere, t, version, m);
+    ParsedShard ps;
+    ps.place = read_place(shard, swhere, view, version, m);
     std::string invalid;
-    const std::vector<Run> runs = shard_runs(t.shape, place, &invalid);
+    ps.runs = shard_runs(t.shape, ps.place, &invalid);
     if (!invalid.empty()) m.fail(str_cat("tensor '", t.name, "' shard ", k, ": ", invalid));
-    const int64_t shard_bytes = m.integer(shard, swhere, "bytes");
-    if (shard_bytes != (place.end - place.first) * elem) {
-      m.fail(str_cat("tensor '", t.name, "' shard ", k, ": bytes is ", shard_bytes, ", its ",
-                     place.end - place.first, " elements need ", (place.end - place.first) * elem));
+    ps.bytes = m.integer(shard, swhere, "bytes");
+    if (ps.bytes != (ps.place.end - ps.place.first) * elem) {
+      m.fail(str_cat("tensor '", t.name, "' shard ", k, ": bytes is ", ps.bytes, ", its ",
+                     ps.place.end - ps.place.first, " elements need ", (ps.place.end - ps.place.first) * elem));
     }
     const std::string file_name = m.string(shard, swhere, "file");
     auto it = files.find(file_name);
     if (it == files.end()) {
       m.fail(str_cat("tensor '", t.name, "' is in file '", file_name, "', which 'files' does not list"));
     }
-    const DataFile& file = it->second;
-    const int64_t offset = m.integer(shard, swhere, "offset");
-    if (offset < static_cast<int64_t>(kDataHeaderBytes) ||
-        static_cast<uint64_t>(offset) + static_cast<uint64_t>(shard_bytes) > file.file->size()) {
-      throw DataError(str_cat(file.path, ": tensor '", t.name, "' at bytes [", offset, ", ",
-                              offset + shard_bytes, ") lies outside the file's data (", file.file->size(),
+    ps.file = &it->second;
+    ps.offset = m.integer(shard, swhere, "offset");
+    if (ps.offset < static_cast<int64_t>(kDataHeaderBytes) ||
+        static_cast<uint64_t>(ps.offset) + static_cast<uint64_t>(ps.bytes) > ps.file->file->size()) {
+      throw DataError(str_cat(ps.file->path, ": tensor '", t.name, "' at bytes [", ps.offset, ", ",
+                              ps.offset + ps.bytes, ") lies outside the file's data (", ps.file->file->size(),
                               " bytes)"));
     }
-    const std::string want = m.string(shard, swhere, "xxh64");
-    buf.resize(static_cast<size_t>(shard_bytes));
-    file.file->read_at(static_cast<uint64_t>(offset), buf.data(), buf.size());
-    const std::string found = hex64(xxh64(buf.data(), buf.size()));
-    if (found != want) {
-      throw DataError(str_cat(file.path, ": checksum mismatch in tensor '", t.name, "' (bytes [",
-                              offset, ", ", offset + shard_bytes, ")): manifest xxh64 ", want, ", found ",
-                              found));
+    ps.xxh64 = m.string(shard, swhere, "xxh64");
+    if (version >= 2) {
+      const json& blocks = m.array(shard, swhere, "block_xxh64");
+      const auto want_blocks = static_cast<size_t>((ps.bytes + kShardBlockBytes - 1) / kShardBlockBytes);
+      if (blocks.size() != want_blocks) {
+        m.fail(str_cat("tensor '", t.name, "' shard ", k, ": ", blocks.size(), " block checksums, its ", ps.bytes,
+                       " bytes need ", want_blocks));
+      }
+      for (const json& b : blocks) ps.blocks.push_back(b.is_string() ? b.get<std::string>() : "");
     }
-    for (const Run& r : runs) {
-      std::memcpy(t.bytes.data() + r.global * elem, buf.data() + r.at * elem, static_cast<size_t>(r.count * elem));
-      covered.emplace_back(r.global, r.global + r.count);
-    }
+    for (const Run& r : ps.runs) covered.emplace_back(r.global, r.global + r.count);
+    t.shards.push_back(std::move(ps));
   }
   std::sort(covered.begin(), covered.end());
   int64_t next = 0;
@@ -272,6 +291,33 @@ StoredTensor read_tensor(const json& entry, size_t index, int64_t version,
   if (next != numel(t.shape)) {
     m.fail(str_cat("tensor '", t.name, "': elements [", next, ", ", numel(t.shape), ") are in no shard"));
   }
+  return t;
+}
+
+DataError checksum_mismatch(const ParsedShard& s, const std::string& tensor, int64_t first, int64_t end,
+                            const std::string& want, const std::string& found) {
+  return DataError(str_cat(s.file->path, ": checksum mismatch in tensor '", tensor, "' (bytes [", first, ", ", end,
+                           ")): manifest xxh64 ", want, ", found ", found));
+}
+
+// The whole tensor: every shard read and checked against its xxh64, its runs put in place.
+StoredTensor read_tensor(const ParsedTensor& p) {
+  StoredTensor t;
+  t.name = p.name;
+  t.dtype = p.dtype;
+  t.shape = p.shape;
+  const auto elem = static_cast<int64_t>(dtype_size(t.dtype));
+  t.bytes.resize(static_cast<size_t>(numel(t.shape) * elem));
+  std::vector<std::byte> buf;
+  for (const ParsedShard& s : p.shards) {
+    buf.resize(static_cast<size_t>(s.bytes));
+    s.file->file->read_at(static_cast<uint64_t>(s.offset), buf.data(), buf.size());
+    const std::string found = hex64(xxh64(buf.data(), buf.size()));
+    if (found != s.xxh64) throw checksum_mismatch(s, t.name, s.offset, s.offset + s.bytes, s.xxh64, found);
+    for (const Run& r : s.runs) {
+      std::memcpy(t.bytes.data() + r.global * elem, buf.data() + r.at * elem, static_cast<size_t>(r.count * elem));
+    }
+  }
   t.xxh64 = xxh64(t.bytes.data(), t.bytes.size());
   return t;
 }
@@ -284,9 +330,23 @@ int64_t step_of_dir_name(const std::string& name) {
   return std::stoll(match[1].str());
 }
 
-}  // namespace
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
-Checkpoint load(const std::string& dir) {
+// A checkpoint directory's manifest, checked (format, version, step, layout, state) with every
+// data file it lists open and of its size; no tensor data read.
+struct OpenedCheckpoint {
+  std::string dir;
+  json manifest;
+  int64_t version = 0, step = 0;
+  std::map<std::string, DataFile> files;
+  std::unique_ptr<ManifestReader> m;
+};
+
+OpenedCheckpoint open_checkpoint(const std::string& dir) {
   if (!durable_io::is_dir(dir)) {
     throw DataError(str_cat(dir, durable_io::exists(dir) ? ": not a directory" : ": no such checkpoint directory"));
   }
@@ -295,48 +355,165 @@ Checkpoint load(const std::string& dir) {
     throw DataError(str_cat(manifest_path,
                             ": missing (not a checkpoint directory, or its save did not finish)"));
   }
-  ManifestReader m(manifest_path);
-  Checkpoint ckpt;
-  ckpt.dir = dir;
+  OpenedCheckpoint c;
+  c.dir = dir;
+  c.m = std::make_unique<ManifestReader>(manifest_path);
+  const ManifestReader& m = *c.m;
   try {
-    ckpt.manifest = json::parse(durable_io::read_text(manifest_path));
+    c.manifest = json::parse(durable_io::read_text(manifest_path));
   } catch (const json::parse_error& e) {
     m.fail(str_cat("malformed JSON: ", e.what()));
   }
-  const json& manifest = ckpt.manifest;
+  const json& manifest = c.manifest;
   if (!manifest.is_object()) m.fail("malformed manifest: expected a JSON object");
-
   const std::string format = m.string(manifest, "", "format");
-  const int64_t version = m.integer(manifest, "", "version");
-  if (format != kFormatName || version < 1 || version > kFormatVersion) {
-    m.fail(str_cat("format is '", format, "' version ", version, ", this build reads '",
+  c.version = m.integer(manifest, "", "version");
+  if (format != kFormatName || c.version < 1 || c.version > kFormatVersion) {
+    m.fail(str_cat("format is '", format, "' version ", c.version, ", this build reads '",
                    kFormatName, "' versions 1 to ", kFormatVersion));
   }
-  ckpt.step = m.integer(manifest, "", "step");
+  c.step = m.integer(manifest, "", "step");
   const int64_t named_step = step_of_dir_name(std::filesystem::path(dir).filename().string());
-  if (named_step >= 0 && named_step != ckpt.step) {
-    m.fail(str_cat("step is ", ckpt.step, " but the directory name says ", named_step));
+  if (named_step >= 0 && named_step != c.step) {
+    m.fail(str_cat("step is ", c.step, " but the directory name says ", named_step));
   }
   m.object(manifest, "", "layout");
-  ckpt.state = m.object(manifest, "", "state");
+  m.object(manifest, "", "state");
+  c.files = open_files(dir, manifest, m);
+  return c;
+}
 
-  const std::map<std::string, DataFile> files = open_files(dir, manifest, m);
-  const json& entries = m.array(manifest, "", "tensors");
+}  // namespace
+
+Checkpoint load(const std::string& dir) {
+  const OpenedCheckpoint c = open_checkpoint(dir);
+  const ManifestReader& m = *c.m;
+  Checkpoint ckpt;
+  ckpt.dir = dir;
+  ckpt.manifest = c.manifest;
+  ckpt.step = c.step;
+  ckpt.state = c.manifest["state"];
+  const json& entries = m.array(c.manifest, "", "tensors");
   for (size_t i = 0; i < entries.size(); ++i) {
-    StoredTensor t = read_tensor(entries[i], i, version, files, m);
+    StoredTensor t = read_tensor(parse_tensor(entries[i], i, c.version, c.files, m));
     if (ckpt.has(t.name)) m.fail(str_cat("tensor '", t.name, "' listed twice"));
     ckpt.tensors.push_back(std::move(t));
   }
-
-  // Version 1 always has one; a sharded save has none (checkpoint.hpp).
-  if (version == 1 || manifest.contains("model_hash")) {
-    const std::string want_hash = m.string(manifest, "", "model_hash");
+  // Version 1 always has one; a sharded save may have none (checkpoint.hpp).
+  if (c.version == 1 || c.manifest.contains("model_hash")) {
+    const std::string want_hash = m.string(c.manifest, "", "model_hash");
     const std::string found_hash = hex64(model_hash(ckpt));
     if (found_hash != want_hash) {
       m.fail(str_cat("model hash mismatch: manifest says ", want_hash, ", tensors give ", found_hash));
     }
   }
   return ckpt;
+}
+
+struct CheckpointReader::State {
+  OpenedCheckpoint opened;
+  std::map<std::string, ParsedTensor> tensors;
+};
+
+CheckpointReader::CheckpointReader(const std::string& dir) : state_(std::make_unique<State>()) {
+  state_->opened = open_checkpoint(dir);
+  const OpenedCheckpoint& c = state_->opened;
+  const json& entries = c.m->array(c.manifest, "", "tensors");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    ParsedTensor t = parse_tensor(entries[i], i, c.version, c.files, *c.m);
+    const std::string name = t.name;
+    if (!state_->tensors.emplace(name, std::move(t)).second) c.m->fail(str_cat("tensor '", name, "' listed twice"));
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+const std::string& CheckpointReader::dir() const { return state_->opened.dir; }
+int64_t CheckpointReader::step() const { return state_->opened.step; }
+const nlohmann::json& CheckpointReader::state() const { return state_->opened.manifest["state"]; }
+
+void CheckpointReader::read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            const ShardPlace& want, void* dst) {
+  const auto it = state_->tensors.find(name);
+  if (it == state_->tensors.end()) {
+    throw DataError(str_cat("checkpoint ", dir(), " has no tensor '", name, "'"));
+  }
+  const ParsedTensor& t = it->second;
+  if (t.dtype != dtype || t.shape != shape) {
+    throw DataError(str_cat("checkpoint ", dir(), ": tensor '", name, "' is ", dtype_name(t.dtype), " ",
+                            shape_text(t.shape), ", expected ", dtype_name(dtype), " ", shape_text(shape)));
+  }
+  std::string invalid;
+  std::vector<Run> wanted = shard_runs(shape, want, &invalid);
+  LS_CHECK(invalid.empty(), "CheckpointReader::read of '", name, "': ", invalid);
+  // The stored runs of every shard and the wanted ones, both in global order; where they overlap,
+  // a copy from shard bytes to dst bytes.
+  struct Stored {
+    Run run;
+    size_t shard;
+  };
+  std::vector<Stored> stored;
+  for (size_t k = 0; k < t.shards.size(); ++k) {
+    for (const Run& r : t.shards[k].runs) stored.push_back({r, k});
+  }
+  std::sort(stored.begin(), stored.end(), [](const Stored& a, const Stored& b) { return a.run.global < b.run.global; });
+  std::sort(wanted.begin(), wanted.end(), [](const Run& a, const Run& b) { return a.global < b.global; });
+  struct Copy {
+    size_t shard;
+    int64_t from, to, count;  // elements: from the shard's element, to dst's
+  };
+  std::vector<Copy> copies;
+  size_t i = 0;
+  for (const Run& w : wanted) {
+    while (i < stored.size() && stored[i].run.global + stored[i].run.count <= w.global) ++i;
+    for (size_t j = i; j < stored.size() && stored[j].run.global < w.global + w.count; ++j) {
+      const Run& s = stored[j].run;
+      const int64_t lo = std::max(s.global, w.global), hi = std::min(s.global + s.count, w.global + w.count);
+      if (lo < hi) copies.push_back({stored[j].shard, s.at + (lo - s.global), w.at + (lo - w.global), hi - lo});
+    }
+  }
+  // The shards cover every element once (parse_tensor), so the copies cover what is wanted.
+  std::sort(copies.begin(), copies.end(),
+            [](const Copy& a, const Copy& b) { return a.shard != b.shard ? a.shard < b.shard : a.from < b.from; });
+  const auto elem = static_cast<int64_t>(dtype_size(dtype));
+  auto* out = static_cast<std::byte*>(dst);
+  // Blocks are read whole and checked against their checksums; one block is held at a time.
+  std::vector<std::byte> block;
+  size_t held_shard = SIZE_MAX;
+  int64_t held_block = -1;
+  for (const Copy& c : copies) {
+    const ParsedShard& s = t.shards[c.shard];
+    if (s.blocks.empty()) {  // version 1: one checksum for the whole shard
+      if (held_shard != c.shard) {
+        block.resize(static_cast<size_t>(s.bytes));
+        s.file->file->read_at(static_cast<uint64_t>(s.offset), block.data(), block.size());
+        bytes_read_ += static_cast<uint64_t>(s.bytes);
+        const std::string found = hex64(xxh64(block.data(), block.size()));
+        if (found != s.xxh64) throw checksum_mismatch(s, name, s.offset, s.offset + s.bytes, s.xxh64, found);
+        held_shard = c.shard;
+      }
+      std::memcpy(out + c.to * elem, block.data() + c.from * elem, static_cast<size_t>(c.count * elem));
+      continue;
+    }
+    for (int64_t b0 = c.from * elem, done = 0; done < c.count * elem;) {
+      const int64_t byte = b0 + done, index = byte / static_cast<int64_t>(kShardBlockBytes);
+      const int64_t first = index * static_cast<int64_t>(kShardBlockBytes);
+      const int64_t size = std::min<int64_t>(static_cast<int64_t>(kShardBlockBytes), s.bytes - first);
+      if (held_shard != c.shard || held_block != index) {
+        block.resize(static_cast<size_t>(size));
+        s.file->file->read_at(static_cast<uint64_t>(s.offset + first), block.data(), block.size());
+        bytes_read_ += static_cast<uint64_t>(size);
+        const std::string found = hex64(xxh64(block.data(), block.size()));
+        const std::string& expect = s.blocks[static_cast<size_t>(index)];
+        if (found != expect) throw checksum_mismatch(s, name, s.offset + first, s.offset + first + size, expect, found);
+        held_shard = c.shard;
+        held_block = index;
+      }
+      const int64_t n = std::min(c.count * elem - done, first + size - byte);
+      std::memcpy(out + c.to * elem + done, block.data() + (byte - first), static_cast<size_t>(n));
+      done += n;
+    }
+  }
 }
 
 std::vector<std::string> list_checkpoints(const std::string& root) {

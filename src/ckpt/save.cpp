@@ -182,6 +182,11 @@ nlohmann::json write_shards(const std::string& tmp, int writer, const std::vecto
     shard["offset"] = offset;
     shard["bytes"] = bytes;
     shard["xxh64"] = hex64(xxh64(s.data, bytes));
+    OrderedJson blocks = OrderedJson::array();
+    for (size_t b = 0; b < bytes; b += kShardBlockBytes) {
+      blocks.push_back(hex64(xxh64(static_cast<const std::byte*>(s.data) + b, std::min(kShardBlockBytes, bytes - b))));
+    }
+    shard["block_xxh64"] = std::move(blocks);
     entries.push_back({{"tensor", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shard", shard}});
   }
   const uint64_t total = file.bytes_written();

@@ -235,14 +235,4 @@ uint64_t DataParallel::optimizer_state_bytes() const {
   return n * sizeof(float);
 }
 
-void DataParallel::load_optimizer_state(const float* m, const float* v) {
-  if (replicated_) {
-    std::copy(m, m + model_.num_params(), replicated_->m().begin());
-    std::copy(v, v + model_.num_params(), replicated_->v().begin());
-    return;
-  }
-  std::copy(m + shard_first(), m + shard_end(), m_.begin());
-  std::copy(v + shard_first(), v + shard_end(), v_.begin());
-}
-
 }  // namespace lockstep::parallel

@@ -168,8 +168,6 @@ class DataParallel {
   // This rank's AdamW moments: all of them (zero 0) or its shard (zero 1/2).
   std::span<float> moments_m() { return replicated_ ? std::span<float>(replicated_->m()) : std::span<float>(m_); }
   std::span<float> moments_v() { return replicated_ ? std::span<float>(replicated_->v()) : std::span<float>(v_); }
-  // Takes this rank's part of full m and v (from a checkpoint).
-  void load_optimizer_state(const float* m, const float* v);
 
  private:
   void adamw_shard(float lr, int64_t t);

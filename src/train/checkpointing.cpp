@@ -36,11 +36,11 @@ std::vector<ckpt::TensorRef> state_tensors(const std::vector<ParamTensor>& layou
 }
 
 // A checkpoint can continue this run only if everything that shapes the trajectory matches.
-void check_resumable(const ckpt::Checkpoint& ck, const RunConfig& cfg) {
+void check_resumable(const std::string& dir, const nlohmann::json& state, const RunConfig& cfg) {
   const nlohmann::json now = cfg.to_json();
-  const nlohmann::json& then = ck.state.at("config");
+  const nlohmann::json& then = state.at("config");
   for (const auto& [key, value] : now["model"].items()) {
-    LS_REQUIRE(then["model"].contains(key) && then["model"][key] == value, ck.dir,
+    LS_REQUIRE(then["model"].contains(key) && then["model"][key] == value, dir,
                ": cannot resume: it was written with [model] ", key, " = ",
                then["model"].value(key, nlohmann::json()).dump(), ", this run has ", value.dump(),
                " (use another [checkpoint] dir, or the same config)");
@@ -49,9 +49,36 @@ void check_resumable(const ckpt::Checkpoint& ck, const RunConfig& cfg) {
   const nlohmann::json defaults = RunConfig{}.to_json()["train"];
   for (const char* key : {"batch_size", "mode", "seed", "precision", "fp32_linears", "master_weights"}) {
     const nlohmann::json was = then["train"].contains(key) ? then["train"][key] : defaults[key];
-    LS_REQUIRE(was == now["train"][key], ck.dir, ": cannot resume: it was written with [train] ", key, " = ",
+    LS_REQUIRE(was == now["train"][key], dir, ": cannot resume: it was written with [train] ", key, " = ",
                was.dump(), ", this run has ", now["train"][key].dump());
   }
+}
+
+// What this rank holds, read from a checkpoint: its tensor-parallel slice of the parameters and,
+// of the AdamW moments, its ZeRO shard (or the whole slice without ZeRO) — only those bytes.
+struct LocalState {
+  std::vector<float> params, m, v;
+};
+
+LocalState read_local(TrainRun& run, ckpt::CheckpointReader& reader) {
+  const int zero = static_cast<int>(run.cfg.parallel.zero);
+  LocalState s;
+  s.params.resize(static_cast<size_t>(run.model.num_params()));
+  s.m.resize(run.ddp.moments_m().size());
+  s.v.resize(s.m.size());
+  const int64_t first = zero > 0 ? run.ddp.shard_first() : 0;
+  const int64_t end = first + static_cast<int64_t>(s.m.size());
+  for (const ParamTensor& p : run.model.param_layout()) {
+    const int split = p.replicated() ? -1 : p.split_dim;
+    reader.read(ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, ckpt::ShardPlace{split, p.ranges, 0, p.numel},
+                s.params.data() + p.offset);
+    const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    const ckpt::ShardPlace part{split, p.ranges, lo - p.offset, hi - p.offset};
+    reader.read("optim/m/" + p.name, DType::kF32, p.global_shape, part, s.m.data() + (lo - first));
+    reader.read("optim/v/" + p.name, DType::kF32, p.global_shape, part, s.v.data() + (lo - first));
+  }
+  return s;
 }
 
 }  // namespace
@@ -59,30 +86,45 @@ void check_resumable(const ckpt::Checkpoint& ck, const RunConfig& cfg) {
 Resumed resume(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   if (cfg.checkpoint.dir.empty()) return {};
-  std::ostringstream warnings;
-  auto ck = ckpt::load_latest(cfg.checkpoint.dir, warnings);
-  run.out << warnings.str() << std::flush;  // "warning: skipping checkpoint ..." lines
-  if (!ck) return {};
-  check_resumable(*ck, cfg);
-  const std::vector<ParamTensor>& global = run.global_layout;
-  std::vector<float> w(static_cast<size_t>(global.back().offset + global.back().numel)), m(w.size()), v(w.size());
-  for (const auto& p : global) {
-    ck->copy_to(ckpt::kModelPrefix + p.name, DType::kF32, p.shape, w.data() + p.offset);
-    ck->copy_to("optim/m/" + p.name, DType::kF32, p.shape, m.data() + p.offset);
-    ck->copy_to("optim/v/" + p.name, DType::kF32, p.shape, v.data() + p.offset);
+  comm::Communicator& world = run.world;
+  const std::vector<std::string> all = ckpt::list_checkpoints(cfg.checkpoint.dir);
+  // The newest checkpoint every rank can read its part of: a rank that meets a missing, truncated
+  // or corrupted file skips it for all (the ranks read different bytes), the first such error is
+  // printed once, and the next older one is tried.
+  for (auto dir = all.rbegin(); dir != all.rend(); ++dir) {
+    std::string error;
+    std::unique_ptr<ckpt::CheckpointReader> reader;
+    LocalState state;
+    try {
+      reader = std::make_unique<ckpt::CheckpointReader>(*dir);
+      check_resumable(*dir, reader->state(), cfg);
+      state = read_local(run, *reader);
+    } catch (const DataError& e) {
+      error = e.what();
+    }
+    std::string skip;
+    for (const std::string& e : world.all_gather_text(error)) {
+      if (skip.empty()) skip = e;
+    }
+    if (!skip.empty()) {
+      run.out << "warning: skipping checkpoint " << *dir << ": " << skip << "\n" << std::flush;
+      continue;
+    }
+    std::copy(state.params.begin(), state.params.end(), run.model.params());
+    std::copy(state.m.begin(), state.m.end(), run.ddp.moments_m().begin());
+    std::copy(state.v.begin(), state.v.end(), run.ddp.moments_v().begin());
+    const nlohmann::json& saved = reader->state();
+    run.sampler.restore(saved.at("sampler").get<data::SamplerState>());
+    Resumed r;
+    r.step = saved.at("step").get<int64_t>();
+    if (saved.contains("observers")) r.observers = saved.at("observers");
+    std::ostringstream line;
+    line << "resumed from " << *dir << " (step " << r.step << "; rank 0 read " << std::fixed << std::setprecision(1)
+         << static_cast<double>(reader->bytes_read()) / 1e6 << " MB of the checkpoint's data)\n";
+    run.out << line.str();
+    return r;
   }
-  Model& model = run.model;
-  std::vector<float> m_local(static_cast<size_t>(model.num_params())), v_local(m_local.size());
-  parallel::take_local(cfg.model, model.param_layout(), w.data(), model.params());
-  parallel::take_local(cfg.model, model.param_layout(), m.data(), m_local.data());
-  parallel::take_local(cfg.model, model.param_layout(), v.data(), v_local.data());
-  run.ddp.load_optimizer_state(m_local.data(), v_local.data());
-  run.sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
-  Resumed r;
-  r.step = ck->state.at("step").get<int64_t>();
-  if (ck->state.contains("observers")) r.observers = ck->state.at("observers");
-  run.out << "resumed from " << ck->dir << " (step " << r.step << ")\n";
-  return r;
+  return {};
 }
 
 void restore_observers(std::span<StepObserver* const> observers, const nlohmann::json& saved) {

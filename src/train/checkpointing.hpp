@@ -5,12 +5,13 @@
 // slice of the parameters and AdamW moments, its ZeRO shard (or an equal part between the
 // data-parallel replicas) — into one data file of its own, with nothing gathered; world rank 0 writes the manifest, which places each
 // piece in its global tensor (src/ckpt/checkpoint.hpp), once every file is durable. The state
-// records the layout that wrote it. Resuming, every rank reads the whole tensors back (any layout
-// loads any checkpoint) and keeps its slices and its part of the moments.
+// records the layout that wrote it. Resuming, every rank reads only what it holds — its slices of the
+// parameters and its part of the moments, in whichever layout wrote them (ckpt::CheckpointReader) —
+// and the ranks agree on the newest checkpoint all of them could read.
 // Asynchronously ([checkpoint] async), the shards are copied to host memory at the end of the step
 // and a thread of each rank writes them, the ranks' threads meeting on a duplicate of the world
 // group, while training continues.
-// Not here: the format (src/ckpt); reading only the byte ranges a rank needs.
+// Not here: the format (src/ckpt).
 #pragma once
 
 #include <cstdint>

@@ -39,7 +39,7 @@ extern "C" void pass_stop_on(int sig) {
 struct JobProgress {
   int64_t last_step = 0;             // the last "step N/M" line's N
   int64_t last_checkpoint = 0;       // the last "checkpoint .../step_N" line's N
-  std::optional<int64_t> resumed;    // "resumed from DIR (step K)"
+  std::optional<int64_t> resumed;    // "resumed from DIR (step K; ..."
   std::string finding;               // the last line of a detector's finding or stop
   std::chrono::steady_clock::time_point resumed_at;
 };
@@ -47,7 +47,7 @@ struct JobProgress {
 void read_line(std::string_view line, JobProgress& p) {
   static const std::regex kStep(R"(^step\s+(\d+)/\d+ )");
   static const std::regex kCheckpoint(R"(^checkpoint \S*step_(\d+) )");
-  static const std::regex kResumed(R"(^resumed from \S+ \(step (\d+)\))");
+  static const std::regex kResumed(R"(^resumed from \S+ \(step (\d+)[;)])");
   const std::string s(line);
   std::smatch m;
   if (std::regex_search(s, m, kStep)) {

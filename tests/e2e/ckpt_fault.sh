@@ -19,7 +19,7 @@ for site in tensors manifest; do
   run --checkpoint.dir=ck_$site > resumed_$site.log 2>&1 || fail "$site resumed: $(tail -3 resumed_$site.log)"
   grep -q "^warning: skipping checkpoint ck_$site/step_00000004: ck_$site/step_00000004/${file[$site]}: " \
     resumed_$site.log || fail "$site: no warning naming the file: $(head -3 resumed_$site.log)"
-  grep -q '^resumed from .*step_00000002 (step 2)' resumed_$site.log || fail "$site: did not fall back to step 2"
+  grep -q '^resumed from .*step_00000002 (step 2; ' resumed_$site.log || fail "$site: did not fall back to step 2"
   [ "$(model_hash resumed_$site.log)" = "$(model_hash clean.log)" ] || fail "$site: not the clean run's model"
 done
 

@@ -51,6 +51,10 @@ import json, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]
 assert rs and all(r["event"] == "restart" and r["exit_status"] == 137 for r in rs), rs
 assert all(r["steps_lost"] == r["last_step"] - r["resumed_step"] >= 0 for r in rs), rs
+# The job resumed from the newest checkpoint it had reported, or a newer one that landed unreported
+# (an asynchronous save reports at the next step); without a checkpoint it started afresh.
+assert all(r["resumed_step"] >= r["last_checkpoint_step"] for r in rs), rs
+assert all((r["resumed_step"] == 0) == (r["seconds_to_resume"] is None) for r in rs), rs
 assert all(r["seconds_to_resume"] is None or r["seconds_to_resume"] > 0 for r in rs), rs
 PY
   done

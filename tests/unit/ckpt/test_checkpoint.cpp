@@ -506,6 +506,45 @@ TEST_F(CheckpointTest, ShardedSaveFromSeveralWritersLoadsWholeTensors) {
   expect_data_error([&] { load(dir); }, "tensor 'model/w': elements \\[[0-9]+, [0-9]+\\) are in no shard");
 }
 
+// CheckpointReader reads a part of a tensor — a tp slice's ZeRO piece — reading only the blocks
+// that hold it and checking those: a flipped byte in another block goes unseen by this read and is
+// found by the read that needs it, and by load().
+TEST_F(CheckpointTest, ReaderReadsOnlyTheBlocksItNeedsAndChecksThem) {
+  const std::vector<int64_t> shape{700, 1024};  // 2.8 MB: three blocks of one shard
+  const ShardPlace whole{-1, {}, 0, 700 * 1024};
+  std::vector<float> data(700 * 1024);
+  for (size_t g = 0; g < data.size(); ++g) data[g] = element_value(static_cast<int64_t>(g));
+  const std::string tmp = begin_save(root_, 9);
+  const json record = write_shards(tmp, 0, {{"model/big", DType::kF32, shape, whole, data.data()}});
+  const std::string dir = finish_save(root_, 9, tmp, {{"model/big", DType::kF32, shape}}, {record},
+                                      json::object(), json{{"note", "x"}}, "", 0);
+  ASSERT_EQ(read_json(dir + "/manifest.json")["tensors"][0]["shards"][0]["block_xxh64"].size(), 3u);
+  // Columns [512, 1024) of rows 10..19 (a tp slice along dim 1, flat elements of it): in block 0.
+  const ShardPlace part{1, {{512, 1024}}, 10 * 512, 20 * 512};
+  const std::vector<float> want = shard_values(shape, part);
+  {
+    CheckpointReader reader(dir);
+    EXPECT_EQ(reader.step(), 9);
+    EXPECT_EQ(reader.state()["note"], "x");
+    std::vector<float> got(want.size());
+    reader.read("model/big", DType::kF32, shape, part, got.data());
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(reader.bytes_read(), kShardBlockBytes);
+    EXPECT_THROW(reader.read("model/big", DType::kF32, {700, 512}, part, got.data()), DataError);
+  }
+  // A byte of block 2 flipped: the part in block 0 still reads, the rows in block 2 do not.
+  flip_byte(dir + "/tensors-00000.bin", kDataHeaderBytes + 2 * kShardBlockBytes + 7);
+  CheckpointReader reader(dir);
+  std::vector<float> got(want.size());
+  reader.read("model/big", DType::kF32, shape, part, got.data());
+  EXPECT_EQ(got, want);
+  const ShardPlace late{1, {{0, 512}}, 600 * 512, 610 * 512};
+  std::vector<float> late_got(10 * 512);
+  expect_data_error([&] { reader.read("model/big", DType::kF32, shape, late, late_got.data()); },
+                    "tensors-00000\\.bin: checksum mismatch in tensor 'model/big' \\(bytes \\[2097216, 2867264\\)\\)");
+  expect_data_error([&] { load(dir); }, "tensors-00000\\.bin: checksum mismatch in tensor 'model/big'");
+}
+
 // Checkpoints written before sharding (version 1: one whole shard per tensor, given by offsets and
 // shape) still load.
 TEST_F(CheckpointTest, VersionOneManifestsStillLoad) {
