@@ -8,6 +8,13 @@
 
 namespace lockstep::comm {
 
+namespace {
+thread_local double t_waited = 0;
+}  // namespace
+
+double thread_wait_seconds() { return t_waited; }
+void add_thread_wait(double seconds) { t_waited += seconds; }
+
 Handle Communicator::iall_gather(const void* send, void* recv, int64_t count_per_rank, DType t) {
   const auto p = static_cast<size_t>(size());
   std::vector<int64_t> counts(p, count_per_rank), displs(p);

@@ -52,6 +52,11 @@ struct CommStats {
   }
 };
 
+// Seconds this thread has spent in Handle::wait() since it started: the time its collectives kept
+// it waiting for peers (src/train's step records it, verify/detect/stragglers.hpp compares ranks).
+double thread_wait_seconds();
+void add_thread_wait(double seconds);
+
 // A started operation. wait() returns once the operation is complete and its buffers may be
 // reused; it aborts the job (see above) if that takes longer than the communicator's timeout.
 // Waiting on a completed or empty handle returns at once. A handle that is destroyed without

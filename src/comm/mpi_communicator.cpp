@@ -120,7 +120,10 @@ class MpiRequest final : public Handle::Impl {
     for (int polls = 0;; ++polls) {
       int done = 0;
       LS_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), what_);
-      if (done) return;
+      if (done) {
+        add_thread_wait(std::chrono::duration<double>(Clock::now() - start).count());
+        return;
+      }
       const double waited = std::chrono::duration<double>(Clock::now() - start).count();
       if (timeout_s_ > 0 && waited > timeout_s_) {
         abort_job(str_cat(what_, " did not complete in ", timeout_s_,

@@ -269,6 +269,10 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("abft", c.verify.abft);
   v.field("collectives", c.verify.collectives);
   v.field("spike_window", c.verify.spike_window);
+  v.field("stragglers", c.verify.stragglers);
+  v.field("straggler_window", c.verify.straggler_window);
+  v.field("straggler_threshold", c.verify.straggler_threshold);
+  v.field("straggler_patience", c.verify.straggler_patience);
   v.field("loss_spike_threshold", c.verify.loss_spike_threshold);
   v.field("grad_norm_spike_threshold", c.verify.grad_norm_spike_threshold);
   v.field("on_fault", c.verify.on_fault);

@@ -115,9 +115,16 @@ struct VerifyConfig {
   std::string on_fault = "stop";   // non-finite values, corruption: "stop" | "warn" | "rollback"
   int64_t max_replays = 2;         // rollback: replays of one step before its fault is persistent
   int64_t replay_every = 0;        // run every N-th step twice from its snapshot and compare (0: off)
-  int64_t buddy_every = 0;
-  int64_t reference_every = 0;     // every N-th step one op re-checked against the Bounded<double> reference (0: off)         // every N-th step each dp group computes its neighbour's batch too (0: off)
+  int64_t buddy_every = 0;         // every N-th step each dp group computes its neighbour's batch too (0: off)
+  int64_t reference_every = 0;     // every N-th step one op re-checked against the Bounded<double> reference (0: off)
   std::string on_spike = "warn";   // spikes: "warn" | "stop"
+  // Slow ranks (verify/detect/stragglers.hpp): compute time per step against the median rank's,
+  // compared every straggler_window steps; a finding (a warning) after straggler_patience windows in
+  // a row over straggler_threshold.
+  bool stragglers = true;
+  int64_t straggler_window = 20;
+  double straggler_threshold = 1.25;
+  int64_t straggler_patience = 3;
 };
 
 // Tensor dumps for `lockstep diff` (verify/core/dump.hpp); off (and free: no hook) while dir is "".

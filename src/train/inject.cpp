@@ -36,8 +36,9 @@ int64_t option(std::string_view opts, std::string_view key, int64_t fallback, co
                  " expects an integer, got \"", text, "\"");
       return v;
     }
-    LS_REQUIRE(item.substr(0, eq) == "bit" || item.substr(0, eq) == "index" || item.substr(0, eq) == "nth", where,
-               ": [inject] kind: unknown option \"", item.substr(0, eq), "\" (known: bit, index, nth)");
+    LS_REQUIRE(item.substr(0, eq) == "bit" || item.substr(0, eq) == "index" || item.substr(0, eq) == "nth" ||
+                   item.substr(0, eq) == "ms",
+               where, ": [inject] kind: unknown option \"", item.substr(0, eq), "\" (known: bit, index, nth, ms)");
     opts = comma == std::string_view::npos ? std::string_view() : opts.substr(comma + 1);
   }
   return fallback;
@@ -66,6 +67,14 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
   const size_t colon = kind.find(':');
   const std::string_view head = kind.substr(0, colon);
   const std::string_view opts = colon == std::string_view::npos ? std::string_view() : kind.substr(colon + 1);
+  if (head == "slow") {
+    LS_REQUIRE(opts.starts_with("ms=") && c.site.empty(), where,
+               ": [inject] kind slow takes ms=N (the milliseconds a step is slowed by) and no site");
+    inj.kind = Injection::Kind::kSlow;
+    inj.ms = option(opts, "ms", -1, where);
+    LS_REQUIRE(inj.ms >= 0, where, ": [inject] kind slow: ms=N with N >= 0 is required");
+    return inj;
+  }
   if (head == "exit" || head == "hang") {
     LS_REQUIRE(opts.empty() && c.site.empty(), where, ": [inject] kind ", head,
                " takes no options and no site (the whole process ", head == "exit" ? "ends" : "hangs", ")");
@@ -186,7 +195,8 @@ Injector::Injector(std::vector<Injection> schedule, int64_t world_rank, Model& m
       rank_(world_rank), model_(model), m_(m), v_(v), reduced_grads_(std::move(reduced_grads)) {}
 
 bool Injector::at_tensor(const Injection& f) {
-  return f.kind != Injection::Kind::kExit && f.kind != Injection::Kind::kHang && !is_state_site(f.site) &&
+  return f.kind != Injection::Kind::kExit && f.kind != Injection::Kind::kHang && f.kind != Injection::Kind::kSlow &&
+         !is_state_site(f.site) &&
          !is_gemm_site(f.site) && !is_comm_site(f.site) && !is_checkpoint_site(f.site) && f.site != "optim/grad";
 }
 
@@ -324,6 +334,7 @@ void Injector::after_reduce(int64_t, float) {
 }
 
 void Injector::after_update(int64_t) {
+  if (now_ && inj_.kind == Injection::Kind::kSlow) std::this_thread::sleep_for(std::chrono::milliseconds(inj_.ms));
   if (!now_ || !is_state_site(inj_.site)) return;
   if (inj_.site == "optim/m" || inj_.site == "optim/v") {
     const std::span<float> moments = inj_.site == "optim/m" ? m_ : v_;

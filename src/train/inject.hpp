@@ -33,7 +33,9 @@
 // cast:F:  rounds every element to F (bf16, f16, e4m3, e5m2) and back, as running that op in a
 //   narrower format would;
 // exit, hang (no site): after the step the process ends at once (_exit(9)) or sleeps forever, as
-//   a dead or hung rank would.
+//   a dead or hung rank would;
+// slow:ms=N (no site): the step's update takes N ms longer on the rank, as a throttled device or a
+//   slow host would make it (with persistent=true, every step from `step` on).
 // --inject.rank=R restricts the injection to world rank R (a fault on one device); by default every
 // rank injects. A fault is transient by default — it happens once, the first time its step runs (a
 // rolled-back replay of that step is clean) — or, with --inject.persistent=true, at its step and
@@ -59,7 +61,7 @@
 namespace lockstep {
 
 struct Injection {
-  enum class Kind { kNone, kBitflip, kOrder, kCast, kExit, kHang };
+  enum class Kind { kNone, kBitflip, kOrder, kCast, kExit, kHang, kSlow };
   Kind kind = Kind::kNone;
   std::string site;
   int64_t step = 0;
@@ -70,6 +72,7 @@ struct Injection {
   bool persistent = false;  // every step from `step` on, and every replay of it; else once
   bool wrap = false;    // index taken modulo the site's size (a campaign's random faults)
   std::string format;   // cast
+  int64_t ms = 0;       // slow: milliseconds added to the step
 };
 
 // Parses and checks the [inject] section of a run of `model`; `where` names the config for messages.

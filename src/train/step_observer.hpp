@@ -23,6 +23,7 @@ struct StepRecord {
   // rank's alike).
   std::vector<int> nonfinite_ranks{};
   double seconds = 0;         // the step, from the batch to the update
+  double wait_seconds = 0;    // of which this rank waited in collectives (comm::thread_wait_seconds)
   uint64_t comm_bytes = 0;    // sent by this rank in the step (dp and tp groups)
   parallel::OverlapStats overlap;
   bool last = false;          // the run's last step ([train] steps, or stop_after)

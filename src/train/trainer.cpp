@@ -44,6 +44,7 @@
 #include "verify/detect/replicas.hpp"
 #include "verify/detect/spikes.hpp"
 #include "verify/detect/state_at_rest.hpp"
+#include "verify/detect/stragglers.hpp"
 #include "verify/detect/verified_comm.hpp"
 
 namespace lockstep {
@@ -146,6 +147,7 @@ void agree_on_worst(comm::Communicator& world, StepRecord& r) {
 StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObserver* const> observers,
                     int64_t step, int64_t batch_group, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double waited_before = comm::thread_wait_seconds();
   auto bytes = [&] { return run.dp.stats().total() + (run.tensor_parallel() ? run.tp.stats().total() : 0); };
   const uint64_t bytes_before = bytes();
   StepRecord r;
@@ -169,6 +171,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   agree_on_worst(run.world, r);
   for (StepObserver* o : observers) o->after_update(step);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.wait_seconds = comm::thread_wait_seconds() - waited_before;
   r.comm_bytes = bytes() - bytes_before;
   return r;
 }
@@ -343,6 +346,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     reference.emplace(model, detect::sampled_ops(model, tp, pc.sp), cfg.train.precision_recipe(), vc.reference_every,
                       world, findings, on_fault);
   }
+  std::optional<detect::StragglerDetector> stragglers;
+  if (vc.stragglers && world.size() > 1) {
+    stragglers.emplace(detect::StragglerRule{vc.straggler_window, vc.straggler_threshold, vc.straggler_patience}, world,
+                       findings, detect::FaultAction::kWarn);
+  }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) {
     replicas.emplace(model, world, dpc, tpc, findings, on_fault, at_rest ? &*at_rest : nullptr);
@@ -383,6 +391,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (abft_detector) observers.push_back(&*abft_detector);
   if (reference) observers.push_back(&*reference);
   if (replicas) observers.push_back(&*replicas);
+  if (stragglers) observers.push_back(&*stragglers);
   observers.push_back(&evaluation);
   observers.push_back(&checkpoints);
   restore_observers(observers, resumed.observers);
