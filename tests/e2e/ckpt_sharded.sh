@@ -6,7 +6,7 @@
 # dp2, dp4 zero 2, tp2, dp2 x tp2 sp zero 1}, resumed by each of them, ends on the model hash of the
 # uninterrupted single-process run, and `ckpt info` finds one model hash in all of them. A corrupted
 # or missing shard of any rank is never loaded: the resume names the file, once, and falls back to
-# the checkpoint before.
+# the checkpoint before. A layout the checkpoint cannot go to, and another model, are one error line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -105,4 +105,11 @@ grep -q "warning: skipping checkpoint .*ck_bad/step_00000004: .*tensors-00003.bi
 grep -q "warning: skipping checkpoint .*ck_gone/step_00000004: .*tensors-00001.bin: missing" fallback_ck_gone.log ||
   fail "missing shard not named: $(grep warning fallback_ck_gone.log)"
 [ "$(grep -c 'warning: skipping checkpoint' fallback_ck_bad.log)" = 1 ] || fail "the warning is printed by more than one rank"
+# Bad input: a layout the checkpoint cannot go to (tp 8 does not divide the 4 heads) and a checkpoint
+# of another model, one error line each.
+mpi() { mpirun --oversubscribe -np 8 "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --train.threads=1 "$@"; }
+expect_mpi_error 'cfg.toml: \[model\] n_heads \(4\) must be a multiple of \[parallel\] tp \(8\)' --parallel.tp=8 \
+  --checkpoint.dir=ck_one
+expect_error 'ck_one/step_00000002: cannot resume: it was written with \[model\] d_model = 128, this run has 64' \
+  launch 1 --checkpoint.dir=ck_one --model.d_model=64
 echo "PASS: sharded checkpoints, resharding matrix 5 x 5"
