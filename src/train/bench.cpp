@@ -457,7 +457,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       << 100.0 * r.numeric_monitors_ms.median / r.step_ms.median << "% of the step; state at rest ([verify] "
          "state_at_rest: parameters and moments hashed after the update and before the next step) "
       << std::setprecision(2) << r.state_at_rest_ms.median << " ms = " << std::setprecision(2)
-      << 100.0 * r.state_at_rest_ms.median / r.step_ms.median << "% of the step\n";
+      << 100.0 * r.state_at_rest_ms.median / r.step_ms.median << "% of the step; slow-rank check ([verify] "
+         "stragglers, under several ranks): a subtraction a step and an all-gather of 8 bytes per rank every "
+      << cfg.verify.straggler_window << " steps, not timed on one process\n";
   if (r.abft) {
     out << "abft ([verify] abft, inside the step): " << r.abft_checks_per_step << " products checked per step in "
         << std::setprecision(2) << r.abft_ms.median << " ms = " << 100.0 * r.abft_fraction()
