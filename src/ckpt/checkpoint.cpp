@@ -2,9 +2,11 @@
 // a loaded checkpoint's tensors. The file format itself is described in checkpoint.hpp.
 #include "src/ckpt/checkpoint.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <regex>
 
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
@@ -34,13 +36,21 @@ void hash_parameter(Hasher& h, const std::string& name, DType dtype,
 
 bool is_parameter(const std::string& name) { return name.rfind(kModelPrefix, 0) == 0; }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
+}  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
-}  // namespace
+int64_t step_of_dir_name(const std::string& name) {
+  static const std::regex kStepDir("step_([0-9]{1,18})");
+  std::smatch match;
+  if (!std::regex_match(name, match, kStepDir)) return -1;
+  return std::stoll(match[1].str());
+}
+
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -52,6 +62,49 @@ std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
+}
+
+std::vector<PlaceRun> place_runs(const std::vector<int64_t>& shape, const ShardPlace& p, std::string* invalid) {
+  std::vector<PlaceRun> runs;
+  const int64_t total = numel(shape);
+  if (p.split_dim < 0) {
+    if (p.first < 0 || p.first > p.end || p.end > total) {
+      *invalid = str_cat("elements [", p.first, ", ", p.end, ") outside the tensor's ", total);
+      return {};
+    }
+    if (p.end > p.first) runs.push_back({0, p.first, p.end - p.first});
+    return runs;
+  }
+  if (p.split_dim >= static_cast<int>(shape.size())) {
+    *invalid = str_cat("split_dim ", p.split_dim, " is not a dim of the ", shape.size(), "-dim tensor");
+    return {};
+  }
+  const auto d = static_cast<size_t>(p.split_dim);
+  int64_t outer = 1, inner = 1, along = 0;
+  for (size_t i = 0; i < d; ++i) outer *= shape[i];
+  for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  std::vector<int64_t> starts;  // local index along d where each range begins
+  for (const auto& [first, end] : p.ranges) {
+    if (first < 0 || first > end || end > shape[d]) {
+      *invalid = str_cat("range [", first, ", ", end, ") outside dim ", d, " (", shape[d], ")");
+      return {};
+    }
+    starts.push_back(along);
+    along += end - first;
+  }
+  if (p.first < 0 || p.first > p.end || p.end > outer * along * inner) {
+    *invalid = str_cat("elements [", p.first, ", ", p.end, ") outside its slices' ", outer * along * inner);
+    return {};
+  }
+  for (int64_t i = p.first; i < p.end;) {
+    const int64_t o = i / (along * inner), l = i / inner % along, j = i % inner;
+    const size_t r = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), l) - starts.begin()) - 1;
+    const int64_t in_range = l - starts[r];
+    const int64_t count = std::min((p.ranges[r].second - p.ranges[r].first - in_range) * inner - j, p.end - i);
+    runs.push_back({i - p.first, (o * shape[d] + p.ranges[r].first + in_range) * inner + j, count});
+    i += count;
+  }
+  return runs;
 }
 
 uint64_t model_hash(const std::vector<TensorRef>& tensors) {
@@ -100,8 +153,8 @@ void Checkpoint::copy_to(const std::string& name, DType dtype, const std::vector
   const StoredTensor& t = tensor(name);
   if (t.dtype != dtype || t.shape != shape) {
     throw DataError(str_cat("checkpoint ", dir, ": tensor '", name, "' is ", dtype_name(t.dtype),
-                            " ", shape_str(t.shape), ", expected ", dtype_name(dtype), " ",
-                            shape_str(shape)));
+                            " ", shape_text(t.shape), ", expected ", dtype_name(dtype), " ",
+                            shape_text(shape)));
   }
   std::memcpy(dst, t.bytes.data(), t.bytes.size());
 }

@@ -153,6 +153,20 @@ int64_t numel(const std::vector<int64_t>& shape);
 
 // "step_00000120".
 std::string step_dir_name(int64_t step);
+// The step a directory name "step_<digits>" encodes, or -1 for a name of another form.
+int64_t step_of_dir_name(const std::string& name);
+// "[64, 16]": a shape in messages.
+std::string shape_text(const std::vector<int64_t>& shape);
+
+// A run of a place's elements that is contiguous in the global tensor too: `count` elements from
+// the place's element `at` (counted from its first) to the global flat index `global`.
+struct PlaceRun {
+  int64_t at, global, count;
+};
+// The elements a ShardPlace describes in a tensor of `shape`, as the fewest such runs in the
+// place's order; or, in *invalid, why the place does not fit the tensor (a split_dim it lacks, a
+// range outside its dim, elements outside the slices).
+std::vector<PlaceRun> place_runs(const std::vector<int64_t>& shape, const ShardPlace& place, std::string* invalid);
 
 // Writes a checkpoint of `tensors` and `state` (must be a JSON object) for `step` under `root`
 // (created if missing), replacing an existing checkpoint of the same step, then removes all but the

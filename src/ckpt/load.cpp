@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <regex>
 
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/check.hpp"
@@ -112,59 +111,28 @@ std::map<std::string, DataFile> open_files(const std::string& dir, const json& m
   return files;
 }
 
-// A run of a shard's elements that is contiguous in the global tensor too: `count` elements from
-// the shard's element `at` (counted from the shard's first) to the global flat index `global`.
-struct Run {
-  int64_t at, global, count;
+// One shard as the manifest gives it, its place checked and turned into runs.
+struct ParsedShard {
+  ShardPlace place;
+  std::vector<PlaceRun> runs;
+  const DataFile* file = nullptr;
+  int64_t offset = 0, bytes = 0;
+  std::string xxh64;                // of the whole shard
+  std::vector<std::string> blocks;  // of each kShardBlockBytes of it (version 2; empty in version 1)
 };
 
-// The runs of a shard's elements (format in checkpoint.hpp), or the reason its place is invalid.
-std::vector<Run> shard_runs(const std::vector<int64_t>& shape, const ShardPlace& p, std::string* invalid) {
-  std::vector<Run> runs;
-  const int64_t total = numel(shape);
-  if (p.split_dim < 0) {
-    if (p.first < 0 || p.first > p.end || p.end > total) {
-      *invalid = str_cat("elements [", p.first, ", ", p.end, ") outside the tensor's ", total);
-      return {};
-    }
-    if (p.end > p.first) runs.push_back({0, p.first, p.end - p.first});
-    return runs;
-  }
-  if (p.split_dim >= static_cast<int>(shape.size())) {
-    *invalid = str_cat("split_dim ", p.split_dim, " is not a dim of the ", shape.size(), "-dim tensor");
-    return {};
-  }
-  const auto d = static_cast<size_t>(p.split_dim);
-  int64_t outer = 1, inner = 1, along = 0;
-  for (size_t i = 0; i < d; ++i) outer *= shape[i];
-  for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
-  std::vector<int64_t> starts;  // local index along d where each range begins
-  for (const auto& [first, end] : p.ranges) {
-    if (first < 0 || first > end || end > shape[d]) {
-      *invalid = str_cat("range [", first, ", ", end, ") outside dim ", d, " (", shape[d], ")");
-      return {};
-    }
-    starts.push_back(along);
-    along += end - first;
-  }
-  if (p.first < 0 || p.first > p.end || p.end > outer * along * inner) {
-    *invalid = str_cat("elements [", p.first, ", ", p.end, ") outside its slices' ", outer * along * inner);
-    return {};
-  }
-  for (int64_t i = p.first; i < p.end;) {
-    const int64_t o = i / (along * inner), l = i / inner % along, j = i % inner;
-    const size_t r = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), l) - starts.begin()) - 1;
-    const int64_t in_range = l - starts[r];
-    const int64_t count = std::min((p.ranges[r].second - p.ranges[r].first - in_range) * inner - j, p.end - i);
-    runs.push_back({i - p.first, (o * shape[d] + p.ranges[r].first + in_range) * inner + j, count});
-    i += count;
-  }
-  return runs;
-}
+// One tensor entry of the manifest, checked without reading any data: its dtype and shape, every
+// shard's place, size and file range, and that the shards cover each element exactly once.
+struct ParsedTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<ParsedShard> shards;
+};
 
 // A shard's place as the manifest gives it: version 2's split_dim, ranges and elements, or version
 // 1's one whole shard (offsets all zero, shape the tensor's).
-ShardPlace read_place(const json& shard, const std::string& where, const StoredTensor& t, int64_t version,
+ShardPlace read_place(const json& shard, const std::string& where, const ParsedTensor& t, int64_t version,
                       const ManifestReader& m) {
   ShardPlace p;
   if (version == 1) {
@@ -192,25 +160,6 @@ ShardPlace read_place(const json& shard, const std::string& where, const StoredT
   return p;
 }
 
-// One shard as the manifest gives it, its place checked and turned into runs.
-struct ParsedShard {
-  ShardPlace place;
-  std::vector<Run> runs;
-  const DataFile* file = nullptr;
-  int64_t offset = 0, bytes = 0;
-  std::string xxh64;                // of the whole shard
-  std::vector<std::string> blocks;  // of each kShardBlockBytes of it (version 2; empty in version 1)
-};
-
-// One tensor entry of the manifest, checked without reading any data: its dtype and shape, every
-// shard's place, size and file range, and that the shards cover each element exactly once.
-struct ParsedTensor {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  std::vector<ParsedShard> shards;
-};
-
 ParsedTensor parse_tensor(const json& entry, size_t index, int64_t version,
                           const std::map<std::string, DataFile>& files, const ManifestReader& m) {
   const std::string where = str_cat("tensors[", index, "].");
@@ -234,18 +183,14 @@ ParsedTensor parse_tensor(const json& entry, size_t index, int64_t version,
   if (version == 1 && shards.size() != 1) {
     m.fail(str_cat("tensor '", t.name, "' has ", shards.size(), " shards; version 1 has one whole shard per tensor"));
   }
-  StoredTensor view;  // read_place's name, dtype and shape
-  view.name = t.name;
-  view.dtype = t.dtype;
-  view.shape = t.shape;
   std::vector<std::pair<int64_t, int64_t>> covered;  // [global first, end) of every run
   for (size_t k = 0; k < shards.size(); ++k) {
     const std::string swhere = str_cat(where, "shards[", k, "].");
     const json& shard = shards[k];
     ParsedShard ps;
-    ps.place = read_place(shard, swhere, view, version, m);
+    ps.place = read_place(shard, swhere, t, version, m);
     std::string invalid;
-    ps.runs = shard_runs(t.shape, ps.place, &invalid);
+    ps.runs = place_runs(t.shape, ps.place, &invalid);
     if (!invalid.empty()) m.fail(str_cat("tensor '", t.name, "' shard ", k, ": ", invalid));
     ps.bytes = m.integer(shard, swhere, "bytes");
     if (ps.bytes != (ps.place.end - ps.place.first) * elem) {
@@ -275,7 +220,7 @@ ParsedTensor parse_tensor(const json& entry, size_t index, int64_t version,
       }
       for (const json& b : blocks) ps.blocks.push_back(b.is_string() ? b.get<std::string>() : "");
     }
-    for (const Run& r : ps.runs) covered.emplace_back(r.global, r.global + r.count);
+    for (const PlaceRun& r : ps.runs) covered.emplace_back(r.global, r.global + r.count);
     t.shards.push_back(std::move(ps));
   }
   std::sort(covered.begin(), covered.end());
@@ -314,26 +259,12 @@ StoredTensor read_tensor(const ParsedTensor& p) {
     s.file->file->read_at(static_cast<uint64_t>(s.offset), buf.data(), buf.size());
     const std::string found = hex64(xxh64(buf.data(), buf.size()));
     if (found != s.xxh64) throw checksum_mismatch(s, t.name, s.offset, s.offset + s.bytes, s.xxh64, found);
-    for (const Run& r : s.runs) {
+    for (const PlaceRun& r : s.runs) {
       std::memcpy(t.bytes.data() + r.global * elem, buf.data() + r.at * elem, static_cast<size_t>(r.count * elem));
     }
   }
   t.xxh64 = xxh64(t.bytes.data(), t.bytes.size());
   return t;
-}
-
-// The step encoded in a directory name "step_<digits>", or -1 if the name has another form.
-int64_t step_of_dir_name(const std::string& name) {
-  static const std::regex kStepDir("step_([0-9]{1,18})");
-  std::smatch match;
-  if (!std::regex_match(name, match, kStepDir)) return -1;
-  return std::stoll(match[1].str());
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // A checkpoint directory's manifest, checked (format, version, step, layout, state) with every
@@ -444,30 +375,30 @@ void CheckpointReader::read(const std::string& name, DType dtype, const std::vec
                             shape_text(t.shape), ", expected ", dtype_name(dtype), " ", shape_text(shape)));
   }
   std::string invalid;
-  std::vector<Run> wanted = shard_runs(shape, want, &invalid);
+  std::vector<PlaceRun> wanted = place_runs(shape, want, &invalid);
   LS_CHECK(invalid.empty(), "CheckpointReader::read of '", name, "': ", invalid);
   // The stored runs of every shard and the wanted ones, both in global order; where they overlap,
   // a copy from shard bytes to dst bytes.
   struct Stored {
-    Run run;
+    PlaceRun run;
     size_t shard;
   };
   std::vector<Stored> stored;
   for (size_t k = 0; k < t.shards.size(); ++k) {
-    for (const Run& r : t.shards[k].runs) stored.push_back({r, k});
+    for (const PlaceRun& r : t.shards[k].runs) stored.push_back({r, k});
   }
   std::sort(stored.begin(), stored.end(), [](const Stored& a, const Stored& b) { return a.run.global < b.run.global; });
-  std::sort(wanted.begin(), wanted.end(), [](const Run& a, const Run& b) { return a.global < b.global; });
+  std::sort(wanted.begin(), wanted.end(), [](const PlaceRun& a, const PlaceRun& b) { return a.global < b.global; });
   struct Copy {
     size_t shard;
     int64_t from, to, count;  // elements: from the shard's element, to dst's
   };
   std::vector<Copy> copies;
   size_t i = 0;
-  for (const Run& w : wanted) {
+  for (const PlaceRun& w : wanted) {
     while (i < stored.size() && stored[i].run.global + stored[i].run.count <= w.global) ++i;
     for (size_t j = i; j < stored.size() && stored[j].run.global < w.global + w.count; ++j) {
-      const Run& s = stored[j].run;
+      const PlaceRun& s = stored[j].run;
       const int64_t lo = std::max(s.global, w.global), hi = std::min(s.global + s.count, w.global + w.count);
       if (lo < hi) copies.push_back({stored[j].shard, s.at + (lo - s.global), w.at + (lo - w.global), hi - lo});
     }

@@ -77,28 +77,12 @@ OrderedJson place_json(const ShardPlace& p) {
   return {{"split_dim", p.split_dim}, {"ranges", ranges}, {"elements", {p.first, p.end}}};
 }
 
-// Elements of the tensor viewed through p's slices (all of them when split_dim < 0).
-int64_t sliced_numel(const std::vector<int64_t>& shape, const ShardPlace& p) {
-  if (p.split_dim < 0) return numel(shape);
-  int64_t along = 0;
-  for (const auto& [first, end] : p.ranges) along += end - first;
-  return numel(shape) / shape[static_cast<size_t>(p.split_dim)] * along;
-}
-
 void validate_shard(const ShardRef& s) {
   LS_REQUIRE(!s.name.empty(), "checkpoint tensor names must be non-empty");
-  const ShardPlace& p = s.place;
-  LS_REQUIRE(p.split_dim < static_cast<int>(s.shape.size()), "checkpoint shard of '", s.name, "': split_dim ",
-             p.split_dim, " is not a dim of its ", s.shape.size(), "-dim tensor");
-  if (p.split_dim >= 0) {
-    for (const auto& [first, end] : p.ranges) {
-      LS_REQUIRE(0 <= first && first <= end && end <= s.shape[static_cast<size_t>(p.split_dim)],
-                 "checkpoint shard of '", s.name, "': range [", first, ", ", end, ") outside dim ", p.split_dim);
-    }
-  }
-  LS_REQUIRE(0 <= p.first && p.first <= p.end && p.end <= sliced_numel(s.shape, p), "checkpoint shard of '", s.name,
-             "': elements [", p.first, ", ", p.end, ") outside its slices' ", sliced_numel(s.shape, p));
-  LS_REQUIRE(s.data != nullptr || p.end == p.first, "checkpoint shard of '", s.name, "' has no data");
+  std::string invalid;
+  place_runs(s.shape, s.place, &invalid);
+  LS_REQUIRE(invalid.empty(), "checkpoint shard of '", s.name, "': ", invalid);
+  LS_REQUIRE(s.data != nullptr || s.place.end == s.place.first, "checkpoint shard of '", s.name, "' has no data");
 }
 
 void write_manifest(const std::string& dir, const OrderedJson& manifest) {
@@ -115,8 +99,7 @@ void apply_retention(const std::string& root, int keep, int64_t keep_every, cons
   if (keep <= 0) return;
   std::vector<std::string> all;
   for (std::string& dir : list_checkpoints(root)) {
-    const std::string name = std::filesystem::path(dir).filename().string();
-    const int64_t step = std::stoll(name.substr(5));  // list_checkpoints returns step_<digits> only
+    const int64_t step = step_of_dir_name(std::filesystem::path(dir).filename().string());
     if (keep_every <= 0 || step % keep_every != 0) all.push_back(std::move(dir));
   }
   size_t excess = all.size() > static_cast<size_t>(keep) ? all.size() - keep : 0;

@@ -38,12 +38,6 @@ constexpr const char* kCkptUsage =
     "  parameters of the config's [model] (its seed); __metadata__ holds the model config and the\n"
     "  model hash\n";
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 ckpt::Checkpoint load_dir_or_root(const std::string& dir) {
   if (!ckpt::list_checkpoints(dir).empty()) {
     auto latest = ckpt::load_latest(dir, std::cerr);
@@ -64,14 +58,14 @@ void print_info(const ckpt::Checkpoint& c, std::ostream& out) {
   for (const auto& t : c.tensors) {
     name_width = std::max(name_width, t.name.size());
     dtype_width = std::max(dtype_width, dtype_name(t.dtype).size());
-    shape_width = std::max(shape_width, shape_str(t.shape).size());
+    shape_width = std::max(shape_width, ckpt::shape_text(t.shape).size());
     total += t.bytes.size();
   }
   out << "tensors " << c.tensors.size() << " (" << total << " bytes)\n";
   for (const auto& t : c.tensors) {
     out << "  " << std::left << std::setw(static_cast<int>(name_width)) << t.name << "  "
         << std::setw(static_cast<int>(dtype_width)) << dtype_name(t.dtype) << "  "
-        << std::setw(static_cast<int>(shape_width)) << shape_str(t.shape) << "  " << hex64(t.xxh64)
+        << std::setw(static_cast<int>(shape_width)) << ckpt::shape_text(t.shape) << "  " << hex64(t.xxh64)
         << "\n";
   }
   out << "model hash " << hex64(ckpt::model_hash(c)) << "\n";

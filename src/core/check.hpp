@@ -50,6 +50,12 @@ std::string str_cat(const Args&... args) {
     if (!(cond)) throw ::lockstep::ConfigError(::lockstep::str_cat(__VA_ARGS__));      \
   } while (0)
 
+// The same for a file that exists but cannot be used (DataError).
+#define LS_REQUIRE_DATA(cond, ...)                                                     \
+  do {                                                                                 \
+    if (!(cond)) throw ::lockstep::DataError(::lockstep::str_cat(__VA_ARGS__));        \
+  } while (0)
+
 #define LS_CHECK(cond, ...)                                                            \
   do {                                                                                 \
     if (!(cond))                                                                       \

@@ -54,6 +54,15 @@ void check_resumable(const std::string& dir, const nlohmann::json& state, const 
   }
 }
 
+// The elements [first, end) of this rank's tensor-parallel slice of p, as a checkpoint places them.
+ckpt::ShardPlace slice_place(const ParamTensor& p, int64_t first, int64_t end) {
+  return {p.replicated() ? -1 : p.split_dim, p.ranges, first, end};
+}
+
+// Where this rank's AdamW moments start in its flat slice: its ZeRO shard's first element, or 0
+// where it holds them all (zero 0).
+int64_t moments_first(const TrainRun& run) { return run.cfg.parallel.zero > 0 ? run.ddp.shard_first() : 0; }
+
 // What this rank holds, read from a checkpoint: its tensor-parallel slice of the parameters and,
 // of the AdamW moments, its ZeRO shard (or the whole slice without ZeRO) — only those bytes.
 struct LocalState {
@@ -61,24 +70,56 @@ struct LocalState {
 };
 
 LocalState read_local(TrainRun& run, ckpt::CheckpointReader& reader) {
-  const int zero = static_cast<int>(run.cfg.parallel.zero);
   LocalState s;
   s.params.resize(static_cast<size_t>(run.model.num_params()));
   s.m.resize(run.ddp.moments_m().size());
   s.v.resize(s.m.size());
-  const int64_t first = zero > 0 ? run.ddp.shard_first() : 0;
-  const int64_t end = first + static_cast<int64_t>(s.m.size());
+  const int64_t first = moments_first(run), end = first + static_cast<int64_t>(s.m.size());
   for (const ParamTensor& p : run.model.param_layout()) {
-    const int split = p.replicated() ? -1 : p.split_dim;
-    reader.read(ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, ckpt::ShardPlace{split, p.ranges, 0, p.numel},
+    reader.read(ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, slice_place(p, 0, p.numel),
                 s.params.data() + p.offset);
     const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
     if (lo >= hi) continue;
-    const ckpt::ShardPlace part{split, p.ranges, lo - p.offset, hi - p.offset};
+    const ckpt::ShardPlace part = slice_place(p, lo - p.offset, hi - p.offset);
     reader.read("optim/m/" + p.name, DType::kF32, p.global_shape, part, s.m.data() + (lo - first));
     reader.read("optim/v/" + p.name, DType::kF32, p.global_shape, part, s.v.data() + (lo - first));
   }
   return s;
+}
+
+// The shards this rank writes: of its tensor-parallel slice of the model — the parameters and both
+// AdamW moments alike — the flat elements [first, end) of its data-parallel part: its ZeRO shard,
+// or without ZeRO an equal split of the slice between the replicas; of a tensor every tp rank holds
+// whole, its tp rank's equal part of that. So every rank writes its share.
+std::vector<ckpt::ShardRef> own_shards(TrainRun& run) {
+  std::vector<ckpt::ShardRef> shards;
+  const bool zero = run.cfg.parallel.zero > 0;
+  const int64_t n = run.model.num_params(), dp = run.dp.size(), r = run.dp.rank();
+  const int64_t first = zero ? run.ddp.shard_first() : r * n / dp;
+  const int64_t end = zero ? run.ddp.shard_end() : (r + 1) * n / dp;
+  const int64_t m0 = moments_first(run);
+  const float* m = run.ddp.moments_m().data();
+  const float* v = run.ddp.moments_v().data();
+  const int64_t tp = run.tp.size(), t = run.tp.rank();
+  for (const ParamTensor& p : run.model.param_layout()) {
+    int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (p.replicated() && lo < hi) std::tie(lo, hi) = std::pair{lo + t * (hi - lo) / tp, lo + (t + 1) * (hi - lo) / tp};
+    if (lo >= hi) continue;
+    const ckpt::ShardPlace where = slice_place(p, lo - p.offset, hi - p.offset);
+    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, run.model.params() + lo});
+    shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - m0)});
+    shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - m0)});
+  }
+  return shards;
+}
+
+// The first error of any rank of `comm` ("" when none failed; `mine` is this rank's), the same on
+// every rank: the ranks then stop or skip together, and the error is printed once.
+std::string first_error(comm::Communicator& comm, const std::string& mine) {
+  for (const std::string& e : comm.all_gather_text(mine)) {
+    if (!e.empty()) return e;
+  }
+  return "";
 }
 
 }  // namespace
@@ -102,11 +143,7 @@ Resumed resume(TrainRun& run) {
     } catch (const DataError& e) {
       error = e.what();
     }
-    std::string skip;
-    for (const std::string& e : world.all_gather_text(error)) {
-      if (skip.empty()) skip = e;
-    }
-    if (!skip.empty()) {
+    if (const std::string skip = first_error(world, error); !skip.empty()) {
       run.out << "warning: skipping checkpoint " << *dir << ": " << skip << "\n" << std::flush;
       continue;
     }
@@ -133,44 +170,6 @@ void restore_observers(std::span<StepObserver* const> observers, const nlohmann:
     if (!key.empty() && saved.contains(key)) o->restore_state(saved.at(key));
   }
 }
-
-namespace {
-
-// The shards this rank writes: of its tensor-parallel slice of the model — the parameters and both
-// AdamW moments alike — the flat elements [first, end) of its data-parallel part: its ZeRO shard,
-// or without ZeRO an equal split of the slice between the replicas; of a tensor every tp rank holds
-// whole, its tp rank's equal part of that. So every rank writes its share.
-std::vector<ckpt::ShardRef> own_shards(TrainRun& run, int zero) {
-  std::vector<ckpt::ShardRef> shards;
-  const int64_t n = run.model.num_params(), dp = run.dp.size(), r = run.dp.rank();
-  const int64_t first = zero > 0 ? run.ddp.shard_first() : r * n / dp;
-  const int64_t end = zero > 0 ? run.ddp.shard_end() : (r + 1) * n / dp;
-  // Where the moments buffer starts: this rank's shard under ZeRO, else the whole slice.
-  const int64_t moments_first = zero > 0 ? run.ddp.shard_first() : 0;
-  const float* m = run.ddp.moments_m().data();
-  const float* v = run.ddp.moments_v().data();
-  const int64_t tp = run.tp.size(), t = run.tp.rank();
-  for (const ParamTensor& p : run.model.param_layout()) {
-    int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
-    if (p.replicated() && lo < hi) std::tie(lo, hi) = std::pair{lo + t * (hi - lo) / tp, lo + (t + 1) * (hi - lo) / tp};
-    if (lo >= hi) continue;
-    const ckpt::ShardPlace where{p.replicated() ? -1 : p.split_dim, p.ranges, lo - p.offset, hi - p.offset};
-    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, run.model.params() + lo});
-    shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - moments_first)});
-    shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - moments_first)});
-  }
-  return shards;
-}
-
-// Every rank's error (empty where none), or, when one failed, the same DataError on every rank —
-// so that the ranks stop together and the error is printed once.
-void agree_or_throw(comm::Communicator& world, const std::string& mine) {
-  for (const std::string& e : world.all_gather_text(mine)) {
-    if (!e.empty()) throw DataError(e);
-  }
-}
-
-}  // namespace
 
 struct Checkpointer::Snapshot {
   int64_t step = 0;
@@ -308,9 +307,9 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
       error = e.what();
     }
   }
-  agree_or_throw(world, error);
+  if (const std::string e = first_error(world, error); !e.empty()) throw DataError(e);
   s.tmp = world.broadcast_text(s.tmp, 0);
-  s.shards = own_shards(run_, static_cast<int>(pc.zero));
+  s.shards = own_shards(run_);
   if (copy) {
     size_t floats = 0;
     for (const ckpt::ShardRef& r : s.shards) floats += static_cast<size_t>(r.place.end - r.place.first);
@@ -359,14 +358,7 @@ Checkpointer::Written Checkpointer::write(const Snapshot& s, comm::Communicator&
   } catch (const InputError& e) {
     error = e.what();
   }
-  // Every rank learns of any rank's failure (the same message, printed once).
-  const auto first_error = [&comm](const std::string& mine) {
-    for (const std::string& e : comm.all_gather_text(mine)) {
-      if (!e.empty()) return e;
-    }
-    return std::string();
-  };
-  w.error = first_error(error);
+  w.error = first_error(comm, error);
   if (!w.error.empty()) return w;
   const std::vector<std::string> records = comm.all_gather_text(record);
   if (comm.rank() == 0) {
@@ -386,7 +378,7 @@ Checkpointer::Written Checkpointer::write(const Snapshot& s, comm::Communicator&
       error = e.what();
     }
   }
-  w.error = first_error(error);
+  w.error = first_error(comm, error);
   w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return w;
 }

@@ -15,19 +15,6 @@ namespace lockstep {
 
 namespace {
 
-template <class... Args>
-void require_file(bool ok, const Args&... what) {
-  if (!ok) throw DataError(str_cat(what...));
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-  s << "]";
-  return s.str();
-}
-
 // Element i of a stored tensor as fp32 (exact for every dtype accepted).
 float element(const ckpt::StoredTensor& t, int64_t i) {
   switch (t.dtype) {
@@ -69,15 +56,15 @@ std::string init_parameters_from(TrainRun& run, const std::string& path) {
   std::vector<std::string> used;
   for (const ParamTensor& p : global) {
     const auto it = by_name.find(p.name);
-    require_file(it != by_name.end(), path, ": no tensor for the model's parameter '", p.name, "' ",
-                         shape_text(p.shape), (hf ? " (read with Hugging Face GPT-2 names)" : ""));
+    LS_REQUIRE_DATA(it != by_name.end(), path, ": no tensor for the model's parameter '", p.name, "' ",
+                         ckpt::shape_text(p.shape), (hf ? " (read with Hugging Face GPT-2 names)" : ""));
     const ckpt::StoredTensor& t = *it->second.t;
     const bool tr = it->second.transposed;
     std::vector<int64_t> want = p.shape;
     if (tr) std::swap(want[0], want[1]);
-    require_file(t.shape == want, path, ": tensor '", t.name, "' is ", shape_text(t.shape), ", the model's '",
-                         p.name, "' needs ", shape_text(want), tr ? " (GPT-2's Conv1D layout, transposed)" : "");
-    require_file(t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16, path,
+    LS_REQUIRE_DATA(t.shape == want, path, ": tensor '", t.name, "' is ", ckpt::shape_text(t.shape), ", the model's '",
+                         p.name, "' needs ", ckpt::shape_text(want), tr ? " (GPT-2's Conv1D layout, transposed)" : "");
+    LS_REQUIRE_DATA(t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16, path,
                          ": tensor '", t.name, "' is ", dtype_name(t.dtype), "; expected F32, BF16 or F16");
     float* dst = w.data() + p.offset;
     if (!tr) {

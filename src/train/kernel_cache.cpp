@@ -24,11 +24,6 @@ namespace {
 // The file's layout; a file of another version is rewritten whole.
 constexpr int kCacheVersion = 1;
 
-template <class... Args>
-void require_data(bool ok, const Args&... what) {
-  if (!ok) throw DataError(str_cat(what...));
-}
-
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -72,14 +67,14 @@ nlohmann::json load(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return nlohmann::json::object();
   std::ifstream in(path);
-  require_data(in.good(), path, ": cannot be read");
+  LS_REQUIRE_DATA(in.good(), path, ": cannot be read");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path + ": not a kernel cache (JSON parse error: " + e.what() + ")");
   }
-  require_data(j.is_object() && j.contains("version") && j["version"].is_number_integer(), path,
+  LS_REQUIRE_DATA(j.is_object() && j.contains("version") && j["version"].is_number_integer(), path,
                   ": not a kernel cache (expected a JSON object with an integer \"version\")");
   return j;
 }
@@ -122,12 +117,12 @@ std::optional<CachedPeak> read_kernel_cache(const std::string& path, const std::
     const nlohmann::json& e = j["entries"][key];
     std::array<double, 4> f{};
     for (int i = 0; i < 4; ++i) {
-      require_data(e.contains(kFigureNames[i]) && e[kFigureNames[i]].is_number() &&
+      LS_REQUIRE_DATA(e.contains(kFigureNames[i]) && e[kFigureNames[i]].is_number() &&
                           e[kFigureNames[i]].get<double>() >= 0,
                       path, ": entry \"", key, "\": expected a number >= 0 for \"", kFigureNames[i], "\"");
       f[static_cast<size_t>(i)] = e[kFigureNames[i]].get<double>();
     }
-    require_data(f[0] > 0 && f[1] > 0 && f[2] > 0, path, ": entry \"", key,
+    LS_REQUIRE_DATA(f[0] > 0 && f[1] > 0 && f[2] > 0, path, ": entry \"", key,
                     "\": the fp32 candidates' figures must be positive");
     return CachedPeak{peak_of(f), e.value("measured_at", std::string("unknown time"))};
   } catch (const InputError& e) {
