@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "src/cli/commands.hpp"
+#include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/train/config.hpp"
 #include "src/train/trainer.hpp"
@@ -17,6 +18,11 @@ int cmd_train(Args& args) {
                  "    metrics), with the LR schedule of all [train] steps; without it the run continues\n";
     return 0;
   }
+  if (comm::MpiRuntime::standing_by()) {
+    // A spare of `lockstep launch --spares`: it joins MPI's start and end, and nothing between.
+    comm::MpiRuntime mpi;
+    return 0;
+  }
   const auto config = args.take("config");
   LS_REQUIRE(config.has_value(), "lockstep train: --config FILE is required");
   const auto overrides = args.take_dotted();
@@ -24,7 +30,7 @@ int cmd_train(Args& args) {
   LS_REQUIRE(args.positionals().empty(), "lockstep train: unexpected argument '", args.positionals()[0], "'");
   const RunConfig cfg = load_run_config(*config, overrides);
   const TrainSummary s = train(cfg, std::cout);
-  return s.interrupted ? 130 : 0;
+  return s.exit_status;
 }
 
 }  // namespace lockstep::cli

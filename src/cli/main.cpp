@@ -37,10 +37,10 @@ commands:
 Run `lockstep <command> --help` for the options of one command.
 )";
 
-// This process's rank under mpirun/srun (-1 otherwise). A rank above 0 first holds its exit
-// a moment: mpirun ends the job at the first non-zero exit, and rank 0 is to print the reason.
+// This process's rank in the job under mpirun/srun (-1 otherwise). A rank above 0 first holds its
+// exit a moment: mpirun ends the job at the first non-zero exit, and rank 0 is to print the reason.
 int hold_unless_rank0() {
-  const int rank = lockstep::comm::MpiRuntime::launcher_rank();
+  const int rank = lockstep::comm::MpiRuntime::job_rank();
   if (rank > 0) std::this_thread::sleep_for(std::chrono::seconds(3));
   return rank;
 }

@@ -7,6 +7,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
 
 // Every MPI call: on failure, one line naming the rank, the call, what it was for, MPI's reason.
 #define LS_MPI_CHECK(call, what)                                                                  \
@@ -28,15 +31,8 @@ namespace lockstep::comm {
 
 namespace {
 
-int world_rank() {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (!initialized || finalized) return 0;
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+// This process's rank in the job, for messages (0 outside a launch).
+int world_rank() { return std::max(0, MpiRuntime::job_rank()); }
 
 }  // namespace
 
@@ -149,8 +145,7 @@ class MpiCommunicator final : public Communicator {
     LS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "setting the error handler of " + name_);
     LS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_), name_);
     LS_MPI_CHECK(MPI_Comm_size(comm_, &size_), name_);
-    int me = 0;
-    LS_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &me), name_);
+    int me = world_rank();
     world_ranks_.resize(static_cast<size_t>(size_));
     // Blocking on purpose: construction is collective, and messages need the member list.
     LS_MPI_CHECK(MPI_Allgather(&me, 1, MPI_INT, world_ranks_.data(), 1, MPI_INT, comm_),
@@ -317,10 +312,59 @@ int MpiRuntime::launcher_rank() {
   return -1;
 }
 
+int MpiRuntime::launcher_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return -1;
+}
+
+std::vector<int> MpiRuntime::active_ranks() {
+  const char* list = std::getenv("LOCKSTEP_ACTIVE_RANKS");
+  if (list == nullptr || *list == '\0') return {};
+  const int size = launcher_size();
+  std::vector<int> ranks;
+  for (std::string_view item : split_commas(list)) {
+    int r = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), r);
+    const bool known = ec == std::errc() && end == item.data() + item.size() && r >= 0 && (size < 0 || r < size);
+    LS_REQUIRE(known && std::find(ranks.begin(), ranks.end(), r) == ranks.end(),
+                     "LOCKSTEP_ACTIVE_RANKS=", list, ": expected distinct launcher ranks below ", size,
+                     " separated by commas; '", item, "' is not one");
+    ranks.push_back(r);
+  }
+  return ranks;
+}
+
+int MpiRuntime::job_rank() {
+  const int me = launcher_rank();
+  std::vector<int> active;
+  try {
+    active = active_ranks();
+  } catch (const InputError&) {
+    return me;  // world() reports the list; messages before it name the launcher's rank
+  }
+  if (me < 0 || active.empty()) return me;
+  const auto it = std::find(active.begin(), active.end(), me);
+  return it == active.end() ? -1 : static_cast<int>(it - active.begin());
+}
+
 std::unique_ptr<Communicator> MpiRuntime::world(double timeout_s) const {
-  MPI_Comm dup = MPI_COMM_NULL;
-  LS_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "duplicating MPI_COMM_WORLD");
-  return std::make_unique<MpiCommunicator>(dup, "world", timeout_s);
+  MPI_Comm comm = MPI_COMM_NULL;
+  const std::vector<int> active = active_ranks();
+  if (active.empty()) {
+    LS_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "duplicating MPI_COMM_WORLD");
+  } else {
+    // Collective over the listed processes only: the ones standing by never call it.
+    MPI_Group all = MPI_GROUP_NULL, job = MPI_GROUP_NULL;
+    LS_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &all), "the group of MPI_COMM_WORLD");
+    LS_MPI_CHECK(MPI_Group_incl(all, static_cast<int>(active.size()), active.data(), &job),
+                 "the group of LOCKSTEP_ACTIVE_RANKS");
+    LS_MPI_CHECK(MPI_Comm_create_group(MPI_COMM_WORLD, job, 0, &comm), "the job's communicator");
+    MPI_Group_free(&job);
+    MPI_Group_free(&all);
+  }
+  return std::make_unique<MpiCommunicator>(comm, "world", timeout_s);
 }
 
 }  // namespace lockstep::comm

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/comm/communicator.hpp"
 
@@ -33,11 +34,23 @@ class MpiRuntime {
   // True if this process was started by an MPI launcher (mpirun, srun): the single-process path
   // never initialises MPI.
   static bool launched();
-  // This process's world rank as the launcher gave it (mpirun, srun), before MPI is initialised;
-  // -1 outside a launch.
+  // This process's rank as the launcher numbered it (mpirun, srun: the process slot, whose device
+  // a fault follows), before MPI is initialised; -1 outside a launch. launcher_size(): how many.
   static int launcher_rank();
+  static int launcher_size();
 
-  // MPI_COMM_WORLD (duplicated, with errors returned) as a Communicator named "world".
+  // The job's processes in job-rank order (launcher ranks), from LOCKSTEP_ACTIVE_RANKS, which
+  // `lockstep launch --spares` sets: the processes not listed stand by, to take the place of a slow
+  // or faulty one in a restart. Empty when unset (every process is in the job, in launcher order).
+  // A malformed list is an InputError naming the variable.
+  static std::vector<int> active_ranks();
+  // This process's rank in the job: its place in active_ranks(), or its launcher rank when that is
+  // empty; -1 for a process that stands by, and outside a launch.
+  static int job_rank();
+  static bool standing_by() { return launched() && job_rank() < 0; }
+
+  // The job's processes (MPI_COMM_WORLD, or its active_ranks() in their order), duplicated, with
+  // errors returned, as a Communicator named "world". Not for a process that stands by.
   std::unique_ptr<Communicator> world(double timeout_s) const;
 
  private:

@@ -273,6 +273,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("straggler_window", c.verify.straggler_window);
   v.field("straggler_threshold", c.verify.straggler_threshold);
   v.field("straggler_patience", c.verify.straggler_patience);
+  v.field("on_straggler", c.verify.on_straggler);
   v.field("loss_spike_threshold", c.verify.loss_spike_threshold);
   v.field("grad_norm_spike_threshold", c.verify.grad_norm_spike_threshold);
   v.field("on_fault", c.verify.on_fault);
@@ -352,6 +353,7 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(v.max_replays >= 1, c.source, ": [verify] max_replays (", v.max_replays,
              ") must be >= 1 (replays of a step before its fault counts as persistent)");
   detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");
+  detect::parse_fault_action(v.on_straggler, c.source + ": [verify] on_straggler");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,

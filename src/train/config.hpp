@@ -119,9 +119,11 @@ struct VerifyConfig {
   int64_t reference_every = 0;     // every N-th step one op re-checked against the Bounded<double> reference (0: off)
   std::string on_spike = "warn";   // spikes: "warn" | "stop"
   // Slow ranks (verify/detect/stragglers.hpp): compute time per step against the median rank's,
-  // compared every straggler_window steps; a finding (a warning) after straggler_patience windows in
-  // a row over straggler_threshold.
+  // compared every straggler_window steps; a finding after straggler_patience windows in a row over
+  // straggler_threshold. on_straggler "stop": the run then saves a checkpoint after its next step and
+  // ends with detect::kExitSlowRank, for `lockstep launch --spares` to restart it without the rank.
   bool stragglers = true;
+  std::string on_straggler = "warn";  // "warn" | "stop"
   int64_t straggler_window = 20;
   double straggler_threshold = 1.25;
   int64_t straggler_patience = 3;

@@ -36,8 +36,9 @@
 //   a dead or hung rank would;
 // slow:ms=N (no site): the step's update takes N ms longer on the rank, as a throttled device or a
 //   slow host would make it (with persistent=true, every step from `step` on).
-// --inject.rank=R restricts the injection to world rank R (a fault on one device); by default every
-// rank injects. A fault is transient by default — it happens once, the first time its step runs (a
+// --inject.rank=R restricts the injection to the process of launcher rank R (a fault on one device:
+// the run's rank R, unless `lockstep launch --spares` holds processes back and another took its
+// place); by default every rank injects. A fault is transient by default — it happens once, the first time its step runs (a
 // rolled-back replay of that step is clean) — or, with --inject.persistent=true, at its step and
 // every step after, replays included (a device that stays broken). Under tensor parallelism a rank's tensor is its shard (src/model/hook_layout.hpp
 // and param_layout.hpp say where it lies in the global one): bitflip's index is an element of it.
@@ -97,7 +98,7 @@ bool is_checkpoint_site(const std::string& site);
 class Injector final : public StepObserver {
  public:
   // schedule: the faults, one a step at most (one [inject], or a campaign's); world_rank: this
-  // process's rank, where only faults for it (or for every rank) act. m, v: this rank's AdamW
+  // process's launcher rank, where only faults for it (or for every rank) act. m, v: this rank's AdamW
   // moments (the optim/ sites).
   // reduced_grads: the gradient after the reduction (optim/grad), asked for when it is changed.
   Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m, std::span<float> v,

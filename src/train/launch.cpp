@@ -1,6 +1,7 @@
 #include "src/train/launch.hpp"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/core/child_process.hpp"
+#include "src/core/comma_list.hpp"
 #include "verify/detect/finding.hpp"
 
 namespace lockstep {
@@ -37,10 +39,11 @@ extern "C" void pass_stop_on(int sig) {
 
 // What the supervisor reads from the job's output.
 struct JobProgress {
-  int64_t last_step = 0;             // the last "step N/M" line's N
+  int64_t last_step = 0;             // the last "step N/M" or "stopped ... after step N" line's N
   int64_t last_checkpoint = 0;       // the last "checkpoint .../step_N" line's N
   std::optional<int64_t> resumed;    // "resumed from DIR (step K; ..."
   std::string finding;               // the last line of a detector's finding or stop
+  std::vector<int> named;            // the job ranks of the last slow-rank finding or persistent fault
   std::chrono::steady_clock::time_point resumed_at;
 };
 
@@ -48,17 +51,24 @@ void read_line(std::string_view line, JobProgress& p) {
   static const std::regex kStep(R"(^step\s+(\d+)/\d+ )");
   static const std::regex kCheckpoint(R"(^checkpoint \S*step_(\d+) )");
   static const std::regex kResumed(R"(^resumed from \S+ \(step (\d+)[;)])");
+  static const std::regex kStopped(R"(^stopped (?:by signal \d+ )?after step (\d+) )");
   const std::string s(line);
   std::smatch m;
-  if (std::regex_search(s, m, kStep)) {
+  if (std::regex_search(s, m, kStep) || std::regex_search(s, m, kStopped)) {
     p.last_step = std::stoll(m[1]);
   } else if (std::regex_search(s, m, kCheckpoint)) {
     p.last_checkpoint = std::stoll(m[1]);
+    p.last_step = std::max(p.last_step, p.last_checkpoint);  // step lines may be fewer ([log] every)
   } else if (std::regex_search(s, m, kResumed)) {
     p.resumed = std::stoll(m[1]);
     p.resumed_at = std::chrono::steady_clock::now();
   } else if (s.rfind("finding:", 0) == 0 || s.find("persistent") != std::string::npos) {
     p.finding = s;
+    static const std::regex kNamed(R"((?:detector straggler, .*|persistent fault: .*; )ranks ([0-9]+(?:,[0-9]+)*))");
+    if (std::regex_search(s, m, kNamed)) {
+      p.named.clear();
+      for (std::string_view r : split_commas(m[1].str())) p.named.push_back(std::stoi(std::string(r)));
+    }
   }
 }
 
@@ -71,6 +81,7 @@ std::string describe_exit(const ChildExit& e) {
     case detect::kExitCorruption: return "exit 6 (values that must agree did not)";
     case detect::kExitNumeric: return "exit 7 (a non-finite or spiking loss or gradient norm)";
     case detect::kExitPersistent: return "exit 8 (a persistent fault)";
+    case detect::kExitSlowRank: return "exit 9 (a rank persistently slower than its peers)";
     case 2: return "exit 2 (an input error)";
     case 3: return "exit 3 (an internal error)";
     default:
@@ -90,9 +101,50 @@ std::string not_restartable(const ChildExit& e) {
     case 3: return "an internal error of Lockstep is not mended by a restart";
     case detect::kExitNumeric: return "a restart from the last checkpoint would meet the same values";
     case detect::kExitPersistent: return "a persistent fault stays with its rank; take the rank's device out";
+    case detect::kExitSlowRank: return "a slow rank stays slow on its device; --spares N keeps processes to take its place";
     default: return "";
   }
 }
+
+// The job's processes (launcher ranks) in job-rank order, and the spares not used yet.
+class ProcessPlaces {
+ public:
+  ProcessPlaces(int ranks, int spares) : listed_(spares > 0) {
+    for (int p = 0; p < ranks + spares; ++p) (p < ranks ? active_ : spares_).push_back(p);
+  }
+  // Spares were given: the job is told its processes.
+  bool listed() const { return listed_; }
+
+  // Gives each job rank in `named` the next spare; the records of the moves, or none (nothing
+  // moved) when a rank is not the job's or the spares do not suffice.
+  nlohmann::json replace(const std::vector<int>& named) {
+    std::vector<int> ranks = named;
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    if (ranks.empty() || ranks.size() > spares_.size() || ranks.back() >= static_cast<int>(active_.size())) return {};
+    nlohmann::json moves = nlohmann::json::array();
+    for (int r : ranks) {
+      const int by = spares_.front();
+      spares_.erase(spares_.begin());
+      moves.push_back({{"rank", r}, {"process", active_[static_cast<size_t>(r)]}, {"by", by}});
+      taken_out_.push_back(active_[static_cast<size_t>(r)]);
+      active_[static_cast<size_t>(r)] = by;
+    }
+    return moves;
+  }
+
+  // LOCKSTEP_ACTIVE_RANKS for the next attempt, set in this process for the job to inherit.
+  void export_to_job() const { ::setenv("LOCKSTEP_ACTIVE_RANKS", detect::ranks_text(active_).c_str(), 1); }
+  std::string text() const {
+    return str_cat("ranks 0-", active_.size() - 1, " on processes ", detect::ranks_text(active_), "; spare processes ",
+                   spares_.empty() ? "none left" : detect::ranks_text(spares_),
+                   taken_out_.empty() ? "" : "; taken out " + detect::ranks_text(taken_out_));
+  }
+
+ private:
+  bool listed_;
+  std::vector<int> active_, spares_, taken_out_;
+};
 
 class RestartLog {
  public:
@@ -143,7 +195,12 @@ int launch(const LaunchOptions& opt, std::ostream& out) {
     pending.reset();
   };
 
+  LS_REQUIRE(opt.spares >= 0 && (opt.spares == 0 || opt.ranks >= 1), "lockstep launch: --spares needs --np");
+  ProcessPlaces places(opt.ranks, opt.spares);
+  if (places.listed()) out << "launch: " << places.text() << "\n" << std::flush;
+
   for (int attempt = 1;; ++attempt) {
+    if (places.listed()) places.export_to_job();
     JobProgress progress;
     const ChildExit e = run_child_lines(
         opt.command, [](pid_t pid) { g_job.store(pid); },
@@ -165,7 +222,19 @@ int launch(const LaunchOptions& opt, std::ostream& out) {
           << (e.signaled ? cause : str_cat("exit ", e.status)) << "; not restarted\n";
       return e.status;
     }
-    if (const std::string why = not_restartable(e); !why.empty()) {
+    // A slow or faulty rank named, and spares to take its place: restarted without it.
+    nlohmann::json moves;
+    if (!e.signaled && (e.status == detect::kExitSlowRank || e.status == detect::kExitPersistent) && places.listed()) {
+      moves = places.replace(progress.named);
+      if (moves.empty()) {
+        out << "launch: the job ended with " << cause << "; not restarted: "
+            << (progress.named.empty() ? "its output named no rank"
+                                       : str_cat("no spare process for rank(s) ", detect::ranks_text(progress.named)))
+            << " (" << places.text() << ")\n";
+        return e.status;
+      }
+    }
+    if (const std::string why = not_restartable(e); moves.empty() && !why.empty()) {
       out << "launch: the job ended with " << cause << "; not restarted: " << why
           << (progress.finding.empty() ? "" : " (" + progress.finding + ")") << "\n";
       return e.status;
@@ -176,6 +245,10 @@ int launch(const LaunchOptions& opt, std::ostream& out) {
       return e.status;
     }
     const double wait = std::min(60.0, opt.backoff_s * std::pow(2.0, attempt - 1));
+    for (const nlohmann::json& mv : moves) {
+      out << "launch: rank " << mv["rank"] << " moves from process " << mv["process"] << " to spare process " << mv["by"]
+          << "; " << places.text() << "\n";
+    }
     out << "launch: the job ended with " << cause << " at step " << progress.last_step << " (last checkpoint step "
         << progress.last_checkpoint << "); restart " << attempt << " of " << opt.max_restarts << " in " << std::fixed
         << std::setprecision(1) << wait << " s\n"
@@ -189,6 +262,7 @@ int launch(const LaunchOptions& opt, std::ostream& out) {
                              {"last_step", progress.last_step},
                              {"last_checkpoint_step", progress.last_checkpoint},
                              {"backoff_s", wait},
+                             {"replaced", moves.empty() ? nlohmann::json::array() : moves},
                              {"failed_at_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                   failed_at.time_since_epoch()).count()}};
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));

@@ -11,6 +11,12 @@
 // a detector's stop for a non-finite or spiking value (7) or a persistent fault (8), which a replay
 // from the last checkpoint meets again; the supervisor says so, with the job's line naming the
 // rank, and exits with the job's status.
+// Spares (`--spares S` beside `--np N`): N + S processes are started and the job is the N listed in
+// LOCKSTEP_ACTIVE_RANKS (comm::MpiRuntime::active_ranks), the others standing by. When the job
+// stops on a slow rank (exit 9, [verify] on_straggler = "stop", after a checkpoint) or a persistent
+// fault (exit 8), the ranks its last line names are given to spare processes — each in the place
+// of the one it replaces, so the other ranks keep their processes — and the job is restarted; the
+// processes taken out are not used again. Without a spare left such a stop is not restarted.
 // Not here: the trainer's resume (checkpointing.hpp), the launcher itself (mpirun/srun: the
 // command is given whole).
 #pragma once
@@ -26,6 +32,10 @@ struct LaunchOptions {
   int max_restarts = 3;
   double backoff_s = 1.0;  // before restart k: backoff_s · 2^(k−1), at most 60 s
   std::string log;         // JSONL file of the restarts ("" = none)
+  // With spares: the command starts ranks + spares processes (mpirun -np, with
+  // -x LOCKSTEP_ACTIVE_RANKS), of which `ranks` form the job.
+  int ranks = 0;
+  int spares = 0;
 };
 
 // Supervises the job; returns the status to exit with: 0 when the job succeeded, else its last

@@ -1,5 +1,6 @@
 #include "src/train/trainer.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -255,8 +256,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // Observers, in the order they act at each point of a step. [dump] and [inject] give the model a
   // hook only while one of them is on, so that both cost nothing when off; the injection acts
   // first, so a dump records the tensor as the model uses it.
-  LS_REQUIRE(cfg.inject.rank < world.size(), cfg.source, ": [inject] rank (", cfg.inject.rank,
-             ") is not a rank of this run (", world.size(), " ranks)");
+  // An injected fault is on a process (its device), as the launcher numbers them: the same as the
+  // run's ranks unless `lockstep launch --spares` holds some back.
+  const int process = std::max(0, comm::MpiRuntime::launcher_rank());
+  const int processes = std::max(world.size(), comm::MpiRuntime::launcher_size());
+  LS_REQUIRE(cfg.inject.rank < processes, cfg.source, ": [inject] rank (", cfg.inject.rank,
+             ") is not a rank of this run (", processes, " ranks)");
   for (const Injection& f : faults) {
     const int64_t done = f.step + 1;
     LS_REQUIRE(!is_checkpoint_site(f.site) ||
@@ -265,7 +270,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                cfg.source, ": [inject] site ", f.site, ": no checkpoint is written after step ", f.step,
                " ([checkpoint] dir and every; the last step's is always written)");
   }
-  Injector injector(faults, world.rank(), model, ddp.moments_m(), ddp.moments_v(), [&] { return ddp.reduced_grads(); });
+  Injector injector(faults, process, model, ddp.moments_m(), ddp.moments_v(), [&] { return ddp.reduced_grads(); });
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
@@ -349,7 +354,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::optional<detect::StragglerDetector> stragglers;
   if (vc.stragglers && world.size() > 1) {
     stragglers.emplace(detect::StragglerRule{vc.straggler_window, vc.straggler_threshold, vc.straggler_patience}, world,
-                       findings, detect::FaultAction::kWarn);
+                       findings, detect::parse_fault_action(vc.on_straggler, "[verify] on_straggler"));
   }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) {
@@ -448,7 +453,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
         signal = std::max(signal, static_cast<int64_t>(s));
       }
     }
-    r.stopping = signal != 0;
+    // A slow rank found with [verify] on_straggler = "stop" (every rank judged the same figures).
+    const bool slow_rank = stragglers && stragglers->stop_requested();
+    r.stopping = signal != 0 || slow_rank;
     try {
       for (StepObserver* o : observers) o->end_step(r);
     } catch (const detect::FaultRollback& e) {
@@ -459,9 +466,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     ++steps_this_run;
     summary.last_loss = r.loss;
     if (r.stopping) {
-      out << "stopped by signal " << signal << " after step " << r.done()
-          << " (checkpoint saved; run the same command to resume)\n";
-      summary.interrupted = true;
+      if (signal != 0) {
+        out << "stopped by signal " << signal << " after step " << r.done()
+            << " (checkpoint saved; run the same command to resume)\n";
+        summary.exit_status = 130;
+      } else {
+        out << "stopped after step " << r.done() << " on the slow rank found ([verify] on_straggler = \"stop\"; "
+            << "checkpoint saved; `lockstep launch --spares` restarts without it)\n";
+        summary.exit_status = detect::kExitSlowRank;
+      }
       ++step;
       break;
     }

@@ -24,7 +24,9 @@ struct TrainSummary {
   float val_loss = -1;        // < 0: no evaluation
   double tokens_per_s = 0;    // mean over this run's steps
   std::string model_hash;     // 16 hex digits, as `lockstep ckpt info` prints
-  bool interrupted = false;   // stopped by a signal (after saving a checkpoint)
+  // 0, or why the run stopped early after saving a checkpoint: 130 a signal, detect::kExitSlowRank
+  // a slow rank ([verify] on_straggler = "stop").
+  int exit_status = 0;
 };
 
 TrainSummary train(const RunConfig& cfg, std::ostream& out);

@@ -30,6 +30,7 @@ FaultAction parse_fault_action(const std::string& text, const std::string& where
 inline constexpr int kExitCorruption = 6;  // values that must agree do not (replicas, checksums)
 inline constexpr int kExitNumeric = 7;     // a non-finite or spiking loss or gradient norm
 inline constexpr int kExitPersistent = 8;  // a fault that every replay of its step meets again
+inline constexpr int kExitSlowRank = 9;    // a rank persistently slower than its peers ([verify] on_straggler)
 
 struct Finding {
   int64_t step = 0;         // steps done when it was found (the step is step - 1, 0-based)

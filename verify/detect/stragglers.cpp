@@ -11,6 +11,7 @@ namespace lockstep::detect {
 StragglerDetector::StragglerDetector(StragglerRule rule, comm::Communicator& world, FindingLog& log,
                                      FaultAction action)
     : rule_(rule), world_(world), log_(log), action_(action), slow_windows_(static_cast<size_t>(world.size()), 0) {
+  LS_REQUIRE(action != FaultAction::kRollback, "[verify] on_straggler: a slow rank is not undone by a rollback");
   LS_REQUIRE(rule.window >= 1 && rule.threshold > 1 && rule.patience >= 1,
              "[verify] straggler_window >= 1, straggler_threshold > 1 and straggler_patience >= 1 are required, got ",
              rule.window, ", ", rule.threshold, ", ", rule.patience);
@@ -51,7 +52,8 @@ void StragglerDetector::end_step(const StepRecord& r) {
     f.unit = "times the median rank";
     f.classification = "slow rank";
     f.detail = detail.str();
-    log_.report(f, action_, kExitCorruption, "[verify] stragglers");
+    log_.report(f, FaultAction::kWarn, kExitSlowRank, "[verify] on_straggler");
+    if (action_ == FaultAction::kStop) stop_requested_ = true;
   }
 }
 

@@ -6,6 +6,9 @@
 // in `patience` windows in a row is a finding naming it, with its time, the median's and the
 // window. The anchor is Megatron-Core's straggler detector, which compares ranks' GEMM throughput.
 // Every rank judges the same gathered figures, so all reach the same finding.
+// With the action "stop" the finding asks the run to stop (stop_requested(), the same on every
+// rank): the trainer saves a checkpoint after the next step and ends with kExitSlowRank — the
+// state is sound, only slow — for `lockstep launch --spares` to restart without the rank.
 // Not here: what is done about the rank (`lockstep launch`, a scheduler).
 #pragma once
 
@@ -29,6 +32,7 @@ class StragglerDetector final : public StepObserver {
   StragglerDetector(StragglerRule rule, comm::Communicator& world, FindingLog& log, FaultAction action);
   void end_step(const StepRecord& r) override;
   void rolled_back(int64_t step) override;
+  bool stop_requested() const { return stop_requested_; }
 
  private:
   StragglerRule rule_;
@@ -39,6 +43,7 @@ class StragglerDetector final : public StepObserver {
   int64_t steps_ = 0;       // steps in the window so far
   int64_t first_step_ = 0;  // the window's first step done
   std::vector<int64_t> slow_windows_;  // per world rank: windows in a row over the threshold
+  bool stop_requested_ = false;
 };
 
 }  // namespace lockstep::detect
