@@ -6,6 +6,8 @@
 // a checkpoint's (verified first), or the initial parameters a config's [model] seed gives, so that
 // another framework can start from exactly the parameters Lockstep starts from.
 // DIR is a checkpoint (step_* directory) or a checkpoint root, meaning its newest valid checkpoint.
+// `lockstep ckpt convert DIR --to-layout dp=D,tp=T,... OUT`: DIR rewritten under root OUT as that
+// layout would have saved it (src/train/checkpoint_convert.hpp).
 // These commands only read checkpoints; they do not repair, convert in place or delete them.
 #include <algorithm>
 #include <iomanip>
@@ -19,6 +21,7 @@
 #include "src/core/durable_io.hpp"
 #include "src/core/hash.hpp"
 #include "src/model/model.hpp"
+#include "src/train/checkpoint_convert.hpp"
 #include "src/train/config.hpp"
 
 namespace lockstep::cli {
@@ -29,6 +32,7 @@ constexpr const char* kCkptUsage =
     "       lockstep ckpt verify DIR\n"
     "       lockstep ckpt export DIR OUT\n"
     "       lockstep ckpt export --config FILE [--section.key=value ...] OUT\n"
+    "       lockstep ckpt convert DIR --to-layout dp=D,tp=T[,sp=true|false][,zero=Z] OUT\n"
     "  DIR: a checkpoint directory (step_XXXXXXXX) or a checkpoint root (its newest valid one)\n"
     "  info prints step, layout, one line per tensor (name dtype shape xxh64), then `model hash H`\n"
     "  verify loads every checkpoint under a root (or DIR alone) and checks every file, shard and\n"
@@ -36,7 +40,10 @@ constexpr const char* kCkptUsage =
     "  export writes the model parameters to OUT in safetensors format (names without the\n"
     "  checkpoint's 'model/' prefix, e.g. layer/0/attn/qkv/weight); with --config, the initial\n"
     "  parameters of the config's [model] (its seed); __metadata__ holds the model config and the\n"
-    "  model hash\n";
+    "  model hash\n"
+    "  convert writes DIR again under the root OUT as the layout given would have saved it (one data\n"
+    "  file per rank, each rank's share; keys not given keep DIR's), refusing a layout the model does\n"
+    "  not divide; the tensors and the model hash are DIR's\n";
 
 ckpt::Checkpoint load_dir_or_root(const std::string& dir) {
   if (!ckpt::list_checkpoints(dir).empty()) {
@@ -159,9 +166,20 @@ int cmd_ckpt(Args& args) {
     return 0;
   }
   const auto& pos = args.positionals();
-  LS_REQUIRE(!pos.empty(), "lockstep ckpt: missing verb (usage: lockstep ckpt info|verify|export ...)");
-  LS_REQUIRE(pos[0] == "info" || pos[0] == "verify" || pos[0] == "export", "lockstep ckpt: unknown verb '", pos[0],
-             "' (expected: info, verify, export)");
+  LS_REQUIRE(!pos.empty(), "lockstep ckpt: missing verb (usage: lockstep ckpt info|verify|export|convert ...)");
+  LS_REQUIRE(pos[0] == "info" || pos[0] == "verify" || pos[0] == "export" || pos[0] == "convert",
+             "lockstep ckpt: unknown verb '", pos[0], "' (expected: info, verify, export, convert)");
+  if (pos[0] == "convert") {
+    const auto to_layout = args.take("to-layout");
+    args.finish("ckpt convert");
+    LS_REQUIRE(to_layout.has_value(), "lockstep ckpt convert: --to-layout dp=D,tp=T[,sp=..][,zero=Z] is required");
+    LS_REQUIRE(pos.size() == 3, "lockstep ckpt convert: expected DIR OUT, got ", pos.size() - 1, " arguments");
+    const ConvertedCheckpoint c = convert_checkpoint(load_dir_or_root(pos[1]), *to_layout, pos[2]);
+    std::cout << "converted step " << c.step << " to " << *to_layout << ": " << c.dir << " (" << c.files
+              << " data files, " << c.bytes << " bytes, the largest " << c.largest << "; model hash " << c.model_hash
+              << ")\n";
+    return 0;
+  }
   if (pos[0] == "verify") {
     args.finish("ckpt verify");
     LS_REQUIRE(pos.size() == 2, "lockstep ckpt verify: expected one DIR, got ", pos.size() - 1, " arguments");

@@ -13,6 +13,7 @@
 #include "src/ckpt/checkpoint.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/train/checkpoint_interval.hpp"
 
@@ -59,6 +60,32 @@ ckpt::ShardPlace slice_place(const ParamTensor& p, int64_t first, int64_t end) {
   return {p.replicated() ? -1 : p.split_dim, p.ranges, first, end};
 }
 
+}  // namespace
+
+ckpt::ShardPlace SavedPiece::place() const { return slice_place(*tensor, first, end); }
+
+std::vector<SavedPiece> saved_pieces(const std::vector<ParamTensor>& layout, int64_t zero, int64_t dp,
+                                     int64_t dp_rank, TpCoord tp) {
+  const int64_t n = layout.empty() ? 0 : layout.back().offset + layout.back().numel;
+  int64_t first = dp_rank * n / dp, end = (dp_rank + 1) * n / dp;
+  if (zero > 0) {
+    const parallel::ShardPlan plan = parallel::make_shard_plan(layout, static_cast<int>(dp));
+    first = plan.first(static_cast<int>(dp_rank));
+    end = plan.end(static_cast<int>(dp_rank));
+  }
+  std::vector<SavedPiece> pieces;
+  for (const ParamTensor& p : layout) {
+    int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (p.replicated() && lo < hi) {
+      std::tie(lo, hi) = std::pair{lo + tp.rank * (hi - lo) / tp.size, lo + (tp.rank + 1) * (hi - lo) / tp.size};
+    }
+    if (lo < hi) pieces.push_back({&p, lo - p.offset, hi - p.offset});
+  }
+  return pieces;
+}
+
+namespace {
+
 // Where this rank's AdamW moments start in its flat slice: its ZeRO shard's first element, or 0
 // where it holds them all (zero 0).
 int64_t moments_first(const TrainRun& run) { return run.cfg.parallel.zero > 0 ? run.ddp.shard_first() : 0; }
@@ -87,25 +114,17 @@ LocalState read_local(TrainRun& run, ckpt::CheckpointReader& reader) {
   return s;
 }
 
-// The shards this rank writes: of its tensor-parallel slice of the model — the parameters and both
-// AdamW moments alike — the flat elements [first, end) of its data-parallel part: its ZeRO shard,
-// or without ZeRO an equal split of the slice between the replicas; of a tensor every tp rank holds
-// whole, its tp rank's equal part of that. So every rank writes its share.
+// The shards this rank writes (saved_pieces), pointing into its parameters and moments.
 std::vector<ckpt::ShardRef> own_shards(TrainRun& run) {
   std::vector<ckpt::ShardRef> shards;
-  const bool zero = run.cfg.parallel.zero > 0;
-  const int64_t n = run.model.num_params(), dp = run.dp.size(), r = run.dp.rank();
-  const int64_t first = zero ? run.ddp.shard_first() : r * n / dp;
-  const int64_t end = zero ? run.ddp.shard_end() : (r + 1) * n / dp;
   const int64_t m0 = moments_first(run);
   const float* m = run.ddp.moments_m().data();
   const float* v = run.ddp.moments_v().data();
-  const int64_t tp = run.tp.size(), t = run.tp.rank();
-  for (const ParamTensor& p : run.model.param_layout()) {
-    int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
-    if (p.replicated() && lo < hi) std::tie(lo, hi) = std::pair{lo + t * (hi - lo) / tp, lo + (t + 1) * (hi - lo) / tp};
-    if (lo >= hi) continue;
-    const ckpt::ShardPlace where = slice_place(p, lo - p.offset, hi - p.offset);
+  for (const SavedPiece& piece : saved_pieces(run.model.param_layout(), run.cfg.parallel.zero, run.dp.size(),
+                                              run.dp.rank(), {run.tp.size(), run.tp.rank()})) {
+    const ParamTensor& p = *piece.tensor;
+    const int64_t lo = p.offset + piece.first;
+    const ckpt::ShardPlace where = piece.place();
     shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, run.model.params() + lo});
     shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - m0)});
     shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - m0)});

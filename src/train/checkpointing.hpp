@@ -23,6 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/ckpt/checkpoint.hpp"
+#include "src/model/param_layout.hpp"
 #include "src/train/run.hpp"
 #include "src/train/step_observer.hpp"
 
@@ -90,5 +92,22 @@ class Checkpointer final : public StepObserver {
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp.
 std::string model_hash(const TrainRun& run);
+
+// A piece of a rank's tensor-parallel slice that the rank writes in a sharded save — the
+// parameters and both AdamW moments alike: the local elements [first, end) of `tensor`.
+struct SavedPiece {
+  const ParamTensor* tensor;
+  int64_t first, end;
+  ckpt::ShardPlace place() const;  // where they lie in the global tensor
+};
+
+// What the rank at dp rank `dp_rank` of `dp` and tp.rank of tp.size writes, given its slice
+// `layout` (build_param_layout for its tp rank): of the flat slice, its ZeRO shard (zero > 0:
+// make_shard_plan's) or without ZeRO an equal split between the replicas; of a tensor every tp rank
+// holds whole, its tp rank's equal part of that. Every rank writes its share; together the ranks of
+// a layout cover every element once. A pure function of the layout, for saves and offline
+// conversion alike.
+std::vector<SavedPiece> saved_pieces(const std::vector<ParamTensor>& layout, int64_t zero, int64_t dp,
+                                     int64_t dp_rank, TpCoord tp);
 
 }  // namespace lockstep

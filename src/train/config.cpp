@@ -419,18 +419,35 @@ nlohmann::json RunConfig::to_json() const {
   return out;
 }
 
-RunConfig load_run_config(const std::string& path,
-                          const std::vector<std::pair<std::string, std::string>>& overrides,
-                          ConfigUse use) {
-  RunConfig c;
-  c.source = path;
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    const auto& where = e.source().begin;
-    throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
+namespace {
+
+// A JSON object of configuration values (RunConfig::to_json's) as the TOML table it was read from.
+toml::table toml_of(const nlohmann::json& object) {
+  toml::table t;
+  for (const auto& [key, v] : object.items()) {
+    if (v.is_object()) {
+      t.insert(key, toml_of(v));
+    } else if (v.is_boolean()) {
+      t.insert(key, v.get<bool>());
+    } else if (v.is_number_integer()) {
+      t.insert(key, v.get<int64_t>());
+    } else if (v.is_number_float()) {
+      t.insert(key, v.get<double>());
+    } else if (v.is_string()) {
+      t.insert(key, v.get<std::string>());
+    } else {
+      throw ConfigError(str_cat("a configuration value of '", key, "' is not a table, boolean, number or string: ",
+                                v.dump()));
+    }
   }
+  return t;
+}
+
+RunConfig read_run_config(const std::string& source, const toml::table& root,
+                          const std::vector<std::pair<std::string, std::string>>& overrides, ConfigUse use) {
+  RunConfig c;
+  c.source = source;
+  const std::string& path = source;
   static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval",
                                                   "parallel", "verify", "dump", "inject"};
   for (const auto& [k, v] : root) {
@@ -454,6 +471,27 @@ RunConfig load_run_config(const std::string& path,
   }
   validate(c, use);
   return c;
+}
+
+}  // namespace
+
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::pair<std::string, std::string>>& overrides,
+                          ConfigUse use) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
+  }
+  return read_run_config(path, root, overrides, use);
+}
+
+RunConfig run_config_of_json(const nlohmann::json& config, const std::string& source,
+                             const std::vector<std::pair<std::string, std::string>>& overrides, ConfigUse use) {
+  LS_REQUIRE(config.is_object(), source, ": the configuration is not a JSON object");
+  return read_run_config(source, toml_of(config), overrides, use);
 }
 
 }  // namespace lockstep

@@ -172,5 +172,10 @@ enum class ConfigUse { kTrain, kBench };
 RunConfig load_run_config(const std::string& path,
                           const std::vector<std::pair<std::string, std::string>>& overrides,
                           ConfigUse use = ConfigUse::kTrain);
+// The same from a configuration as RunConfig::to_json wrote it (a checkpoint's); `source` names it
+// in messages.
+RunConfig run_config_of_json(const nlohmann::json& config, const std::string& source,
+                             const std::vector<std::pair<std::string, std::string>>& overrides = {},
+                             ConfigUse use = ConfigUse::kTrain);
 
 }  // namespace lockstep
