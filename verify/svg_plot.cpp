@@ -161,4 +161,53 @@ std::string svg_heat_map(const std::string& title, const std::vector<std::string
   return o.str();
 }
 
+std::string svg_timeline(const std::string& title, const std::vector<std::string>& rows,
+                         const std::vector<std::string>& series_names, const std::vector<TimelineBar>& bars,
+                         const std::string& time_label) {
+  double span = 0;
+  for (const TimelineBar& b : bars) span = std::max(span, b.end);
+  if (span <= 0) span = 1;
+  const double L = 80, R = 20, T = 40, row_h = 28, legend = 30;
+  const double W = std::clamp(24.0 * span, 600.0, 2400.0) + L + R;
+  const double H = T + row_h * static_cast<double>(rows.size()) + 40 + legend;
+  const double scale = (W - L - R) / span;
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << num(W) << "\" height=\"" << num(H)
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << num(L) << "\" y=\"22\" font-size=\"14\">" << esc(title) << "</text>\n";
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double y = T + row_h * static_cast<double>(r);
+    o << "<text x=\"" << num(L - 8) << "\" y=\"" << num(y + row_h / 2 + 4) << "\" text-anchor=\"end\">"
+      << esc(rows[r]) << "</text>\n"
+      << "<rect x=\"" << num(L) << "\" y=\"" << num(y + 2) << "\" width=\"" << num(W - L - R) << "\" height=\""
+      << num(row_h - 4) << "\" fill=\"#f2f2f2\"/>\n";
+  }
+  for (const TimelineBar& b : bars) {
+    const double x = L + b.start * scale, w = (b.end - b.start) * scale;
+    const double y = T + row_h * static_cast<double>(b.row);
+    o << "<rect x=\"" << num(x) << "\" y=\"" << num(y + 2) << "\" width=\"" << num(w) << "\" height=\""
+      << num(row_h - 4) << "\" fill=\"" << kColours[b.series % std::size(kColours)]
+      << "\" stroke=\"white\"><title>" << esc(b.label) << "</title></rect>\n";
+    if (w >= 14) {
+      o << "<text x=\"" << num(x + w / 2) << "\" y=\"" << num(y + row_h / 2 + 4)
+        << "\" text-anchor=\"middle\" fill=\"white\">" << esc(b.label) << "</text>\n";
+    }
+  }
+  const double axis_y = T + row_h * static_cast<double>(rows.size()) + 16;
+  o << "<text x=\"" << num(L) << "\" y=\"" << num(axis_y) << "\">0</text>\n"
+    << "<text x=\"" << num(W - R) << "\" y=\"" << num(axis_y) << "\" text-anchor=\"end\">" << num(span) << "</text>\n"
+    << "<text x=\"" << num((L + W - R) / 2) << "\" y=\"" << num(axis_y) << "\" text-anchor=\"middle\">"
+    << esc(time_label) << "</text>\n";
+  double lx = L;
+  for (size_t i = 0; i < series_names.size(); ++i) {
+    o << "<rect x=\"" << num(lx) << "\" y=\"" << num(axis_y + 12) << "\" width=\"12\" height=\"12\" fill=\""
+      << kColours[i % std::size(kColours)] << "\"/>\n"
+      << "<text x=\"" << num(lx + 16) << "\" y=\"" << num(axis_y + 22) << "\">" << esc(series_names[i]) << "</text>\n";
+    lx += 40 + 7.0 * static_cast<double>(series_names[i].size());
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
 }  // namespace lockstep::verify

@@ -1,7 +1,7 @@
-// Two kinds of plot as standalone SVG text that any browser opens: lines over a log-scale y axis,
-// and a heat map with a log-scale colour bar. Written directly (no plotting library, no Python), for
-// `lockstep diff --plot`.
-// Not here: what is plotted (verify/diff_plot.cpp).
+// Plots as standalone SVG text that any browser opens: lines over a log-scale y axis, a heat map
+// with a log-scale colour bar, and a timeline (bars on rows). Written directly (no plotting
+// library, no Python), for `lockstep diff --plot` and `lockstep schedule --svg`.
+// Not here: what is plotted (verify/diff_plot.cpp, src/cli/cmd_schedule.cpp).
 #pragma once
 
 #include <string>
@@ -22,5 +22,19 @@ std::string svg_line_plot(const std::string& title, const std::string& x_label, 
 std::string svg_heat_map(const std::string& title, const std::vector<std::string>& rows,
                          const std::vector<std::string>& cols, const std::vector<std::vector<double>>& values,
                          const std::string& value_label);
+
+// A bar of a timeline: [start, end) on row `row`, labelled, in colour `series` (an index into the
+// palette, named in the legend by series_names).
+struct TimelineBar {
+  size_t row;
+  double start, end;
+  std::string label;
+  size_t series;
+};
+
+// Rows top to bottom, time to the right; idle time is left blank.
+std::string svg_timeline(const std::string& title, const std::vector<std::string>& rows,
+                         const std::vector<std::string>& series_names, const std::vector<TimelineBar>& bars,
+                         const std::string& time_label);
 
 }  // namespace lockstep::verify

@@ -13,7 +13,8 @@ int cmd_verify(Args& args); // lockstep verify step --config FILE --checkpoint D
 int cmd_diff(Args& args);   // lockstep diff A B [--json FILE] [--mode=exact|ulp:N]
 int cmd_bisect(Args& args); // lockstep bisect --a='ARGS' --b='ARGS' --steps=N [...]
 int cmd_bench(Args& args);  // lockstep bench --config FILE [--json FILE]
-int cmd_faultcampaign(Args& args);
-int cmd_launch(int argc, char** argv);  // lockstep launch [options] -- COMMAND... (its own `--`)  // lockstep faultcampaign --config FILE [--np N] [--faults N] [--out DIR]
+int cmd_faultcampaign(Args& args);  // lockstep faultcampaign --config FILE [--np N] [--faults N] [--out DIR]
+int cmd_schedule(Args& args);       // lockstep schedule --pp P --microbatches M [--schedule K] [...]
+int cmd_launch(int argc, char** argv);  // lockstep launch [options] -- COMMAND... (its own `--`)
 
 }  // namespace lockstep::cli

@@ -33,6 +33,7 @@ commands:
   bench --config FILE [--json FILE]                 time the training step: tokens/s, MFU, phases
   faultcampaign --config FILE [--np N] [--faults N] plant faults in a run; what the detectors catch
   launch [--np N] [--max-restarts R] -- COMMAND...  supervise a job: restart it from its checkpoint
+  schedule --pp P --microbatches M [--schedule K]   a pipeline schedule: passes, timeline, bubble
 
 Run `lockstep <command> --help` for the options of one command.
 )";
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
     if (command == "bisect") return cli::cmd_bisect(args);
     if (command == "bench") return cli::cmd_bench(args);
     if (command == "faultcampaign") return cli::cmd_faultcampaign(args);
+    if (command == "schedule") return cli::cmd_schedule(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const detect::FaultStop& e) {
