@@ -119,19 +119,21 @@ std::string op_sites_text(const ModelDesc& desc) {
   return text;
 }
 
-double flops_per_token(const ModelDesc& desc) {
+double layer_flops_per_token(const LayerDesc& l) {
   double matmul_params = 0;
-  double activations = 0;
-  for (const auto& l : desc.layers) {
-    for (const auto& p : l.params) {
-      if (!p.matmul) continue;
-      double n = 1;
-      for (auto s : p.shape) n *= static_cast<double>(s);
-      matmul_params += n;
-    }
-    activations += l.activation_flops;
+  for (const auto& p : l.params) {
+    if (!p.matmul) continue;
+    double n = 1;
+    for (auto s : p.shape) n *= static_cast<double>(s);
+    matmul_params += n;
   }
-  return 6.0 * matmul_params + activations;
+  return 6.0 * matmul_params + l.activation_flops;
+}
+
+double flops_per_token(const ModelDesc& desc) {
+  double total = 0;
+  for (const auto& l : desc.layers) total += layer_flops_per_token(l);
+  return total;
 }
 
 }  // namespace lockstep

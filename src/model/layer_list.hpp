@@ -161,5 +161,7 @@ std::string op_sites_text(const ModelDesc& desc);
 // head counted once) + each layer's activation_flops (12·C·T per attention sub-layer: scores and
 // values): the PaLM/Megatron convention.
 double flops_per_token(const ModelDesc& desc);
+// One layer's part of it (a tied head's weight counts where it is declared, with the embedding).
+double layer_flops_per_token(const LayerDesc& layer);
 
 }  // namespace lockstep

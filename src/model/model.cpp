@@ -314,11 +314,16 @@ void Model::forward_backward_batch(const int32_t* inputs, const int32_t* targets
 
 void Model::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum) {
   LS_CHECK(options_.end_layer == desc_.layers.size(), "eval_loss needs the loss layer");
-  Slot& s = acquire(0, {inputs, targets, B, 0});
+  eval_forward(0, {inputs, targets, B, 0}, loss_sum);
+}
+
+const float* Model::eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombiner& loss_sum) {
+  Slot& s = acquire(mb, batch);
   s.pass.eval = true;
   s.pass.loss_sum = &loss_sum;
   run_forward(s);
   s.mb = -1;
+  return layers_.back()->output(s.pass.slot);
 }
 
 }  // namespace lockstep

@@ -146,6 +146,10 @@ class Model {
                               int64_t B, int64_t MB, int64_t first_token, float dloss, ChunkCombiner& loss_sum);
   // Forward only; adds the per-token losses to loss_sum.
   void eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum);
+  // The same for one stage: a forward of micro-batch mb that keeps nothing for a backward (a stage
+  // without the embedding reads stage_input(mb) first); the loss layer, where the stage has it,
+  // adds the losses to loss_sum. Returns the stage's output, valid until the next pass.
+  const float* eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombiner& loss_sum);
 
  private:
   struct Slot {

@@ -33,7 +33,8 @@ DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp,
 DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communicator& tp, comm::Communicator& dp_tp,
                            int zero, ReduceMode reduce, AdamWConfig adam, DpOptions options)
     : model_(model), dp_(dp), tp_(tp), dp_tp_(dp_tp), zero_(zero), reduce_(reduce), adam_(adam),
-      plan_(make_shard_plan(model.param_layout(), dp.size())), sp_(options.sequence_parallel) {
+      plan_(make_shard_plan(model.param_layout(), dp.size())), sp_(options.sequence_parallel),
+      pipeline_(options.pipeline != nullptr && options.pipeline->size() > 1 ? options.pipeline : nullptr) {
   LS_CHECK(zero >= 0 && zero <= 2, "zero ", zero);
   LS_CHECK(options.bucket_bytes >= 1, "bucket_bytes ", options.bucket_bytes);
   if (zero_ == 0 || dp_.size() == 1) {
@@ -205,7 +206,7 @@ void DataParallel::reduce_gradients() {
 
 float DataParallel::clip_grad_norm(float max_norm) {
   const bool sharded = zero_ == 2 && dp_.size() > 1;
-  if (!sharded && tp_.size() == 1) return lockstep::clip_grad_norm(model_, max_norm);
+  if (!sharded && tp_.size() == 1 && pipeline_ == nullptr) return lockstep::clip_grad_norm(model_, max_norm);
   // This rank's part: its ZeRO-2 shard (else all of its buffer), tensors replicated across tp only
   // on tp rank 0, so that every element of the global gradient counts once. Shard cuts are chunk
   // starts of their tensor (make_shard_plan) and tp shards are runs of global chunks, so each
@@ -213,7 +214,7 @@ float DataParallel::clip_grad_norm(float max_norm) {
   const int64_t first = sharded ? shard_first() : 0, end = sharded ? shard_end() : model_.num_params();
   comm::Communicator& group = sharded ? dp_tp_ : tp_;
   return lockstep::clip_grad_norm(model_, {first, end, grad_at(first), tp_.rank() != 0}, max_norm,
-                                  [&](const ChunkCombiner& own) { return combine_exact(own, group); });
+                                  [&](const ChunkCombiner& own) { return combine_exact(own, group, pipeline_); });
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {

@@ -112,6 +112,9 @@ struct DpOptions {
   // The model runs under sequence parallelism (its norm gradients cover this tp rank's tokens
   // until sum_norm_grads_over_tp).
   bool sequence_parallel = false;
+  // The pipeline group when the model is one stage of several: the gradient norm then sums every
+  // stage's part (exactly, as it sums dp and tp parts).
+  comm::Communicator* pipeline = nullptr;
 };
 
 class DataParallel {
@@ -194,6 +197,7 @@ class DataParallel {
   ShardPlan plan_;
   int64_t bucket_elems_ = 0;  // DpOptions::bucket_bytes in fp32 elements
   bool sp_ = false;           // DpOptions::sequence_parallel
+  comm::Communicator* pipeline_ = nullptr;  // DpOptions::pipeline
   std::unique_ptr<AdamW> replicated_;  // zero 0
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
   std::vector<float> shard_;           // zero 0/1: reduced gradient shard (scratch; buckets write disjoint parts)

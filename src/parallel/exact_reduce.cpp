@@ -165,11 +165,17 @@ void combiner_terms(ChunkCombiner c, float* terms) {
   LS_CHECK(c.finish() == 0.0f, "a combiner needed more than ", kCombinerTerms, " terms");
 }
 
-float combine_exact(const ChunkCombiner& local, comm::Communicator& comm) {
+float combine_exact(const ChunkCombiner& local, comm::Communicator& comm, comm::Communicator* outer) {
   float mine[kCombinerTerms];
   combiner_terms(local, mine);
   std::vector<float> all(static_cast<size_t>(comm.size() * kCombinerTerms));
   comm.all_gather(mine, all.data(), kCombinerTerms, DType::kF32);
+  if (outer != nullptr) {
+    // Every group's terms, not their rounded sums: the exact sum of all of them is one rounding.
+    std::vector<float> groups(all.size() * static_cast<size_t>(outer->size()));
+    outer->all_gather(all.data(), groups.data(), static_cast<int64_t>(all.size()), DType::kF32);
+    all = std::move(groups);
+  }
   SuperAccumulator total;
   for (float t : all) total.add(static_cast<double>(t));
   return total.round_to_float();

@@ -78,8 +78,10 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
 // The same for ranks whose local sums are fp32 values (fast-mode gradients): one term each.
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out);
 
-// The exact sum over the group of every rank's combiner, rounded once to fp32 (same on all ranks).
-float combine_exact(const ChunkCombiner& local, comm::Communicator& comm);
+// The exact sum over the group of every rank's combiner, rounded once to fp32 (same on all ranks);
+// with `outer`, over every rank of the groups it joins (each group's ranks' terms gathered over it:
+// the pipeline's stages). Collective over comm, then outer.
+float combine_exact(const ChunkCombiner& local, comm::Communicator& comm, comm::Communicator* outer = nullptr);
 
 // Floats whose exact sum is the combiner's exact value (kCombinerTerms of them, zero-padded). A
 // non-finite value (or one beyond FLT_MAX) is sent as its fp32 rounding (±inf, NaN).

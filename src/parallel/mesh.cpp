@@ -21,9 +21,9 @@ Mesh::Mesh(MeshShape shape, comm::Communicator& world, const std::string& source
   for (auto [name, v] : {std::pair{"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}}) {
     LS_REQUIRE(v >= 1, source, ": [parallel] ", name, " (", v, ") must be >= 1");
   }
-  for (auto [name, v] : {std::pair{"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}}) {
+  for (auto [name, v] : {std::pair{"ep", shape.ep}, {"cp", shape.cp}}) {
     LS_REQUIRE(v == 1, source, ": [parallel] ", name, " = ", v,
-               ": only data and tensor parallelism are implemented so far (pipeline, expert and context "
+               ": only data, tensor and pipeline parallelism are implemented so far (expert and context "
                "parallelism are not); use ", name, " = 1");
   }
   const int64_t others = shape.tp * shape.cp * shape.ep * shape.pp;

@@ -7,8 +7,8 @@
 // and a data-parallel group strides over everything else. The sub-communicator of axis a holds
 // the ranks that differ only in their coordinate along a, ordered by it.
 //
-// Data and tensor parallelism are implemented so far: pp, ep and cp greater than 1 are refused
-// with a ConfigError saying so. Not here: what runs on each axis (data_parallel.hpp,
+// Data, tensor and pipeline parallelism are implemented so far: ep and cp greater than 1 are
+// refused with a ConfigError saying so. Not here: what runs on each axis (data_parallel.hpp,
 // tensor_parallel.hpp).
 #pragma once
 
@@ -32,7 +32,7 @@ struct MeshShape {
 
 class Mesh {
  public:
-  // Checks the shape against the world (sizes >= 1, product == world size, pp = ep = cp = 1 for now);
+  // Checks the shape against the world (sizes >= 1, product == world size, ep = cp = 1 for now);
   // ConfigError naming `source`, the sizes and the world size otherwise. Collective over world.
   Mesh(MeshShape shape, comm::Communicator& world, const std::string& source);
 

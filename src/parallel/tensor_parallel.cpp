@@ -157,9 +157,27 @@ void CommTpGroup::reduce_scatter_sum(const float* full, float* local, int64_t n)
   comm_.reduce_scatter(full, local, counts, DType::kF32, comm::ReduceOp::kSum);
 }
 
+namespace {
+
+// The global layout's tensors that `local` holds (a contiguous run of them: all, or a pipeline
+// stage's), with offsets counted from the run's first; and where the run starts in the list.
+std::pair<std::vector<ParamTensor>, size_t> global_run(const ModelConfig& model, const std::vector<ParamTensor>& local) {
+  const std::vector<ParamTensor> all = build_param_layout(model);
+  size_t first = 0;
+  while (first < all.size() && all[first].name != local.front().name) ++first;
+  LS_CHECK(first + local.size() <= all.size(), "tensors from ", local.front().name, " are not the model's");
+  std::vector<ParamTensor> run(all.begin() + static_cast<std::ptrdiff_t>(first),
+                               all.begin() + static_cast<std::ptrdiff_t>(first + local.size()));
+  const int64_t base = run.front().offset;
+  for (ParamTensor& t : run) t.offset -= base;
+  return {std::move(run), first};
+}
+
+}  // namespace
+
 std::vector<float> gather_global(const ModelConfig& model, const std::vector<ParamTensor>& local,
                                  const float* local_data, comm::Communicator& tp) {
-  const std::vector<ParamTensor> global = build_param_layout(model);
+  const auto [global, first] = global_run(model, local);
   const int p = tp.size();
   const int64_t n = local.back().offset + local.back().numel;  // the same on every tp rank
   std::vector<float> all(static_cast<size_t>(n) * static_cast<size_t>(p));
@@ -168,10 +186,13 @@ std::vector<float> gather_global(const ModelConfig& model, const std::vector<Par
   for (int q = 0; q < p; ++q) {
     const std::vector<ParamTensor> theirs = build_param_layout(model, {p, q});
     const float* data = all.data() + static_cast<size_t>(q) * static_cast<size_t>(n);
+    const int64_t base = theirs[first].offset;
     for (size_t t = 0; t < global.size(); ++t) {
       const ParamTensor& g = global[t];
-      const ParamTensor& s = theirs[t];
-      for (int64_t i = 0; i < s.numel; ++i) out[static_cast<size_t>(g.offset + s.global_index(i))] = data[s.offset + i];
+      const ParamTensor& s = theirs[first + t];
+      for (int64_t i = 0; i < s.numel; ++i) {
+        out[static_cast<size_t>(g.offset + s.global_index(i))] = data[s.offset - base + i];
+      }
     }
   }
   return out;
@@ -179,8 +200,7 @@ std::vector<float> gather_global(const ModelConfig& model, const std::vector<Par
 
 void take_local(const ModelConfig& model, const std::vector<ParamTensor>& local, const float* global_data,
                 float* local_data) {
-  const std::vector<ParamTensor> global = build_param_layout(model);
-  LS_CHECK(global.size() == local.size(), "layouts of ", global.size(), " and ", local.size(), " tensors");
+  const std::vector<ParamTensor> global = global_run(model, local).first;
   for (size_t t = 0; t < global.size(); ++t) {
     const ParamTensor& s = local[t];
     for (int64_t i = 0; i < s.numel; ++i) local_data[s.offset + i] = global_data[global[t].offset + s.global_index(i)];

@@ -120,6 +120,7 @@ ConvertedCheckpoint convert_checkpoint(const ckpt::Checkpoint& c, const std::str
   layout["tp"] = pc.tp;
   layout["sp"] = pc.sp;
   layout["zero"] = pc.zero;
+  layout["pp"] = 1;
   if (pc.tp > 1) {
     layout["tp_shards"] = parallel::describe_shards(cfg.model, pc.tp);
   } else {

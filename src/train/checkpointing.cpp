@@ -345,8 +345,9 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     for (const char* prefix : {ckpt::kModelPrefix, "optim/m/", "optim/v/"}) {
       for (const ParamTensor& p : run_.global_layout) s.tensors.push_back({prefix + p.name, DType::kF32, p.shape});
     }
-    nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"sp", pc.sp}, {"zero", pc.zero},
-                             {"reduce", pc.reduce}};
+    const int pp = run_.pipelined() ? run_.pp->size() : 1;
+    nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}, {"sp", pc.sp},
+                             {"zero", pc.zero}, {"reduce", pc.reduce}};
     if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
     nlohmann::json observers = nlohmann::json::object();
     for (const StepObserver* o : observers_) {
@@ -354,9 +355,9 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     }
     s.state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
                {"layout", layout},  {"loss", loss}, {"observers", observers}};
-    s.layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", 1}};
-    // Without tensor parallelism rank 0 holds every parameter whole and can hash the model.
-    if (!run_.tensor_parallel()) {
+    s.layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}};
+    // Without tensor or pipeline parallelism rank 0 holds every parameter whole and can hash the model.
+    if (!run_.tensor_parallel() && !run_.pipelined()) {
       s.model_hash = hex64(ckpt::model_hash(state_tensors(run_.global_layout, run_.model.params(), nullptr, nullptr)));
     }
   }

@@ -259,6 +259,9 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("bucket_mb", c.parallel.bucket_mb);
   p.field("overlap", c.parallel.overlap);
   p.field("timeout_s", c.parallel.timeout_s);
+  p.field("schedule", c.parallel.schedule);
+  p.field("virtual_stages", c.parallel.virtual_stages);
+  p.field("stage_layers", c.parallel.stage_layers);
   p.moved("check_replicas", "[verify] replicas");
   p.finish();
 

@@ -92,13 +92,19 @@ struct EvalConfig {
 // Parallel layout (src/parallel/mesh.hpp) and data-parallel options (data_parallel.hpp).
 struct ParallelConfig {
   int64_t dp = 0;  // data-parallel ranks (0 = all ranks left by the other axes)
-  int64_t tp = 1, pp = 1, ep = 1, cp = 1;  // only 1 is implemented so far
+  int64_t tp = 1, pp = 1, ep = 1, cp = 1;  // ep and cp: only 1 is implemented so far
   bool sp = false;                  // sequence parallel: norms and residuals split over tp by tokens
   int64_t zero = 0;                 // 0: replicated AdamW; 1: sharded AdamW state; 2: + sharded gradients
   std::string reduce = "exact";     // gradient reduction: "exact" (rank-count independent) | "fast"
   double bucket_mb = 25;            // gradient reduction bucket (MiB of fp32 gradient), PyTorch DDP's default
   bool overlap = true;              // reduce buckets on a communication thread during the backward
   double timeout_s = 300;           // watchdog: a collective waiting longer ends the job
+  // Pipeline parallelism (src/train/pipeline.hpp): the schedule of a step's passes
+  // (src/parallel/pipeline_schedule.hpp; the trainer runs "gpipe" and "1f1b"), model chunks a rank
+  // ("interleaved"), and the layers of each stage by hand ("" = balanced by FLOPs).
+  std::string schedule = "1f1b";
+  int64_t virtual_stages = 1;
+  std::string stage_layers;
 };
 
 // Detectors while training (verify/detect/): what is checked and what a finding does. The

@@ -6,6 +6,7 @@
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "src/train/pipeline.hpp"
 
 namespace lockstep {
 
@@ -58,16 +59,22 @@ void Progress::end_step(const StepRecord& r) {
 Evaluation::Evaluation(TrainRun& run, MetricsWriter& metrics, data::EvalReader* val)
     : run_(run), metrics_(metrics), val_(val), inputs_(static_cast<size_t>(run.MBL * run.T)), targets_(inputs_.size()) {}
 
-// The first dp replica evaluates (replicas are equal; its tp ranks together); the same windows as
-// one process, MBL at a time.
+// The first dp replica evaluates (replicas are equal; its tp ranks together, and its stages one
+// after the other); the same windows as one process, MBL at a time.
 float Evaluation::evaluate() {
   const RunConfig& cfg = run_.cfg;
   ChunkCombiner loss_sum;
   for (int64_t s = 0; s < cfg.eval.batches * run_.MB; s += run_.MBL) {
     val_->fill(s, run_.MBL, inputs_.data(), targets_.data());
-    run_.model.eval_loss(inputs_.data(), targets_.data(), run_.MBL, loss_sum);
+    if (run_.pipelined()) {
+      eval_through_stages(run_.model, *run_.pp, {inputs_.data(), targets_.data(), run_.MBL, 0}, loss_sum);
+    } else {
+      run_.model.eval_loss(inputs_.data(), targets_.data(), run_.MBL, loss_sum);
+    }
   }
-  return loss_sum.finish() / static_cast<float>(cfg.eval.batches * run_.MB * run_.T);
+  float loss = loss_sum.finish() / static_cast<float>(cfg.eval.batches * run_.MB * run_.T);
+  if (run_.pipelined()) run_.pp->broadcast(&loss, 1, DType::kF32, run_.pp->size() - 1);  // the last stage's
+  return loss;
 }
 
 void Evaluation::end_step(const StepRecord& r) {

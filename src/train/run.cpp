@@ -5,8 +5,16 @@
 namespace lockstep {
 
 std::vector<float> TrainRun::gather(const float* local) const {
-  return tensor_parallel() ? parallel::gather_global(cfg.model, model.param_layout(), local, tp)
-                           : std::vector<float>(local, local + model.num_params());
+  std::vector<float> stage = tensor_parallel() ? parallel::gather_global(cfg.model, model.param_layout(), local, tp)
+                                               : std::vector<float>(local, local + model.num_params());
+  if (!pipelined()) return stage;
+  // The stages hold consecutive runs of the global layout, in pipeline order.
+  const std::vector<int64_t> counts = pp->all_gather(static_cast<int64_t>(stage.size()));
+  std::vector<int64_t> displs(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
+  std::vector<float> whole(static_cast<size_t>(displs.back() + counts.back()));
+  pp->all_gatherv(stage.data(), whole.data(), counts, displs, DType::kF32);
+  return whole;
 }
 
 }  // namespace lockstep

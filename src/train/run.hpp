@@ -10,6 +10,7 @@
 #include "src/data/sampler.hpp"
 #include "src/model/model.hpp"
 #include "src/parallel/data_parallel.hpp"
+#include "src/parallel/pipeline_schedule.hpp"
 #include "src/train/config.hpp"
 
 namespace lockstep {
@@ -28,10 +29,15 @@ struct TrainRun {
   int64_t BL = 0, MBL = 0; // this rank's share of them
   // Whole tensors (the tp = 1 layout): checkpoints, dumps and the model hash hold these.
   std::vector<ParamTensor> global_layout;
+  // Pipeline parallelism: the group of the stages (nullptr or a group of one without), and this
+  // rank's row of the step's schedule (src/train/pipeline.hpp).
+  comm::Communicator* pp = nullptr;
+  std::vector<parallel::Pass> passes;
 
   bool tensor_parallel() const { return tp.size() > 1; }
-  // This rank's flat buffer (its layout) as whole tensors in global_layout: gathered over tp.
-  // Collective over tp.
+  bool pipelined() const { return pp != nullptr && pp->size() > 1; }
+  // This rank's flat buffer (its layout) as whole tensors in global_layout: gathered over tp, and
+  // the stages' over pp. Collective over tp and pp.
   std::vector<float> gather(const float* local) const;
 };
 

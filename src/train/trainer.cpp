@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "src/comm/mpi_communicator.hpp"
@@ -33,6 +34,7 @@
 #include "src/train/kernel_cache.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
+#include "src/train/pipeline.hpp"
 #include "src/train/replay.hpp"
 #include "src/train/rollback.hpp"
 #include "src/train/run.hpp"
@@ -160,12 +162,22 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   run.model.zero_grad();
   ChunkCombiner loss_sum;
   const float dloss = 1.0f / static_cast<float>(run.B * run.T);
-  run.model.forward_backward_batch(inputs.data(), targets.data(), run.BL, run.MBL, batch_group * run.BL * run.T,
-                                   dloss, loss_sum);
+  if (run.pipelined()) {
+    const StageTimes t =
+        run_stage_passes(run.model, *run.pp, run.passes,
+                         {inputs.data(), targets.data(), run.MBL, run.BL / run.MBL, batch_group * run.BL * run.T},
+                         dloss, loss_sum);
+    r.stage_compute_s = t.compute_s;
+    r.stage_s = t.total_s;
+  } else {
+    run.model.forward_backward_batch(inputs.data(), targets.data(), run.BL, run.MBL, batch_group * run.BL * run.T,
+                                     dloss, loss_sum);
+  }
   if (run.tensor_parallel() && run.cfg.parallel.sp) run.ddp.sum_norm_grads_over_tp();
   run.ddp.reduce_gradients();
   r.overlap = run.ddp.overlap_stats();
   r.loss = run.ddp.reduce_loss(loss_sum) / static_cast<float>(run.B * run.T);
+  if (run.pipelined()) run.pp->broadcast(&r.loss, 1, DType::kF32, run.pp->size() - 1);  // the last stage's loss
   for (StepObserver* o : observers) o->after_reduce(step, r.loss);
   r.grad_norm = run.ddp.clip_grad_norm(static_cast<float>(run.cfg.train.grad_clip));
   run.ddp.step(r.lr, step + 1);
@@ -175,6 +187,32 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   r.wait_seconds = comm::thread_wait_seconds() - waited_before;
   r.comm_bytes = bytes() - bytes_before;
   return r;
+}
+
+// "pipeline: measured bubble ...": each stage's idle share of its passes' time, over its ranks and
+// the steps after the first, beside the schedule's on unit pass costs. Collective over the world.
+std::string measured_bubble(const TrainRun& run, const parallel::Mesh& mesh, const Pipeline& pipeline,
+                            double compute_s, double stage_s) {
+  const std::vector<double> compute = run.world.all_gather(compute_s), total = run.world.all_gather(stage_s);
+  const int64_t pp = mesh.size(parallel::Axis::kPp), tp = mesh.size(parallel::Axis::kTp);
+  std::vector<double> stage_compute(static_cast<size_t>(pp), 0), stage_total(static_cast<size_t>(pp), 0);
+  for (size_t w = 0; w < compute.size(); ++w) {
+    const auto stage = static_cast<size_t>((static_cast<int64_t>(w) / tp) % pp);  // mesh order: tp fastest, then pp
+    stage_compute[stage] += compute[w];
+    stage_total[stage] += total[w];
+  }
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << "pipeline: measured bubble by stage";
+  double all_compute = 0, all_total = 0;
+  for (size_t i = 0; i < stage_compute.size(); ++i) {
+    s << (i ? ", " : " ") << 100 * (stage_total[i] > 0 ? 1 - stage_compute[i] / stage_total[i] : 0) << "%";
+    all_compute += stage_compute[i];
+    all_total += stage_total[i];
+  }
+  s << " (mean " << 100 * (all_total > 0 ? 1 - all_compute / all_total : 0)
+    << "%: the share of the passes' time spent waiting for a neighbour, steps after the first); the schedule's "
+    << 100 * pipeline.unit_bubble << "% on unit pass costs";
+  return s.str();
 }
 
 // The loop on one rank of a (possibly single-rank) world.
@@ -215,6 +253,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
+  // Pipeline parallelism: this rank's stage of the layer list and its row of the schedule.
+  comm::Communicator& ppc = mesh.group(parallel::Axis::kPp);
+  const Pipeline pipeline = plan_pipeline(cfg, ppc.rank(), ppc.size(), part.local_batch / part.local_micro);
   LS_REQUIRE(cfg.verify.buddy_every == 0 || dp >= 2, cfg.source, ": [verify] buddy_every (", cfg.verify.buddy_every,
              ") needs data parallelism (a buddy is another dp group; this run has dp = ", dp, ")");
 
@@ -243,15 +284,22 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   Model model(cfg.model, tc.mode, part.local_micro,
               {.plan = tp_plan ? &*tp_plan : nullptr,
                .backend = abft ? static_cast<Backend*>(&*abft) : &backend,
-               .precision = tc.precision_recipe()});
+               .precision = tc.precision_recipe(),
+               .slots = static_cast<int>(pipeline.slots),
+               .first_layer = pipeline.stage.first,
+               .end_layer = pipeline.stage.end});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
-  // world = dp × tp while pp, ep and cp are 1 (the mesh refuses more).
-  parallel::DataParallel ddp(
-      model, dpc, tpc, world, static_cast<int>(pc.zero), reduce, tc.adamw(),
-      parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap, tp > 1 && pc.sp});
-  TrainRun run{cfg, world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
-               build_param_layout(cfg.model)};
+  // The ranks holding parts of one copy of this stage: dp × tp (the world while pp = 1; ep and cp
+  // are 1, the mesh refuses more).
+  std::unique_ptr<comm::Communicator> stage_group;
+  if (ppc.size() > 1) stage_group = world.split(ppc.rank(), world.rank(), "dp_tp");
+  parallel::DataParallel ddp(model, dpc, tpc, stage_group ? *stage_group : world, static_cast<int>(pc.zero), reduce,
+                             tc.adamw(),
+                             parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap,
+                                                 tp > 1 && pc.sp, &ppc});
+  TrainRun run{cfg,  world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
+               build_param_layout(cfg.model), &ppc, pipeline.passes};
 
   // Observers, in the order they act at each point of a step. [dump] and [inject] give the model a
   // hook only while one of them is on, so that both cost nothing when off; the injection acts
@@ -316,6 +364,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
              cfg.checkpoint.dir, ")");
 
   const Progress::Costs costs = report_setup(run, mesh, backend);
+  if (!pipeline.description.empty()) out << pipeline.description << "\n";
   MetricsWriter metrics;
   if (world.rank() == 0 && !cfg.log.metrics.empty()) metrics = MetricsWriter(cfg.log.metrics, summary.first_step > 0);
   std::optional<DumpSteps> dump_steps;
@@ -406,7 +455,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   auto old_term = std::signal(SIGTERM, on_stop_signal);
   std::vector<int32_t> inputs(static_cast<size_t>(run.BL * T)), targets(inputs.size());
   const LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup, tc.steps};
-  double total_time = 0;
+  double total_time = 0, stage_compute_s = 0, stage_s = 0;
   int64_t steps_this_run = 0;
   int64_t step = summary.first_step;
   // Every rank met a finding that rolls back: all of them run the snapshot's step again, or stop
@@ -463,6 +512,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
       continue;
     }
     total_time += r.seconds;
+    if (steps_this_run > 0) {  // the first step warms up
+      stage_compute_s += r.stage_compute_s;
+      stage_s += r.stage_s;
+    }
     ++steps_this_run;
     summary.last_loss = r.loss;
     if (r.stopping) {
@@ -504,6 +557,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
+  if (run.pipelined()) out << measured_bubble(run, mesh, pipeline, stage_compute_s, stage_s) << "\n";
   if (replay) out << "replays: " << replay->replays() << " (every " << vc.replay_every << " steps, compared bitwise)\n";
   if (buddy) {
     out << "buddy replays: " << buddy->runs() << " runs (every " << vc.buddy_every

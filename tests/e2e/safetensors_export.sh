@@ -70,6 +70,6 @@ PY
 expect_error "no such checkpoint directory" "$LOCKSTEP" ckpt export nope out.safetensors
 expect_error "expected DIR OUT" "$LOCKSTEP" ckpt export ck
 expect_error "needs --config FILE" "$LOCKSTEP" ckpt export ck out.safetensors --train.lr=1
-expect_error "unknown verb 'convert'" "$LOCKSTEP" ckpt convert ck
+expect_error "unknown verb 'reshard' \\(expected: info, verify, export, convert\\)" "$LOCKSTEP" ckpt reshard ck
 [ ! -e out.safetensors ] || fail "a failed export left out.safetensors"
 echo "safetensors_export: ok"

@@ -12,9 +12,9 @@ namespace lockstep::detect {
 
 namespace {
 
-// What one rank contributes: its place and its two hashes.
+// What one rank contributes: its two hashes.
 struct RankHashes {
-  uint64_t dp_rank, tp_rank, params, replicated;
+  uint64_t params, replicated;
 };
 
 // Hash of the tensors this rank holds whole although tensor parallelism splits the model.
@@ -60,19 +60,19 @@ void ReplicaDetector::end_step(const StepRecord& r) {
     const std::optional<uint64_t> taken = at_rest_ ? at_rest_->hash_after_update(r.step, "parameters") : std::nullopt;
     params = taken ? *taken : block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float));
   }
-  const uint64_t mine[4] = {static_cast<uint64_t>(dp_.rank()), static_cast<uint64_t>(tp_.rank()), params,
-                            tp ? tp_replicated_hash(model_) : 0};
+  const uint64_t mine[2] = {params, tp ? tp_replicated_hash(model_) : 0};
   const std::vector<uint64_t> gathered = agreed_all_gather(world_, mine);
   std::vector<RankHashes> all(static_cast<size_t>(world_.size()));
-  for (size_t w = 0; w < all.size(); ++w) {
-    all[w] = {gathered[4 * w], gathered[4 * w + 1], gathered[4 * w + 2], gathered[4 * w + 3]};
-  }
+  for (size_t w = 0; w < all.size(); ++w) all[w] = {gathered[2 * w], gathered[2 * w + 1]};
 
-  // Groups: dp replicas share a tp rank, the members of one tp group share a dp rank.
+  // Groups: dp replicas differ only in their dp coordinate (the slowest axis of the world's
+  // ranks), the members of one tp group only in their tp coordinate (the fastest) — so that other
+  // axes between them (pipeline stages) group apart (src/parallel/mesh.hpp).
+  const uint64_t replica_size = all.size() / static_cast<size_t>(dp_.size());
   std::map<uint64_t, std::vector<std::pair<int, uint64_t>>> replicas, tp_groups;
   for (size_t w = 0; w < all.size(); ++w) {
-    replicas[all[w].tp_rank].push_back({static_cast<int>(w), all[w].params});
-    tp_groups[all[w].dp_rank].push_back({static_cast<int>(w), all[w].replicated});
+    replicas[w % replica_size].push_back({static_cast<int>(w), all[w].params});
+    tp_groups[w / static_cast<uint64_t>(tp_.size())].push_back({static_cast<int>(w), all[w].replicated});
   }
   // One finding per kind of replica, naming the odd ranks of every group: a fault reaches other
   // groups through the reductions, and the finding must not stop at the first.
@@ -91,8 +91,9 @@ void ReplicaDetector::end_step(const StepRecord& r) {
     f.magnitude = static_cast<double>(f.ranks.size());
     log_.report(f, action_, kExitCorruption, "on_fault");
   };
-  if (dp_.size() > 1) check(replicas, "parameter", "parameters of the dp replicas", "tp rank");
-  if (tp) check(tp_groups, "replicated-tensor", "tensors every tp rank holds whole", "dp rank");
+  const bool dp_tp = replica_size == static_cast<uint64_t>(tp_.size());  // no other axis
+  if (dp_.size() > 1) check(replicas, "parameter", "parameters of the dp replicas", dp_tp ? "tp rank" : "replica rank");
+  if (tp) check(tp_groups, "replicated-tensor", "tensors every tp rank holds whole", dp_tp ? "dp rank" : "tp group");
 }
 
 }  // namespace lockstep::detect

@@ -1,0 +1,186 @@
+#include "src/train/pipeline.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <deque>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
+
+namespace lockstep {
+
+namespace {
+
+constexpr int kActivationTag = 21;  // stage s to s + 1
+constexpr int kGradientTag = 22;    // stage s + 1 to s
+
+// Contiguous ranges of `cost` over `parts` that minimise the largest range's sum (dynamic
+// programming; ties to the earliest cut, so the result is the same on every rank).
+std::vector<StageLayers> balanced_ranges(const std::vector<double>& cost, int64_t parts) {
+  const size_t n = cost.size(), p = static_cast<size_t>(parts);
+  std::vector<double> prefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + cost[i];
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // best[k][i]: the smallest largest sum splitting the first i layers into k ranges; cut[k][i]
+  // where the last of them starts.
+  std::vector<std::vector<double>> best(p + 1, std::vector<double>(n + 1, kInf));
+  std::vector<std::vector<size_t>> cut(p + 1, std::vector<size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (size_t k = 1; k <= p; ++k) {
+    for (size_t i = k; i <= n; ++i) {
+      for (size_t j = k - 1; j < i; ++j) {
+        const double v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<StageLayers> out(p);
+  size_t end = n;
+  for (size_t k = p; k >= 1; --k) {
+    out[k - 1] = {cut[k][end], end};
+    end = cut[k][end];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t pp, const std::string& by_hand,
+                                     const std::string& where) {
+  const size_t n = desc.layers.size();
+  LS_REQUIRE(pp >= 1 && static_cast<size_t>(pp) <= n, where, ": pp (", pp, ") stages need a layer each; the model has ",
+             n, " layers (embedding, ", desc.n_blocks(), " x attention and MLP, final norm, head)");
+  if (by_hand.empty()) {
+    std::vector<double> cost;
+    for (const LayerDesc& l : desc.layers) cost.push_back(layer_flops_per_token(l));
+    return balanced_ranges(cost, pp);
+  }
+  const std::vector<std::string_view> items = split_commas(by_hand);
+  LS_REQUIRE(static_cast<int64_t>(items.size()) == pp, where, ": stage_layers \"", by_hand, "\" gives ", items.size(),
+             " stages; pp is ", pp);
+  std::vector<StageLayers> out;
+  size_t at = 0;
+  for (std::string_view item : items) {
+    size_t count = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), count);
+    LS_REQUIRE(ec == std::errc() && end == item.data() + item.size() && count >= 1, where, ": stage_layers \"",
+               by_hand, "\": '", item, "' is not a number of layers >= 1");
+    out.push_back({at, at + count});
+    at += count;
+  }
+  LS_REQUIRE(at == n, where, ": stage_layers \"", by_hand, "\" adds up to ", at, " layers; the model has ", n,
+             " (embedding, ", desc.n_blocks(), " x attention and MLP, final norm, head)");
+  return out;
+}
+
+std::string stage_text(const ModelDesc& desc, const StageLayers& s) {
+  const auto name = [&](size_t l) {
+    const LayerDesc& d = desc.layers[l];
+    return str_cat(d.prefix, layer_kind_name(d.kind));
+  };
+  return s.end - s.first == 1 ? name(s.first) : str_cat(name(s.first), "..", name(s.end - 1));
+}
+
+Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches) {
+  const ModelDesc desc = describe_model(cfg.model);
+  Pipeline out;
+  out.stage = {0, desc.layers.size()};
+  if (pp == 1) return out;
+  const std::string& src = cfg.source;
+  const parallel::ScheduleKind kind = parallel::parse_schedule_kind(cfg.parallel.schedule, src + ": [parallel] schedule");
+  LS_REQUIRE(kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB, src,
+             ": [parallel] schedule \"", cfg.parallel.schedule, "\": the trainer runs \"gpipe\" and \"1f1b\" so far (`lockstep ",
+             "schedule` prints the others)");
+  LS_REQUIRE(!cfg.model.tie_embeddings, src, ": [parallel] pp = ", pp, " with [model] tie_embeddings = true: the ",
+             "last stage's copy of the embedding is not implemented yet; set tie_embeddings = false");
+  const auto refuse = [&](bool on, const char* what) {
+    LS_REQUIRE(!on, src, ": ", what, " with [parallel] pp > 1 is not implemented yet");
+  };
+  refuse(!cfg.dump.dir.empty(), "[dump] dir");
+  refuse(cfg.verify.reference_every > 0, "[verify] reference_every");
+  refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every");
+  refuse(cfg.verify.replay_every > 0, "[verify] replay_every");
+  refuse(!cfg.inject.kind.empty() || !cfg.inject.campaign.empty(), "[inject]");
+  refuse(!cfg.train.init_from.empty(), "[train] init_from");
+  const std::vector<StageLayers> stages = plan_stages(desc, pp, cfg.parallel.stage_layers, src + ": [parallel]");
+  const parallel::PipelineSchedule schedule =
+      parallel::make_schedule(kind, pp, micro_batches, cfg.parallel.virtual_stages, src + ": [parallel]");
+  out.stage = stages[static_cast<size_t>(rank)];
+  out.passes = schedule.ranks[static_cast<size_t>(rank)];
+  const parallel::Timeline unit = parallel::simulate(schedule, {});
+  out.slots = unit.peak_in_flight[static_cast<size_t>(rank)];
+  out.unit_bubble = unit.bubble;
+  std::ostringstream line;
+  line << "pipeline: pp " << pp << ", schedule " << parallel::schedule_name(kind) << ", " << micro_batches
+       << " micro-batches a step; stages";
+  for (size_t i = 0; i < stages.size(); ++i) {
+    double flops = 0;
+    for (size_t l = stages[i].first; l < stages[i].end; ++l) flops += layer_flops_per_token(desc.layers[l]);
+    line << (i ? "; " : " ") << i << ": " << stage_text(desc, stages[i]) << " (" << std::fixed << std::setprecision(2)
+         << flops / 1e6 << " MFLOP/token)";
+  }
+  line << "; bubble " << std::setprecision(1) << 100 * unit.bubble << "% on unit pass costs";
+  out.description = line.str();
+  return out;
+}
+
+StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vector<parallel::Pass>& passes,
+                            const StageBatch& batch, float dloss, ChunkCombiner& loss_sum) {
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  StageTimes times;
+  const auto timed = [&](auto&& compute) {
+    const auto t0 = Clock::now();
+    compute();
+    times.compute_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  const int64_t T = model.config().seq_len;
+  const int64_t floats = model.stream_tokens(batch.micro) * model.config().d_model;
+  std::deque<std::vector<float>> outbox;  // a deque: the sends' buffers stay where they are
+  std::vector<comm::Handle> sends;
+  const auto send = [&](const float* data, int dest, int tag) {
+    outbox.emplace_back(data, data + floats);
+    sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, dest, tag));
+  };
+  size_t last_backward = 0;
+  for (size_t i = 0; i < passes.size(); ++i) {
+    if (passes[i].kind != parallel::PassKind::kForward) last_backward = i;
+  }
+  for (size_t i = 0; i < passes.size(); ++i) {
+    const parallel::Pass& pass = passes[i];
+    LS_CHECK(pass.chunk == 0 && pass.micro < batch.count, "pass of chunk ", pass.chunk, ", micro-batch ", pass.micro);
+    const int64_t at = pass.micro * batch.micro * T;
+    if (pass.kind == parallel::PassKind::kForward) {
+      if (!first) pp.recv(model.stage_input(pass.micro), floats, DType::kF32, pp.rank() - 1, kActivationTag);
+      timed([&] { model.forward(pass.micro, {batch.inputs + at, batch.targets + at, batch.micro, batch.first_token + at}); });
+      if (!last) send(model.stage_output(pass.micro), pp.rank() + 1, kActivationTag);
+    } else {
+      LS_CHECK(pass.kind == parallel::PassKind::kBackward, "a split backward (", parallel::pass_letter(pass.kind),
+               ") in a schedule the trainer runs");
+      if (!last) pp.recv(model.stage_output_grad(), floats, DType::kF32, pp.rank() + 1, kGradientTag);
+      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_backward); });
+      if (!first) send(model.stage_input_grad(), pp.rank() - 1, kGradientTag);
+    }
+  }
+  for (comm::Handle& h : sends) h.wait();
+  times.total_s = std::chrono::duration<double>(Clock::now() - started).count();
+  return times;
+}
+
+void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch& batch, ChunkCombiner& loss_sum) {
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  const int64_t floats = model.stream_tokens(batch.B) * model.config().d_model;
+  if (!first) pp.recv(model.stage_input(0), floats, DType::kF32, pp.rank() - 1, kActivationTag);
+  const float* out = model.eval_forward(0, batch, loss_sum);
+  if (!last) pp.send(out, floats, DType::kF32, pp.rank() + 1, kActivationTag);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,88 @@
+// Pipeline parallelism on one rank: which layers each stage holds, and a step's (or an
+// evaluation's) passes of this rank's stage, its row of the schedule (src/parallel/
+// pipeline_schedule.hpp), with the activations sent to the next stage and the gradients to the
+// previous one over the pipeline group.
+//
+// Canonical bits: a stage is a contiguous range of the layer list, its model accumulates the
+// canonical gradient exactly across micro-batches in any order (src/model/model.hpp), and the
+// gradient norm and the loss sum every stage's exact partials, so a pipelined run ends on the
+// single-process model. The stage boundaries move no bit either.
+// Not here: the tables (src/parallel/pipeline_schedule.hpp), the model's stage support
+// (src/model/model.hpp), the set-up (trainer.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ops/canonical.hpp"
+#include "src/comm/communicator.hpp"
+#include "src/model/model.hpp"
+#include "src/parallel/pipeline_schedule.hpp"
+#include "src/train/config.hpp"
+
+namespace lockstep {
+
+struct StageLayers {
+  size_t first = 0, end = 0;  // layers [first, end) of the list
+};
+
+// The layers of each of pp stages: `by_hand` ("n0,n1,...", the number of layers of each stage in
+// list order — [parallel] stage_layers), or else the contiguous ranges that make the largest
+// stage's FLOPs per token (layer_flops_per_token) the smallest, ties going to the earliest cuts.
+// The embedding is on the first stage, the head and loss on the last. ConfigError naming `where`:
+// more stages than layers, a list that does not add up to the model's layers or leaves a stage
+// empty.
+std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t pp, const std::string& by_hand,
+                                     const std::string& where);
+
+// "embedding..layer/1/attn" style: the first and last layer of a stage, for messages.
+std::string stage_text(const ModelDesc& desc, const StageLayers& s);
+
+// This rank's part of the pipeline: its stage, its row of the step's schedule and the
+// micro-batches it holds at once (the schedule's peak on this rank); without pipeline parallelism
+// the whole list, one slot and no passes.
+struct Pipeline {
+  StageLayers stage;
+  std::vector<parallel::Pass> passes;
+  int64_t slots = 1;
+  double unit_bubble = 0;   // the schedule's bubble on unit pass costs
+  std::string description;  // the start-up line ("" without pipeline parallelism)
+};
+
+// For pp rank `rank` of `pp`, with `micro_batches` micro-batches a step on each rank. ConfigError
+// naming the config for what the trainer's pipeline does not run yet: tied embeddings (the head's
+// copy of wte on the last stage), the interleaved and zero-bubble schedules, and, with pp > 1,
+// dumps, the reference, buddy and replay checks, injected faults and init_from.
+Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches);
+
+// One rank's part of a step: micro-batch i reads (micro · T) tokens from inputs and targets at
+// i · micro · T; its tokens are first_token + that in the global batch.
+struct StageBatch {
+  const int32_t* inputs = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t micro = 0;        // sequences in a micro-batch
+  int64_t count = 0;        // micro-batches
+  int64_t first_token = 0;  // of the rank's batch, in the step's global batch
+};
+
+// Runs `passes` (this rank's row of the step's schedule) on `model`, this rank's stage. A forward
+// of a stage after the first receives its input from pipeline rank − 1 first; a backward of a
+// stage before the last receives its output's gradient from rank + 1. What a pass sends on is
+// copied and sent without waiting (all sends are waited for before returning), so that no rank
+// blocks in a send while its neighbour blocks in another. The last stage's loss layer adds to
+// loss_sum. Collective over pp.
+// Returns the seconds the passes computed (forward and backward calls) and the seconds they took
+// in all: the rest is the bubble — waiting for a neighbour — and the messages' copies.
+struct StageTimes {
+  double compute_s = 0, total_s = 0;
+};
+StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vector<parallel::Pass>& passes,
+                            const StageBatch& batch, float dloss, ChunkCombiner& loss_sum);
+
+// A forward for evaluation of one micro-batch through every stage (a stage after the first
+// receives its input, one before the last sends its output); the last stage's loss layer adds to
+// loss_sum. Collective over pp.
+void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch& batch, ChunkCombiner& loss_sum);
+
+}  // namespace lockstep

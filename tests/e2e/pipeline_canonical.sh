@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Pipeline parallelism in canonical mode: pp2, pp4, pp2 with GPipe, pp2 x dp2 (zero 2), pp2 x tp2
+# and pp2 x dp2 x tp2 with sp and zero 1 each end on the single-process model hash, the loss and
+# the validation loss printed alike; stages balanced by FLOPs or set by hand; a pp2 x dp2
+# checkpoint resumes under one process and under pp4 to the uninterrupted hash. Layouts the
+# pipeline cannot run are one error line each.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make_data
+write_tp_config 384 128
+# Evaluation every 10 steps (through the stages), and an untied head.
+sed -i -e 's/^every = 0$/every = 10/' -e 's/^seed = 11$/seed = 11\ntie_embeddings = false/' cfg.toml
+train=("$LOCKSTEP" train --config cfg.toml --train.threads=1 --train.steps=20)
+"${train[@]}" --train.micro_batch_size=1 > one.log
+want=$(model_hash one.log)
+loss=$(grep '^step *20/' one.log | sed 's/ | [0-9]* tok\/s.*//')
+# Evaluation reads eval.batches x micro_batch_size sequences: its reference is one process's with
+# the same micro-batch.
+"${train[@]}" --train.micro_batch_size=2 > one2.log
+val1=$(grep '^eval step 20 ' one.log)
+val2=$(grep '^eval step 20 ' one2.log)
+[ -n "$want" ] && [ -n "$loss" ] && [ -n "$val1" ] || fail "single process: $(tail -3 one.log)"
+[ "$(model_hash one2.log)" = "$want" ] || fail "micro-batches of 2 changed the canonical model"
+
+for layout in "2|--parallel.pp=2" "4|--parallel.pp=4" "2|--parallel.pp=2 --parallel.schedule=gpipe" \
+              "2|--parallel.pp=2 --parallel.stage_layers=2,5" "4|--parallel.pp=2 --parallel.dp=2 --parallel.zero=2" \
+              "4|--parallel.pp=2 --parallel.tp=2" \
+              "8|--parallel.pp=2 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=1"; do
+  IFS='|' read -r np flags <<< "$layout"
+  # shellcheck disable=SC2086
+  case "$flags" in *sp=true*) micro=2 ;; *) micro=1 ;; esac  # sp: a rank's micro-batch / tp a whole chunk
+  mpirun --oversubscribe -np "$np" "${train[@]}" --train.micro_batch_size=$micro $flags > pp.log 2>&1 ||
+    fail "$flags: $(tail -3 pp.log)"
+  [ "$(model_hash pp.log)" = "$want" ] || fail "$flags: hash $(model_hash pp.log) != $want"
+  [ "$(grep '^step *20/' pp.log | sed 's/ | [0-9]* tok\/s.*//')" = "$loss" ] || fail "$flags: $(grep '^step *20/' pp.log) vs $loss"
+  val=$([ "$micro" = 1 ] && echo "$val1" || echo "$val2")
+  [ "$(grep '^eval step 20 ' pp.log)" = "$val" ] || fail "$flags: $(grep '^eval step 20 ' pp.log) vs $val"
+  grep -q '^pipeline: pp [24], schedule \(1f1b\|gpipe\), [0-9]* micro-batches a step; stages 0: embedding' pp.log ||
+    fail "$flags: no pipeline line: $(grep '^pipeline' pp.log)"
+done
+mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --parallel.pp=2 --parallel.stage_layers=2,5 \
+  > hand.log 2>&1
+grep -q 'stages 0: embedding..layer/0/attention (.*); 1: layer/0/mlp..head' hand.log ||
+  fail "stage_layers=2,5 not as given: $(grep '^pipeline' hand.log)"
+
+# A pp2 x dp2 checkpoint resumed by one process and by pp4.
+mpirun --oversubscribe -np 4 "${train[@]}" --train.micro_batch_size=1 --parallel.pp=2 --parallel.dp=2 \
+  --checkpoint.dir=ck --checkpoint.every=10 --train.stop_after=9 > first.log 2>&1 || fail "pp2 x dp2 first half: $(tail -3 first.log)"
+"$LOCKSTEP" ckpt verify ck | grep -q '^ok ' || fail "ckpt verify of the pp checkpoint"
+grep -q '"pp": 2' ck/step_00000010/manifest.json || fail "the manifest does not record pp 2"
+cp -r ck ck4
+"${train[@]}" --checkpoint.dir=ck > resumed1.log
+[ "$(model_hash resumed1.log)" = "$want" ] || fail "pp2 checkpoint resumed by one process: $(model_hash resumed1.log)"
+mpirun --oversubscribe -np 4 "${train[@]}" --train.micro_batch_size=1 --parallel.pp=4 --checkpoint.dir=ck4 > resumed4.log 2>&1 ||
+  fail "resume pp4: $(tail -3 resumed4.log)"
+[ "$(model_hash resumed4.log)" = "$want" ] || fail "pp2 checkpoint resumed by pp4: $(model_hash resumed4.log)"
+
+mpi() { mpirun --oversubscribe -np "$1" "${train[@]}" "${@:2}"; }
+expect_mpi_error "pp \(8\) stages need a layer each; the model has 7 layers" 8 --parallel.pp=8
+expect_mpi_error "stage_layers \"3,5\" adds up to 8 layers; the model has 7" 2 --parallel.pp=2 --parallel.stage_layers=3,5
+expect_mpi_error "stage_layers \"7,0\": '0' is not a number of layers >= 1" 2 --parallel.pp=2 --parallel.stage_layers=7,0
+expect_mpi_error "schedule \"interleaved\": the trainer runs \"gpipe\" and \"1f1b\" so far" 2 --parallel.pp=2 \
+  --parallel.schedule=interleaved --parallel.virtual_stages=2
+expect_mpi_error "tie_embeddings = true: the last stage's copy of the embedding is not implemented yet" 2 \
+  --parallel.pp=2 --model.tie_embeddings=true
+expect_mpi_error "virtual_stages \(2\) > 1 needs schedule = \"interleaved\"" 2 --parallel.pp=2 --parallel.virtual_stages=2
+echo PASS
