@@ -17,6 +17,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -120,7 +121,8 @@ class LayerContext {
     if (bf16(name)) backend_.round_to_bf16(n, data, data);
   }
 
-  // The parameter named `name` in this rank's layout, nullptr if the model has none.
+  // The parameter named `name` in this rank's layout (or the tied copy of wte), nullptr if the
+  // model has none.
   const ParamTensor* find_param(const std::string& name) const;
   float* param(const ParamTensor* t) { return t ? params_.data() + t->offset : nullptr; }
   // Where t's gradient goes (empty for nullptr).
@@ -129,6 +131,14 @@ class LayerContext {
   void grads_ready(const Pass& p, const ParamTensor* first, const ParamTensor* last = nullptr) const {
     if (last == nullptr) last = first;
     if (grad_ready_) grad_ready_(first->offset, last->offset + last->numel, p.last_micro);
+  }
+
+  // The embedding's backward in the step's last micro-batch, before it reports wte ready: adds
+  // what Model::add_to_tied_grad was given (another stage's head gradient of wte), once.
+  void add_tied_partial(const ParamTensor* wte) {
+    if (!tied_partial_) return;
+    tied_partial_(sink(wte));
+    tied_partial_ = nullptr;
   }
 
   bool observing() const { return static_cast<bool>(hook_); }
@@ -163,6 +173,16 @@ class LayerContext {
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;
+  // A pipeline stage with a tied head but not the embedding holds a copy of wte: at the end of
+  // params_, outside layout_ (so nothing updates, reduces or saves it), its gradient in tied_grad_
+  // (fast) or tied_exact_ (canonical), never in a GradStorage (src/train/pipeline.hpp sends it to
+  // the embedding's stage and the updated values back).
+  std::optional<ParamTensor> tied_copy_;
+  std::vector<float> tied_grad_;
+  ExactAccumulator tied_exact_;
+  // The embedding's stage: the other stage's part of wte's gradient, to add in the step's last
+  // micro-batch (empty: none).
+  std::function<void(const GradSink&)> tied_partial_;
 };
 
 class Layer {

@@ -44,11 +44,16 @@ void for_param_blocks(int64_t first, int64_t end, const F& f) {
 const ParamTensor* LayerContext::find_param(const std::string& name) const {
   for (const auto& t : layout_)
     if (t.name == name) return &t;
+  if (tied_copy_ && tied_copy_->name == name) return &*tied_copy_;
   return nullptr;
 }
 
 GradSink LayerContext::sink(const ParamTensor* t) {
   if (t == nullptr) return {};
+  if (tied_copy_ && t == &*tied_copy_) {
+    if (mode_ == Mode::kCanonical) return {nullptr, &tied_exact_, 0};
+    return {tied_grad_.data(), nullptr, 0};
+  }
   if (storage_) return storage_->sink(*t);
   own_grads();
   if (mode_ == Mode::kCanonical) return {nullptr, exact_grads_.get(), t->offset};
@@ -106,7 +111,23 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
                       all.begin() + static_cast<std::ptrdiff_t>(before + count));
   const int64_t base = ctx_.layout_.empty() ? 0 : ctx_.layout_.front().offset;
   for (auto& t : ctx_.layout_) t.offset -= base;
-  ctx_.params_.assign(ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel, 0.0f);
+  num_params_ = ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel;
+  ctx_.params_.assign(static_cast<size_t>(num_params_), 0.0f);
+  // A tied head without its embedding (a later pipeline stage) computes with a copy of wte.
+  bool embedding = false, tied_head = false;
+  for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
+    embedding |= desc_.layers[l].kind == LayerKind::kEmbedding;
+    tied_head |= desc_.layers[l].kind == LayerKind::kHead && desc_.layers[l].tied;
+  }
+  if (tied_head && !embedding) {
+    ParamTensor copy = all.front();
+    LS_CHECK(copy.name == "wte", "the first parameter of the list is ", copy.name, ", not wte");
+    copy.offset = num_params_;
+    ctx_.tied_copy_ = copy;
+    ctx_.params_.resize(static_cast<size_t>(num_params_ + copy.numel));
+    ctx_.tied_grad_.assign(static_cast<size_t>(copy.numel), 0.0f);
+    if (mode == Mode::kCanonical) ctx_.tied_exact_.reset(static_cast<size_t>(copy.numel));
+  }
 
   const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
   int64_t scratch = 0;
@@ -128,6 +149,13 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
 }
 
 Model::~Model() = default;
+
+std::span<float> Model::tied_copy() {
+  if (!ctx_.tied_copy_) return {};
+  return {ctx_.params_.data() + ctx_.tied_copy_->offset, static_cast<size_t>(ctx_.tied_copy_->numel)};
+}
+
+void Model::add_to_tied_grad(std::function<void(const GradSink&)> add) { ctx_.tied_partial_ = std::move(add); }
 
 const ParamTensor& Model::param(const std::string& name) const {
   const ParamTensor* t = ctx_.find_param(name);
@@ -185,6 +213,10 @@ void Model::init_parameters() {
 
 void Model::zero_grad() {
   ctx_.own_grads();
+  if (ctx_.tied_copy_) {
+    std::fill(ctx_.tied_grad_.begin(), ctx_.tied_grad_.end(), 0.0f);
+    if (mode() == Mode::kCanonical) ctx_.tied_exact_.zero();
+  }
   if (ctx_.storage_) {
     ctx_.storage_->zero();
   } else if (mode() == Mode::kCanonical) {

@@ -22,7 +22,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,7 +67,7 @@ class Model {
   Backend& backend() const { return ctx_.backend(); }
   const std::vector<ParamTensor>& param_layout() const { return ctx_.layout_; }
   const ParamTensor& param(const std::string& name) const;
-  int64_t num_params() const { return static_cast<int64_t>(ctx_.params_.size()); }
+  int64_t num_params() const { return num_params_; }
   float* params() { return ctx_.params_.data(); }
   const float* params() const { return ctx_.params_.data(); }
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
@@ -118,6 +120,19 @@ class Model {
   // The same for the elements [first, end) of the flat buffer only.
   void finish_grads(int64_t first, int64_t end);
 
+  // Pipeline stages of a model with tied embeddings (src/train/pipeline.hpp). The stage with the
+  // head but not the embedding computes with a copy of wte (tp-local; empty span elsewhere),
+  // outside param_layout() and params()' num_params(): nothing updates or saves it, the caller
+  // writes the embedding stage's values into it; its gradient of the step accumulates in
+  // tied_copy_grad() (fast mode) or tied_copy_exact() (canonical) until zero_grad().
+  std::span<float> tied_copy();
+  std::span<const float> tied_copy_grad() const { return ctx_.tied_grad_; }
+  const ExactAccumulator& tied_copy_exact() const { return ctx_.tied_exact_; }
+  // The embedding's stage: `add` is called once, in the next backward of a step's last
+  // micro-batch, with wte's gradient sink, after the embedding added its part and before wte is
+  // reported ready — to add the head stage's part.
+  void add_to_tied_grad(std::function<void(const GradSink&)> add);
+
   // Forward of micro-batch `mb` (an id of the caller's: distinct among those in flight); the
   // tokens are copied, so the caller's buffers may change after the call.
   void forward(int64_t mb, const MicroBatch& batch);
@@ -168,6 +183,7 @@ class Model {
 
   ModelDesc desc_;
   ModelOptions options_;
+  int64_t num_params_ = 0;  // of layout_ (params_ may end with a tied copy of wte)
   ModelPlan default_plan_;
   const ModelPlan* plan_;
   LayerContext ctx_;

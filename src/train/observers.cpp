@@ -63,6 +63,7 @@ Evaluation::Evaluation(TrainRun& run, MetricsWriter& metrics, data::EvalReader* 
 // after the other); the same windows as one process, MBL at a time.
 float Evaluation::evaluate() {
   const RunConfig& cfg = run_.cfg;
+  if (run_.pipelined()) sync_tied_copy(run_.model, *run_.pp);  // the head's copy of wte, as updated
   ChunkCombiner loss_sum;
   for (int64_t s = 0; s < cfg.eval.batches * run_.MB; s += run_.MBL) {
     val_->fill(s, run_.MBL, inputs_.data(), targets_.data());

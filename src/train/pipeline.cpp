@@ -6,6 +6,7 @@
 #include <deque>
 #include <iomanip>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "src/core/check.hpp"
@@ -17,6 +18,70 @@ namespace {
 
 constexpr int kActivationTag = 21;  // stage s to s + 1
 constexpr int kGradientTag = 22;    // stage s + 1 to s
+constexpr int kTiedGradTag = 23;    // the last stage's head gradient of wte, to the first
+constexpr int kTiedWeightTag = 24;  // wte, from the first stage to the last one's copy
+
+bool tied_across_stages(const Model& model, const comm::Communicator& pp) {
+  return pp.size() > 1 && model.config().tie_embeddings;
+}
+
+// An element whose exact sum spilled out of its double: its index and its accumulator's state.
+constexpr size_t kSpillWords = 2 + SuperAccumulator::kDigits;  // index, flags, digits
+
+// The last stage: its head gradient of wte to the first stage — fast mode the floats; canonical
+// mode every element's double, then the spilled elements' accumulators.
+void send_tied_grad(Model& model, comm::Communicator& pp) {
+  const std::span<const float> grad = model.tied_copy_grad();
+  const auto n = static_cast<int64_t>(grad.size());
+  if (model.mode() == Mode::kFast) {
+    pp.send(grad.data(), n, DType::kF32, 0, kTiedGradTag);
+    return;
+  }
+  const ExactAccumulator& e = model.tied_copy_exact();
+  pp.send(e.partial_sums(), n, DType::kF64, 0, kTiedGradTag);
+  std::vector<int64_t> spills;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!e.spilled(static_cast<size_t>(i))) continue;
+    const SuperAccumulator& acc = e.spill(static_cast<size_t>(i));
+    spills.push_back(i);
+    spills.push_back(acc.flags());
+    spills.insert(spills.end(), acc.digits(), acc.digits() + SuperAccumulator::kDigits);
+  }
+  const auto words = static_cast<int64_t>(spills.size());
+  pp.send(&words, 1, DType::kI64, 0, kTiedGradTag);
+  if (words > 0) pp.send(spills.data(), words, DType::kI64, 0, kTiedGradTag);
+}
+
+// The first stage: receives that gradient and has the embedding add it to wte's (n elements).
+void receive_tied_grad(Model& model, comm::Communicator& pp, int64_t n) {
+  const int last = pp.size() - 1;
+  if (model.mode() == Mode::kFast) {
+    auto grad = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+    pp.recv(grad->data(), n, DType::kF32, last, kTiedGradTag);
+    model.add_to_tied_grad([grad](const GradSink& sink) {
+      for (size_t i = 0; i < grad->size(); ++i) sink.f32[i] += (*grad)[i];
+    });
+    return;
+  }
+  auto sums = std::make_shared<std::vector<double>>(static_cast<size_t>(n));
+  pp.recv(sums->data(), n, DType::kF64, last, kTiedGradTag);
+  int64_t words = 0;
+  pp.recv(&words, 1, DType::kI64, last, kTiedGradTag);
+  auto spills = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(words));
+  if (words > 0) pp.recv(spills->data(), words, DType::kI64, last, kTiedGradTag);
+  model.add_to_tied_grad([sums, spills](const GradSink& sink) {
+    std::vector<uint8_t> spilled(sums->size(), 0);
+    for (size_t w = 0; w < spills->size(); w += kSpillWords) {
+      const auto i = static_cast<size_t>((*spills)[w]);
+      spilled[i] = 1;
+      sink.exact->add(static_cast<size_t>(sink.offset) + i,
+                      SuperAccumulator::from_digits(spills->data() + w + 2, static_cast<uint8_t>((*spills)[w + 1])));
+    }
+    for (size_t i = 0; i < sums->size(); ++i) {
+      if (!spilled[i]) sink.exact->add(static_cast<size_t>(sink.offset) + i, (*sums)[i]);
+    }
+  });
+}
 
 // Contiguous ranges of `cost` over `parts` that minimise the largest range's sum (dynamic
 // programming; ties to the earliest cut, so the result is the same on every rank).
@@ -98,8 +163,6 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   LS_REQUIRE(kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB, src,
              ": [parallel] schedule \"", cfg.parallel.schedule, "\": the trainer runs \"gpipe\" and \"1f1b\" so far (`lockstep ",
              "schedule` prints the others)");
-  LS_REQUIRE(!cfg.model.tie_embeddings, src, ": [parallel] pp = ", pp, " with [model] tie_embeddings = true: the ",
-             "last stage's copy of the embedding is not implemented yet; set tie_embeddings = false");
   const auto refuse = [&](bool on, const char* what) {
     LS_REQUIRE(!on, src, ": ", what, " with [parallel] pp > 1 is not implemented yet");
   };
@@ -150,6 +213,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
     outbox.emplace_back(data, data + floats);
     sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, dest, tag));
   };
+  const bool tied = tied_across_stages(model, pp);
   size_t last_backward = 0;
   for (size_t i = 0; i < passes.size(); ++i) {
     if (passes[i].kind != parallel::PassKind::kForward) last_backward = i;
@@ -166,13 +230,27 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
       LS_CHECK(pass.kind == parallel::PassKind::kBackward, "a split backward (", parallel::pass_letter(pass.kind),
                ") in a schedule the trainer runs");
       if (!last) pp.recv(model.stage_output_grad(), floats, DType::kF32, pp.rank() + 1, kGradientTag);
+      // The last stage has run all its backwards: its head gradient of wte is complete.
+      if (first && tied && i == last_backward) receive_tied_grad(model, pp, model.param("wte").numel);
       timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_backward); });
       if (!first) send(model.stage_input_grad(), pp.rank() - 1, kGradientTag);
+      if (last && tied && i == last_backward) send_tied_grad(model, pp);
     }
   }
   for (comm::Handle& h : sends) h.wait();
   times.total_s = std::chrono::duration<double>(Clock::now() - started).count();
   return times;
+}
+
+void sync_tied_copy(Model& model, comm::Communicator& pp) {
+  if (!tied_across_stages(model, pp)) return;
+  if (pp.rank() == 0) {
+    const ParamTensor& wte = model.param("wte");
+    pp.send(model.params() + wte.offset, wte.numel, DType::kF32, pp.size() - 1, kTiedWeightTag);
+  } else if (pp.rank() == pp.size() - 1) {
+    const std::span<float> copy = model.tied_copy();
+    pp.recv(copy.data(), static_cast<int64_t>(copy.size()), DType::kF32, 0, kTiedWeightTag);
+  }
 }
 
 void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch& batch, ChunkCombiner& loss_sum) {

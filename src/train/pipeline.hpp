@@ -71,7 +71,8 @@ struct StageBatch {
 // stage before the last receives its output's gradient from rank + 1. What a pass sends on is
 // copied and sent without waiting (all sends are waited for before returning), so that no rank
 // blocks in a send while its neighbour blocks in another. The last stage's loss layer adds to
-// loss_sum. Collective over pp.
+// loss_sum; with tied embeddings its head gradient of wte goes to the first stage (above).
+// Collective over pp.
 // Returns the seconds the passes computed (forward and backward calls) and the seconds they took
 // in all: the rest is the bubble — waiting for a neighbour — and the messages' copies.
 struct StageTimes {
@@ -79,6 +80,14 @@ struct StageTimes {
 };
 StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vector<parallel::Pass>& passes,
                             const StageBatch& batch, float dloss, ChunkCombiner& loss_sum);
+
+// Tied embeddings (the head's weight is wte): the last stage computes with a copy of wte
+// (Model::tied_copy). sync_tied_copy sends the first stage's wte into it (before a step's or an
+// evaluation's forwards: after an update, a resume or a rollback alike); run_stage_passes sends the
+// last stage's head gradient of wte to the first stage — exact sums in canonical mode — which adds
+// it before its last micro-batch reports wte ready, so that wte's gradient is the single process's
+// sum, rounded once. No-ops for an untied model or pp = 1. Collective over pp.
+void sync_tied_copy(Model& model, comm::Communicator& pp);
 
 // A forward for evaluation of one micro-batch through every stage (a stage after the first
 // receives its input, one before the last sends its output); the last stage's loss layer adds to

@@ -163,6 +163,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   ChunkCombiner loss_sum;
   const float dloss = 1.0f / static_cast<float>(run.B * run.T);
   if (run.pipelined()) {
+    sync_tied_copy(run.model, *run.pp);
     const StageTimes t =
         run_stage_passes(run.model, *run.pp, run.passes,
                          {inputs.data(), targets.data(), run.MBL, run.BL / run.MBL, batch_group * run.BL * run.T},

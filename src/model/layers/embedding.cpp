@@ -38,6 +38,7 @@ class Embedding final : public Layer {
 
   void backward(LayerContext& ctx, const Pass& p, const float*, float* dout, float*) override {
     op_->backward(ctx.backend(), ctx.mode(), p.B, p.token_offset, ctx.sink(wte_), ctx.sink(wpe_), dout, p.inputs);
+    if (p.last_micro) ctx.add_tied_partial(wte_);  // a tied head on another pipeline stage
     ctx.grads_ready(p, wte_, wpe_);
   }
 

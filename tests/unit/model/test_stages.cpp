@@ -1,7 +1,9 @@
 // A model run as pipeline stages: two Models over layers [0, k) and [k, n) of one list, the first
 // holding several micro-batches between their forward and their backward (what a 1F1B schedule
-// needs), backwards in another order than the forwards. Canonical gradients and the loss must be
-// bitwise those of the whole model run one micro-batch after the other, for every cut.
+// needs), backwards in another order than the forwards; with tied embeddings the last stage's head
+// computes with a copy of wte whose exact gradient sums join the first stage's. Canonical gradients
+// and the loss must be bitwise those of the whole model run one micro-batch after the other, for
+// every cut.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -14,7 +16,6 @@
 namespace lockstep {
 namespace {
 
-// Untied: a tied head needs the embedding in its stage.
 ModelConfig stage_model() {
   return {.vocab_size = 96, .seq_len = 64, .d_model = 64, .n_layers = 2, .n_heads = 4, .tie_embeddings = false,
           .seed = 3};
@@ -30,55 +31,74 @@ std::vector<int32_t> tokens(const ModelConfig& m) {
 }
 
 TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
-  const ModelConfig cfg = stage_model();
-  const ModelDesc desc = describe_model(cfg);
-  const int64_t T = cfg.seq_len;
-  const std::vector<int32_t> tok = tokens(cfg);
-  const float dloss = 1.0f / static_cast<float>(kMicro * T);
+  for (bool tied : {false, true}) {
+    ModelConfig cfg = stage_model();
+    cfg.tie_embeddings = tied;
+    const ModelDesc desc = describe_model(cfg);
+    const int64_t T = cfg.seq_len;
+    const std::vector<int32_t> tok = tokens(cfg);
+    const float dloss = 1.0f / static_cast<float>(kMicro * T);
 
-  Model whole(desc, Mode::kCanonical, 1);
-  whole.init_parameters();
-  whole.zero_grad();
-  ChunkCombiner whole_loss;
-  whole.forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, whole_loss);
-  whole.finish_grads();
+    Model whole(desc, Mode::kCanonical, 1);
+    whole.init_parameters();
+    whole.zero_grad();
+    ChunkCombiner whole_loss;
+    whole.forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, whole_loss);
+    whole.finish_grads();
 
-  for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
-    SCOPED_TRACE(testing::Message() << "stages [0, " << cut << ") and [" << cut << ", " << desc.layers.size() << ")");
-    Model first(desc, Mode::kCanonical, 1, {.slots = static_cast<int>(kMicro), .end_layer = cut});
-    Model last(desc, Mode::kCanonical, 1, {.first_layer = cut});
-    ASSERT_EQ(first.num_params() + last.num_params(), whole.num_params());
-    first.init_parameters();
-    last.init_parameters();
-    first.zero_grad();
-    last.zero_grad();
-    const int64_t rows = first.stream_tokens(1) * cfg.d_model;
-    // All forwards of the first stage, then each micro-batch through the last stage, the first
-    // stage's backwards in the order 0, 2, 1, 3.
-    std::vector<std::vector<float>> grads_in(kMicro);
-    ChunkCombiner loss;
-    for (int64_t mb = 0; mb < kMicro; ++mb) {
-      const MicroBatch batch{tok.data() + mb * T, tok.data() + mb * T + 1, 1, mb * T};
-      first.forward(mb, batch);
-      std::copy(first.stage_output(mb), first.stage_output(mb) + rows, last.stage_input(mb));
-      last.forward(mb, batch);
-      last.backward(mb, dloss, loss, mb == kMicro - 1);
-      grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
-    }
-    for (int64_t mb : {0, 2, 1, 3}) {
-      const auto& g = grads_in[static_cast<size_t>(mb)];
-      std::copy(g.begin(), g.end(), first.stage_output_grad());
-      first.backward(mb, dloss, loss, mb == 3);
-    }
-    first.finish_grads();
-    last.finish_grads();
-    EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
-    for (const Model* stage : {&first, &last}) {
-      for (const auto& t : stage->param_layout()) {
-        const ParamTensor& w = whole.param(t.name);
-        ASSERT_EQ(t.numel, w.numel) << t.name;
-        for (int64_t i = 0; i < t.numel; ++i) {
-          ASSERT_EQ(f32_bits(stage->grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i])) << t.name << " " << i;
+    for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
+      SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", stages [0, " << cut << ") and [" << cut
+                                      << ", " << desc.layers.size() << ")");
+      Model first(desc, Mode::kCanonical, 1, {.slots = static_cast<int>(kMicro), .end_layer = cut});
+      Model last(desc, Mode::kCanonical, 1, {.first_layer = cut});
+      ASSERT_EQ(first.num_params() + last.num_params(), whole.num_params());
+      first.init_parameters();
+      last.init_parameters();
+      // A tied head computes with a copy of the first stage's wte.
+      ASSERT_EQ(last.tied_copy().size(), tied ? static_cast<size_t>(first.param("wte").numel) : 0u);
+      std::copy(first.params(), first.params() + last.tied_copy().size(), last.tied_copy().begin());
+      first.zero_grad();
+      last.zero_grad();
+      const int64_t rows = first.stream_tokens(1) * cfg.d_model;
+      // All forwards of the first stage, then each micro-batch through the last stage, the first
+      // stage's backwards in the order 0, 2, 1, 3.
+      std::vector<std::vector<float>> grads_in(kMicro);
+      ChunkCombiner loss;
+      for (int64_t mb = 0; mb < kMicro; ++mb) {
+        const MicroBatch batch{tok.data() + mb * T, tok.data() + mb * T + 1, 1, mb * T};
+        first.forward(mb, batch);
+        std::copy(first.stage_output(mb), first.stage_output(mb) + rows, last.stage_input(mb));
+        last.forward(mb, batch);
+        last.backward(mb, dloss, loss, mb == kMicro - 1);
+        grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
+      }
+      // The head's exact sums of wte's gradient join the embedding's in the last micro-batch.
+      first.add_to_tied_grad([&](const GradSink& sink) {
+        const ExactAccumulator& head = last.tied_copy_exact();
+        for (size_t i = 0; i < last.tied_copy().size(); ++i) {
+          if (head.spilled(i)) {
+            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.spill(i));
+          } else {
+            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.partial_sums()[i]);
+          }
+        }
+      });
+      for (int64_t mb : {0, 2, 1, 3}) {
+        const auto& g = grads_in[static_cast<size_t>(mb)];
+        std::copy(g.begin(), g.end(), first.stage_output_grad());
+        first.backward(mb, dloss, loss, mb == 3);
+      }
+      first.finish_grads();
+      last.finish_grads();
+      EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
+      for (const Model* stage : {&first, &last}) {
+        for (const auto& t : stage->param_layout()) {
+          const ParamTensor& w = whole.param(t.name);
+          ASSERT_EQ(t.numel, w.numel) << t.name;
+          for (int64_t i = 0; i < t.numel; ++i) {
+            ASSERT_EQ(f32_bits(stage->grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i]))
+                << t.name << " " << i;
+          }
         }
       }
     }
@@ -99,13 +119,6 @@ TEST(ModelStages, MoreMicroBatchesInFlightThanSlotsAreRefused) {
   model.backward(1, 1.0f, loss, false);
   EXPECT_NO_THROW(model.forward(2, batch));
   EXPECT_THROW(model.backward(3, 1.0f, loss, false), InternalError);  // no forward of 3
-}
-
-TEST(ModelStages, TiedHeadWithoutItsEmbeddingIsRefused) {
-  ModelConfig cfg = stage_model();
-  cfg.tie_embeddings = true;
-  const ModelDesc desc = describe_model(cfg);
-  EXPECT_THROW(Model(desc, Mode::kCanonical, 1, {.first_layer = desc.layers.size() - 1}), ConfigError);
 }
 
 }  // namespace
