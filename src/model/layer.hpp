@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -86,6 +87,15 @@ struct Pass {
   ChunkCombiner* loss_sum = nullptr;  // per-token losses added chunk by chunk
 };
 
+// Activation recomputation: which layers keep only their output between forward and backward and
+// run their forward again just before their backward — none, the attention sub-layers (selective:
+// their (B, NH, T, T) probabilities are most of the activations at long sequences), or every
+// attention and MLP sub-layer (full). The recomputed forward makes the same bits.
+enum class Recompute : uint8_t { kNone, kSelective, kFull };
+const char* recompute_name(Recompute r);
+// "none" | "selective" | "full"; ConfigError naming `where` otherwise.
+Recompute parse_recompute(const std::string& text, const std::string& where);
+
 // The model-wide state the layers of one model share.
 class LayerContext {
  public:
@@ -141,9 +151,22 @@ class LayerContext {
     tied_partial_ = nullptr;
   }
 
-  bool observing() const { return static_cast<bool>(hook_); }
+  // Observers see each tensor once: not again when a recomputed forward makes it a second time.
+  bool observing() const { return static_cast<bool>(hook_) && !recomputing_; }
   void observe(const std::string& name, float* data, std::initializer_list<int64_t> shape) const {
-    if (hook_) hook_(name, TensorView::contiguous(data, DType::kF32, Shape(shape)));
+    if (hook_ && !recomputing_) hook_(name, TensorView::contiguous(data, DType::kF32, Shape(shape)));
+  }
+
+  // Activation recomputation (ModelOptions::recompute): whether layers of `kind` run their forward
+  // again just before their backward, and the activations such layers share — one set for all of
+  // them, every slot, made by `make` at the first request for `key` — since only one of them is
+  // between its recomputed forward and its backward at a time.
+  bool recomputed(LayerKind kind) const;
+  template <class T>
+  T& shared_activations(const std::string& key, const std::function<T()>& make) {
+    auto& entry = shared_activations_[key];
+    if (!entry) entry = std::make_shared<T>(make());
+    return *std::static_pointer_cast<T>(entry);
   }
 
   // Backward scratch shared by every layer (sized for the largest need): a layer's backward may
@@ -173,6 +196,9 @@ class LayerContext {
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;
+  Recompute recompute_ = Recompute::kNone;
+  bool recomputing_ = false;  // a recomputed forward is running
+  std::map<std::string, std::shared_ptr<void>> shared_activations_;
   // A pipeline stage with a tied head but not the embedding holds a copy of wte: at the end of
   // params_, outside layout_ (so nothing updates, reduces or saves it), its gradient in tied_grad_
   // (fast) or tied_exact_ (canonical), never in a GradStorage (src/train/pipeline.hpp sends it to
@@ -184,6 +210,35 @@ class LayerContext {
   // micro-batch (empty: none).
   std::function<void(const GradSink&)> tied_partial_;
 };
+
+// The activations (of type Acts) a layer keeps from its forward for its backward: one set per
+// slot, or — for a layer of a recomputed kind — the one set every such layer shares under `key`
+// (LayerContext::shared_activations). `grow` sizes a set: it must only enlarge its buffers, since a
+// shared set serves every layer that asks.
+template <class Acts>
+class SlotActivations {
+ public:
+  SlotActivations(LayerContext& ctx, LayerKind kind, const std::string& key, int slots,
+                  const std::function<void(Acts&)>& grow) {
+    if (ctx.recomputed(kind)) {
+      shared_ = &ctx.shared_activations<Acts>(key, [] { return Acts{}; });
+      grow(*shared_);
+      return;
+    }
+    own_.resize(static_cast<size_t>(slots));
+    for (Acts& a : own_) grow(a);
+  }
+  Acts& operator[](int slot) { return shared_ != nullptr ? *shared_ : own_[static_cast<size_t>(slot)]; }
+
+ private:
+  Acts* shared_ = nullptr;
+  std::vector<Acts> own_;
+};
+
+// v.resize(n) where that enlarges it.
+inline void grow_to(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
 
 class Layer {
  public:

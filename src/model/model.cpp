@@ -41,6 +41,31 @@ void for_param_blocks(int64_t first, int64_t end, const F& f) {
 
 }  // namespace
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  throw InternalError("recompute_name: unknown Recompute");
+}
+
+Recompute parse_recompute(const std::string& text, const std::string& where) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    if (text == recompute_name(r)) return r;
+  }
+  throw ConfigError(str_cat(where, ": expected \"none\", \"selective\" or \"full\", got \"", text, "\""));
+}
+
+bool LayerContext::recomputed(LayerKind kind) const {
+  switch (recompute_) {
+    case Recompute::kNone: return false;
+    case Recompute::kSelective: return kind == LayerKind::kAttention;
+    case Recompute::kFull: return kind == LayerKind::kAttention || kind == LayerKind::kMlp;
+  }
+  return false;
+}
+
 const ParamTensor* LayerContext::find_param(const std::string& name) const {
   for (const auto& t : layout_)
     if (t.name == name) return &t;
@@ -129,6 +154,7 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     if (mode == Mode::kCanonical) ctx_.tied_exact_.reset(static_cast<size_t>(copy.numel));
   }
 
+  ctx_.recompute_ = options_.recompute;
   const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
   int64_t scratch = 0;
   for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
@@ -316,6 +342,12 @@ void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last
     Layer& layer = *layers_[i];
     const float* in = i > 0 ? layers_[i - 1]->output(p.slot)
                             : (options_.first_layer > 0 ? s.stage_input.data() : nullptr);
+    if (ctx_.recomputed(layer.desc().kind)) {
+      // Its activations since its forward are another layer's or micro-batch's now: made again.
+      ctx_.recomputing_ = true;
+      layer.forward(ctx_, p, in);
+      ctx_.recomputing_ = false;
+    }
     float* dinp = nullptr;
     if (!layer.desc().input.empty()) {
       dinp = layer.residual() ? dout

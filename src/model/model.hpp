@@ -12,6 +12,9 @@
 // of the layers only (a pipeline stage): it then reads its input from stage_input(mb), and its
 // backward starts from the gradient the caller writes into stage_output_grad().
 //
+// Recomputation (ModelOptions::recompute): the recomputed layers' forward runs again just before
+// their backward, their activations shared (layer.hpp, SlotActivations).
+//
 // Gradients: fast mode accumulates into the fp32 gradient buffer; canonical mode accumulates every
 // chunk partial exactly (ExactAccumulator) across micro-batches and rounds once in finish_grads(),
 // so the gradient does not depend on how the batch was split, nor on the order of micro-batches.
@@ -49,6 +52,7 @@ struct ModelOptions {
   int slots = 1;                    // micro-batches whose activations may be alive at once
   size_t first_layer = 0;           // the layers [first_layer, end_layer) of the list (a stage)
   size_t end_layer = SIZE_MAX;
+  Recompute recompute = Recompute::kNone;  // layers whose forward runs again before their backward
 };
 
 class Model {

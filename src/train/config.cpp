@@ -10,6 +10,7 @@
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
 #include "src/core/comma_list.hpp"
+#include "src/model/layer.hpp"
 #include "src/train/inject.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/core/dump.hpp"
@@ -226,6 +227,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("fp32_linears", c.train.fp32_linears);
   t.field("master_weights", c.train.master_weights);
   t.field("init_from", c.train.init_from);
+  t.field("recompute", c.train.recompute);
   t.finish();
 
   Section k = section("checkpoint");
@@ -333,6 +335,7 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.eps > 0, c.source, ": [train] eps (", t.eps, ") must be > 0");
   LS_REQUIRE(t.weight_decay >= 0, c.source, ": [train] weight_decay must be >= 0");
   DecayPolicy::parse(t.weight_decay_on, c.source + ": [train] weight_decay_on");  // throws on a bad list
+  parse_recompute(t.recompute, c.source + ": [train] recompute");
   const VerifyConfig& v = c.verify;
   LS_REQUIRE(v.spike_window >= 10, c.source, ": [verify] spike_window (", v.spike_window,
              ") must be >= 10 steps (a robust z-score needs a history)");

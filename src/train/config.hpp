@@ -60,6 +60,9 @@ struct TrainConfig {
   bool master_weights = true;
   // A safetensors file of initial parameters for a run that does not resume (src/train/init_from.hpp).
   std::string init_from;
+  // Activation recomputation (src/model/layer.hpp, Recompute): "none" | "selective" (attention
+  // sub-layers) | "full" (attention and MLP sub-layers).
+  std::string recompute = "none";
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
   PrecisionRecipe precision_recipe() const;

@@ -288,7 +288,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                .precision = tc.precision_recipe(),
                .slots = static_cast<int>(pipeline.slots),
                .first_layer = pipeline.stage.first,
-               .end_layer = pipeline.stage.end});
+               .end_layer = pipeline.stage.end,
+               .recompute = parse_recompute(tc.recompute, cfg.source + ": [train] recompute")});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // The ranks holding parts of one copy of this stage: dp × tp (the world while pp = 1; ep and cp

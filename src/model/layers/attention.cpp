@@ -65,14 +65,14 @@ class Attention final : public ResidualBranch {
         att_name_(name("attn/att")),
         out_name_(name("attn/out")),
         grad_qkv_name_("grad/" + qkv_name_),
-        grad_out_name_("grad/" + out_name_) {
+        grad_out_name_("grad/" + out_name_),
+        acts_(b.ctx, LayerKind::kAttention, "attention", b.slots, [&](Acts& a) {
+          const int64_t BT = b.max_batch * m_.T;
+          grow_to(a.qkv, BT * m_.qkv_width());
+          grow_to(a.att, b.max_batch * m_.NH * m_.T * m_.T);
+          grow_to(a.out, BT * m_.NH * m_.HS);
+        }) {
     const int64_t BT = b.max_batch * m_.T;
-    acts_.resize(static_cast<size_t>(b.slots));
-    for (auto& a : acts_) {
-      a.qkv.resize(BT * m_.qkv_width());
-      a.att.resize(b.max_batch * m_.NH * m_.T * m_.T);
-      a.out.resize(BT * m_.NH * m_.HS);
-    }
     scratch_ = b.max_stream * m_.C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + b.max_batch * m_.NH * m_.T * m_.T;
     if (desc.pos == PosKind::kRope) {
       const int64_t half = m_.HS / 2;
@@ -85,7 +85,7 @@ class Attention final : public ResidualBranch {
   int64_t scratch_floats() const override { return scratch_; }
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
-    Acts& a = acts_[static_cast<size_t>(p.slot)];
+    Acts& a = acts_[p.slot];
     Backend& be = ctx.backend();
     const AttentionShape as = shape(p);
     norm_forward(ctx, p, x);
@@ -105,7 +105,7 @@ class Attention final : public ResidualBranch {
 
   // dres: d(x1) in, d(x0) out (the stream gradient, in place).
   void backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float*) override {
-    Acts& a = acts_[static_cast<size_t>(p.slot)];
+    Acts& a = acts_[p.slot];
     Backend& be = ctx.backend();
     const int64_t A = m_.NH * m_.HS;
     const AttentionShape as = shape(p);
@@ -129,7 +129,7 @@ class Attention final : public ResidualBranch {
 
   LayerDims m_;
   std::string qkv_name_, att_name_, out_name_, grad_qkv_name_, grad_out_name_;
-  std::vector<Acts> acts_;
+  SlotActivations<Acts> acts_;
   std::vector<float> rope_cos_, rope_sin_;
   int64_t scratch_ = 0;
 };

@@ -65,20 +65,20 @@ class Mlp final : public ResidualBranch {
         fc_name_(name("mlp/fc")),
         act_name_(name("mlp/act")),
         grad_fc_name_("grad/" + fc_name_),
-        grad_act_name_("grad/" + act_name_) {
+        grad_act_name_("grad/" + act_name_),
+        acts_(b.ctx, LayerKind::kMlp, "mlp", b.slots, [&](Acts& a) {
+          const int64_t BT = b.max_batch * desc.dims.T;
+          grow_to(a.fc, BT * fc_out_);
+          grow_to(a.act, BT * F_);
+        }) {
     const int64_t BT = b.max_batch * desc.dims.T;
-    acts_.resize(static_cast<size_t>(b.slots));
-    for (auto& a : acts_) {
-      a.fc.resize(BT * fc_out_);
-      a.act.resize(BT * F_);
-    }
     scratch_ = b.max_stream * C_ + BT * fc_out_ + BT * F_;
   }
 
   int64_t scratch_floats() const override { return scratch_; }
 
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
-    Acts& a = acts_[static_cast<size_t>(p.slot)];
+    Acts& a = acts_[p.slot];
     Backend& be = ctx.backend();
     norm_forward(ctx, p, x);
     in_->forward(be, ctx.mode_of(fc_name_), {p.BT, C_, fc_out_}, a.fc.data(), slot(p).ln.data(),
@@ -96,7 +96,7 @@ class Mlp final : public ResidualBranch {
 
   // dres: d(x2) in, d(x1) out (the stream gradient, in place).
   void backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float*) override {
-    Acts& a = acts_[static_cast<size_t>(p.slot)];
+    Acts& a = acts_[p.slot];
     Backend& be = ctx.backend();
     float* dnorm = ctx.scratch();        // (stream tokens, C)
     float* dfc = dnorm + p.RS * C_;      // (BT, fc_out)
@@ -119,7 +119,7 @@ class Mlp final : public ResidualBranch {
 
   int64_t F_, fc_out_;
   std::string fc_name_, act_name_, grad_fc_name_, grad_act_name_;
-  std::vector<Acts> acts_;
+  SlotActivations<Acts> acts_;
   int64_t scratch_ = 0;
 };
 

@@ -1,8 +1,9 @@
 // The frame the two sub-layers of a pre-norm block share: y = x + out(f(in(norm(x)))), with the
 // norm, the linear into the branch (column-parallel under tensor parallelism) and the one back into
 // the stream (row-parallel), their parameters, the slot activations every branch keeps (the norm's
-// output and statistics, the stream after the branch), and the first and last steps of the forward
-// and the backward. attention.cpp and mlp.cpp fill in f.
+// output and statistics — shared with the other recomputed branches when recomputed — and the
+// stream after the branch, always its own), and the first and last steps of the forward and the
+// backward. attention.cpp and mlp.cpp fill in f.
 // Not here: the declarations (each kind declares its own names), f itself.
 #pragma once
 
@@ -18,7 +19,7 @@ namespace lockstep {
 class ResidualBranch : public Layer {
  public:
   bool residual() const override { return true; }
-  const float* output(int slot) const override { return slots_[static_cast<size_t>(slot)].res.data(); }
+  const float* output(int slot) const override { return res_[static_cast<size_t>(slot)].data(); }
 
  protected:
   // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv").
@@ -38,25 +39,24 @@ class ResidualBranch : public Layer {
         out_(b.ctx.linear(this->desc(), *out_w_, out_linear_)),
         ln_name_(name(std::string(norm) + "/out")),
         grad_ln_name_("grad/" + ln_name_),
-        grad_in_name_("grad/" + desc.input) {
-    const int64_t BT = b.max_batch * desc.dims.T, RS = b.max_stream;
-    slots_.resize(static_cast<size_t>(b.slots));
-    for (auto& s : slots_) {
-      s.ln.resize(BT * C_);
-      s.mean.resize(RS);
-      s.rstd.resize(RS);
-      s.res.resize(RS * C_);
-    }
+        grad_in_name_("grad/" + desc.input),
+        norms_(b.ctx, desc.kind, "residual branch norm", b.slots, [&](Norm& n) {
+          grow_to(n.ln, b.max_batch * desc.dims.T * desc.dims.C);
+          grow_to(n.mean, b.max_stream);
+          grow_to(n.rstd, b.max_stream);
+        }) {
+    res_.resize(static_cast<size_t>(b.slots));
+    for (auto& r : res_) r.resize(static_cast<size_t>(b.max_stream * C_));
   }
 
-  struct Slot {
-    std::vector<float> ln, mean, rstd, res;  // norm(x) (all tokens), its statistics, y (the stream)
+  struct Norm {
+    std::vector<float> ln, mean, rstd;  // norm(x) (all tokens) and its statistics
   };
-  Slot& slot(const Pass& p) { return slots_[static_cast<size_t>(p.slot)]; }
+  Norm& slot(const Pass& p) { return norms_[p.slot]; }
 
   // ln = norm(x), shown as ln1/out or ln2/out.
   void norm_forward(LayerContext& ctx, const Pass& p, const float* x) {
-    Slot& s = slot(p);
+    Norm& s = slot(p);
     norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), p.BT, s.ln.data(), s.mean.data(), s.rstd.data(), x,
                    ctx.param(ln_w_), ctx.param(ln_b_));
     ctx.store_for(in_linear_, s.ln.data(), p.BT * C_);
@@ -64,11 +64,11 @@ class ResidualBranch : public Layer {
   }
   // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
   void out_forward(LayerContext& ctx, const Pass& p, const float* x, const float* branch, int64_t K) {
-    Slot& s = slot(p);
-    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, s.res.data(), branch,
+    float* res = res_[static_cast<size_t>(p.slot)].data();
+    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, res, branch,
                   ctx.linear_weight(out_w_, out_linear_), ctx.param(out_b_));
-    ctx.backend().residual_forward(p.RS * C_, s.res.data(), s.res.data(), x);
-    ctx.observe(desc().output, s.res.data(), {p.RB, p.RT, C_});
+    ctx.backend().residual_forward(p.RS * C_, res, res, x);
+    ctx.observe(desc().output, res, {p.RB, p.RT, C_});
   }
   // dbranch = out's input gradient from dres (the stream's); out's parameter gradients.
   void out_backward(LayerContext& ctx, const Pass& p, const float* dres, float* dbranch, const float* branch,
@@ -82,7 +82,7 @@ class ResidualBranch : public Layer {
   // and dres shown as the gradient of the layer's input.
   void in_norm_backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float* dnorm, const float* din,
                         int64_t K) {
-    Slot& s = slot(p);
+    Norm& s = slot(p);
     in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
                   din, s.ln.data(), ctx.linear_weight(in_w_, in_linear_));
     ctx.grads_ready(p, in_w_, in_b_);
@@ -99,7 +99,8 @@ class ResidualBranch : public Layer {
   std::string in_linear_, out_linear_;  // the linears' names (precision.hpp)
   std::unique_ptr<LinearOp> in_, out_;
   std::string ln_name_, grad_ln_name_, grad_in_name_;
-  std::vector<Slot> slots_;
+  SlotActivations<Norm> norms_;
+  std::vector<std::vector<float>> res_;  // per slot: y, the stream (the next layer's input)
 };
 
 }  // namespace lockstep
