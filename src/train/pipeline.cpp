@@ -166,7 +166,6 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   const auto refuse = [&](bool on, const char* what) {
     LS_REQUIRE(!on, src, ": ", what, " with [parallel] pp > 1 is not implemented yet");
   };
-  refuse(!cfg.dump.dir.empty(), "[dump] dir");
   refuse(cfg.verify.reference_every > 0, "[verify] reference_every");
   refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every");
   refuse(cfg.verify.replay_every > 0, "[verify] replay_every");

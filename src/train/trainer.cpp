@@ -324,12 +324,13 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
-    // is rank 0 of both, so a dump compares directly with a single process's.
+    // is rank 0 of both, and each pipeline stage's listed by the first, so a dump compares
+    // directly with a single process's.
     dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
                  nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"sp", pc.sp}, {"zero", pc.zero}, {"pp", pc.pp},
                                 {"ep", pc.ep}, {"cp", pc.cp}, {"mode", mode_name(tc.mode)},
                                 {"micro_batch", part.local_micro}},
-                 &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp});
+                 &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp}, &ppc);
   }
   if (injector.watches_messages()) {
     on_received = [&](std::string_view group, std::string_view op, std::span<const detect::ReceivedBytes> blocks) {

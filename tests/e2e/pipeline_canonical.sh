@@ -3,7 +3,8 @@
 # (zero 2), pp2 x tp2 and pp2 x dp2 x tp2 with sp and zero 1 each end on the single-process model
 # hash, the loss and the validation loss printed alike; stages balanced by FLOPs or set by hand; an
 # untied head too; a pp2 x dp2 checkpoint resumes under one process and under pp4 to the
-# uninterrupted hash. Layouts the pipeline cannot run are one error line each.
+# uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds).
+# Layouts the pipeline cannot run are one error line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -61,6 +62,22 @@ cp -r ck ck4
 mpirun --oversubscribe -np 4 "${train[@]}" --train.micro_batch_size=1 --parallel.pp=4 --checkpoint.dir=ck4 > resumed4.log 2>&1 ||
   fail "resume pp4: $(tail -3 resumed4.log)"
 [ "$(model_hash resumed4.log)" = "$want" ] || fail "pp2 checkpoint resumed by pp4: $(model_hash resumed4.log)"
+
+# Dumps gather every stage's tensors into one: pp2 x tp2 canonical is bitwise the single process's
+# (196 tensors, the same order), pp2 fast within the op-local bounds of the single process's.
+two=("$LOCKSTEP" train --config cfg.toml --train.threads=1 --train.steps=2 --train.micro_batch_size=2 --checkpoint.every=1)
+"${two[@]}" --dump.dir=d_one > /dev/null
+mpirun --oversubscribe -np 4 "${two[@]}" --parallel.pp=2 --parallel.tp=2 --dump.dir=d_pp > d_pp.log 2>&1 ||
+  fail "pp2 x tp2 dump: $(tail -3 d_pp.log)"
+"$LOCKSTEP" diff d_one d_pp > d_pp.txt || fail "pp2 x tp2 dump differs: $(head -3 d_pp.txt)"
+cmp <(/usr/bin/python3 -c 'import json,sys; print([t["name"] for t in json.load(open(sys.argv[1]))["tensors"]])' d_one/manifest.json) \
+    <(/usr/bin/python3 -c 'import json,sys; print([t["name"] for t in json.load(open(sys.argv[1]))["tensors"]])' d_pp/manifest.json) ||
+  fail "the pp dump lists its tensors in another order than one process's"
+"${two[@]}" --train.mode=fast --dump.dir=f_one --checkpoint.dir=fck_one > /dev/null
+mpirun --oversubscribe -np 2 "${two[@]}" --train.mode=fast --parallel.pp=2 --dump.dir=f_pp --checkpoint.dir=fck_pp \
+  > f_pp.log 2>&1 || fail "pp2 fast dump: $(tail -3 f_pp.log)"
+"$LOCKSTEP" diff f_one f_pp --bounds --ckpt-a=fck_one --ckpt-b=fck_pp > f_pp.txt ||
+  fail "pp2 fast outside its op-local bounds: $(head -1 f_pp.txt)"
 
 mpi() { mpirun --oversubscribe -np "$1" "${train[@]}" "${@:2}"; }
 expect_mpi_error "pp \(8\) stages need a layer each; the model has 7 layers" 8 --parallel.pp=8

@@ -163,9 +163,16 @@ class DumpWriter {
   // dp: the data-parallel group this rank belongs to (nullptr: one process); it must outlive the
   // writer, and every rank of it must construct a writer with the same tensors and steps and call
   // begin_step/end_step for the same steps (end_step is collective). tp: likewise for the tp group.
+  // pp: the pipeline group (nullptr or a group of one: no stages); each stage's writer writes its
+  // stage's tensors and pipeline rank 0 the manifest of all of them.
   DumpWriter(std::string dir, const std::string& tensors, const std::string& steps, nlohmann::json config,
-             nlohmann::json layout, comm::Communicator* dp = nullptr, DumpTp tp = {})
-      : dir_(std::move(dir)), filter_(tensors), steps_(steps, "[dump] steps"), dp_(dp), tp_(std::move(tp)) {
+             nlohmann::json layout, comm::Communicator* dp = nullptr, DumpTp tp = {}, comm::Communicator* pp = nullptr)
+      : dir_(std::move(dir)),
+        filter_(tensors),
+        steps_(steps, "[dump] steps"),
+        dp_(dp),
+        tp_(std::move(tp)),
+        pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {
     LS_REQUIRE(!durable_io::exists(dir_ + "/manifest.json"), "[dump] dir: ", dir_,
                " already holds a dump (manifest.json); choose another dir or remove it");
     if (writes()) durable_io::make_dirs(dir_);
@@ -222,34 +229,57 @@ class DumpWriter {
   }
 
   // Gathers the step's batch tensors over the tp group, then over the dp group (collectives), then
-  // the writing rank writes the step's tensors and the manifest.
+  // the writing rank writes the step's tensors and the manifest. With pipeline stages every stage's
+  // writer writes its own tensors and sends their entries to pipeline rank 0, which lists them in
+  // execution order — the forward tensors stage by stage, then the gradients from the last stage
+  // back — followed by its whole tensors (equal on every stage), and writes the manifest.
   void end_step() {
     if (!active_) return;
     active_ = false;
     if (tp_size() > 1) gather_tp_shards();
     if (dp_ != nullptr && dp_->size() > 1 && tp_rank() == 0) gather_batch_tensors();
-    if (!writes() || order_.empty()) {
+    if (!writes() || (order_.empty() && pp_ == nullptr)) {
       pending_.clear();
       order_.clear();
       return;
     }
     const std::string sub = "step_" + std::to_string(step_);
     durable_io::make_dirs(dir_ + "/" + sub);
+    nlohmann::json forward = nlohmann::json::array(), backward = nlohmann::json::array(),
+                   whole = nlohmann::json::array();
     for (const auto& name : order_) {
       const Pending& p = pending_.at(name);
+      if (!p.batch && pp_ != nullptr && pp_->rank() != 0) continue;  // pipeline rank 0 writes them
       std::string key = name;
       for (char& c : key) c = c == '/' ? '.' : c;
       const std::string file = sub + "/" + key + ".npy";
       const uint64_t h = write_npy_f32(dir_ + "/" + file, p.data.data(), p.shape);
-      manifest_["tensors"].push_back({{"name", "step/" + std::to_string(step_) + "/" + name},
-                                      {"step", step_},
-                                      {"dtype", "float32"},
-                                      {"shape", p.shape},
-                                      {"file", file},
-                                      {"xxh64", hex64(h)}});
+      nlohmann::json entry = {{"name", "step/" + std::to_string(step_) + "/" + name},
+                              {"step", step_},
+                              {"dtype", "float32"},
+                              {"shape", p.shape},
+                              {"file", file},
+                              {"xxh64", hex64(h)}};
+      (!p.batch ? whole : name.rfind("grad/", 0) == 0 ? backward : forward).push_back(std::move(entry));
     }
     pending_.clear();
     order_.clear();
+    if (pp_ != nullptr) {
+      const nlohmann::json mine = {forward, backward, whole};
+      const std::vector<std::string> stages = pp_->all_gather_text(mine.dump());
+      if (pp_->rank() != 0) return;
+      forward = backward = whole = nlohmann::json::array();
+      for (size_t s = 0; s < stages.size(); ++s) {
+        const nlohmann::json f = nlohmann::json::parse(stages[s])[0];
+        const nlohmann::json b = nlohmann::json::parse(stages[stages.size() - 1 - s])[1];
+        forward.insert(forward.end(), f.begin(), f.end());
+        backward.insert(backward.end(), b.begin(), b.end());
+      }
+      whole = nlohmann::json::parse(stages[0])[2];
+    }
+    for (const nlohmann::json* part : {&forward, &backward, &whole}) {
+      for (const nlohmann::json& entry : *part) manifest_["tensors"].push_back(entry);
+    }
     durable_io::write_file_atomic(dir_ + "/manifest.json", manifest_.dump(1) + "\n");
   }
 
@@ -336,6 +366,7 @@ class DumpWriter {
   StepSet steps_;
   comm::Communicator* dp_ = nullptr;
   DumpTp tp_;
+  comm::Communicator* pp_ = nullptr;  // the pipeline group (nullptr: no stages)
   nlohmann::json manifest_;
   int64_t step_ = 0;
   bool active_ = false;
