@@ -79,7 +79,10 @@ std::string init_parameters_from(TrainRun& run, const std::string& path) {
     }
     used.push_back(t.name);
   }
-  parallel::take_local(run.cfg.model, run.model.param_layout(), w.data(), run.model.params());
+  // This rank's tensors (a pipeline stage's run of them) from the whole buffer.
+  const std::string& first = run.model.param_layout().front().name;
+  const auto stage = std::find_if(global.begin(), global.end(), [&](const ParamTensor& p) { return p.name == first; });
+  parallel::take_local(run.cfg.model, run.model.param_layout(), w.data() + stage->offset, run.model.params());
   std::vector<std::string> ignored;
   for (const ckpt::StoredTensor& t : stored) {
     if (std::find(used.begin(), used.end(), t.name) == used.end()) ignored.push_back(t.name);

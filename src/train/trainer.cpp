@@ -191,16 +191,20 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
 }
 
 // "pipeline: measured bubble ...": each stage's idle share of its passes' time, over its ranks and
-// the steps after the first, beside the schedule's on unit pass costs. Collective over the world.
+// the steps after the first, beside the schedule's on unit pass costs, and each stage's largest
+// peak resident memory. Collective over the world.
 std::string measured_bubble(const TrainRun& run, const parallel::Mesh& mesh, const Pipeline& pipeline,
                             double compute_s, double stage_s) {
   const std::vector<double> compute = run.world.all_gather(compute_s), total = run.world.all_gather(stage_s);
+  const std::vector<double> memory = run.world.all_gather(peak_memory_mib());
   const int64_t pp = mesh.size(parallel::Axis::kPp), tp = mesh.size(parallel::Axis::kTp);
-  std::vector<double> stage_compute(static_cast<size_t>(pp), 0), stage_total(static_cast<size_t>(pp), 0);
+  std::vector<double> stage_compute(static_cast<size_t>(pp), 0), stage_total(static_cast<size_t>(pp), 0),
+      stage_memory(static_cast<size_t>(pp), 0);
   for (size_t w = 0; w < compute.size(); ++w) {
     const auto stage = static_cast<size_t>((static_cast<int64_t>(w) / tp) % pp);  // mesh order: tp fastest, then pp
     stage_compute[stage] += compute[w];
     stage_total[stage] += total[w];
+    stage_memory[stage] = std::max(stage_memory[stage], memory[w]);
   }
   std::ostringstream s;
   s << std::fixed << std::setprecision(1) << "pipeline: measured bubble by stage";
@@ -212,7 +216,8 @@ std::string measured_bubble(const TrainRun& run, const parallel::Mesh& mesh, con
   }
   s << " (mean " << 100 * (all_total > 0 ? 1 - all_compute / all_total : 0)
     << "%: the share of the passes' time spent waiting for a neighbour, steps after the first); the schedule's "
-    << 100 * pipeline.unit_bubble << "% on unit pass costs";
+    << 100 * pipeline.unit_bubble << "% on unit pass costs; peak memory by stage";
+  for (size_t i = 0; i < stage_memory.size(); ++i) s << (i ? ", " : " ") << std::setprecision(0) << stage_memory[i] << " MiB";
   return s.str();
 }
 

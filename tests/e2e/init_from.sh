@@ -2,7 +2,7 @@
 # [train] init_from: a run starts from the parameters of a safetensors file. The initial parameters
 # exported by `lockstep ckpt export --config` give the run the seed's own model hash; the same
 # parameters written under Hugging Face GPT-2 names, Conv1D matrices transposed and in bf16 where
-# they are bf16 values, give it too (one process and dp2 x tp2); a trained checkpoint's export
+# they are bf16 values, give it too (one process, dp2 x tp2 and pp2 x tp2); a trained checkpoint's export
 # starts a run whose first loss is the trained model's. A missing parameter, a wrong shape and a
 # file that is not safetensors are one error line each, naming the file and the tensor.
 source "$(dirname "$0")/lib.sh"
@@ -62,6 +62,11 @@ grep -q '^initial parameters from hf.safetensors: [0-9]* tensors (Hugging Face G
 mpirun --oversubscribe -np 4 "$LOCKSTEP" train --config cfg.toml --train.steps=4 --train.threads=1 --parallel.dp=2 \
   --parallel.tp=2 --train.init_from=hf.safetensors > hf_tp.log 2>&1 || fail "dp2 x tp2: $(tail -3 hf_tp.log)"
 [ "$(model_hash hf_tp.log)" = "$want" ] || fail "init_from under dp2 x tp2 changed the run"
+# Pipeline stages each take their own tensors (the last stage's copy of the tied wte from the first).
+mpirun --oversubscribe -np 4 "$LOCKSTEP" train --config cfg.toml --train.steps=4 --train.threads=1 --parallel.pp=2 \
+  --parallel.tp=2 --train.micro_batch_size=1 --train.init_from=hf.safetensors > hf_pp.log 2>&1 ||
+  fail "pp2 x tp2: $(tail -3 hf_pp.log)"
+[ "$(model_hash hf_pp.log)" = "$want" ] || fail "init_from under pp2 x tp2 changed the run"
 
 # A trained model's export: the new run's first loss is the trained model's loss on its batch.
 steps=20 run --checkpoint.dir=ck > trained.log
