@@ -2,7 +2,7 @@
 # Pipeline parallelism in canonical mode, tied embeddings: pp2, pp4, pp2 with GPipe, pp2 x dp2
 # (zero 2), pp2 x tp2 and pp2 x dp2 x tp2 with sp and zero 1 each end on the single-process model
 # hash, the loss and the validation loss printed alike; stages balanced by FLOPs or set by hand; an
-# untied head too; a pp2 x dp2 checkpoint resumes under one process and under pp4 to the
+# untied head too, and bf16; a pp2 x dp2 checkpoint resumes under one process and under pp4 to the
 # uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds).
 # Layouts the pipeline cannot run are one error line each.
 source "$(dirname "$0")/lib.sh"
@@ -44,6 +44,12 @@ mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --parallel
   > hand.log 2>&1
 grep -q 'stages 0: embedding..layer/0/attention (.*); 1: layer/0/mlp..head' hand.log ||
   fail "stage_layers=2,5 not as given: $(grep '^pipeline' hand.log)"
+
+# BF16 (the recipe's roundings on every stage) with the detectors' checksums and rollback on.
+"${train[@]}" --train.micro_batch_size=1 --train.precision=bf16 > bf16_1.log
+mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --train.precision=bf16 --parallel.pp=2 \
+  --verify.abft=true --verify.on_fault=rollback > bf16_pp.log 2>&1 || fail "bf16 pp2: $(tail -3 bf16_pp.log)"
+[ "$(model_hash bf16_pp.log)" = "$(model_hash bf16_1.log)" ] || fail "bf16 pp2: $(model_hash bf16_pp.log)"
 
 # An untied head: its own weight on the last stage.
 "${train[@]}" --train.micro_batch_size=1 --model.tie_embeddings=false > untied1.log
