@@ -176,6 +176,30 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
 
 Model::~Model() = default;
 
+bool Model::holds_site(const std::string& site) const {
+  const auto own_param = [&](std::string_view name) {
+    for (const ParamTensor& t : ctx_.layout_)
+      if (t.name == name) return true;
+    return false;
+  };
+  if (site.starts_with("param/")) return own_param(std::string_view(site).substr(6));
+  if (site.starts_with("gemm/")) {
+    const std::string_view rest = std::string_view(site).substr(5);
+    return own_param(rest.substr(0, rest.rfind('/')));
+  }
+  const std::string_view hook = site.starts_with("grad/") ? std::string_view(site).substr(5) : std::string_view(site);
+  bool any_hook = false;
+  for (const LayerDesc& l : desc_.layers) {
+    for (const HookDecl& h : l.hooks) {
+      if (h.name != hook) continue;
+      any_hook = true;
+      const auto index = static_cast<size_t>(&l - desc_.layers.data());
+      if (index >= options_.first_layer && index < options_.end_layer) return true;
+    }
+  }
+  return !any_hook;  // not a tensor site
+}
+
 std::span<float> Model::tied_copy() {
   if (!ctx_.tied_copy_) return {};
   return {ctx_.params_.data() + ctx_.tied_copy_->offset, static_cast<size_t>(ctx_.tied_copy_->numel)};

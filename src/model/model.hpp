@@ -124,6 +124,12 @@ class Model {
   // The same for the elements [first, end) of the flat buffer only.
   void finish_grads(int64_t first, int64_t end);
 
+  // Whether this model (a pipeline stage: its layers) holds an [inject] site (src/train/inject.hpp):
+  // a parameter `param/NAME` or product `gemm/NAME/...` of its own, a tensor one of its layers
+  // shows (or its gradient); every other kind of site (optimizer state, messages, checkpoints, none)
+  // is on every stage.
+  bool holds_site(const std::string& site) const;
+
   // Pipeline stages of a model with tied embeddings (src/train/pipeline.hpp). The stage with the
   // head but not the embedding computes with a copy of wte (tp-local; empty span elsewhere),
   // outside param_layout() and params()' num_params(): nothing updates or saves it, the caller

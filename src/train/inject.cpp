@@ -242,6 +242,10 @@ void Injector::on_received(std::string_view group, std::string_view op,
   applied_fault_[current_] = true;
 }
 
+bool Injector::acts_here() const {
+  return std::any_of(schedule_.begin(), schedule_.end(), [&](const Injection& f) { return here(f); });
+}
+
 void Injector::begin_step(int64_t step) {
   now_ = false;
   inj_ = {};

@@ -117,6 +117,8 @@ class Injector final : public StepObserver {
   void on_checkpoint(const std::string& dir, int64_t step_done);
   // Whether fault i of the schedule acted on this rank in some run of its step.
   bool applied(size_t i) const { return applied_fault_[i]; }
+  // Whether some fault of the schedule is for this rank (its process, and its stage's sites).
+  bool acts_here() const;
   void begin_step(int64_t step) override;
   void after_reduce(int64_t step, float loss) override;
   void after_update(int64_t step) override;
@@ -124,7 +126,10 @@ class Injector final : public StepObserver {
 
  private:
   // Whether fault f acts on this rank, and whether it is one of a hook site.
-  bool here(const Injection& f) const { return f.kind != Injection::Kind::kNone && (f.rank < 0 || f.rank == rank_); }
+  // (A pipeline stage acts only on the sites its layers hold.)
+  bool here(const Injection& f) const {
+    return f.kind != Injection::Kind::kNone && (f.rank < 0 || f.rank == rank_) && model_.holds_site(f.site);
+  }
   static bool at_tensor(const Injection& f);
   // Some fault of the schedule acts on this rank at such a site.
   bool watches(bool (*at)(const Injection&)) const;

@@ -326,6 +326,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                " ([checkpoint] dir and every; the last step's is always written)");
   }
   Injector injector(faults, process, model, ddp.moments_m(), ddp.moments_v(), [&] { return ddp.reduced_grads(); });
+  // Under pipeline parallelism a site is on one stage: an [inject] that no rank can act on is an error.
+  if (ppc.size() > 1 && cfg.inject.campaign.empty() && faults.front().kind != Injection::Kind::kNone) {
+    const std::vector<int> acting = world.all_gather(injector.acts_here() ? 1 : 0);
+    LS_REQUIRE(std::find(acting.begin(), acting.end(), 1) != acting.end(), cfg.source, ": [inject] site ",
+               cfg.inject.site, (cfg.inject.rank >= 0 ? str_cat(" on rank ", cfg.inject.rank) : std::string()),
+               ": no rank holds it (with [parallel] pp = ", ppc.size(),
+               " a layer's tensors and parameters are on its pipeline stage only; [inject] rank must be a rank of "
+               "that stage)");
+  }
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
     // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that

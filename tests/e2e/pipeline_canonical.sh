@@ -3,7 +3,8 @@
 # (zero 2), pp2 x tp2 and pp2 x dp2 x tp2 with sp and zero 1 each end on the single-process model
 # hash, the loss and the validation loss printed alike; stages balanced by FLOPs or set by hand; an
 # untied head too, and bf16; a pp2 x dp2 checkpoint resumes under one process and under pp4 to the
-# uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds).
+# uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds); a
+# planted fault is found on its stage.
 # Layouts the pipeline cannot run are one error line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -85,7 +86,20 @@ mpirun --oversubscribe -np 2 "${two[@]}" --train.mode=fast --parallel.pp=2 --dum
 "$LOCKSTEP" diff f_one f_pp --bounds --ckpt-a=fck_one --ckpt-b=fck_pp > f_pp.txt ||
   fail "pp2 fast outside its op-local bounds: $(head -1 f_pp.txt)"
 
+# A fault planted in a parameter of the last stage is found there (the state-at-rest check names
+# world rank 1); one planted on a stage the chosen rank does not hold is an error.
+set +e
+mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --parallel.pp=2 --inject.site=param/lnf/weight \
+  --inject.step=2 --inject.kind=bitflip:bit=30 > fault.log 2>&1
+rc=$?
+set -e
+[ "$rc" = 6 ] || fail "a planted fault under pp2 ended with $rc, not 6: $(tail -3 fault.log)"
+grep -q '^finding: after step 3, detector state_at_rest, site parameters, ranks 1: ' fault.log ||
+  fail "the fault on the last stage is not named there: $(grep finding fault.log)"
+
 mpi() { mpirun --oversubscribe -np "$1" "${train[@]}" "${@:2}"; }
+expect_mpi_error "\[inject\] site param/wpe on rank 1: no rank holds it" 2 --parallel.pp=2 --inject.site=param/wpe \
+  --inject.step=2 --inject.kind=bitflip:bit=30 --inject.rank=1
 expect_mpi_error "pp \(8\) stages need a layer each; the model has 7 layers" 8 --parallel.pp=8
 expect_mpi_error "stage_layers \"3,5\" adds up to 8 layers; the model has 7" 2 --parallel.pp=2 --parallel.stage_layers=3,5
 expect_mpi_error "stage_layers \"7,0\": '0' is not a number of layers >= 1" 2 --parallel.pp=2 --parallel.stage_layers=7,0
