@@ -15,7 +15,8 @@
 // as the op leaves it, before any detector sees it — a faulty multiply (bitflip's index is an
 // element of the product: forward token·OC + o, dinp token·IC + i, dweight o·IC + i; dweight is the
 // gradient the product adds to); or a message as a rank receives it, `comm/dp|tp/OP` (OP
-// all_reduce, reduce_scatter, all_gatherv, all_to_allv, broadcast; verify/detect/verified_comm.hpp),
+// all_reduce, reduce_scatter, all_gatherv, all_to_allv, broadcast; verify/detect/verified_comm.hpp)
+// or `comm/pp/send/recv` (a pipeline stage's activation or gradient),
 // before any check sees it — a fault on the wire (bitflip's index is a 32-bit word of what the
 // rank received from its peers, its own block of a gather or all-to-all excluded, nth=K the step's
 // K-th such message to complete on that rank, 0 the first; the exact reduction's record counts

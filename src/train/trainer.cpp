@@ -238,12 +238,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const auto any_fault = [&](bool (*at)(const std::string&)) {
     return std::any_of(faults.begin(), faults.end(), [&](const Injection& f) { return at(f.site); });
   };
-  // [verify] collectives, or an injection into a received message: the dp and tp groups carry
+  // [verify] collectives, or an injection into a received message: the dp, tp and pp groups carry
   // checksums beside their messages (verify/detect/verified_comm.hpp), or only let the injection
   // see what arrives.
   detect::CollectiveLog collective_log;
   detect::ReceiveHook on_received;  // the injector's, once it exists
-  std::optional<detect::VerifiedCommunicator> verified_dp, verified_tp;
+  std::optional<detect::VerifiedCommunicator> verified_dp, verified_tp, verified_pp;
   if (world.size() > 1 && (cfg.verify.collectives || any_fault(is_comm_site))) {
     const detect::ReceiveHook hook = [&on_received](std::string_view group, std::string_view op,
                                                     std::span<const detect::ReceivedBytes> blocks) {
@@ -251,6 +251,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     };
     verified_dp.emplace(mesh.dp(), collective_log, cfg.verify.collectives, hook);
     verified_tp.emplace(mesh.group(parallel::Axis::kTp), collective_log, cfg.verify.collectives, hook);
+    verified_pp.emplace(mesh.group(parallel::Axis::kPp), collective_log, cfg.verify.collectives, hook);
   }
   comm::Communicator& dpc = verified_dp ? static_cast<comm::Communicator&>(*verified_dp) : mesh.dp();
   comm::Communicator& tpc =
@@ -260,7 +261,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
   // Pipeline parallelism: this rank's stage of the layer list and its row of the schedule.
-  comm::Communicator& ppc = mesh.group(parallel::Axis::kPp);
+  comm::Communicator& ppc =
+      verified_pp ? static_cast<comm::Communicator&>(*verified_pp) : mesh.group(parallel::Axis::kPp);
   const Pipeline pipeline = plan_pipeline(cfg, ppc.rank(), ppc.size(), part.local_batch / part.local_micro);
   LS_REQUIRE(cfg.verify.buddy_every == 0 || dp >= 2, cfg.source, ": [verify] buddy_every (", cfg.verify.buddy_every,
              ") needs data parallelism (a buddy is another dp group; this run has dp = ", dp, ")");

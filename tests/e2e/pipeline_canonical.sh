@@ -4,7 +4,7 @@
 # hash, the loss and the validation loss printed alike; stages balanced by FLOPs or set by hand; an
 # untied head too, and bf16; a pp2 x dp2 checkpoint resumes under one process and under pp4 to the
 # uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds); a
-# planted fault is found on its stage.
+# planted fault is found on its stage, and a corrupted pipeline message by its checksum.
 # Layouts the pipeline cannot run are one error line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -96,6 +96,15 @@ set -e
 [ "$rc" = 6 ] || fail "a planted fault under pp2 ended with $rc, not 6: $(tail -3 fault.log)"
 grep -q '^finding: after step 3, detector state_at_rest, site parameters, ranks 1: ' fault.log ||
   fail "the fault on the last stage is not named there: $(grep finding fault.log)"
+
+# A pipeline message corrupted on the wire: its checksum ([verify] collectives) names the receiving
+# rank and the sender, and a rollback leaves the clean run's model.
+mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --parallel.pp=2 --verify.collectives=true \
+  --verify.on_fault=rollback --inject.site=comm/pp/send/recv --inject.step=2 --inject.rank=1 \
+  --inject.kind=bitflip:bit=30,index=5,nth=1 > wire.log 2>&1 || fail "pp2 wire fault: $(tail -3 wire.log)"
+grep -q '^finding: after step 3, detector collectives, site send/recv on pp, ranks 1: .*from world rank(s) 0' wire.log ||
+  fail "the corrupted pipeline message is not named: $(grep finding wire.log)"
+[ "$(model_hash wire.log)" = "$want" ] || fail "after the rollback: $(model_hash wire.log) != $want"
 
 mpi() { mpirun --oversubscribe -np "$1" "${train[@]}" "${@:2}"; }
 expect_mpi_error "\[inject\] site param/wpe on rank 1: no rank holds it" 2 --parallel.pp=2 --inject.site=param/wpe \
