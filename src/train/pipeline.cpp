@@ -168,7 +168,6 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   };
   refuse(cfg.verify.reference_every > 0, "[verify] reference_every");
   refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every");
-  refuse(cfg.verify.replay_every > 0, "[verify] replay_every");
   const std::vector<StageLayers> stages = plan_stages(desc, pp, cfg.parallel.stage_layers, src + ": [parallel]");
   const parallel::PipelineSchedule schedule =
       parallel::make_schedule(kind, pp, micro_batches, cfg.parallel.virtual_stages, src + ": [parallel]");

@@ -46,10 +46,13 @@ mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --parallel
 grep -q 'stages 0: embedding..layer/0/attention (.*); 1: layer/0/mlp..head' hand.log ||
   fail "stage_layers=2,5 not as given: $(grep '^pipeline' hand.log)"
 
-# BF16 (the recipe's roundings on every stage) with the detectors' checksums and rollback on.
+# BF16 (the recipe's roundings on every stage) with the detectors' checksums, rollback and a replay
+# of every 5th step compared bitwise.
 "${train[@]}" --train.micro_batch_size=1 --train.precision=bf16 > bf16_1.log
 mpirun --oversubscribe -np 2 "${train[@]}" --train.micro_batch_size=1 --train.precision=bf16 --parallel.pp=2 \
-  --verify.abft=true --verify.on_fault=rollback > bf16_pp.log 2>&1 || fail "bf16 pp2: $(tail -3 bf16_pp.log)"
+  --verify.abft=true --verify.on_fault=rollback --verify.replay_every=5 > bf16_pp.log 2>&1 ||
+  fail "bf16 pp2: $(tail -3 bf16_pp.log)"
+grep -q '^replays: 4 (every 5 steps, compared bitwise)' bf16_pp.log || fail "bf16 pp2 replays: $(grep replays bf16_pp.log)"
 [ "$(model_hash bf16_pp.log)" = "$(model_hash bf16_1.log)" ] || fail "bf16 pp2: $(model_hash bf16_pp.log)"
 
 # An untied head: its own weight on the last stage.
