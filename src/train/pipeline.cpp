@@ -166,7 +166,6 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   const auto refuse = [&](bool on, const char* what) {
     LS_REQUIRE(!on, src, ": ", what, " with [parallel] pp > 1 is not implemented yet");
   };
-  refuse(cfg.verify.reference_every > 0, "[verify] reference_every");
   refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every");
   const std::vector<StageLayers> stages = plan_stages(desc, pp, cfg.parallel.stage_layers, src + ": [parallel]");
   const parallel::PipelineSchedule schedule =

@@ -53,7 +53,7 @@ struct Pipeline {
 // For pp rank `rank` of `pp`, with `micro_batches` micro-batches a step on each rank. ConfigError
 // naming the config for what the trainer's pipeline does not run yet: tied embeddings (the head's
 // copy of wte on the last stage), the interleaved and zero-bubble schedules, and, with pp > 1,
-// the reference and buddy checks.
+// the buddy check.
 Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches);
 
 // One rank's part of a step: micro-batch i reads (micro · T) tokens from inputs and targets at

@@ -79,6 +79,10 @@ std::vector<SampledOp> sampled_ops(const Model& model, int64_t tp, bool sp) {
       case LayerKind::kEmbedding: break;
     }
   }
+  std::erase_if(ops, [&](const SampledOp& op) {
+    return !model.holds_site(op.output) ||
+           std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& in) { return !model.holds_site(in); });
+  });
   return ops;
 }
 
@@ -88,7 +92,8 @@ void ReferenceCheck::begin_step(int64_t step) {
   inputs_.clear();
   ratio_ = 0;
   worst_ = -1;
-  if (every_ <= 0 || (step + 1) % every_ != 0 || ops_.empty()) return;
+  due_ = every_ > 0 && (step + 1) % every_ == 0;
+  if (!due_ || ops_.empty()) return;
   op_ = &ops_[static_cast<size_t>((step / every_) % static_cast<int64_t>(ops_.size()))];
   rows_ = 0;  // set by the first input, from its shape
 }
@@ -186,9 +191,11 @@ void ReferenceCheck::check(const TensorView& out) {
 }
 
 void ReferenceCheck::after_reduce(int64_t step, float) {
-  if (op_ == nullptr) return;
-  LS_CHECK(checked_, "reference check: the step showed no ", op_->output, " after its inputs");
-  const SampledOp& op = *op_;
+  if (!due_) return;
+  due_ = false;
+  LS_CHECK(op_ == nullptr || checked_, "reference check: the step showed no ", op_->output, " after its inputs");
+  // A rank with no op to check (a pipeline stage without one) takes part with a pass.
+  const std::string checked = op_ == nullptr ? std::string() : op_->output;
   op_ = nullptr;
   const uint64_t mine[2] = {ratio_ > 1 ? 1u : 0u, std::bit_cast<uint64_t>(ratio_)};
   const std::vector<uint64_t> all = agreed_all_gather(world_, mine);
@@ -203,8 +210,17 @@ void ReferenceCheck::after_reduce(int64_t step, float) {
     stats_.max_ratio = std::max(stats_.max_ratio, ratio_);
     return;
   }
+  // The ops the failing ranks checked (they differ between pipeline stages).
+  const std::vector<std::string> ops = world_.all_gather_text(checked);
+  std::vector<std::string> failed;
+  for (int r : ranks) {
+    const std::string& op = ops[static_cast<size_t>(r)];
+    if (std::find(failed.begin(), failed.end(), op) == failed.end()) failed.push_back(op);
+  }
+  std::string sites;
+  for (const std::string& op : failed) sites += (sites.empty() ? "" : ", ") + op;
   log_.report({.step = step + 1, .ranks = ranks, .detector = "reference",
-               .site = str_cat(op.output, " (", rows_, " rows of the first micro-batch)"), .magnitude = worst,
+               .site = str_cat(sites, " (", rows_, " rows of the first micro-batch)"), .magnitude = worst,
                .bound = 1, .unit = "error / bound", .classification = "kernel",
                .detail = str_cat("|trainer - reference| exceeds the op-local bound (Bounded<double> on the trainer's "
                                  "own inputs)", ratio_ > 1 ? str_cat("; rank 0's worst: element ", worst_, " of its rows") : "")},

@@ -9,7 +9,8 @@
 //
 // The ops: the norms, the linear layers (qkv where positions are learned: RoPE's rotation is not
 // re-checked), the activation (GELU or SwiGLU), the projections with their residual add, the head.
-// Not attention, the embedding or the loss. Under tensor parallelism each rank checks its own
+// Not attention, the embedding or the loss. Each pipeline stage checks its own ops in turn (the
+// first op of a stage, whose input is the previous stage's, is left out). Under tensor parallelism each rank checks its own
 // shard's ops (a column-parallel product, the activation, the head's vocabulary rows, the norms
 // without sequence parallelism); the row-parallel projections, whose result is a sum over the tp
 // group, are left out. Rows: as many as fit kBudget multiply-adds of the op (one at least), so a
@@ -48,7 +49,8 @@ struct SampledOp {
   std::string linear{};
 };
 
-// The ops of `model` that a rank of a tp group of `tp` ranks (sp: sequence parallelism) can check.
+// The ops of `model` that a rank of a tp group of `tp` ranks (sp: sequence parallelism) can check:
+// of a pipeline stage, those whose output and inputs its layers show.
 std::vector<SampledOp> sampled_ops(const Model& model, int64_t tp, bool sp);
 
 struct ReferenceStats {
@@ -83,6 +85,7 @@ class ReferenceCheck final : public StepObserver {
   comm::Communicator& world_;
   FindingLog& log_;
   FaultAction action_;
+  bool due_ = false;               // this step is checked (on every rank: after_reduce gathers)
   const SampledOp* op_ = nullptr;  // this step's, while it has not been checked
   int64_t rows_ = 0;
   std::map<std::string, std::vector<float>> inputs_;  // its inputs' first rows
