@@ -57,9 +57,8 @@ int cmd_launch(int argc, char** argv) {
              "' before -- (the job's command goes after --)");
   LS_REQUIRE(dash < argc - 1, "lockstep launch: no job command (expected: lockstep launch [options] -- COMMAND...)");
   if (!np.empty()) {
-    LS_REQUIRE(parse_count("lockstep launch", "np", np) >= 1, "lockstep launch: --np expects a number of ranks >= 1, got '",
-               np, "'");
     opt.ranks = static_cast<int>(parse_count("lockstep launch", "np", np));
+    LS_REQUIRE(opt.ranks >= 1, "lockstep launch: --np expects a number of ranks >= 1, got '", np, "'");
     opt.spares = static_cast<int>(parse_count("lockstep launch", "spares", spares));
     opt.command = {"mpirun", "-np", std::to_string(opt.ranks + opt.spares)};
     if (opt.spares > 0) opt.command.insert(opt.command.end(), {"-x", "LOCKSTEP_ACTIVE_RANKS"});

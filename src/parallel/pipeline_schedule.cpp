@@ -56,8 +56,9 @@ std::vector<Pass> one_f_one_b(int64_t p, int64_t m, int64_t v, int64_t rank) {
     const auto c = static_cast<int>((k % (p * v)) / p);
     return forward ? c : static_cast<int>(v) - 1 - c;
   };
-  const auto f = [&](int64_t k) { return Pass{PassKind::kForward, v == 1 ? k : micro(k), v == 1 ? 0 : chunk(k, true)}; };
-  const auto b = [&](int64_t k) { return Pass{PassKind::kBackward, v == 1 ? k : micro(k), v == 1 ? 0 : chunk(k, false)}; };
+  // (With v = 1: micro-batch k, chunk 0.)
+  const auto f = [&](int64_t k) { return Pass{PassKind::kForward, micro(k), chunk(k, true)}; };
+  const auto b = [&](int64_t k) { return Pass{PassKind::kBackward, micro(k), chunk(k, false)}; };
   const int64_t warmup = std::min(total, v == 1 ? p - rank - 1 : (p - rank - 1) * 2 + (v - 1) * p);
   std::vector<Pass> passes;
   for (int64_t k = 0; k < warmup; ++k) passes.push_back(f(k));

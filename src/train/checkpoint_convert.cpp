@@ -19,8 +19,6 @@ namespace lockstep {
 
 namespace {
 
-constexpr const char* kPrefixes[] = {ckpt::kModelPrefix, "optim/m/", "optim/v/"};
-
 // The run's configuration with the target layout: the source layout's dp, tp, sp and zero, then
 // those `to_layout` gives, checked as a run of that layout would check them.
 RunConfig target_config(const ckpt::Checkpoint& c, const std::string& to_layout) {
@@ -62,13 +60,13 @@ ConvertedCheckpoint convert_checkpoint(const ckpt::Checkpoint& c, const std::str
   const RunConfig cfg = target_config(c, to_layout);
   const ParallelConfig& pc = cfg.parallel;
   const std::vector<ParamTensor> global = build_param_layout(cfg.model);
-  LS_REQUIRE_DATA(c.tensors.size() == std::size(kPrefixes) * global.size(), c.dir, ": holds ", c.tensors.size(),
-                  " tensors, not the ", std::size(kPrefixes) * global.size(),
+  LS_REQUIRE_DATA(c.tensors.size() == std::size(kStatePrefixes) * global.size(), c.dir, ": holds ", c.tensors.size(),
+                  " tensors, not the ", std::size(kStatePrefixes) * global.size(),
                   " (parameters and two AdamW moments) of its run's model");
   // The source's global tensors, by name, as checked f32 tensors of the model's shapes.
-  std::vector<const float*> data;  // kPrefixes × global, in that order
+  std::vector<const float*> data;  // kStatePrefixes × global, in that order
   std::vector<ckpt::TensorDesc> tensors;
-  for (const char* prefix : kPrefixes) {
+  for (const char* prefix : kStatePrefixes) {
     for (const ParamTensor& p : global) {
       const ckpt::StoredTensor& t = c.tensor(prefix + p.name);
       LS_REQUIRE_DATA(t.dtype == DType::kF32 && t.shape == p.shape, c.dir, ": tensor ", t.name, " is ",
@@ -96,14 +94,14 @@ ConvertedCheckpoint convert_checkpoint(const ckpt::Checkpoint& c, const std::str
     for (const SavedPiece& piece : saved_pieces(slice, pc.zero, pc.dp, w / pc.tp, tp)) {
       const ParamTensor& p = *piece.tensor;
       const auto index = static_cast<size_t>(&p - slice.data());
-      for (size_t k = 0; k < std::size(kPrefixes); ++k) {
+      for (size_t k = 0; k < std::size(kStatePrefixes); ++k) {
         std::vector<float>& buf = buffers.emplace_back(static_cast<size_t>(piece.end - piece.first));
         const float* whole = data[k * global.size() + index];
         for (const IndexRun& run : p.global_runs(piece.first, piece.end)) {
           std::memcpy(buf.data() + (run.local - piece.first), whole + run.global,
                       static_cast<size_t>(run.length) * sizeof(float));
         }
-        shards.push_back({kPrefixes[k] + p.name, DType::kF32, p.global_shape, piece.place(), buf.data()});
+        shards.push_back({kStatePrefixes[k] + p.name, DType::kF32, p.global_shape, piece.place(), buf.data()});
       }
     }
     if (shards.empty()) continue;

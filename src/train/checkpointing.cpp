@@ -342,7 +342,7 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     }
   }
   if (world.rank() == 0) {
-    for (const char* prefix : {ckpt::kModelPrefix, "optim/m/", "optim/v/"}) {
+    for (const char* prefix : kStatePrefixes) {
       for (const ParamTensor& p : run_.global_layout) s.tensors.push_back({prefix + p.name, DType::kF32, p.shape});
     }
     const int pp = run_.pipelined() ? run_.pp->size() : 1;

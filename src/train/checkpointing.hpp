@@ -30,6 +30,10 @@
 
 namespace lockstep {
 
+// The prefixes of a training checkpoint's tensors, in the order it lists them: every parameter
+// ("model/NAME"), then its AdamW moments.
+inline constexpr const char* kStatePrefixes[] = {ckpt::kModelPrefix, "optim/m/", "optim/v/"};
+
 // What resume() found: the step to continue from (0: nothing loaded) and the observers' state.
 struct Resumed {
   int64_t step = 0;

@@ -194,7 +194,11 @@ std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig
 Injector::Injector(std::vector<Injection> schedule, int64_t world_rank, Model& model, std::span<float> m,
                    std::span<float> v, std::function<std::span<float>()> reduced_grads)
     : schedule_(std::move(schedule)), done_(schedule_.size(), false), applied_fault_(schedule_.size(), false),
-      rank_(world_rank), model_(model), m_(m), v_(v), reduced_grads_(std::move(reduced_grads)) {}
+      rank_(world_rank), model_(model), m_(m), v_(v), reduced_grads_(std::move(reduced_grads)) {
+  for (const Injection& f : schedule_) {
+    here_.push_back(f.kind != Injection::Kind::kNone && (f.rank < 0 || f.rank == rank_) && model_.holds_site(f.site));
+  }
+}
 
 bool Injector::at_tensor(const Injection& f) {
   return f.kind != Injection::Kind::kExit && f.kind != Injection::Kind::kHang && f.kind != Injection::Kind::kSlow &&
@@ -203,7 +207,10 @@ bool Injector::at_tensor(const Injection& f) {
 }
 
 bool Injector::watches(bool (*at)(const Injection&)) const {
-  return std::any_of(schedule_.begin(), schedule_.end(), [&](const Injection& f) { return here(f) && at(f); });
+  for (size_t i = 0; i < schedule_.size(); ++i) {
+    if (here_[i] && at(schedule_[i])) return true;
+  }
+  return false;
 }
 
 bool Injector::watches_tensors() const { return watches(at_tensor); }
@@ -245,7 +252,7 @@ void Injector::on_received(std::string_view group, std::string_view op,
 }
 
 bool Injector::acts_here() const {
-  return std::any_of(schedule_.begin(), schedule_.end(), [&](const Injection& f) { return here(f); });
+  return std::find(here_.begin(), here_.end(), true) != here_.end();
 }
 
 void Injector::begin_step(int64_t step) {
@@ -253,7 +260,7 @@ void Injector::begin_step(int64_t step) {
   inj_ = {};
   for (size_t i = 0; i < schedule_.size() && !now_; ++i) {
     const Injection& f = schedule_[i];
-    if (!here(f) || !(f.persistent ? step >= f.step : step == f.step && !done_[i])) continue;
+    if (!here_[i] || !(f.persistent ? step >= f.step : step == f.step && !done_[i])) continue;
     now_ = true;
     done_[i] = true;
     current_ = i;

@@ -126,11 +126,7 @@ class Injector final : public StepObserver {
   void end_step(const StepRecord& r) override;
 
  private:
-  // Whether fault f acts on this rank, and whether it is one of a hook site.
-  // (A pipeline stage acts only on the sites its layers hold.)
-  bool here(const Injection& f) const {
-    return f.kind != Injection::Kind::kNone && (f.rank < 0 || f.rank == rank_) && model_.holds_site(f.site);
-  }
+  // Whether fault f is one of a hook site.
   static bool at_tensor(const Injection& f);
   // Some fault of the schedule acts on this rank at such a site.
   bool watches(bool (*at)(const Injection&)) const;
@@ -139,6 +135,9 @@ class Injector final : public StepObserver {
   // The element of n a bitflip acts on.
   int64_t element(int64_t n) const { return inj_.wrap ? inj_.index % n : inj_.index; }
   std::vector<Injection> schedule_;
+  // Per fault: whether it acts on this rank — its process, and a site this model holds (a pipeline
+  // stage acts only on its layers' sites).
+  std::vector<bool> here_;
   std::vector<bool> done_;  // a transient fault has had its step
   std::vector<bool> applied_fault_;
   size_t current_ = 0;      // this step's fault, when now_

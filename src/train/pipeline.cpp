@@ -11,6 +11,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/comma_list.hpp"
+#include "src/train/metrics.hpp"
 
 namespace lockstep {
 
@@ -163,10 +164,9 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   LS_REQUIRE(kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB, src,
              ": [parallel] schedule \"", cfg.parallel.schedule, "\": the trainer runs \"gpipe\" and \"1f1b\" so far (`lockstep ",
              "schedule` prints the others)");
-  const auto refuse = [&](bool on, const char* what) {
-    LS_REQUIRE(!on, src, ": ", what, " with [parallel] pp > 1 is not implemented yet");
-  };
-  refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every");
+  LS_REQUIRE(cfg.verify.buddy_every == 0, src, ": [verify] buddy_every with [parallel] pp > 1: buddy replay names ",
+             "a faulty rank by the first tensor whose hashes differ within a dp group, which does not order tensors of ",
+             "different pipeline stages; use [verify] replay_every (or pp = 1)");
   const std::vector<StageLayers> stages = plan_stages(desc, pp, cfg.parallel.stage_layers, src + ": [parallel]");
   const parallel::PipelineSchedule schedule =
       parallel::make_schedule(kind, pp, micro_batches, cfg.parallel.virtual_stages, src + ": [parallel]");
@@ -246,6 +246,33 @@ void sync_tied_copy(Model& model, comm::Communicator& pp) {
     const std::span<float> copy = model.tied_copy();
     pp.recv(copy.data(), static_cast<int64_t>(copy.size()), DType::kF32, 0, kTiedWeightTag);
   }
+}
+
+std::string measured_bubble(comm::Communicator& world, int64_t pp, int64_t tp, double unit_bubble, double compute_s,
+                            double stage_s) {
+  const std::vector<double> compute = world.all_gather(compute_s), total = world.all_gather(stage_s);
+  const std::vector<double> memory = world.all_gather(peak_memory_mib());
+  std::vector<double> stage_compute(static_cast<size_t>(pp), 0), stage_total(static_cast<size_t>(pp), 0),
+      stage_memory(static_cast<size_t>(pp), 0);
+  for (size_t w = 0; w < compute.size(); ++w) {
+    const auto stage = static_cast<size_t>((static_cast<int64_t>(w) / tp) % pp);  // mesh order: tp fastest, then pp
+    stage_compute[stage] += compute[w];
+    stage_total[stage] += total[w];
+    stage_memory[stage] = std::max(stage_memory[stage], memory[w]);
+  }
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << "pipeline: measured bubble by stage";
+  double all_compute = 0, all_total = 0;
+  for (size_t i = 0; i < stage_compute.size(); ++i) {
+    s << (i ? ", " : " ") << 100 * (stage_total[i] > 0 ? 1 - stage_compute[i] / stage_total[i] : 0) << "%";
+    all_compute += stage_compute[i];
+    all_total += stage_total[i];
+  }
+  s << " (mean " << 100 * (all_total > 0 ? 1 - all_compute / all_total : 0)
+    << "%: the share of the passes' time spent waiting for a neighbour, steps after the first); the schedule's "
+    << 100 * unit_bubble << "% on unit pass costs; peak memory by stage";
+  for (size_t i = 0; i < stage_memory.size(); ++i) s << (i ? ", " : " ") << std::setprecision(0) << stage_memory[i] << " MiB";
+  return s.str();
 }
 
 void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch& batch, ChunkCombiner& loss_sum) {

@@ -51,9 +51,8 @@ struct Pipeline {
 };
 
 // For pp rank `rank` of `pp`, with `micro_batches` micro-batches a step on each rank. ConfigError
-// naming the config for what the trainer's pipeline does not run yet: tied embeddings (the head's
-// copy of wte on the last stage), the interleaved and zero-bubble schedules, and, with pp > 1,
-// the buddy check.
+// naming the config for what the trainer's pipeline does not run: the interleaved and zero-bubble
+// schedules (not yet), and with pp > 1 buddy replay.
 Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches);
 
 // One rank's part of a step: micro-batch i reads (micro · T) tokens from inputs and targets at
@@ -88,6 +87,13 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
 // it before its last micro-batch reports wte ready, so that wte's gradient is the single process's
 // sum, rounded once. No-ops for an untied model or pp = 1. Collective over pp.
 void sync_tied_copy(Model& model, comm::Communicator& pp);
+
+// "pipeline: measured bubble by stage ...": each stage's share of its passes' time spent waiting
+// for a neighbour (compute_s of stage_s, summed over its ranks: the world's ranks in mesh order,
+// tp fastest, then pp), beside the schedule's unit_bubble, and each stage's largest peak resident
+// memory. Collective over `world`.
+std::string measured_bubble(comm::Communicator& world, int64_t pp, int64_t tp, double unit_bubble, double compute_s,
+                            double stage_s);
 
 // A forward for evaluation of one micro-batch through every stage (a stage after the first
 // receives its input, one before the last sends its output); the last stage's loss layer adds to

@@ -12,7 +12,6 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <sstream>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "src/comm/mpi_communicator.hpp"
@@ -188,37 +187,6 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   r.wait_seconds = comm::thread_wait_seconds() - waited_before;
   r.comm_bytes = bytes() - bytes_before;
   return r;
-}
-
-// "pipeline: measured bubble ...": each stage's idle share of its passes' time, over its ranks and
-// the steps after the first, beside the schedule's on unit pass costs, and each stage's largest
-// peak resident memory. Collective over the world.
-std::string measured_bubble(const TrainRun& run, const parallel::Mesh& mesh, const Pipeline& pipeline,
-                            double compute_s, double stage_s) {
-  const std::vector<double> compute = run.world.all_gather(compute_s), total = run.world.all_gather(stage_s);
-  const std::vector<double> memory = run.world.all_gather(peak_memory_mib());
-  const int64_t pp = mesh.size(parallel::Axis::kPp), tp = mesh.size(parallel::Axis::kTp);
-  std::vector<double> stage_compute(static_cast<size_t>(pp), 0), stage_total(static_cast<size_t>(pp), 0),
-      stage_memory(static_cast<size_t>(pp), 0);
-  for (size_t w = 0; w < compute.size(); ++w) {
-    const auto stage = static_cast<size_t>((static_cast<int64_t>(w) / tp) % pp);  // mesh order: tp fastest, then pp
-    stage_compute[stage] += compute[w];
-    stage_total[stage] += total[w];
-    stage_memory[stage] = std::max(stage_memory[stage], memory[w]);
-  }
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1) << "pipeline: measured bubble by stage";
-  double all_compute = 0, all_total = 0;
-  for (size_t i = 0; i < stage_compute.size(); ++i) {
-    s << (i ? ", " : " ") << 100 * (stage_total[i] > 0 ? 1 - stage_compute[i] / stage_total[i] : 0) << "%";
-    all_compute += stage_compute[i];
-    all_total += stage_total[i];
-  }
-  s << " (mean " << 100 * (all_total > 0 ? 1 - all_compute / all_total : 0)
-    << "%: the share of the passes' time spent waiting for a neighbour, steps after the first); the schedule's "
-    << 100 * pipeline.unit_bubble << "% on unit pass costs; peak memory by stage";
-  for (size_t i = 0; i < stage_memory.size(); ++i) s << (i ? ", " : " ") << std::setprecision(0) << stage_memory[i] << " MiB";
-  return s.str();
 }
 
 // The loop on one rank of a (possibly single-rank) world.
@@ -576,7 +544,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     }
   }
   out << "\nmodel hash " << summary.model_hash << "\n";
-  if (run.pipelined()) out << measured_bubble(run, mesh, pipeline, stage_compute_s, stage_s) << "\n";
+  if (run.pipelined()) {
+    out << measured_bubble(world, mesh.size(parallel::Axis::kPp), mesh.size(parallel::Axis::kTp), pipeline.unit_bubble,
+                           stage_compute_s, stage_s)
+        << "\n";
+  }
   if (replay) out << "replays: " << replay->replays() << " (every " << vc.replay_every << " steps, compared bitwise)\n";
   if (buddy) {
     out << "buddy replays: " << buddy->runs() << " runs (every " << vc.buddy_every

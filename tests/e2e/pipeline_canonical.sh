@@ -118,4 +118,6 @@ expect_mpi_error "stage_layers \"7,0\": '0' is not a number of layers >= 1" 2 --
 expect_mpi_error "schedule \"interleaved\": the trainer runs \"gpipe\" and \"1f1b\" so far" 2 --parallel.pp=2 \
   --parallel.schedule=interleaved --parallel.virtual_stages=2
 expect_mpi_error "virtual_stages \(2\) > 1 needs schedule = \"interleaved\"" 2 --parallel.pp=2 --parallel.virtual_stages=2
+expect_mpi_error "\[verify\] buddy_every with \[parallel\] pp > 1: buddy replay names a faulty rank" 4 --parallel.pp=2 \
+  --parallel.dp=2 --verify.buddy_every=2
 echo PASS
