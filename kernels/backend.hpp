@@ -19,6 +19,7 @@
 #include "kernels/ops/mode.hpp"
 #include "kernels/ops/norm.hpp"
 #include "kernels/ops/optim.hpp"
+#include "kernels/ops/quantize.hpp"
 #include "kernels/ops/residual.hpp"
 #include "kernels/ops/rope.hpp"
 

@@ -79,6 +79,16 @@ enum class Saturation : uint8_t {
   kNonSaturating,  // -> NaN (E4M3) or ±inf (E5M2)
 };
 
+// The two fp8 formats of the FP8 recipes, and how a recipe scales a tensor before narrowing to
+// one (kernels/ops/quantize.hpp has the rules): one caller-given scale for the whole tensor, or
+// one per block from the block's amax, as fp32 (fp8_max / amax) or as a power of two.
+enum class Fp8Format : uint8_t { kE4M3, kE5M2 };
+enum class Fp8Scale : uint8_t { kPerTensor, kFp32, kPowerOfTwo };
+
+inline constexpr const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "e4m3" : "e5m2"; }
+inline constexpr const FormatInfo& fp8_info(Fp8Format f) { return f == Fp8Format::kE4M3 ? kE4M3Info : kE5M2Info; }
+inline constexpr float fp8_max(Fp8Format f) { return static_cast<float>(fp8_info(f).max_finite); }
+
 // ---- bit casts usable in device code ----
 
 LS_HOST_DEVICE inline uint32_t f32_bits(float x) {

@@ -30,6 +30,7 @@
 #include "reference/linear.hpp"
 #include "reference/norm.hpp"
 #include "reference/optim.hpp"
+#include "reference/quantize.hpp"
 #include "reference/real.hpp"
 #include "tests/support/op_case.hpp"
 
@@ -562,6 +563,82 @@ struct StochasticBf16 {
   }
 };
 
+// ---- quantize.hpp
+
+// The seed picks the format, the scaling and its blocks: a per-tensor scale that saturates the
+// largest eighth of the range, fp32 scales on 1×128 tiles, power-of-two scales on 32-element rows
+// (MXFP8) or columns, fp32 scales on 128×128 blocks.
+class QuantizeCase final : public OpCase {
+ public:
+  explicit QuantizeCase(const CaseSpec& c)
+      : rows_(dim(c.size, {1, 7, 33, 130, 1024, 2048})), cols_(dim(c.size, {1, 61, 45, 257, 768, 1024})) {
+    Draw d(c);
+    inp_ = d.values(rows_ * cols_, 120, true);
+    s_.rows = rows_;
+    s_.cols = cols_;
+    s_.format = c.seed % 2 == 0 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    const uint64_t kind = c.seed / 2 % 5;
+    const int64_t blocks[5][2] = {{1, 1}, {1, 128}, {1, 32}, {32, 1}, {128, 128}};
+    s_.scaling = kind == 0 ? Fp8Scale::kPerTensor : kind == 1 || kind == 4 ? Fp8Scale::kFp32 : Fp8Scale::kPowerOfTwo;
+    s_.block_rows = blocks[kind][0];
+    s_.block_cols = blocks[kind][1];
+    float amax = 0;
+    for (float x : inp_) amax = std::isfinite(x) ? std::max(amax, std::fabs(x)) : amax;
+    s_.scale = fp8_scale(amax, s_.format, 0, false, 1.0f) * 1.125f;
+  }
+  std::string shape() const override {
+    return dims_text({{"rows", rows_}, {"cols", cols_}, {"block_rows", s_.block_rows}, {"block_cols", s_.block_cols}}) +
+           " " + fp8_format_name(s_.format);
+  }
+  double bytes() const override { return 4.0 * 2 * static_cast<double>(rows_ * cols_); }
+  void run(Backend& be, Mode) override {
+    got_.assign(inp_.size(), -1.0f);
+    be.quantize_fp8(s_, got_.data(), nullptr, inp_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", got_, ref<Bd>(), mode, [&] { return floats(ref<Cf>()); })};
+  }
+
+ private:
+  template <class Real>
+  std::vector<Real> ref() const {
+    const auto i = as<Real>(inp_);
+    std::vector<Real> out(i.size());
+    const reference::Fp8Quantization q{s_.format, s_.scaling, s_.block_rows, s_.block_cols, s_.scale};
+    reference::quantize_fp8(rows_, cols_, q, out.data(), i.data());
+    return out;
+  }
+  int64_t rows_, cols_;
+  QuantizeShape s_;
+  std::vector<float> inp_, got_;
+};
+
+class AbsMax final : public OpCase {
+ public:
+  explicit AbsMax(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})) {
+    Draw d(c);
+    inp_ = d.values(n_, 127, true);
+  }
+  std::string shape() const override { return dims_text({{"n", n_}}); }
+  double bytes() const override { return 4.0 * static_cast<double>(n_); }
+  void run(Backend& be, Mode) override { be.abs_max(n_, &got_, inp_.data()); }
+  std::vector<Check> checks(Mode mode) const override {
+    float want = 0;
+    bool nan = false;
+    for (float x : inp_) {
+      nan = nan || std::isnan(x);
+      want = std::max(want, std::fabs(x));
+    }
+    if (nan) want = NAN;
+    return {check_of("result", {got_}, {Bd(static_cast<double>(want))}, mode, [&] { return std::vector<float>{want}; })};
+  }
+
+ private:
+  int64_t n_;
+  float got_ = -1;
+  std::vector<float> inp_;
+};
+
 class ResidualForward final : public OpCase {
  public:
   explicit ResidualForward(const CaseSpec& c) : n_(dim(c.size, {1, 61, 45, 3093, 256 * 1024, 512 * 1024})) {
@@ -930,6 +1007,8 @@ inline std::unique_ptr<OpCase> make_round_to_bf16(const CaseSpec& c) {
 inline std::unique_ptr<OpCase> make_round_to_bf16_stochastic(const CaseSpec& c) {
   return std::make_unique<RoundingCase<StochasticBf16>>(c, StochasticBf16(c));
 }
+inline std::unique_ptr<OpCase> make_quantize_fp8(const CaseSpec& c) { return std::make_unique<QuantizeCase>(c); }
+inline std::unique_ptr<OpCase> make_abs_max(const CaseSpec& c) { return std::make_unique<AbsMax>(c); }
 inline std::unique_ptr<OpCase> make_residual_forward(const CaseSpec& c) { return std::make_unique<ResidualForward>(c); }
 inline std::unique_ptr<OpCase> make_embedding_forward(const CaseSpec& c) { return std::make_unique<EmbeddingForward>(c); }
 inline std::unique_ptr<OpCase> make_embedding_backward(const CaseSpec& c) { return std::make_unique<EmbeddingBackward>(c); }
