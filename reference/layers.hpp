@@ -79,7 +79,7 @@ struct RefStep {
   bool eval = false;                   // forward only: the loss layer's forward computes the loss
 
   int64_t BT() const { return B * T; }
-  bool bf16(const std::string& linear) const { return precision != nullptr && precision->bf16(linear); }
+  bool bf16(const std::string& linear) const { return precision != nullptr && precision->low_precision(linear); }
   // n values that linear `linear` reads (or wrote), stored in its precision.
   void store_for(const std::string& linear, Real* x, int64_t n) const {
     if (bf16(linear)) round_to_bf16(n, x, x);

@@ -222,6 +222,8 @@ void read_batch(const RunConfig& cfg, data::TrainSampler& sampler, StepState& s)
 
 StepSetup step_setup(const StepState& s) {
   const TrainConfig& tc = s.cfg.train;
+  LS_REQUIRE(tc.precision != Precision::kFp8, s.cfg.source,
+             ": verify step computes fp32 and bf16 recipes; the reference's fp8 quantization is not there yet");
   StepSetup u;
   u.B = tc.batch_size;
   u.MB = tc.micro_batch();

@@ -1,12 +1,23 @@
-// FP8 quantization on the CPU (contract in kernels/ops/quantize.hpp): src/core/formats.hpp's
-// narrowing per element, blocks over the threads; the counts are exact (integer sums, maxima).
+// FP8 quantization on the CPU (contract in kernels/ops/quantize.hpp). The tensor is walked in
+// bands of block_rows rows (one row for per-tensor scaling): a band's column maxima give each
+// block's amax and so a scale per column, then every row of the band is quantized against those
+// per-column scales — loops over contiguous columns that the compiler vectorises. The rounding
+// works on values, not codes: a finite |x·s| at or above the format's smallest normal keeps its
+// top 1 + man bits by the carry trick on its fp32 bits (add half an ulp of the kept precision minus
+// one plus the lowest kept bit, drop the rest: round to nearest even, a carry running into the
+// exponent); below it, adding and subtracting 2^(emin − man + 23) rounds to the subnormal quantum
+// in the FPU's own round-to-nearest-even; beyond the largest finite value it saturates. Bands
+// holding NaN or ±inf are quantized again element by element through src/core/formats.hpp's
+// narrowing, whose NaN and infinity rules the contract names; the vector path equals that
+// narrowing on every finite input (tests/unit/kernels_elementwise/test_quantize.cpp sweeps them).
+// Bands go to the threads; the counts are integer sums and maxima, exact in any order.
 #include "kernels/ops/quantize.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
-
-#include "src/core/formats.hpp"
+#include <vector>
 
 namespace lockstep {
 
@@ -44,70 +55,76 @@ BlockScale block_scale(const QuantizeShape& s, float amax) {
   return {std::ldexp(1.0f, -X), std::ldexp(1.0f, X)};
 }
 
-// One element: the dequantized value, its counts.
-template <Fp8Format F>
-float quantize_one(float x, BlockScale b, Fp8Counts& c) {
+// The rounding of one format, on values.
+struct Rounding {
+  uint32_t half_minus_one, drop_mask;  // the carry trick at 1 + man bits
+  int drop;                            // 23 − man
+  float min_normal, subnormal_magic, max;
+
+  explicit Rounding(Fp8Format f) {
+    const FormatInfo& info = fp8_info(f);
+    drop = 23 - info.man_bits;
+    half_minus_one = (1u << (drop - 1)) - 1;
+    drop_mask = ~((1u << drop) - 1);
+    min_normal = static_cast<float>(info.min_normal);
+    subnormal_magic = std::ldexp(1.0f, std::ilogb(info.min_normal) - info.man_bits + 23);
+    max = static_cast<float>(info.max_finite);
+  }
+};
+
+// Counts of a band, kept as plain integers so that the loops vectorise.
+struct BandCounts {
+  int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
+};
+
+// One row of finite values against per-column scales: the vector path. No branches: both
+// roundings of every element are computed and one selected, on the magnitude's bits (which order
+// like its value); kernels/CMakeLists.txt lets the compiler evaluate the unused one.
+void quantize_row(const Rounding& R, int64_t n, float* __restrict out, const float* __restrict in,
+                  const float* __restrict scale, const float* __restrict inv, BandCounts& c) {
+  const uint32_t half = R.half_minus_one, mask = R.drop_mask;
+  const int drop = R.drop;
+  const uint32_t min_normal = std::bit_cast<uint32_t>(R.min_normal), top = std::bit_cast<uint32_t>(R.max);
+  const float magic = R.subnormal_magic;
+  int32_t saturated = 0, underflowed = 0, nonzero = 0;
+#pragma omp simd reduction(+ : saturated, underflowed, nonzero)
+  for (int64_t j = 0; j < n; ++j) {
+    const float y = in[j] * scale[j];
+    const uint32_t yb = std::bit_cast<uint32_t>(y);
+    const uint32_t b = yb & 0x7fffffffu;
+    const uint32_t normal = (b + half + ((b >> drop) & 1u)) & mask;
+    const uint32_t subnormal = std::bit_cast<uint32_t>((std::bit_cast<float>(b) + magic) - magic);
+    const uint32_t rounded = b < min_normal ? subnormal : normal;
+    const int32_t over = rounded > top ? 1 : 0;
+    const uint32_t r = over != 0 ? top : rounded;
+    out[j] = std::bit_cast<float>(r | (yb & 0x80000000u)) * inv[j];
+    const int32_t nz = (std::bit_cast<uint32_t>(in[j]) & 0x7fffffffu) != 0 ? 1 : 0;
+    saturated += over;
+    nonzero += nz;
+    underflowed += nz & (r == 0 ? 1 : 0);
+  }
+  c.saturated += saturated;
+  c.underflowed += underflowed;
+  c.nonzero += nonzero;
+}
+
+// One element through formats.hpp's narrowing: the path for bands with NaN or ±inf.
+float quantize_exact(Fp8Format f, float x, float scale, float inv, BandCounts& c) {
+  const float y = x * scale;
+  const bool e4m3 = f == Fp8Format::kE4M3;
   if (!std::isfinite(x)) {
     ++c.nonfinite;
-    c.amax = worse_amax(c.amax, std::fabs(x));
-    const float y = x * b.scale;
-    const uint8_t q = F == Fp8Format::kE4M3 ? e4m3_from_f32(y, Saturation::kSaturate)
-                                            : e5m2_from_f32(y, Saturation::kSaturate);
-    return (F == Fp8Format::kE4M3 ? e4m3_to_f32(q) : e5m2_to_f32(q)) * b.inv;
+  } else {
+    const uint8_t wide = e4m3 ? e4m3_from_f32(y, Saturation::kNonSaturating) : e5m2_from_f32(y, Saturation::kNonSaturating);
+    if (!std::isfinite(e4m3 ? e4m3_to_f32(wide) : e5m2_to_f32(wide))) ++c.saturated;
   }
-  const float ax = std::fabs(x);
-  c.amax = std::max(c.amax, ax);
-  const float y = x * b.scale;
-  // Non-saturating first, to see an overflow; then the saturated value in its place.
-  uint8_t q = F == Fp8Format::kE4M3 ? e4m3_from_f32(y, Saturation::kNonSaturating)
-                                    : e5m2_from_f32(y, Saturation::kNonSaturating);
-  float v = F == Fp8Format::kE4M3 ? e4m3_to_f32(q) : e5m2_to_f32(q);
-  if (!std::isfinite(v)) {
-    ++c.saturated;
-    q = F == Fp8Format::kE4M3 ? e4m3_from_f32(y, Saturation::kSaturate) : e5m2_from_f32(y, Saturation::kSaturate);
-    v = F == Fp8Format::kE4M3 ? e4m3_to_f32(q) : e5m2_to_f32(q);
-  }
-  if (x != 0.0f) {
+  const uint8_t q = e4m3 ? e4m3_from_f32(y, Saturation::kSaturate) : e5m2_from_f32(y, Saturation::kSaturate);
+  const float v = e4m3 ? e4m3_to_f32(q) : e5m2_to_f32(q);
+  if (std::isfinite(x) && x != 0.0f) {
     ++c.nonzero;
     if (v == 0.0f) ++c.underflowed;
   }
-  return v * b.inv;
-}
-
-template <Fp8Format F>
-void quantize_blocks(const QuantizeShape& s, float* out, Fp8Counts& total, const float* inp) {
-  const bool whole = s.scaling == Fp8Scale::kPerTensor;
-  const int64_t br = whole ? std::max<int64_t>(s.rows, 1) : s.block_rows;
-  const int64_t bc = whole ? std::max<int64_t>(s.cols, 1) : s.block_cols;
-  const int64_t nbr = (s.rows + br - 1) / br, nbc = (s.cols + bc - 1) / bc;
-  float amax = 0.0f;
-  int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
-  bool nan = false;
-  // Per-tensor work is split by rows; a block's amax comes before its elements.
-  const int64_t units = whole ? s.rows : nbr * nbc;
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(+ : saturated, underflowed, nonzero, nonfinite) reduction(|| : nan) if (s.rows * s.cols > (int64_t{1} << 15))
-  for (int64_t u = 0; u < units; ++u) {
-    const int64_t r0 = whole ? u : (u / nbc) * br, c0 = whole ? 0 : (u % nbc) * bc;
-    const int64_t r1 = whole ? u + 1 : std::min(r0 + br, s.rows), c1 = whole ? s.cols : std::min(c0 + bc, s.cols);
-    float block_amax = 0.0f;
-    if (!whole) {
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) block_amax = worse_amax(block_amax, std::fabs(inp[r * s.cols + c]));
-      }
-    }
-    const BlockScale b = block_scale(s, block_amax);
-    Fp8Counts c;
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t col = c0; col < c1; ++col) out[r * s.cols + col] = quantize_one<F>(inp[r * s.cols + col], b, c);
-    }
-    if (std::isnan(c.amax)) nan = true;
-    else amax = std::max(amax, c.amax);
-    saturated += c.saturated;
-    underflowed += c.underflowed;
-    nonzero += c.nonzero;
-    nonfinite += c.nonfinite;
-  }
-  total = {nan ? std::numeric_limits<float>::quiet_NaN() : amax, saturated, underflowed, nonzero, nonfinite};
+  return v * inv;
 }
 
 }  // namespace
@@ -132,15 +149,95 @@ float fp8_scale(float amax, Fp8Format f, int margin, bool power_of_two, float pr
 namespace lockstep::cpu {
 
 void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* inp) {
-  Fp8Counts c;
+  Fp8Counts total;
   if (s.rows > 0 && s.cols > 0) {
-    if (s.format == Fp8Format::kE4M3) {
-      quantize_blocks<Fp8Format::kE4M3>(s, out, c, inp);
-    } else {
-      quantize_blocks<Fp8Format::kE5M2>(s, out, c, inp);
+    const bool whole = s.scaling == Fp8Scale::kPerTensor;
+    const int64_t br = whole ? 1 : std::max<int64_t>(s.block_rows, 1);
+    const int64_t bc = whole ? s.cols : std::max<int64_t>(s.block_cols, 1);
+    const int64_t bands = (s.rows + br - 1) / br, C = s.cols;
+    const Rounding R(s.format);
+    float amax = 0.0f;
+    int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
+#pragma omp parallel reduction(max : amax) reduction(+ : saturated, underflowed, nonzero, nonfinite) if (s.rows * s.cols > (int64_t{1} << 15))
+    {
+      std::vector<float> col_amax(static_cast<size_t>(C)), scale(static_cast<size_t>(C)), inv(scale.size());
+      if (whole) {
+        const BlockScale b = block_scale(s, 0.0f);
+        std::fill(scale.begin(), scale.end(), b.scale);
+        std::fill(inv.begin(), inv.end(), b.inv);
+      }
+#pragma omp for schedule(static)
+      for (int64_t band = 0; band < bands; ++band) {
+        const int64_t r0 = band * br, r1 = std::min(r0 + br, s.rows);
+        // The band's maximum and, for block scales, its column maxima; NaN or inf anywhere sends
+        // the band down the exact path.
+        float band_amax = 0.0f;
+        int64_t nans = 0;
+        if (!whole) std::fill(col_amax.begin(), col_amax.end(), 0.0f);
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = inp + r * C;
+          float row_max = 0.0f;
+          if (whole) {
+#pragma omp simd reduction(max : row_max) reduction(+ : nans)
+            for (int64_t j = 0; j < C; ++j) {
+              const float a = std::fabs(row[j]);
+              nans += a != a ? 1 : 0;
+              row_max = std::max(row_max, a);
+            }
+          } else {
+            float* cm = col_amax.data();
+#pragma omp simd reduction(max : row_max) reduction(+ : nans)
+            for (int64_t j = 0; j < C; ++j) {
+              const float a = std::fabs(row[j]);
+              nans += a != a ? 1 : 0;
+              row_max = std::max(row_max, a);
+              cm[j] = std::max(cm[j], a);
+            }
+          }
+          band_amax = std::max(band_amax, row_max);
+        }
+        const bool nonfinite_band = nans > 0 || band_amax > std::numeric_limits<float>::max();
+        if (!whole) {
+          for (int64_t c0 = 0; c0 < C; c0 += bc) {
+            const int64_t c1 = std::min(c0 + bc, C);
+            float block_amax = 0.0f;
+            for (int64_t j = c0; j < c1; ++j) block_amax = worse_amax(block_amax, col_amax[static_cast<size_t>(j)]);
+            if (nonfinite_band) {  // the exact maximum, NaN first
+              block_amax = 0.0f;
+              for (int64_t r = r0; r < r1; ++r) {
+                for (int64_t j = c0; j < c1; ++j) block_amax = worse_amax(block_amax, std::fabs(inp[r * C + j]));
+              }
+            }
+            const BlockScale b = block_scale(s, block_amax);
+            std::fill(scale.begin() + c0, scale.begin() + c1, b.scale);
+            std::fill(inv.begin() + c0, inv.begin() + c1, b.inv);
+          }
+        }
+        BandCounts c;
+        for (int64_t r = r0; r < r1; ++r) {
+          if (nonfinite_band) {
+            for (int64_t j = 0; j < C; ++j) {
+              out[r * C + j] = quantize_exact(s.format, inp[r * C + j], scale[static_cast<size_t>(j)],
+                                              inv[static_cast<size_t>(j)], c);
+            }
+          } else {
+            quantize_row(R, C, out + r * C, inp + r * C, scale.data(), inv.data(), c);
+          }
+        }
+        // NaN does not survive a max reduction: it travels as a count and is restored below.
+        amax = std::max(amax, band_amax);
+        saturated += c.saturated;
+        underflowed += c.underflowed;
+        nonzero += c.nonzero;
+        nonfinite += c.nonfinite;
+      }
+    }
+    total = {amax, saturated, underflowed, nonzero, nonfinite};
+    if (nonfinite > 0) {  // NaN first, then infinity: from the data, as the contract orders them
+      for (int64_t i = 0; i < s.rows * s.cols; ++i) total.amax = worse_amax(total.amax, std::fabs(inp[i]));
     }
   }
-  if (counts != nullptr) *counts = c;
+  if (counts != nullptr) *counts = total;
 }
 
 void abs_max(int64_t n, float* result, const float* inp) {

@@ -31,6 +31,8 @@
 #include "src/core/exact_sum.hpp"
 #include "src/core/tensor_view.hpp"
 #include "src/model/layer_list.hpp"
+#include "src/model/fp8_state.hpp"
+#include "src/model/modules.hpp"
 #include "src/model/param_layout.hpp"
 #include "src/model/precision.hpp"
 
@@ -116,20 +118,23 @@ class LayerContext {
   void set_op_mode(std::string op, Mode mode) { op_modes_.emplace_back(std::move(op), mode); }
   void clear_op_modes() { op_modes_.clear(); }
 
-  // Whether linear `linear` runs in bf16 (precision.hpp names the linears).
-  bool bf16(const std::string& linear) const { return precision_.bf16(linear); }
+  // Whether linear `linear` runs in bf16 or fp8: its operands are stored in bf16 (precision.hpp
+  // names the linears).
+  bool low_precision(const std::string& linear) const { return precision_.low_precision(linear); }
   // The op of linear `name` (weight: this rank's tensor): the plan's, in the recipe's precision.
   std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name);
   // The weight linear `name` computes with: the bf16 copy of the master weight, or the parameter
   // itself (fp32, or bf16 already: PrecisionRecipe::bf16_params).
   float* linear_weight(const ParamTensor* t, const std::string& name) {
-    return bf16(name) && !precision_.bf16_params() ? weight_copies_.data() + t->offset : param(t);
+    return low_precision(name) && !precision_.bf16_params() ? weight_copies_.data() + t->offset : param(t);
   }
   // An activation of n floats that linear `name` reads (or wrote: q, k, v after RoPE): stored in
-  // bf16 (rounded in place) where that linear runs in bf16.
+  // bf16 (rounded in place) where that linear runs in bf16 or fp8.
   void store_for(const std::string& name, float* data, int64_t n) {
-    if (bf16(name)) backend_.round_to_bf16(n, data, data);
+    if (low_precision(name)) backend_.round_to_bf16(n, data, data);
   }
+  // The fp8 recipe's state (fp8_state.hpp); nullptr unless the model has fp8 linears.
+  Fp8State* fp8() const { return fp8_.get(); }
 
   // The parameter named `name` in this rank's layout (or the tied copy of wte), nullptr if the
   // model has none.
@@ -193,6 +198,10 @@ class LayerContext {
   std::vector<const ParamTensor*> copied_weights_;  // the weights of bf16 linears
   std::vector<float> weight_copies_;                // at the params' offsets (bf16 linears' weights only)
   std::vector<float> cast_scratch_;                 // bf16 linears' output-gradient copies
+  std::unique_ptr<Fp8State> fp8_;
+  Fp8Scratch fp8_scratch_;
+  std::map<const ParamTensor*, Fp8WeightCopies> fp8_weights_;  // allocated once: their addresses are fixed
+  bool fp8_recording_ = true;                       // a training pass that is not a recomputation
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;

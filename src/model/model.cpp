@@ -88,14 +88,21 @@ GradSink LayerContext::sink(const ParamTensor* t) {
 std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const ParamTensor& weight,
                                                const std::string& name) {
   std::unique_ptr<LinearOp> op = plan_.linear(layer, weight);
-  if (!bf16(name)) return op;
+  if (!low_precision(name)) return op;
+  const bool row_parallel = weight.split_dim == 1;
   // bf16 parameters are their own bf16 copy.
-  if (precision_.bf16_params()) return bf16_linear(std::move(op), plan_, weight.split_dim == 1, cast_scratch_);
+  if (precision_.bf16_params()) return bf16_linear(std::move(op), plan_, row_parallel, cast_scratch_);
   if (std::find(copied_weights_.begin(), copied_weights_.end(), &weight) == copied_weights_.end()) {
     copied_weights_.push_back(&weight);
   }
   weight_copies_.resize(params_.size());
-  return bf16_linear(std::move(op), plan_, weight.split_dim == 1, cast_scratch_);
+  if (precision_.fp8_linear(name)) {
+    Fp8WeightCopies& copies = fp8_weights_[&weight];
+    copies.rowwise.resize(static_cast<size_t>(weight.numel));
+    if (precision_.fp8.scaling == Fp8Scaling::kMxfp8) copies.columnwise.resize(static_cast<size_t>(weight.numel));
+    return fp8_linear(std::move(op), {plan_, *fp8_, &fp8_recording_, fp8_scratch_}, name, row_parallel, copies);
+  }
+  return bf16_linear(std::move(op), plan_, row_parallel, cast_scratch_);
 }
 
 void LayerContext::refresh_weight_copies() {
@@ -155,6 +162,14 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
   }
 
   ctx_.recompute_ = options_.recompute;
+  // Every fp8 linear of the whole list has its entries, whichever stage this is.
+  if (ctx_.precision_.linears == Precision::kFp8) {
+    std::vector<std::string> fp8_linears;
+    for (const std::string& l : linear_names(desc_)) {
+      if (ctx_.precision_.fp8_linear(l)) fp8_linears.push_back(l);
+    }
+    ctx_.fp8_ = std::make_unique<Fp8State>(ctx_.precision_.fp8, fp8_linears);
+  }
   const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
   int64_t scratch = 0;
   for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
@@ -217,6 +232,17 @@ const float* Model::weight_copy(const ParamTensor& t) const {
   const auto& copied = ctx_.copied_weights_;
   const bool has = std::any_of(copied.begin(), copied.end(), [&](const ParamTensor* c) { return c->offset == t.offset; });
   return has ? ctx_.weight_copies_.data() + t.offset : nullptr;
+}
+
+std::vector<const float*> Model::fp8_weight_copies(const ParamTensor& t) const {
+  std::vector<const float*> out;
+  for (const auto& [weight, copies] : ctx_.fp8_weights_) {
+    if (weight->offset != t.offset) continue;
+    for (const std::vector<float>* c : {&copies.rowwise, &copies.columnwise}) {
+      if (!c->empty()) out.push_back(c->data());
+    }
+  }
+  return out;
 }
 
 uint64_t Model::grad_bytes() const {
@@ -369,8 +395,10 @@ void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last
     if (ctx_.recomputed(layer.desc().kind)) {
       // Its activations since its forward are another layer's or micro-batch's now: made again.
       ctx_.recomputing_ = true;
+      ctx_.fp8_recording_ = false;
       layer.forward(ctx_, p, in);
       ctx_.recomputing_ = false;
+      ctx_.fp8_recording_ = true;
     }
     float* dinp = nullptr;
     if (!layer.desc().input.empty()) {
@@ -409,7 +437,9 @@ const float* Model::eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombi
   Slot& s = acquire(mb, batch);
   s.pass.eval = true;
   s.pass.loss_sum = &loss_sum;
+  ctx_.fp8_recording_ = false;  // evaluation leaves the fp8 statistics alone
   run_forward(s);
+  ctx_.fp8_recording_ = true;
   s.mb = -1;
   return layers_.back()->output(s.pass.slot);
 }

@@ -77,6 +77,12 @@ class Model {
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
   // at each forward; nullptr where no bf16 linear uses t or the parameters are bf16 themselves.
   const float* weight_copy(const ParamTensor& t) const;
+  // The quantized copies of weight t that an fp8 linear's GEMMs read (src/model/fp8_linear.cpp):
+  // none unless t is an fp8 linear's weight.
+  std::vector<const float*> fp8_weight_copies(const ParamTensor& t) const;
+  // The fp8 recipe's state (src/model/fp8_state.hpp): nullptr unless the model has fp8 linears.
+  Fp8State* fp8() { return ctx_.fp8(); }
+  const Fp8State* fp8() const { return ctx_.fp8(); }
   // The model's own gradient buffers (zero until a backward adds to them), allocated at their
   // first use — so that a model whose gradients go to a GradStorage from the start never holds
   // them, not even at its peak — and released (grads() is nullptr) while a GradStorage is set.

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -90,6 +91,9 @@ class ModelPlan {
   virtual std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight) const;
   virtual std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const;
   virtual std::unique_ptr<LossOp> loss(const LayerDesc& layer) const;
+  // x[i] = the maximum over the ranks that hold parts of one tensor (tensor parallelism): a
+  // per-tensor statistic of a split tensor. One device: x as it is.
+  virtual void max_over_shards(float* x, int64_t n) const {}
 };
 
 // `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output
@@ -98,5 +102,31 @@ class ModelPlan {
 // along the input features (split_dim 1).
 std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool row_parallel,
                                       std::vector<float>& scratch);
+
+class Fp8State;
+
+// What the model's fp8 linears share: the plan, the scaling state, whether passes record their
+// statistics now (not in evaluation nor a recomputed forward), and scratch for the quantized
+// copies (grown as needed; one op runs at a time).
+struct Fp8Scratch {
+  std::vector<float> x, dy, dy_row, dy_col;
+};
+// The quantized copies of one fp8 linear's weight (its own, so that observers can tell the weight
+// by its address: verify/detect/abft.hpp): rowwise for fprop; columnwise for dgrad where the
+// recipe's blocks differ by direction (mxfp8), else empty and rowwise serves both.
+struct Fp8WeightCopies {
+  std::vector<float> rowwise, columnwise;
+};
+struct Fp8LinearSetup {
+  const ModelPlan& plan;
+  Fp8State& state;
+  const bool* recording;
+  Fp8Scratch& scratch;
+};
+
+// `inner`, the plan's op of linear `name`, in fp8 (fp8_recipe.hpp; fp8_linear.cpp). row_parallel:
+// its weight is split along the input features (split_dim 1). `weights` must outlive the op.
+std::unique_ptr<LinearOp> fp8_linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup,
+                                     const std::string& name, bool row_parallel, Fp8WeightCopies& weights);
 
 }  // namespace lockstep

@@ -6,12 +6,20 @@
 
 namespace lockstep {
 
-std::string_view precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kF32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp8: return "fp8";
+  }
+  return "?";
+}
 
 Precision precision_from_name(const std::string& name) {
   if (name == "fp32") return Precision::kF32;
   if (name == "bf16") return Precision::kBf16;
-  throw ConfigError(str_cat("[train] precision: expected \"fp32\" or \"bf16\", got \"", name, "\""));
+  if (name == "fp8") return Precision::kFp8;
+  throw ConfigError(str_cat("[train] precision: expected \"fp32\", \"bf16\" or \"fp8\", got \"", name, "\""));
 }
 
 std::vector<std::string> linear_names(const ModelDesc& desc) {
@@ -30,8 +38,10 @@ std::vector<std::string> linear_names(const ModelDesc& desc) {
 
 std::string PrecisionRecipe::unmatched(const ModelDesc& desc) const {
   const std::vector<std::string> linears = linear_names(desc);
-  for (const std::string& e : fp32_linears) {
-    if (std::none_of(linears.begin(), linears.end(), [&](const std::string& l) { return names(e, l); })) return e;
+  for (const auto* list : {&fp32_linears, &fp8.bf16_linears}) {
+    for (const std::string& e : *list) {
+      if (std::none_of(linears.begin(), linears.end(), [&](const std::string& l) { return names(e, l); })) return e;
+    }
   }
   return {};
 }
@@ -46,11 +56,57 @@ Precision PrecisionRecipe::of_linear(std::string_view name) const {
   for (const std::string& e : fp32_linears) {
     if (names(e, name)) return Precision::kF32;
   }
+  if (linears == Precision::kFp8) {
+    for (const std::string& e : fp8.bf16_linears) {
+      if (names(e, name)) return Precision::kBf16;
+    }
+  }
   return linears;
+}
+
+std::string PrecisionRecipe::fp8_layout_problem(const ModelDesc& desc, int64_t tp, bool sp, int64_t micro_tokens) const {
+  if (linears != Precision::kFp8 || fp8.per_tensor()) return {};
+  const int64_t b = fp8.block();
+  const std::string recipe = fp8_scaling_name(fp8.scaling);
+  // wgrad's columnwise copies cut the tokens into blocks; a row-parallel linear's output gradient
+  // holds only this rank's tokens under sequence parallelism.
+  if (tp > 1 && sp && (micro_tokens / tp) % b != 0) {
+    return str_cat("fp8 recipe ", recipe, " quantizes blocks of ", b, " tokens, but sequence parallelism gives each of ",
+                   tp, " ranks ", micro_tokens / tp, " tokens of a micro-batch (", micro_tokens,
+                   "); choose micro_batch_size x seq_len a multiple of ", b * tp);
+  }
+  if (tp == 1) return {};
+  for (const LayerDesc& l : desc.layers) {
+    for (const ParamDecl& p : l.params) {
+      if (!p.matmul || p.split_dim < 0 || !p.name.ends_with("/weight")) continue;
+      const std::string linear = l.kind == LayerKind::kHead ? kHeadLinear : p.name.substr(0, p.name.size() - 7);
+      if (!fp8_linear(linear)) continue;
+      for (int64_t seg : p.segments) {
+        if ((seg / tp) % b == 0) continue;
+        return str_cat("fp8 recipe ", recipe, " quantizes blocks of ", b, " along ", linear, "'s ",
+                       p.split_dim == 0 ? "output" : "input", " features, but tensor parallelism over ", tp,
+                       " ranks gives each rank ", seg / tp, " of a segment of ", seg,
+                       "; keep it in bf16 ([fp8] bf16_linears) or choose dims whose share is a multiple of ", b);
+      }
+    }
+  }
+  return {};
 }
 
 std::string PrecisionRecipe::describe() const {
   if (linears == Precision::kF32) return "fp32";
+  if (linears == Precision::kFp8) {
+    std::string s = fp8.describe() + "; otherwise as bf16 with fp32 master weights";
+    if (!fp8.bf16_linears.empty()) {
+      s += "; bf16 linears:";
+      for (const std::string& e : fp8.bf16_linears) s += " " + e;
+    }
+    if (!fp32_linears.empty()) {
+      s += "; fp32 linears:";
+      for (const std::string& e : fp32_linears) s += " " + e;
+    }
+    return s;
+  }
   std::string s = str_cat(
       "bf16 (linear layers: bf16 inputs, weights and outputs, fp32 accumulation; ",
       master_weights ? "fp32 master weights, AdamW state and gradients"

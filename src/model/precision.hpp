@@ -1,5 +1,5 @@
-// The precision recipe of a model ([train] precision and fp32_linears): which linear layers run
-// in bf16, and what that means for the tensors around them.
+// The precision recipe of a model ([train] precision and fp32_linears, and [fp8]): which linear
+// layers run in bf16 or fp8, and what that means for the tensors around them.
 //
 //   fp32   every op in fp32 (the default).
 //   bf16   each linear layer in bf16 unless fp32_linears names it: its inputs — the activation it
@@ -12,6 +12,8 @@
 //          as Megatron's fp32 main gradients do; gradients are reduced, clipped and applied by
 //          AdamW to the fp32 master weights and moments as in fp32. Norms, softmax, attention's
 //          scores, the loss and its statistics, the residual stream and its gradient stay fp32.
+//   fp8    each linear as in bf16, its GEMMs reading fp8-quantized operands (fp8_recipe.hpp),
+//          unless the [fp8] section's bf16_linears keeps it bf16 or fp32_linears fp32.
 //
 // Every bf16 value is held in an fp32 container (kernels/ops/cast.hpp's rounding): the numbers
 // are the recipe's, the memory and speed are not yet a bf16 store's. Canonical mode stays bitwise
@@ -29,16 +31,17 @@
 #include <string_view>
 #include <vector>
 
+#include "src/model/fp8_recipe.hpp"
 #include "src/model/layer_list.hpp"
 
 namespace lockstep {
 
-enum class Precision : uint8_t { kF32, kBf16 };
+enum class Precision : uint8_t { kF32, kBf16, kFp8 };
 
 // The head's linear, tied or not.
 inline constexpr const char* kHeadLinear = "head";
 
-std::string_view precision_name(Precision p);  // "fp32" | "bf16"
+std::string_view precision_name(Precision p);  // "fp32" | "bf16" | "fp8"
 // Throws ConfigError naming the expected values.
 Precision precision_from_name(const std::string& name);
 
@@ -53,14 +56,21 @@ struct PrecisionRecipe {
   // (seed, tensor, step, global index) — kernels/ops/cast.hpp — so layouts do not change the bits;
   // the moments and gradients stay fp32. true: fp32 master weights, bf16 copies for the linears.
   bool master_weights = true;
+  Fp8Recipe fp8;  // fp8 only
 
   bool bf16_params() const { return linears == Precision::kBf16 && !master_weights; }
 
-  // The precision linear `name` runs in, and whether that is bf16.
+  // The precision linear `name` runs in; whether its operands and outputs are stored in bf16 (a
+  // bf16 or fp8 linear); whether its GEMMs read fp8.
   Precision of_linear(std::string_view name) const;
-  bool bf16(std::string_view name) const { return of_linear(name) == Precision::kBf16; }
-  // An fp32_linears entry that names no linear of `desc` ("": none).
+  bool low_precision(std::string_view name) const { return of_linear(name) != Precision::kF32; }
+  bool fp8_linear(std::string_view name) const { return of_linear(name) == Precision::kFp8; }
+  // An fp32_linears (or fp8 bf16_linears) entry that names no linear of `desc` ("": none).
   std::string unmatched(const ModelDesc& desc) const;
+  // "" or what keeps a block fp8 recipe from giving a tensor-parallel layout (tp ranks, sequence
+  // parallel or not) the one-process bits: a split of an fp8 linear's weight, or of a
+  // micro-batch's tokens (micro_tokens of them), that does not fall on a block boundary.
+  std::string fp8_layout_problem(const ModelDesc& desc, int64_t tp, bool sp, int64_t micro_tokens) const;
   // Whether fp32_linears entry `entry` names linear `name`.
   static bool names(std::string_view entry, std::string_view name);
   // One line for the start-up banner, e.g. "bf16 (fp32 master weights ...); fp32 linears: head".

@@ -88,6 +88,7 @@ class ColumnParallelLinear final : public LinearOp {
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
     be.linear_backward(mode, s, token_offset, nullptr, dw, db, dout, inp, w);
+    if (dinp == nullptr) return;  // a caller that wants the weight's gradients only (fp8_linear.cpp)
     const LinearShape part = unrounded(s);
     g_.reduce(
         mode, s.N, s.IC, dinp, [&](ExactAccumulator& sum) { be.linear_backward_dinp_partials(part, sum, dout, w); },

@@ -46,6 +46,7 @@ class TensorParallelPlan final : public ModelPlan {
   std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight) const override;
   std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override;
   std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override;
+  void max_over_shards(float* x, int64_t n) const override { group_.all_reduce_max(x, n); }
 
   // Buffers the ops of one rank share (exact partial sums, gathered and scattered tensors).
   struct Scratch;

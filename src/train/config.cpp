@@ -230,6 +230,17 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   t.field("recompute", c.train.recompute);
   t.finish();
 
+  Section f = section("fp8");
+  f.field("recipe", c.train.fp8.recipe);
+  f.field("format", c.train.fp8.format);
+  f.field("amax_history_len", c.train.fp8.amax_history_len);
+  f.field("amax_compute_algo", c.train.fp8.amax_compute_algo);
+  f.field("margin", c.train.fp8.margin);
+  f.field("power_of_two_scales", c.train.fp8.power_of_two_scales);
+  f.field("gemms", c.train.fp8.gemms);
+  f.field("bf16_linears", c.train.fp8.bf16_linears);
+  f.finish();
+
   Section k = section("checkpoint");
   k.field("dir", c.checkpoint.dir);
   k.integer_or_auto("every", c.checkpoint.every, c.checkpoint.every_auto);
@@ -369,17 +380,39 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(t.fast_gemm == "auto" || t.fast_gemm == "openblas" || t.fast_gemm == "lockstep", c.source,
              ": [train] fast_gemm: expected \"auto\", \"openblas\" or \"lockstep\", got \"", t.fast_gemm, "\"");
   LS_REQUIRE(t.peak_gflops >= 0, c.source, ": [train] peak_gflops must be >= 0 (0 = measure)");
+  const TrainConfig::Fp8& f = t.fp8;
+  LS_REQUIRE(f.recipe == "delayed" || f.recipe == "current" || f.recipe == "mxfp8" || f.recipe == "blockwise", c.source,
+             ": [fp8] recipe: expected \"delayed\", \"current\", \"mxfp8\" or \"blockwise\", got \"", f.recipe, "\"");
+  LS_REQUIRE(f.format == "hybrid" || f.format == "e4m3", c.source,
+             ": [fp8] format: expected \"hybrid\" (e4m3 forward, e5m2 gradients) or \"e4m3\", got \"", f.format, "\"");
+  LS_REQUIRE(f.amax_compute_algo == "max" || f.amax_compute_algo == "most_recent", c.source,
+             ": [fp8] amax_compute_algo: expected \"max\" or \"most_recent\", got \"", f.amax_compute_algo, "\"");
+  LS_REQUIRE(f.amax_history_len >= 1, c.source, ": [fp8] amax_history_len (", f.amax_history_len, ") must be >= 1");
+  LS_REQUIRE(f.margin >= 0 && f.margin <= 64, c.source, ": [fp8] margin (", f.margin, ") must be in [0, 64]");
+  for (const std::string_view g : split_commas(f.gemms)) {
+    LS_REQUIRE(g == "fprop" || g == "dgrad" || g == "wgrad", c.source, ": [fp8] gemms: \"", g,
+               "\" is not a GEMM; expected a comma-separated list of fprop, dgrad, wgrad");
+  }
+  LS_REQUIRE(t.precision != Precision::kFp8 || c.verify.reference_every == 0, c.source,
+             ": [verify] reference_every needs a precision the reference computes (fp32, bf16); its fp8 "
+             "quantization is not there yet");
   LS_REQUIRE(t.master_weights || t.precision == Precision::kBf16, c.source,
              ": [train] master_weights = false needs precision = \"bf16\" (bf16 parameters updated by stochastic "
              "rounding); an fp32 run's parameters are its master weights");
-  for (const std::string_view e : split_commas(t.fp32_linears)) {
-    LS_REQUIRE(!e.empty(), c.source, ": [train] fp32_linears: an empty name in \"", t.fp32_linears,
-               "\"; expected a comma-separated list of linears (head, layer/N/attn/qkv, ...) or prefixes");
+  const ModelDesc desc = describe_model(c.model);
+  for (const auto& [list, where] : {std::pair{&t.fp32_linears, "[train] fp32_linears"},
+                                    std::pair{&t.fp8.bf16_linears, "[fp8] bf16_linears"}}) {
+    PrecisionRecipe only;
+    for (const std::string_view e : split_commas(*list)) {
+      LS_REQUIRE(!e.empty(), c.source, ": ", where, ": an empty name in \"", *list,
+                 "\"; expected a comma-separated list of linears (head, layer/N/attn/qkv, ...) or prefixes");
+      only.fp32_linears.emplace_back(e);
+    }
+    const std::string unmatched = only.unmatched(desc);
+    LS_REQUIRE(unmatched.empty(), c.source, ": ", where, ": \"", unmatched,
+               "\" names no linear layer of this model (they are head, layer/N/attn/qkv, layer/N/attn/proj, "
+               "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");
   }
-  const std::string unmatched = t.precision_recipe().unmatched(describe_model(c.model));
-  LS_REQUIRE(unmatched.empty(), c.source, ": [train] fp32_linears: \"", unmatched,
-             "\" names no linear layer of this model (they are head, layer/N/attn/qkv, layer/N/attn/proj, "
-             "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");
   LS_REQUIRE(c.checkpoint.every >= 0 && c.checkpoint.keep >= 0 && c.checkpoint.keep_every >= 0, c.source,
              ": [checkpoint] every, keep and keep_every must be >= 0");
   LS_REQUIRE(c.checkpoint.mtbf_hours > 0 && std::isfinite(c.checkpoint.mtbf_hours), c.source,
@@ -406,6 +439,22 @@ PrecisionRecipe TrainConfig::precision_recipe() const {
   r.linears = precision;
   for (const std::string_view e : split_commas(fp32_linears)) r.fp32_linears.emplace_back(e);
   r.master_weights = master_weights;
+  Fp8Recipe& f = r.fp8;
+  f.scaling = fp8.recipe == "current"     ? Fp8Scaling::kCurrent
+              : fp8.recipe == "mxfp8"     ? Fp8Scaling::kMxfp8
+              : fp8.recipe == "blockwise" ? Fp8Scaling::kBlockwise
+                                          : Fp8Scaling::kDelayed;
+  f.hybrid = fp8.format != "e4m3";
+  f.amax_history_len = fp8.amax_history_len;
+  f.amax_max = fp8.amax_compute_algo != "most_recent";
+  f.margin = fp8.margin;
+  f.power_of_two = fp8.power_of_two_scales;
+  f.fprop = f.dgrad = f.wgrad = false;
+  for (const std::string_view g : split_commas(fp8.gemms)) {
+    (g == "fprop" ? f.fprop : g == "dgrad" ? f.dgrad : f.wgrad) = true;
+  }
+  f.bf16_linears.clear();
+  for (const std::string_view e : split_commas(fp8.bf16_linears)) f.bf16_linears.emplace_back(e);
   return r;
 }
 
@@ -454,18 +503,18 @@ RunConfig read_run_config(const std::string& source, const toml::table& root,
   RunConfig c;
   c.source = source;
   const std::string& path = source;
-  static const std::set<std::string> kSections = {"model", "data", "train", "checkpoint", "log", "eval",
+  static const std::set<std::string> kSections = {"model", "data", "train", "fp8", "checkpoint", "log", "eval",
                                                   "parallel", "verify", "dump", "inject"};
   for (const auto& [k, v] : root) {
     LS_REQUIRE(kSections.count(std::string(k.str())), path, ": unknown section [", k.str(),
-               "] (known: checkpoint, data, dump, eval, inject, log, model, parallel, train, verify)");
+               "] (known: checkpoint, data, dump, eval, fp8, inject, log, model, parallel, train, verify)");
   }
   std::map<std::string, std::string> ov;
   for (const auto& [key, value] : overrides) {
     const auto dot = key.find('.');
     LS_REQUIRE(dot != std::string::npos && kSections.count(key.substr(0, dot)), "--", key,
                ": unknown section '", key.substr(0, key.find('.')),
-               "' (known: checkpoint, data, dump, eval, inject, log, model, parallel, train, verify)");
+               "' (known: checkpoint, data, dump, eval, fp8, inject, log, model, parallel, train, verify)");
     ov[key] = value;
   }
   nlohmann::json echo;

@@ -1,5 +1,5 @@
-// The run configuration: a TOML file with sections [model] [data] [train] [checkpoint] [log]
-// [eval] [parallel] [dump] [inject], plus command-line overrides `--section.key=value`. Every key is
+// The run configuration: a TOML file with sections [model] [data] [train] [fp8] [checkpoint] [log]
+// [eval] [parallel] [verify] [dump] [inject], plus command-line overrides `--section.key=value`. Every key is
 // declared once, with its type; an unknown section or key, a value of the wrong type or out of
 // range is a ConfigError naming the file (or the override), the key and the expectation.
 #pragma once
@@ -63,6 +63,18 @@ struct TrainConfig {
   // Activation recomputation (src/model/layer.hpp, Recompute): "none" | "selective" (attention
   // sub-layers) | "full" (attention and MLP sub-layers).
   std::string recompute = "none";
+  // [fp8], the recipe of precision = "fp8" (src/model/fp8_recipe.hpp). A section of its own, kept
+  // here because the precision recipe is the train section's.
+  struct Fp8 {
+    std::string recipe = "delayed";           // delayed | current | mxfp8 | blockwise
+    std::string format = "hybrid";            // hybrid (e5m2 gradients) | e4m3
+    int64_t amax_history_len = 1024;          // delayed
+    std::string amax_compute_algo = "max";    // delayed: max | most_recent
+    int64_t margin = 0;                       // delayed, current
+    bool power_of_two_scales = false;         // delayed, current, blockwise
+    std::string gemms = "fprop,dgrad,wgrad";  // the GEMMs that read fp8
+    std::string bf16_linears = "head";        // linears kept in bf16 (names or prefixes; "" none)
+  } fp8;
 
   int64_t micro_batch() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
   PrecisionRecipe precision_recipe() const;

@@ -31,6 +31,7 @@
 #include "src/train/init_from.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/kernel_cache.hpp"
+#include "src/train/fp8_statistics.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
 #include "src/train/pipeline.hpp"
@@ -173,6 +174,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
     run.model.forward_backward_batch(inputs.data(), targets.data(), run.BL, run.MBL, batch_group * run.BL * run.T,
                                      dloss, loss_sum);
   }
+  if (Fp8State* fp8 = run.model.fp8()) combine_fp8_statistics(run.world, *fp8);
   if (run.tensor_parallel() && run.cfg.parallel.sp) run.ddp.sum_norm_grads_over_tp();
   run.ddp.reduce_gradients();
   r.overlap = run.ddp.overlap_stats();
@@ -228,6 +230,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
+  const std::string fp8_problem =
+      tc.precision_recipe().fp8_layout_problem(describe_model(cfg.model), tp, pc.sp, part.local_micro * T);
+  LS_REQUIRE(fp8_problem.empty(), cfg.source, ": ", fp8_problem);
   // Pipeline parallelism: this rank's stage of the layer list and its row of the schedule.
   comm::Communicator& ppc =
       verified_pp ? static_cast<comm::Communicator&>(*verified_pp) : mesh.group(parallel::Axis::kPp);
@@ -426,6 +431,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   observers.push_back(&injector);
   if (dump_steps) observers.push_back(&*dump_steps);
   observers.push_back(&progress);
+  Fp8Statistics fp8_statistics(run, metrics);
+  if (model.fp8() != nullptr) observers.push_back(&fp8_statistics);
   observers.push_back(&nonfinite);
   if (spikes) observers.push_back(&*spikes);
   if (collective_detector) observers.push_back(&*collective_detector);

@@ -120,7 +120,7 @@ done
 grep -q '^diff dump_fp32 dump_bf16 (mode bounds): agree' diff_bounds.log || fail "diff --bounds: $(head -2 diff_bounds.log)"
 grep -Eq '^step/3/layer/0/ln1/out .* 0\.99 ' diff_bounds.log || fail "diff --bounds: the bf16 side is not held to its rounding: $(grep ln1/out diff_bounds.log)"
 
-expect_error "\[train\] precision: expected \"fp32\" or \"bf16\", got \"fp16\"" \
+expect_error "\[train\] precision: expected \"fp32\", \"bf16\" or \"fp8\", got \"fp16\"" \
   "$LOCKSTEP" train --config cfg.toml --train.precision=fp16
 expect_error "\[train\] fp32_linears: \"layer/9\" names no linear layer of this model" \
   "$LOCKSTEP" train --config cfg.toml --train.fp32_linears=head,layer/9

@@ -9,8 +9,9 @@
 #    against MPFR itself: the canonical contract and transcendentals CanonicalF32 is defined by
 #    (kernels/ops/canonical.hpp, transcendental.hpp), the deterministic double functions of the
 #    canonical RoPE tables (src/core/det_math.hpp) and the narrow formats' roundings that
-#    CanonicalF32's bf16 rounding is, with the Philox stream of its stochastic rounding
-#    (src/core/formats.hpp, src/core/philox.hpp, reference/cast.hpp);
+#    CanonicalF32's bf16 rounding and fp8 quantization are, with the Philox stream of its
+#    stochastic rounding (src/core/formats.hpp, src/core/philox.hpp; reference/cast.hpp and
+#    reference/quantize.hpp);
 #  - verify/core/ (below the trainer) includes neither src/train nor the verify tools; nothing
 #    under src/ but the CLI includes a verify tool;
 #  - the detectors (verify/detect/, which the trainer attaches) include of the trainer only its
@@ -48,6 +49,7 @@ includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|
   | grep -vE '^reference/(canonical_f32|canonical_checks)\.hpp: kernels/ops/(canonical|transcendental)\.hpp$' \
   | grep -vE '^reference/rope_tables\.hpp: src/core/det_math\.hpp$' \
   | grep -vE '^reference/cast\.hpp: src/core/(formats|philox)\.hpp$' \
+  | grep -vE '^reference/quantize\.hpp: src/core/formats\.hpp$' \
   | refuse "reference/ includes beyond itself, the model's description and the canonical contract" '.'
 includes $(files verify/core) | refuse "verify/core includes the trainer or a verify tool" ': (src/train/|verify/[^c])'
 includes $(files verify/detect) | grep -vE ': src/train/step_observer\.hpp$' \

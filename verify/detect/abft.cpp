@@ -51,6 +51,8 @@ void AbftBackend::name_weights(const Model& model) {
     name_weight(model.params() + t.offset, t.numel, t.name);
     // A bf16 linear's products are of the weight's bf16 copy: named the same.
     if (const float* copy = model.weight_copy(t)) name_weight(copy, t.numel, t.name);
+    // An fp8 linear's products are of its quantized copies.
+    for (const float* copy : model.fp8_weight_copies(t)) name_weight(copy, t.numel, t.name);
   }
 }
 

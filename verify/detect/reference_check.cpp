@@ -132,7 +132,7 @@ void ReferenceCheck::check(const TensorView& out) {
   };
   // A bf16 linear reads its weight's bf16 copy and rounds its product; a norm or the activation
   // that a bf16 linear reads rounds its output.
-  const bool bf16 = recipe_.bf16(op_->linear);
+  const bool bf16 = recipe_.low_precision(op_->linear);
   const bool product = op_->kind == Kind::kLinear || op_->kind == Kind::kLinearResidual;
   const std::vector<Real> x = to_real(inputs_.at(op_->inputs[0]));
   std::vector<Real> w = param(op_->weight);

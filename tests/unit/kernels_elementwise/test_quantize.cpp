@@ -42,6 +42,55 @@ TEST(QuantizeFp8, EveryFp8ValueIsKeptAtUnitScale) {
   }
 }
 
+// Every fp32 upper half with the lower halves that decide a rounding, in rows of 64 (a row holding
+// NaN or inf takes the kernel's exact path, the others its vector path), at scale 1 and at a scale
+// that moves the binades: each element equals formats.hpp's saturating narrowing, and the counts
+// those of the narrowing.
+TEST(QuantizeFp8, EqualsTheFormatsNarrowingOnEveryBinadeAndTie) {
+  CpuBackend cpu = CpuBackend::current();
+  const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+  std::vector<float> in;
+  for (uint32_t hi = 0; hi < 0x10000; ++hi) {
+    for (uint32_t lo : lows) in.push_back(std::bit_cast<float>(hi << 16 | lo));
+  }
+  const int64_t cols = 64, rows = static_cast<int64_t>(in.size()) / cols;
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    for (float scale : {1.0f, 0x1.8p-3f}) {
+      std::vector<float> out(in.size());
+      Fp8Counts got;
+      cpu.quantize_fp8({.rows = rows, .cols = cols, .format = f, .scale = scale}, out.data(), &got, in.data());
+      Fp8Counts want;
+      int64_t mismatches = 0;
+      const float inv = 1.0f / scale;
+      for (size_t i = 0; i < in.size(); ++i) {
+        const float y = in[i] * scale;
+        const uint8_t q = f == Fp8Format::kE4M3 ? e4m3_from_f32(y, Saturation::kSaturate) : e5m2_from_f32(y, Saturation::kSaturate);
+        const uint8_t wide = f == Fp8Format::kE4M3 ? e4m3_from_f32(y, Saturation::kNonSaturating)
+                                                   : e5m2_from_f32(y, Saturation::kNonSaturating);
+        const float v = widen(f, q), expect = v * inv;
+        if (std::isfinite(in[i])) {
+          want.saturated += std::isfinite(widen(f, wide)) ? 0 : 1;
+          want.nonzero += in[i] != 0.0f ? 1 : 0;
+          want.underflowed += in[i] != 0.0f && v == 0.0f ? 1 : 0;
+        } else {
+          ++want.nonfinite;
+        }
+        if (std::bit_cast<uint32_t>(out[i]) != std::bit_cast<uint32_t>(expect) && ++mismatches <= 5) {
+          ADD_FAILURE() << fp8_format_name(f) << " scale " << scale << std::hex << ": input 0x"
+                        << std::bit_cast<uint32_t>(in[i]) << " gave 0x" << std::bit_cast<uint32_t>(out[i])
+                        << ", formats.hpp 0x" << std::bit_cast<uint32_t>(expect);
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
+      EXPECT_EQ(got.saturated, want.saturated) << fp8_format_name(f);
+      EXPECT_EQ(got.underflowed, want.underflowed) << fp8_format_name(f);
+      EXPECT_EQ(got.nonzero, want.nonzero) << fp8_format_name(f);
+      EXPECT_EQ(got.nonfinite, want.nonfinite) << fp8_format_name(f);
+      EXPECT_TRUE(std::isnan(got.amax));
+    }
+  }
+}
+
 TEST(QuantizeFp8, CountsSaturationUnderflowAndNonFinite) {
   CpuBackend cpu = CpuBackend::current();
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -1,0 +1,127 @@
+// A linear layer in fp8 (fp8_recipe.hpp): the bf16 linear's operands (bf16_linear.cpp: the
+// activation stored in bf16, the weight's bf16 copy, the output gradient rounded to bf16 here),
+// quantized by the recipe for each GEMM that runs in fp8 — fprop reads input and weight rowwise,
+// dgrad the output gradient rowwise and the weight columnwise, wgrad the output gradient and the
+// input columnwise (per-tensor recipes: one copy serves both directions) — and the plan's op run
+// on the dequantized values with its outputs rounded to bf16. The bias gradient comes from the
+// bf16 output gradient. Each tensor's first quantization in a pass records its statistics
+// (Fp8State::record), but not in evaluation or a recomputed forward.
+#include <array>
+
+#include "src/model/fp8_state.hpp"
+#include "src/model/modules.hpp"
+
+namespace lockstep {
+
+namespace {
+
+class Fp8Linear final : public LinearOp {
+ public:
+  Fp8Linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup, const std::string& name, bool row_parallel,
+            Fp8WeightCopies& weights)
+      : inner_(std::move(inner)),
+        setup_(setup),
+        weights_(weights),
+        recipe_(setup.state.recipe()),
+        row_parallel_(row_parallel),
+        // Power-of-two scales keep every dequantized value a bf16 value (kernels may take them so).
+        operands_(recipe_.scaling == Fp8Scaling::kMxfp8 || recipe_.power_of_two ? Operands::kBf16 : Operands::kFp32) {
+    for (Fp8Role r : kFp8Roles) index_[static_cast<size_t>(r)] = setup.state.index(name, r);
+  }
+
+  void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w,
+               const float* b) override {
+    s.round_outputs = true;
+    if (!recipe_.fprop) {
+      s.operands = Operands::kBf16;
+      inner_->forward(be, mode, s, out, inp, w, b);
+      return;
+    }
+    s.operands = operands_;
+    const float* x = quantize(be, Fp8Role::kInput, Fp8Direction::kRowwise, s.N, s.IC, inp, setup_.scratch.x, true);
+    const float* wq = quantize(be, Fp8Role::kWeight, Fp8Direction::kRowwise, s.OC, s.IC, w, weights_.rowwise, true);
+    inner_->forward(be, mode, s, out, x, wq, b);
+  }
+
+  void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
+                const float* dout, const float* inp, const float* w) override {
+    // A row-parallel op reads its stream tokens' output gradient under sequence parallelism.
+    const int64_t rows = row_parallel_ ? setup_.plan.stream_tokens(s.N) : s.N;
+    float* dy = grown(setup_.scratch.dy, rows * s.OC);
+    be.round_to_bf16(rows * s.OC, dy, dout);
+    LinearShape bf16 = s, fp8 = s;
+    bf16.operands = Operands::kBf16;
+    fp8.operands = operands_;
+    bf16.round_outputs = fp8.round_outputs = true;
+    if (!db.empty()) inner_->backward(be, mode, bf16, token_offset, nullptr, {}, db, dy, inp, w);
+    bool dy_recorded = false;
+    if (dinp != nullptr) {
+      if (recipe_.dgrad) {
+        const float* dyq = quantize(be, Fp8Role::kGradOutput, Fp8Direction::kRowwise, rows, s.OC, dy, setup_.scratch.dy_row, true);
+        dy_recorded = true;
+        const float* wq = quantize(be, Fp8Role::kWeight, Fp8Direction::kColumnwise, s.OC, s.IC, w,
+                                   weights_.columnwise.empty() ? weights_.rowwise : weights_.columnwise, false);
+        inner_->backward(be, mode, fp8, token_offset, dinp, {}, {}, dyq, inp, wq);
+      } else {
+        inner_->backward(be, mode, bf16, token_offset, dinp, {}, {}, dy, inp, w);
+      }
+    }
+    if (!dw.empty()) {
+      if (recipe_.wgrad) {
+        const float* dyq =
+            recipe_.per_tensor() && dy_recorded
+                ? setup_.scratch.dy_row.data()
+                : quantize(be, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, rows, s.OC, dy, setup_.scratch.dy_col, !dy_recorded);
+        const float* xq = quantize(be, Fp8Role::kInput, Fp8Direction::kColumnwise, s.N, s.IC, inp, setup_.scratch.x, false);
+        inner_->backward(be, mode, fp8, token_offset, nullptr, dw, {}, dyq, xq, w);
+      } else {
+        inner_->backward(be, mode, bf16, token_offset, nullptr, dw, {}, dy, inp, w);
+      }
+    }
+  }
+
+ private:
+  static float* grown(std::vector<float>& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+
+  // src (rows × cols) quantized for `role` into buf (grown as needed; a weight's copies are
+  // allocated by the model); its statistics recorded if `record` and the model is recording.
+  const float* quantize(Backend& be, Fp8Role role, Fp8Direction d, int64_t rows, int64_t cols, const float* src,
+                        std::vector<float>& buf, bool record) {
+    const size_t i = index_[static_cast<size_t>(role)];
+    const Fp8Format format = recipe_.format(role);
+    float scale = 1.0f;
+    if (recipe_.scaling == Fp8Scaling::kDelayed) {
+      scale = setup_.state.scale(i);
+    } else if (recipe_.scaling == Fp8Scaling::kCurrent) {
+      float amax = 0.0f;
+      be.abs_max(rows * cols, &amax, src);
+      setup_.plan.max_over_shards(&amax, 1);  // the whole tensor's, wherever its parts are
+      scale = fp8_scale(amax, format, static_cast<int>(recipe_.margin), recipe_.power_of_two, 1.0f);
+    }
+    float* out = grown(buf, rows * cols);
+    Fp8Counts counts;
+    be.quantize_fp8(recipe_.shape(role, d, rows, cols, scale), out, &counts, src);
+    if (record && *setup_.recording) setup_.state.record(i, counts, rows * cols);
+    return out;
+  }
+
+  std::unique_ptr<LinearOp> inner_;
+  Fp8LinearSetup setup_;
+  Fp8WeightCopies& weights_;
+  const Fp8Recipe& recipe_;
+  bool row_parallel_;
+  Operands operands_;
+  std::array<size_t, 3> index_{};
+};
+
+}  // namespace
+
+std::unique_ptr<LinearOp> fp8_linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup,
+                                     const std::string& name, bool row_parallel, Fp8WeightCopies& weights) {
+  return std::make_unique<Fp8Linear>(std::move(inner), setup, name, row_parallel, weights);
+}
+
+}  // namespace lockstep
