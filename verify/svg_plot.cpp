@@ -6,6 +6,9 @@
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <utility>
+
+#include "src/core/check.hpp"
 
 namespace lockstep::verify {
 
@@ -207,6 +210,36 @@ std::string svg_timeline(const std::string& title, const std::vector<std::string
     lx += 40 + 7.0 * static_cast<double>(series_names[i].size());
   }
   o << "</svg>\n";
+  return o.str();
+}
+
+namespace {
+
+// The width and height a plot's opening <svg> tag declares.
+std::pair<double, double> svg_size(const std::string& svg) {
+  const auto attribute = [&](const std::string& name) {
+    const size_t at = svg.find(name + "=\"");
+    LS_CHECK(at != std::string::npos, "an SVG without ", name);
+    return std::stod(svg.substr(at + name.size() + 2));
+  };
+  return {attribute("width"), attribute("height")};
+}
+
+}  // namespace
+
+std::string svg_stack(const std::vector<std::string>& plots) {
+  double width = 0, height = 0;
+  std::ostringstream body;
+  for (const std::string& p : plots) {
+    const auto [w, h] = svg_size(p);
+    // A nested <svg> keeps each plot's own coordinates; only its position changes.
+    body << "<svg y=\"" << height << "\"" << p.substr(4);
+    width = std::max(width, w);
+    height += h;
+  }
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height << "\">\n"
+    << body.str() << "</svg>\n";
   return o.str();
 }
 

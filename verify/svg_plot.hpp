@@ -1,7 +1,8 @@
 // Plots as standalone SVG text that any browser opens: lines over a log-scale y axis, a heat map
-// with a log-scale colour bar, and a timeline (bars on rows). Written directly (no plotting
-// library, no Python), for `lockstep diff --plot` and `lockstep schedule --svg`.
-// Not here: what is plotted (verify/diff_plot.cpp, src/cli/cmd_schedule.cpp).
+// with a log-scale colour bar, a timeline (bars on rows), and a stack of them. Written directly
+// (no plotting library, no Python), for `lockstep diff --plot`, `lockstep schedule --svg` and
+// `lockstep fp8 report`.
+// Not here: what is plotted (verify/diff_plot.cpp, src/cli/cmd_schedule.cpp, verify/fp8_report.cpp).
 #pragma once
 
 #include <string>
@@ -36,5 +37,8 @@ struct TimelineBar {
 std::string svg_timeline(const std::string& title, const std::vector<std::string>& rows,
                          const std::vector<std::string>& series_names, const std::vector<TimelineBar>& bars,
                          const std::string& time_label);
+
+// Plots of the functions above, one below the other, in one SVG.
+std::string svg_stack(const std::vector<std::string>& plots);
 
 }  // namespace lockstep::verify

@@ -60,6 +60,7 @@ struct Rounding {
   uint32_t half_minus_one, drop_mask;  // the carry trick at 1 + man bits
   int drop;                            // 23 − man
   float min_normal, subnormal_magic, max;
+  float error_unit, half_subnormal;  // e(x) = error_unit·|x| + half_subnormal·inv
 
   explicit Rounding(Fp8Format f) {
     const FormatInfo& info = fp8_info(f);
@@ -69,12 +70,15 @@ struct Rounding {
     min_normal = static_cast<float>(info.min_normal);
     subnormal_magic = std::ldexp(1.0f, std::ilogb(info.min_normal) - info.man_bits + 23);
     max = static_cast<float>(info.max_finite);
+    error_unit = static_cast<float>(info.unit_roundoff + 3 * 0x1p-24);
+    half_subnormal = static_cast<float>(info.min_subnormal / 2);
   }
 };
 
 // Counts of a band, kept as plain integers so that the loops vectorise.
 struct BandCounts {
   int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
+  double err_sq = 0, bound_sq = 0;
 };
 
 // One row of finite values against per-column scales: the vector path. No branches: both
@@ -85,9 +89,10 @@ void quantize_row(const Rounding& R, int64_t n, float* __restrict out, const flo
   const uint32_t half = R.half_minus_one, mask = R.drop_mask;
   const int drop = R.drop;
   const uint32_t min_normal = std::bit_cast<uint32_t>(R.min_normal), top = std::bit_cast<uint32_t>(R.max);
-  const float magic = R.subnormal_magic;
+  const float magic = R.subnormal_magic, error_unit = R.error_unit, half_subnormal = R.half_subnormal;
   int32_t saturated = 0, underflowed = 0, nonzero = 0;
-#pragma omp simd reduction(+ : saturated, underflowed, nonzero)
+  double err_sq = 0, bound_sq = 0;
+#pragma omp simd reduction(+ : saturated, underflowed, nonzero, err_sq, bound_sq)
   for (int64_t j = 0; j < n; ++j) {
     const float y = in[j] * scale[j];
     const uint32_t yb = std::bit_cast<uint32_t>(y);
@@ -97,7 +102,12 @@ void quantize_row(const Rounding& R, int64_t n, float* __restrict out, const flo
     const uint32_t rounded = b < min_normal ? subnormal : normal;
     const int32_t over = rounded > top ? 1 : 0;
     const uint32_t r = over != 0 ? top : rounded;
-    out[j] = std::bit_cast<float>(r | (yb & 0x80000000u)) * inv[j];
+    const float q = std::bit_cast<float>(r | (yb & 0x80000000u)) * inv[j];
+    out[j] = q;
+    const double d = static_cast<double>(q) - static_cast<double>(in[j]);
+    const double e = static_cast<double>(error_unit * std::fabs(in[j]) + half_subnormal * inv[j]);
+    err_sq += d * d;
+    bound_sq += e * e;
     const int32_t nz = (std::bit_cast<uint32_t>(in[j]) & 0x7fffffffu) != 0 ? 1 : 0;
     saturated += over;
     nonzero += nz;
@@ -106,10 +116,12 @@ void quantize_row(const Rounding& R, int64_t n, float* __restrict out, const flo
   c.saturated += saturated;
   c.underflowed += underflowed;
   c.nonzero += nonzero;
+  c.err_sq += err_sq;
+  c.bound_sq += bound_sq;
 }
 
 // One element through formats.hpp's narrowing: the path for bands with NaN or ±inf.
-float quantize_exact(Fp8Format f, float x, float scale, float inv, BandCounts& c) {
+float quantize_exact(const Rounding& R, Fp8Format f, float x, float scale, float inv, BandCounts& c) {
   const float y = x * scale;
   const bool e4m3 = f == Fp8Format::kE4M3;
   if (!std::isfinite(x)) {
@@ -118,13 +130,20 @@ float quantize_exact(Fp8Format f, float x, float scale, float inv, BandCounts& c
     const uint8_t wide = e4m3 ? e4m3_from_f32(y, Saturation::kNonSaturating) : e5m2_from_f32(y, Saturation::kNonSaturating);
     if (!std::isfinite(e4m3 ? e4m3_to_f32(wide) : e5m2_to_f32(wide))) ++c.saturated;
   }
-  const uint8_t q = e4m3 ? e4m3_from_f32(y, Saturation::kSaturate) : e5m2_from_f32(y, Saturation::kSaturate);
-  const float v = e4m3 ? e4m3_to_f32(q) : e5m2_to_f32(q);
-  if (std::isfinite(x) && x != 0.0f) {
-    ++c.nonzero;
-    if (v == 0.0f) ++c.underflowed;
+  const uint8_t code = e4m3 ? e4m3_from_f32(y, Saturation::kSaturate) : e5m2_from_f32(y, Saturation::kSaturate);
+  const float v = e4m3 ? e4m3_to_f32(code) : e5m2_to_f32(code);
+  const float out = v * inv;
+  if (std::isfinite(x)) {
+    const double d = static_cast<double>(out) - static_cast<double>(x);
+    const double e = static_cast<double>(R.error_unit * std::fabs(x) + R.half_subnormal * inv);
+    c.err_sq += d * d;
+    c.bound_sq += e * e;
+    if (x != 0.0f) {
+      ++c.nonzero;
+      if (v == 0.0f) ++c.underflowed;
+    }
   }
-  return v * inv;
+  return out;
 }
 
 }  // namespace
@@ -135,7 +154,11 @@ void Fp8Counts::add(const Fp8Counts& o) {
   underflowed += o.underflowed;
   nonzero += o.nonzero;
   nonfinite += o.nonfinite;
+  err_sq += o.err_sq;
+  bound_sq += o.bound_sq;
 }
+
+float fp8_inverse_scale(const QuantizeShape& s, float block_amax) { return block_scale(s, block_amax).inv; }
 
 float fp8_scale(float amax, Fp8Format f, int margin, bool power_of_two, float previous) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return previous;
@@ -158,7 +181,8 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
     const Rounding R(s.format);
     float amax = 0.0f;
     int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
-#pragma omp parallel reduction(max : amax) reduction(+ : saturated, underflowed, nonzero, nonfinite) if (s.rows * s.cols > (int64_t{1} << 15))
+    double err_sq = 0, bound_sq = 0;
+#pragma omp parallel reduction(max : amax) reduction(+ : saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq) if (s.rows * s.cols > (int64_t{1} << 15))
     {
       std::vector<float> col_amax(static_cast<size_t>(C)), scale(static_cast<size_t>(C)), inv(scale.size());
       if (whole) {
@@ -217,7 +241,7 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
         for (int64_t r = r0; r < r1; ++r) {
           if (nonfinite_band) {
             for (int64_t j = 0; j < C; ++j) {
-              out[r * C + j] = quantize_exact(s.format, inp[r * C + j], scale[static_cast<size_t>(j)],
+              out[r * C + j] = quantize_exact(R, s.format, inp[r * C + j], scale[static_cast<size_t>(j)],
                                               inv[static_cast<size_t>(j)], c);
             }
           } else {
@@ -230,9 +254,11 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
         underflowed += c.underflowed;
         nonzero += c.nonzero;
         nonfinite += c.nonfinite;
+        err_sq += c.err_sq;
+        bound_sq += c.bound_sq;
       }
     }
-    total = {amax, saturated, underflowed, nonzero, nonfinite};
+    total = {amax, saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq};
     if (nonfinite > 0) {  // NaN first, then infinity: from the data, as the contract orders them
       for (int64_t i = 0; i < s.rows * s.cols; ++i) total.amax = worse_amax(total.amax, std::fabs(inp[i]));
     }

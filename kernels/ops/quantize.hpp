@@ -25,6 +25,12 @@
 // any is infinite); saturated = finite elements whose |x · s| lies beyond the largest finite value
 // plus half its quantum, i.e. that a non-saturating cast would overflow; underflowed = non-zero
 // finite elements that became ±0; nonzero = non-zero finite elements; nonfinite = NaN and ±inf.
+// And two sums over the finite elements, for the fp8 sentinel (verify/detect/fp8_sentinel.hpp):
+// err_sq = Σ (out − x)², the quantization error's energy, and bound_sq = Σ e(x)², with
+// e(x) = (u_fp8 + 3·u_fp32)·|x| + h_fp8·inv (h: half the smallest subnormal of the format) the most
+// that quantization moves x unless it saturates — so err_sq ≤ bound_sq without saturation, and
+// a saturation that costs more than the rounding of the whole tensor shows as err_sq > bound_sq.
+// Both are double sums whose order follows the threads and vector lanes: not bitwise.
 // out may alias inp.
 #pragma once
 
@@ -45,6 +51,7 @@ struct QuantizeShape {
 struct Fp8Counts {
   float amax = 0.0f;
   int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
+  double err_sq = 0, bound_sq = 0;
 
   void add(const Fp8Counts& o);  // the counts of both calls together (amax: the larger, NaN first)
 };
@@ -54,6 +61,9 @@ struct Fp8Counts {
 // margin included); `previous` where amax is 0, NaN or infinite (nothing to scale by); the largest
 // finite fp32 where the quotient overflows.
 float fp8_scale(float amax, Fp8Format f, int margin, bool power_of_two, float previous);
+
+// The inverse scale (inv above) of a block of s whose amax is block_amax (kPerTensor: s's own).
+float fp8_inverse_scale(const QuantizeShape& s, float block_amax);
 
 }  // namespace lockstep
 

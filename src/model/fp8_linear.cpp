@@ -21,6 +21,7 @@ class Fp8Linear final : public LinearOp {
             Fp8WeightCopies& weights)
       : inner_(std::move(inner)),
         setup_(setup),
+        name_(name),
         weights_(weights),
         recipe_(setup.state.recipe()),
         row_parallel_(row_parallel),
@@ -40,6 +41,7 @@ class Fp8Linear final : public LinearOp {
     s.operands = operands_;
     const float* x = quantize(be, Fp8Role::kInput, Fp8Direction::kRowwise, s.N, s.IC, inp, setup_.scratch.x, true);
     const float* wq = quantize(be, Fp8Role::kWeight, Fp8Direction::kRowwise, s.OC, s.IC, w, weights_.rowwise, true);
+    tap(Fp8Gemm::kFprop, s.N, s.OC, s.IC, {inp, x, last_[1], false}, {w, wq, last_[0], true});
     inner_->forward(be, mode, s, out, x, wq, b);
   }
 
@@ -58,9 +60,12 @@ class Fp8Linear final : public LinearOp {
     if (dinp != nullptr) {
       if (recipe_.dgrad) {
         const float* dyq = quantize(be, Fp8Role::kGradOutput, Fp8Direction::kRowwise, rows, s.OC, dy, setup_.scratch.dy_row, true);
+        dy_row_shape_ = last_[0];
         dy_recorded = true;
+        const QuantizeShape dyq_shape = last_[0];
         const float* wq = quantize(be, Fp8Role::kWeight, Fp8Direction::kColumnwise, s.OC, s.IC, w,
                                    weights_.columnwise.empty() ? weights_.rowwise : weights_.columnwise, false);
+        tap(Fp8Gemm::kDgrad, rows, s.IC, s.OC, {dy, dyq, dyq_shape, false}, {w, wq, last_[0], false});
         inner_->backward(be, mode, fp8, token_offset, dinp, {}, {}, dyq, inp, wq);
       } else {
         inner_->backward(be, mode, bf16, token_offset, dinp, {}, {}, dy, inp, w);
@@ -68,11 +73,16 @@ class Fp8Linear final : public LinearOp {
     }
     if (!dw.empty()) {
       if (recipe_.wgrad) {
+        const bool reuse = recipe_.per_tensor() && dy_recorded;
         const float* dyq =
-            recipe_.per_tensor() && dy_recorded
-                ? setup_.scratch.dy_row.data()
-                : quantize(be, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, rows, s.OC, dy, setup_.scratch.dy_col, !dy_recorded);
+            reuse ? setup_.scratch.dy_row.data()
+                  : quantize(be, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, rows, s.OC, dy, setup_.scratch.dy_col,
+                             !dy_recorded);
+        const QuantizeShape dyq_shape = reuse ? dy_row_shape_ : last_[0];
         const float* xq = quantize(be, Fp8Role::kInput, Fp8Direction::kColumnwise, s.N, s.IC, inp, setup_.scratch.x, false);
+        // Under sequence parallelism a row-parallel op's wgrad reads the gathered gradient: its
+        // tokens are not all here, and the check of its quantization is left to the dgrad's.
+        if (rows == s.N) tap(Fp8Gemm::kWgrad, s.OC, s.IC, rows, {dy, dyq, dyq_shape, true}, {inp, xq, last_[0], false});
         inner_->backward(be, mode, fp8, token_offset, nullptr, dw, {}, dyq, xq, w);
       } else {
         inner_->backward(be, mode, bf16, token_offset, nullptr, dw, {}, dy, inp, w);
@@ -103,13 +113,25 @@ class Fp8Linear final : public LinearOp {
     }
     float* out = grown(buf, rows * cols);
     Fp8Counts counts;
-    be.quantize_fp8(recipe_.shape(role, d, rows, cols, scale), out, &counts, src);
+    last_[1] = last_[0];
+    last_[0] = recipe_.shape(role, d, rows, cols, scale);
+    be.quantize_fp8(last_[0], out, &counts, src);
     if (record && *setup_.recording) setup_.state.record(i, counts, rows * cols);
     return out;
   }
 
+  // The GEMM to the tap, if one is set and the pass records.
+  void tap(Fp8Gemm gemm, int64_t M, int64_t N, int64_t K, Fp8GemmOperand a, Fp8GemmOperand b) const {
+    if (setup_.tap == nullptr || !*setup_.tap || !*setup_.recording) return;
+    (*setup_.tap)({name_, gemm, M, N, K, a, b});
+  }
+
   std::unique_ptr<LinearOp> inner_;
   Fp8LinearSetup setup_;
+  std::string name_;
+  // The shapes of the last two quantizations (newest first), and of the output gradient's rowwise one.
+  QuantizeShape last_[2];
+  QuantizeShape dy_row_shape_;
   Fp8WeightCopies& weights_;
   const Fp8Recipe& recipe_;
   bool row_parallel_;
@@ -118,6 +140,15 @@ class Fp8Linear final : public LinearOp {
 };
 
 }  // namespace
+
+const char* fp8_gemm_name(Fp8Gemm g) {
+  switch (g) {
+    case Fp8Gemm::kFprop: return "fprop";
+    case Fp8Gemm::kDgrad: return "dgrad";
+    case Fp8Gemm::kWgrad: return "wgrad";
+  }
+  return "?";
+}
 
 std::unique_ptr<LinearOp> fp8_linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup,
                                      const std::string& name, bool row_parallel, Fp8WeightCopies& weights) {

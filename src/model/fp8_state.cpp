@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cmath>
 #include <stdexcept>
 
@@ -11,7 +12,7 @@ namespace lockstep {
 
 namespace {
 
-constexpr size_t kCounts = 5;  // numel, saturated, underflowed, nonzero, nonfinite
+constexpr size_t kCounts = 7;  // numel, saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq
 
 // The larger amax, NaN first (a NaN amax keeps the scale: fp8_scale).
 float worse(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
@@ -25,6 +26,8 @@ void Fp8TensorStats::add(const Fp8Counts& c, int64_t n) {
   underflowed += static_cast<double>(c.underflowed);
   nonzero += static_cast<double>(c.nonzero);
   nonfinite += static_cast<double>(c.nonfinite);
+  err_sq += c.err_sq;
+  bound_sq += c.bound_sq;
 }
 
 Fp8State::Fp8State(const Fp8Recipe& recipe, const std::vector<std::string>& linears) : recipe_(recipe) {
@@ -35,11 +38,16 @@ Fp8State::Fp8State(const Fp8Recipe& recipe, const std::vector<std::string>& line
 
 size_t Fp8State::index(const std::string& linear, Fp8Role role) const {
   const std::string name = linear + "/" + fp8_role_name(role);
+  const size_t i = find(name);
+  LS_CHECK(i != SIZE_MAX, "no fp8 tensor ", name);
+  return i;
+}
+
+size_t Fp8State::find(const std::string& name) const {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (tensors_[i].name == name) return i;
   }
-  LS_CHECK(false, "no fp8 tensor ", name);
-  return 0;
+  return SIZE_MAX;
 }
 
 void Fp8State::record(size_t i, const Fp8Counts& c, int64_t numel) {
@@ -61,7 +69,7 @@ std::vector<double> Fp8State::step_counts() const {
   std::vector<double> out;
   for (const Tensor& t : tensors_) {
     const Fp8TensorStats s = t.stale ? Fp8TensorStats{} : t.step;
-    out.insert(out.end(), {s.numel, s.saturated, s.underflowed, s.nonzero, s.nonfinite});
+    out.insert(out.end(), {s.numel, s.saturated, s.underflowed, s.nonzero, s.nonfinite, s.err_sq, s.bound_sq});
   }
   return out;
 }
@@ -71,7 +79,7 @@ void Fp8State::set_step_stats(const std::vector<float>& amax, const std::vector<
            amax.size(), " tensors for ", tensors_.size());
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const double* c = counts.data() + kCounts * i;
-    tensors_[i].step = {amax[i], c[0], c[1], c[2], c[3], c[4]};
+    tensors_[i].step = {amax[i], c[0], c[1], c[2], c[3], c[4], c[5], c[6]};
     tensors_[i].stale = false;
   }
 }
@@ -81,6 +89,7 @@ void Fp8State::finish_step() {
     if (t.stale) t.step = {};  // nothing recorded since the last step: amax 0
     t.stale = true;
     t.last_scale = t.scale;
+    t.last_from_data = recipe_.scaling != Fp8Scaling::kDelayed || !t.history.empty();
     if (recipe_.scaling != Fp8Scaling::kDelayed) continue;
     t.history.push_back(t.step.amax);
     if (static_cast<int64_t>(t.history.size()) > recipe_.amax_history_len) t.history.erase(t.history.begin());
@@ -122,6 +131,7 @@ void Fp8State::restore(const nlohmann::json& j) {
     t.scale = t.last_scale = std::bit_cast<float>(s.at("scale").get<uint32_t>());
     t.history.clear();
     for (uint32_t b : s.at("amax_history").get<std::vector<uint32_t>>()) t.history.push_back(std::bit_cast<float>(b));
+    t.last_from_data = !t.history.empty();
     t.step = {};
     t.stale = true;
   }

@@ -12,6 +12,7 @@
 // resumed or replayed run continues bit for bit.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,10 +28,13 @@ namespace lockstep {
 struct Fp8TensorStats {
   float amax = 0.0f;
   double numel = 0, saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
+  double err_sq = 0, bound_sq = 0;  // kernels/ops/quantize.hpp's energies
 
   void add(const Fp8Counts& c, int64_t n);
   double saturated_fraction() const { return numel > 0 ? saturated / numel : 0.0; }
   double underflow_fraction() const { return nonzero > 0 ? underflowed / nonzero : 0.0; }
+  // ‖quantization error‖₂ / ‖what rounding alone may cost‖₂: above 1 only through saturation.
+  double error_ratio() const { return bound_sq > 0 ? std::sqrt(err_sq / bound_sq) : 0.0; }
 };
 
 class Fp8State {
@@ -45,15 +49,22 @@ class Fp8State {
   Fp8Role role(size_t i) const { return tensors_[i].role; }
   // The entry of linear's tensor `role`.
   size_t index(const std::string& linear, Fp8Role role) const;
+  // The entry named `name` ("LINEAR/ROLE"), SIZE_MAX if none.
+  size_t find(const std::string& name) const;
 
   // Delayed scaling: the scale tensor i uses this step, and the one the last finished step used.
   float scale(size_t i) const { return tensors_[i].scale; }
   float last_scale(size_t i) const { return tensors_[i].last_scale; }
+  // Sets the scale tensor i uses in the rest of this step (fault injection: src/train/inject.hpp).
+  void force_scale(size_t i, float scale) { tensors_[i].scale = scale; }
+  // Whether that scale came from data: always, but for delayed scaling before any history (the
+  // first step runs on scale 1).
+  bool last_scale_from_data(size_t i) const { return tensors_[i].last_from_data; }
   void record(size_t i, const Fp8Counts& c, int64_t numel);
   const Fp8TensorStats& step_stats(size_t i) const { return tensors_[i].step; }
 
   // The step's statistics as two flat arrays, for the ranks' combination: amax per tensor, and
-  // the five counts per tensor; set_step_stats puts the combined ones back.
+  // the counts and energies per tensor (sums); set_step_stats puts the combined ones back.
   std::vector<float> step_amax() const;
   std::vector<double> step_counts() const;
   void set_step_stats(const std::vector<float>& amax, const std::vector<double>& counts);
@@ -70,6 +81,7 @@ class Fp8State {
     std::string name;
     Fp8Role role;
     float scale = 1.0f, last_scale = 1.0f;
+    bool last_from_data = false;
     std::vector<float> history;  // oldest first, at most amax_history_len
     Fp8TensorStats step;
     bool stale = false;          // finish_step ran: the next record starts a new step

@@ -202,6 +202,7 @@ class LayerContext {
   Fp8Scratch fp8_scratch_;
   std::map<const ParamTensor*, Fp8WeightCopies> fp8_weights_;  // allocated once: their addresses are fixed
   bool fp8_recording_ = true;                       // a training pass that is not a recomputation
+  Fp8GemmTap fp8_tap_;
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;

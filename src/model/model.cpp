@@ -100,7 +100,7 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
     Fp8WeightCopies& copies = fp8_weights_[&weight];
     copies.rowwise.resize(static_cast<size_t>(weight.numel));
     if (precision_.fp8.scaling == Fp8Scaling::kMxfp8) copies.columnwise.resize(static_cast<size_t>(weight.numel));
-    return fp8_linear(std::move(op), {plan_, *fp8_, &fp8_recording_, fp8_scratch_}, name, row_parallel, copies);
+    return fp8_linear(std::move(op), {plan_, *fp8_, &fp8_recording_, fp8_scratch_, &fp8_tap_}, name, row_parallel, copies);
   }
   return bf16_linear(std::move(op), plan_, row_parallel, cast_scratch_);
 }

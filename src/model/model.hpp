@@ -80,6 +80,10 @@ class Model {
   // The quantized copies of weight t that an fp8 linear's GEMMs read (src/model/fp8_linear.cpp):
   // none unless t is an fp8 linear's weight.
   std::vector<const float*> fp8_weight_copies(const ParamTensor& t) const;
+  // Installs (or, with an empty function, removes) the observer of fp8 GEMMs (modules.hpp): it sees
+  // every fp8 GEMM of the training passes (not evaluation, not recomputed forwards) with its
+  // operands. Without one, fp8 linears pay one branch per GEMM.
+  void set_fp8_tap(Fp8GemmTap tap) { ctx_.fp8_tap_ = std::move(tap); }
   // The fp8 recipe's state (src/model/fp8_state.hpp): nullptr unless the model has fp8 linears.
   Fp8State* fp8() { return ctx_.fp8(); }
   const Fp8State* fp8() const { return ctx_.fp8(); }

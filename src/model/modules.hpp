@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,11 +118,32 @@ struct Fp8Scratch {
 struct Fp8WeightCopies {
   std::vector<float> rowwise, columnwise;
 };
+// An fp8 GEMM as it ran, for an observer that checks its quantization (the fp8 sentinel,
+// verify/detect/fp8_sentinel.hpp): C (M × N) = Σ over k < K of A(i, k) · B(k, j). Each operand is
+// a row-major matrix as it was quantized (its QuantizeShape's rows × cols), read as it is —
+// A(i, k) at (i, k), B(k, j) at (k, j) — or transposed.
+enum class Fp8Gemm : uint8_t { kFprop, kDgrad, kWgrad };
+const char* fp8_gemm_name(Fp8Gemm g);  // "fprop" | "dgrad" | "wgrad"
+struct Fp8GemmOperand {
+  const float* high = nullptr;       // the bf16 values
+  const float* quantized = nullptr;  // the dequantized fp8 values the GEMM read
+  QuantizeShape shape;
+  bool transposed = false;           // A stored as (k, i), B as (j, k)
+};
+struct Fp8GemmView {
+  const std::string& linear;
+  Fp8Gemm gemm;
+  int64_t M, N, K;
+  Fp8GemmOperand a, b;
+};
+using Fp8GemmTap = std::function<void(const Fp8GemmView&)>;
+
 struct Fp8LinearSetup {
   const ModelPlan& plan;
   Fp8State& state;
   const bool* recording;
   Fp8Scratch& scratch;
+  const Fp8GemmTap* tap;  // called with every fp8 GEMM of a recording pass while set
 };
 
 // `inner`, the plan's op of linear `name`, in fp8 (fp8_recipe.hpp; fp8_linear.cpp). row_parallel:

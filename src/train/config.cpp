@@ -298,6 +298,12 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("buddy_every", c.verify.buddy_every);
   v.field("reference_every", c.verify.reference_every);
   v.field("on_spike", c.verify.on_spike);
+  v.field("fp8_sentinel_every", c.verify.fp8_sentinel_every);
+  v.field("fp8_sentinel_rows", c.verify.fp8_sentinel_rows);
+  v.field("fp8_sentinel_lambda", c.verify.fp8_sentinel_lambda);
+  v.field("fp8_saturation_threshold", c.verify.fp8_saturation_threshold);
+  v.field("fp8_underflow_threshold", c.verify.fp8_underflow_threshold);
+  v.field("on_fp8", c.verify.on_fp8);
   v.finish();
 
   Section u = section("dump");
@@ -371,6 +377,12 @@ void validate(const RunConfig& c, ConfigUse use) {
              ") must be >= 1 (replays of a step before its fault counts as persistent)");
   detect::parse_fault_action(v.on_spike, c.source + ": [verify] on_spike");
   detect::parse_fault_action(v.on_straggler, c.source + ": [verify] on_straggler");
+  detect::parse_fault_action(v.on_fp8, c.source + ": [verify] on_fp8");
+  LS_REQUIRE(v.fp8_sentinel_every >= 0 && v.fp8_sentinel_rows >= 1 && v.fp8_sentinel_lambda > 0, c.source,
+             ": [verify] fp8_sentinel_every must be >= 0 (0: no shadow checks), fp8_sentinel_rows >= 1 and "
+             "fp8_sentinel_lambda > 0");
+  LS_REQUIRE(v.fp8_saturation_threshold >= 0 && v.fp8_underflow_threshold >= 0, c.source,
+             ": [verify] fp8_saturation_threshold and fp8_underflow_threshold are fractions, >= 0");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,

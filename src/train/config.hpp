@@ -148,6 +148,14 @@ struct VerifyConfig {
   int64_t straggler_window = 20;
   double straggler_threshold = 1.25;
   int64_t straggler_patience = 3;
+  // The fp8 sentinel (verify/detect/fp8_sentinel.hpp), on in fp8 runs: statistics every step,
+  // a shadow recompute of each fp8 GEMM on sampled rows every fp8_sentinel_every steps (0: none).
+  int64_t fp8_sentinel_every = 20;
+  int64_t fp8_sentinel_rows = 8;
+  double fp8_sentinel_lambda = 8;
+  double fp8_saturation_threshold = 1e-2;
+  double fp8_underflow_threshold = 0.5;
+  std::string on_fp8 = "warn";  // "warn" | "stop"
 };
 
 // Tensor dumps for `lockstep diff` (verify/core/dump.hpp); off (and free: no hook) while dir is "".

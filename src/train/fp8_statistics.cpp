@@ -16,7 +16,7 @@ void combine_fp8_statistics(comm::Communicator& world, Fp8State& state) {
   }
   if (world.size() > 1) {
     world.all_reduce(std::span<float>(amax), comm::ReduceOp::kMax);
-    // Integers below 2^53: an exact sum in any order.
+    // Counts: integers below 2^53, an exact sum in any order; the energies: a sum of doubles.
     world.all_reduce(std::span<double>(counts), comm::ReduceOp::kSum);
   }
   state.set_step_stats(amax, counts);
@@ -31,6 +31,7 @@ nlohmann::json fp8_step_record(const Fp8State& state) {
     nlohmann::json t = {{"amax", std::isfinite(s.amax) ? nlohmann::json(s.amax) : nlohmann::json(nullptr)},
                         {"saturated", s.saturated_fraction()},
                         {"underflow", s.underflow_fraction()},
+                        {"error_ratio", s.error_ratio()},
                         {"nonfinite", s.nonfinite}};
     if (state.recipe().scaling == Fp8Scaling::kDelayed) t["scale"] = state.last_scale(i);
     out[state.name(i)] = std::move(t);

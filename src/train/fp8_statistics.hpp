@@ -6,8 +6,9 @@
 //   Fp8Statistics            the observer that keeps the state in checkpoints and snapshots
 //                            (state_key "fp8"), writes each step's per-tensor statistics to the
 //                            metrics JSONL ({"step", "fp8": {tensor: {amax, saturated, underflow,
-//                            nonfinite, and with delayed scaling the scale the step used}}}: the
-//                            fractions of its elements, of its non-zero ones for underflow) and
+//                            error_ratio, nonfinite, and with delayed scaling the scale the step
+//                            used}}}: fractions of its elements, of its non-zero ones for underflow;
+//                            Fp8TensorStats::error_ratio) and
 //                            prints the worst tensors every [log] every steps.
 // Not here: what an alarm about them decides (the fp8 sentinel, to come in verify/detect).
 #pragma once

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <charconv>
 #include <cstdio>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -36,10 +38,28 @@ int64_t option(std::string_view opts, std::string_view key, int64_t fallback, co
                  " expects an integer, got \"", text, "\"");
       return v;
     }
-    LS_REQUIRE(item.substr(0, eq) == "bit" || item.substr(0, eq) == "index" || item.substr(0, eq) == "nth" ||
-                   item.substr(0, eq) == "ms",
-               where, ": [inject] kind: unknown option \"", item.substr(0, eq), "\" (known: bit, index, nth, ms)");
+    const std::string_view k = item.substr(0, eq);
+    LS_REQUIRE(k == "bit" || k == "index" || k == "nth" || k == "ms" || k == "channel" || k == "growth" || k == "power",
+               where, ": [inject] kind: unknown option \"", k, "\" (known: bit, index, nth, ms, channel, growth, power)");
     opts = comma == std::string_view::npos ? std::string_view() : opts.substr(comma + 1);
+  }
+  return fallback;
+}
+
+// A decimal option ("growth=1.5"); fallback when absent.
+double decimal_option(std::string_view opts, std::string_view key, double fallback, const std::string& where) {
+  for (std::string_view rest = opts; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    if (item.starts_with(key) && item.size() > key.size() && item[key.size()] == '=') {
+      const std::string text(item.substr(key.size() + 1));
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      LS_REQUIRE(!text.empty() && end == text.c_str() + text.size(), where, ": [inject] kind: ", key,
+                 " expects a number, got \"", text, "\"");
+      return v;
+    }
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
   }
   return fallback;
 }
@@ -111,6 +131,12 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
     LS_REQUIRE(c.rank <= 0, where, ": [inject] site ", c.site, ": checkpoints are written by world rank 0, not rank ",
                c.rank);
   }
+  LS_REQUIRE(is_fp8_site(c.site) == (head == "fp8_scale"), where, ": [inject] kind fp8_scale goes with a site ",
+             "fp8/LINEAR/ROLE (the scale of one fp8 tensor, e.g. fp8/layer/0/mlp/fc/input), and such a site with it");
+  LS_REQUIRE((head != "outlier" && head != "spread") || (!is_state_site(c.site) && !is_gemm_site(c.site) &&
+                                                         !is_comm_site(c.site) && !is_checkpoint_site(c.site) &&
+                                                         c.site != "optim/grad"),
+             where, ": [inject] kind ", head, " acts on a tensor of the step (a hook name), not ", c.site);
   if (is_comm_site(c.site)) {
     const size_t cut = c.site.find('/', 5);
     const std::string group = c.site.substr(5, cut == std::string::npos ? std::string::npos : cut - 5);
@@ -140,6 +166,25 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
     LS_REQUIRE(is_op_site(desc, c.site), where, ": [inject] kind order: site must be an op's forward output (",
                op_sites_text(desc), "), got \"", c.site, "\"");
     inj.kind = Injection::Kind::kOrder;
+  } else if (head == "outlier") {
+    inj.kind = Injection::Kind::kOutlier;
+    inj.index = option(opts, "channel", -1, where);
+    inj.growth = decimal_option(opts, "growth", 0, where);
+    LS_REQUIRE(inj.index >= 0 && inj.growth > 0, where,
+               ": [inject] kind outlier: channel=C (an index of the tensor's last dimension) and growth=G > 0 ",
+               "(the channel is multiplied by G^n in the n-th step from `step` on) are required");
+    inj.persistent = true;
+  } else if (head == "spread") {
+    inj.kind = Injection::Kind::kSpread;
+    inj.power = static_cast<int>(option(opts, "power", 0, where));
+    inj.index = option(opts, "index", 0, where);
+    LS_REQUIRE(inj.power != 0 && inj.power > -127 && inj.power < 127 && inj.index >= 0, where,
+               ": [inject] kind spread: power=P (element `index` is multiplied by 2^P, P != 0) is required");
+  } else if (head == "fp8_scale") {
+    inj.kind = Injection::Kind::kFp8Scale;
+    inj.power = static_cast<int>(option(opts, "power", 0, where));
+    LS_REQUIRE(inj.power != 0 && inj.power > -127 && inj.power < 127, where,
+               ": [inject] kind fp8_scale: power=P (the tensor's delayed scale is multiplied by 2^P, P != 0) is required");
   } else if (head == "cast") {
     inj.kind = Injection::Kind::kCast;
     inj.format = std::string(opts);
@@ -147,8 +192,9 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
                where, ": [inject] kind cast: expected cast:bf16, cast:f16, cast:e4m3 or cast:e5m2, got \"",
                c.kind, "\"");
   } else {
-    throw ConfigError(str_cat(where, ": [inject] kind: expected bitflip:bit=B[,index=I], order, cast:FORMAT, exit ",
-                              "or hang, got \"", c.kind, "\""));
+    throw ConfigError(str_cat(where, ": [inject] kind: expected bitflip:bit=B[,index=I], order, cast:FORMAT, ",
+                              "outlier:channel=C,growth=G, spread:power=P, fp8_scale:power=P, exit or hang, got \"",
+                              c.kind, "\""));
   }
   return inj;
 }
@@ -160,6 +206,7 @@ bool is_state_site(const std::string& site) {
 bool is_gemm_site(const std::string& site) { return site.starts_with("gemm/"); }
 bool is_comm_site(const std::string& site) { return site.starts_with("comm/"); }
 bool is_checkpoint_site(const std::string& site) { return site.starts_with("ckpt/"); }
+bool is_fp8_site(const std::string& site) { return site.starts_with("fp8/"); }
 
 std::vector<Injection> parse_campaign(const std::string& path, const ModelConfig& model) {
   std::ifstream in(path);
@@ -203,7 +250,8 @@ Injector::Injector(std::vector<Injection> schedule, int64_t world_rank, Model& m
 bool Injector::at_tensor(const Injection& f) {
   return f.kind != Injection::Kind::kExit && f.kind != Injection::Kind::kHang && f.kind != Injection::Kind::kSlow &&
          !is_state_site(f.site) &&
-         !is_gemm_site(f.site) && !is_comm_site(f.site) && !is_checkpoint_site(f.site) && f.site != "optim/grad";
+         !is_gemm_site(f.site) && !is_comm_site(f.site) && !is_checkpoint_site(f.site) && !is_fp8_site(f.site) &&
+         f.site != "optim/grad";
 }
 
 bool Injector::watches(bool (*at)(const Injection&)) const {
@@ -271,10 +319,30 @@ void Injector::begin_step(int64_t step) {
   if (now_ && inj_.kind == Injection::Kind::kOrder) {
     model_.set_op_mode(inj_.site, model_.mode() == Mode::kCanonical ? Mode::kFast : Mode::kCanonical);
   }
+  step_ = step;
+  if (now_ && inj_.kind == Injection::Kind::kFp8Scale) {
+    Fp8State* fp8 = model_.fp8();
+    const size_t i = fp8 != nullptr ? fp8->find(inj_.site.substr(4)) : SIZE_MAX;
+    LS_REQUIRE(i != SIZE_MAX && fp8->recipe().scaling == Fp8Scaling::kDelayed, "[inject] site \"", inj_.site,
+               "\" is not a tensor with a delayed fp8 scale in this run (fp8/LINEAR/input|weight|grad_output of an fp8 ",
+               "linear, recipe delayed)");
+    fp8->force_scale(i, std::ldexp(fp8->scale(i), inj_.power));
+    applied_ = true;
+    applied_fault_[current_] = true;
+  }
 }
 
-void Injector::apply(std::string_view name, float* data, int64_t n) {
-  if (inj_.kind == Injection::Kind::kBitflip) {
+void Injector::apply(std::string_view name, float* data, int64_t n, int64_t last_dim) {
+  if (inj_.kind == Injection::Kind::kOutlier) {
+    LS_REQUIRE(inj_.index < last_dim, "[inject] outlier channel ", inj_.index, " is outside ", name, " (", last_dim,
+               " channels)");
+    const float factor = static_cast<float>(std::pow(inj_.growth, static_cast<double>(step_ - inj_.step + 1)));
+    for (int64_t e = inj_.index; e < n; e += last_dim) data[e] *= factor;
+  } else if (inj_.kind == Injection::Kind::kSpread) {
+    const int64_t e = element(n);
+    LS_REQUIRE(e < n, "[inject] spread index ", inj_.index, " is outside ", name, " (", n, " elements)");
+    data[e] = std::ldexp(data[e], inj_.power);
+  } else if (inj_.kind == Injection::Kind::kBitflip) {
     if (applied_) return;  // one element of the step's first micro-batch
     const int64_t e = element(n);
     LS_REQUIRE(e < n, "[inject] bitflip index ", inj_.index, " is outside ", name, " (", n, " elements)");
@@ -289,7 +357,7 @@ void Injector::apply(std::string_view name, float* data, int64_t n) {
 
 void Injector::on_tensor(std::string_view name, const TensorView& t) {
   if (!now_ || name != inj_.site) return;
-  apply(name, t.f32(), t.numel());
+  apply(name, t.f32(), t.numel(), t.shape.rank() == 0 ? 1 : t.shape[t.shape.rank() - 1]);
 }
 
 void Injector::on_product(std::string_view site, const detect::ProductView& product) {

@@ -33,6 +33,14 @@
 //   forward output only);
 // cast:F:  rounds every element to F (bf16, f16, e4m3, e5m2) and back, as running that op in a
 //   narrower format would;
+// FP8 instabilities (src/model/fp8_recipe.hpp), to see the fp8 sentinel raise its alarms:
+// outlier:channel=C,growth=G: from `step` on, channel C (an index of the tensor's last dimension)
+//   of every micro-batch's tensor is multiplied by G^n in the n-th step (1, 2, ...): an outlier
+//   feature that grows, which delayed scaling's amax history lags behind;
+// spread:power=P[,index=I]: element I of the step's tensors (every micro-batch's) is multiplied by
+//   2^P: a tensor whose range outgrows its format's (with a gradient site, E5M2's);
+// fp8_scale:power=P at site fp8/LINEAR/ROLE (e.g. fp8/layer/0/mlp/fc/input): the step's delayed
+//   scale of that tensor is multiplied by 2^P, a scale off by a power of two;
 // exit, hang (no site): after the step the process ends at once (_exit(9)) or sleeps forever, as
 //   a dead or hung rank would;
 // slow:ms=N (no site): the step's update takes N ms longer on the rank, as a throttled device or a
@@ -63,18 +71,20 @@
 namespace lockstep {
 
 struct Injection {
-  enum class Kind { kNone, kBitflip, kOrder, kCast, kExit, kHang, kSlow };
+  enum class Kind { kNone, kBitflip, kOrder, kCast, kOutlier, kSpread, kFp8Scale, kExit, kHang, kSlow };
   Kind kind = Kind::kNone;
   std::string site;
   int64_t step = 0;
   int64_t rank = -1;    // world rank that injects (-1: every rank)
   int bit = 0;          // bitflip
-  int64_t index = 0;    // bitflip: element of the tensor (comm/ sites: 32-bit word of the message)
+  int64_t index = 0;    // bitflip, spread: element of the tensor (comm/ sites: 32-bit word); outlier: channel
   int64_t nth = 0;      // comm/ sites: which of the step's messages of that operation (0: the first)
   bool persistent = false;  // every step from `step` on, and every replay of it; else once
   bool wrap = false;    // index taken modulo the site's size (a campaign's random faults)
   std::string format;   // cast
   int64_t ms = 0;       // slow: milliseconds added to the step
+  double growth = 0;    // outlier: factor per step
+  int power = 0;        // spread, fp8_scale: the power of two applied
 };
 
 // Parses and checks the [inject] section of a run of `model`; `where` names the config for messages.
@@ -91,6 +101,8 @@ bool is_gemm_site(const std::string& site);
 bool is_comm_site(const std::string& site);
 // A file of a checkpoint (ckpt/manifest, ckpt/tensors), changed once written.
 bool is_checkpoint_site(const std::string& site);
+// An fp8 tensor's scale (fp8/LINEAR/ROLE), changed at the start of the step.
+bool is_fp8_site(const std::string& site);
 
 // Applies an Injection to a model step by step: a step observer (begin_step sets an op's mode,
 // after_reduce checks that a hook site was seen, after_update edits a parameter site, end_step
@@ -130,8 +142,9 @@ class Injector final : public StepObserver {
   static bool at_tensor(const Injection& f);
   // Some fault of the schedule acts on this rank at such a site.
   bool watches(bool (*at)(const Injection&)) const;
-  // Applies the bitflip or cast to n elements at data.
-  void apply(std::string_view name, float* data, int64_t n);
+  // Applies the bitflip, cast, outlier or spread to n elements at data (last_dim: the tensor's
+  // innermost extent, the channels of an outlier).
+  void apply(std::string_view name, float* data, int64_t n, int64_t last_dim = 1);
   // The element of n a bitflip acts on.
   int64_t element(int64_t n) const { return inj_.wrap ? inj_.index % n : inj_.index; }
   std::vector<Injection> schedule_;
@@ -147,6 +160,7 @@ class Injector final : public StepObserver {
   std::span<float> m_, v_;
   std::function<std::span<float>()> reduced_grads_;
   bool now_ = false;      // a fault acts in this step
+  int64_t step_ = 0;      // the step running
   bool applied_ = false;  // the site was seen (bitflip: already flipped)
   int64_t seen_ = 0;      // comm/ sites: messages of that operation received this step
   std::mutex received_mutex_;

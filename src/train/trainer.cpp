@@ -42,6 +42,7 @@
 #include "verify/detect/abft.hpp"
 #include "verify/detect/agreed.hpp"
 #include "verify/detect/finding.hpp"
+#include "verify/detect/fp8_sentinel.hpp"
 #include "verify/detect/nonfinite.hpp"
 #include "verify/detect/reference_check.hpp"
 #include "verify/detect/replicas.hpp"
@@ -397,6 +398,20 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     stragglers.emplace(detect::StragglerRule{vc.straggler_window, vc.straggler_threshold, vc.straggler_patience}, world,
                        findings, detect::parse_fault_action(vc.on_straggler, "[verify] on_straggler"));
   }
+  std::optional<detect::Fp8Sentinel> fp8_sentinel;
+  if (model.fp8() != nullptr) {
+    fp8_sentinel.emplace(model, world,
+                         detect::Fp8SentinelRule{.every = vc.fp8_sentinel_every,
+                                                 .rows = vc.fp8_sentinel_rows,
+                                                 .lambda = vc.fp8_sentinel_lambda,
+                                                 .saturation = vc.fp8_saturation_threshold,
+                                                 .underflow = vc.fp8_underflow_threshold},
+                         findings, detect::parse_fault_action(vc.on_fp8, "[verify] on_fp8"),
+                         [&](const nlohmann::json& j) {
+                           if (metrics.enabled()) metrics.write(j);
+                         },
+                         out);
+  }
   std::optional<detect::ReplicaDetector> replicas;
   if (vc.replicas && world.size() > 1) {
     replicas.emplace(model, world, dpc, tpc, findings, on_fault, at_rest ? &*at_rest : nullptr);
@@ -440,6 +455,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (reference) observers.push_back(&*reference);
   if (replicas) observers.push_back(&*replicas);
   if (stragglers) observers.push_back(&*stragglers);
+  if (fp8_sentinel) observers.push_back(&*fp8_sentinel);
   observers.push_back(&evaluation);
   observers.push_back(&checkpoints);
   restore_observers(observers, resumed.observers);
