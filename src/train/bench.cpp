@@ -20,10 +20,12 @@
 #include "src/optim/adamw.hpp"
 #include "src/optim/grad_clip.hpp"
 #include "src/train/detectors.hpp"
+#include "src/train/fp8_statistics.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/rollback.hpp"
 #include "src/train/step_observer.hpp"
 #include "verify/detect/abft.hpp"
+#include "verify/detect/fp8_sentinel.hpp"
 #include "verify/detect/buddy.hpp"
 #include "verify/detect/checksum.hpp"
 #include "verify/detect/finding.hpp"
@@ -166,6 +168,16 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
                                                     "the step without the witness; the witnesses' gather over the "
                                                     "world not included"}}
                  : nlohmann::json("off: --verify.buddy_every=N times it")},
+            {"fp8_sentinel",
+             fp8 ? nlohmann::json{{"feature", "the fp8 sentinel: per-tensor statistics judged every step, a shadow "
+                                              "recompute of every fp8 GEMM on sampled rows against its bound every "
+                                              "[verify] fp8_sentinel_every steps (verify/detect/fp8_sentinel.hpp)"},
+                                  {"default", "on in fp8 runs"},
+                                  {"interval_steps", fp8_sentinel_every},
+                                  {"check_ms", stats_json(fp8_check_ms)},
+                                  {"statistics_ms", stats_json(fp8_statistics_ms)},
+                                  {"fraction_of_step", fp8_sentinel_fraction()}}
+                 : nlohmann::json("off: an fp8 run ([train] precision = \"fp8\") times it")},
             {"reference_check",
              reference_every > 0
                  ? nlohmann::json{{"feature", "[verify] reference_every: one op of the forward re-computed for a "
@@ -275,7 +287,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
 
   const float dloss = 1.0f / static_cast<float>(B * T);
   std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms, snapshot_ms,
-      witness_ms, reference_ms;
+      witness_ms, reference_ms, fp8_check_ms, fp8_statistics_ms;
   // [verify] on_fault = "rollback" (or buddy_every, which copies the state as well): the step's
   // in-memory snapshot (src/train/rollback.hpp), a copy of the parameters and moments before the
   // step, into buffers allocated once.
@@ -319,6 +331,21 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     spikes.emplace(spike_rule(cfg.verify), findings, detect::FaultAction::kWarn);
     monitors.push_back(&*spikes);
   }
+  // An fp8 run's sentinel, checking every step (its cost is charged at its interval below).
+  r.fp8 = model.fp8() != nullptr;
+  r.fp8_sentinel_every = cfg.verify.fp8_sentinel_every;
+  std::ostream quiet(nullptr);
+  std::optional<detect::Fp8Sentinel> fp8_sentinel;
+  if (r.fp8) {
+    fp8_sentinel.emplace(model, self,
+                         detect::Fp8SentinelRule{.every = 1,
+                                                 .rows = cfg.verify.fp8_sentinel_rows,
+                                                 .lambda = cfg.verify.fp8_sentinel_lambda,
+                                                 .saturation = cfg.verify.fp8_saturation_threshold,
+                                                 .underflow = cfg.verify.fp8_underflow_threshold,
+                                                 .patience = cfg.verify.fp8_patience},
+                         findings, detect::FaultAction::kWarn, nullptr, quiet);
+  }
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
     // The state-at-rest check before the step's forward, outside the step's time.
     const auto t5 = Clock::now();
@@ -343,12 +370,16 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const double reference0 = reference ? reference->stats().seconds : 0;
     if (r.buddy_every > 0) witness.start();
     if (reference) reference->begin_step(step);
+    const double fp8_check0 = fp8_sentinel ? fp8_sentinel->seconds() : 0;
+    if (fp8_sentinel) fp8_sentinel->begin_step(step);
     const auto t0 = Clock::now();
     model.zero_grad();
     ChunkCombiner loss_sum;
     model.forward_backward_batch(inputs.data(), targets.data(), B, MB, 0, dloss, loss_sum);
+    if (Fp8State* fp8 = model.fp8()) combine_fp8_statistics(self, *fp8);
     model.finish_grads();
-    const double fb = ms_since(t0);
+    const double fp8_check = fp8_sentinel ? 1e3 * (fp8_sentinel->seconds() - fp8_check0) : 0;
+    const double fb = ms_since(t0) - fp8_check;
     if (r.buddy_every > 0) r.witness_tensors = static_cast<int64_t>(witness.stop().size());
     if (reference) reference->after_reduce(step, 0);
     const double reference_step = reference ? 1e3 * (reference->stats().seconds - reference0) : 0;
@@ -387,6 +418,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const auto t4 = Clock::now();
     for (StepObserver* o : monitors) o->end_step(record);
     const double ms = ms_since(t4);
+    const auto t8 = Clock::now();
+    if (fp8_sentinel) fp8_sentinel->end_step(record);
+    const double fp8_judge = ms_since(t8);
     const auto t6 = Clock::now();
     if (at_rest) at_rest->after_update(step);
     const double rest_hash = ms_since(t6);
@@ -404,6 +438,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     snapshot_ms.push_back(snapshot);
     witness_ms.push_back(1e3 * (witness_s - witness0));
     reference_ms.push_back(reference_step);
+    fp8_check_ms.push_back(fp8_check);
+    fp8_statistics_ms.push_back(fp8_judge);
   }
 
   if (tokens_file) tokens_file->commit();
@@ -422,6 +458,8 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   r.snapshot_ms = stats_of(snapshot_ms);
   r.witness_ms = stats_of(witness_ms);
   r.reference_ms = stats_of(reference_ms);
+  r.fp8_check_ms = stats_of(fp8_check_ms);
+  r.fp8_statistics_ms = stats_of(fp8_statistics_ms);
   if (reference) r.reference_tightness = reference->stats().max_ratio;
   if (abft) {
     r.abft_tightness = abft->stats().max_clean_ratio;
@@ -485,6 +523,12 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
         << std::setprecision(2) << r.reference_ms.median << " ms (the ops in turn) = " << 100.0 * r.reference_fraction()
         << "% of the step at that interval; the largest passing |trainer - reference| was " << std::scientific
         << r.reference_tightness << std::fixed << " of its bound\n";
+  }
+  if (r.fp8) {
+    out << "fp8 sentinel: statistics judged every step in " << std::setprecision(3) << r.fp8_statistics_ms.median
+        << " ms, the shadow check of every fp8 GEMM in " << std::setprecision(2) << r.fp8_check_ms.median
+        << " ms; at [verify] fp8_sentinel_every = " << r.fp8_sentinel_every << ", "
+        << 100.0 * r.fp8_sentinel_fraction() << "% of the step\n";
   }
   out << "throughput: " << std::setprecision(0) << r.tokens_per_s << " tokens/s, " << std::setprecision(1)
       << r.achieved_gflops << " GFLOP/s achieved, MFU " << std::setprecision(3) << r.mfu << " of "

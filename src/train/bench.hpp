@@ -94,6 +94,12 @@ struct BenchResult {
   int64_t reference_every = 0;
   BenchStats reference_ms;
   double reference_tightness = 0;  // the largest passing |trainer − reference| / bound
+  // An fp8 run: its statistics combined and the histories rolled every step (in the step), and
+  // the fp8 sentinel's shadow check of every fp8 GEMM run every step here (outside the step time)
+  // and charged at its interval, fp8_sentinel_every; and the per-step judgement of the statistics.
+  bool fp8 = false;
+  int64_t fp8_sentinel_every = 0;
+  BenchStats fp8_check_ms, fp8_statistics_ms;
   double backward_ms = 0;      // median forward_backward − median forward (derived)
   double tokens_per_s = 0;     // at the median step time
   double achieved_gflops = 0;  // tokens_per_s · flops_per_token
@@ -117,6 +123,12 @@ struct BenchResult {
   // The reference check's share of the step at its interval, against the step without it.
   double reference_fraction() const {
     return reference_ms.median / static_cast<double>(reference_every) / (step_ms.median - reference_ms.median);
+  }
+  // The fp8 sentinel's share of the step at its interval (the statistics every step, the shadow
+  // check every fp8_sentinel_every steps).
+  double fp8_sentinel_fraction() const {
+    const double check = fp8_sentinel_every > 0 ? fp8_check_ms.median / static_cast<double>(fp8_sentinel_every) : 0;
+    return (check + fp8_statistics_ms.median) / step_ms.median;
   }
   double buddy_fraction() const {
     const double step = step_ms.median - witness_ms.median;

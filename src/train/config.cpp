@@ -303,6 +303,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   v.field("fp8_sentinel_lambda", c.verify.fp8_sentinel_lambda);
   v.field("fp8_saturation_threshold", c.verify.fp8_saturation_threshold);
   v.field("fp8_underflow_threshold", c.verify.fp8_underflow_threshold);
+  v.field("fp8_patience", c.verify.fp8_patience);
   v.field("on_fp8", c.verify.on_fp8);
   v.finish();
 
@@ -381,8 +382,9 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(v.fp8_sentinel_every >= 0 && v.fp8_sentinel_rows >= 1 && v.fp8_sentinel_lambda > 0, c.source,
              ": [verify] fp8_sentinel_every must be >= 0 (0: no shadow checks), fp8_sentinel_rows >= 1 and "
              "fp8_sentinel_lambda > 0");
-  LS_REQUIRE(v.fp8_saturation_threshold >= 0 && v.fp8_underflow_threshold >= 0, c.source,
-             ": [verify] fp8_saturation_threshold and fp8_underflow_threshold are fractions, >= 0");
+  LS_REQUIRE(v.fp8_saturation_threshold >= 0 && v.fp8_underflow_threshold >= 0 && v.fp8_patience >= 1, c.source,
+             ": [verify] fp8_saturation_threshold and fp8_underflow_threshold are fractions, >= 0, and "
+             "fp8_patience a number of steps, >= 1");
   LS_REQUIRE(t.grad_clip >= 0, c.source, ": [train] grad_clip (", t.grad_clip, ") must be >= 0 (0 = off)");
   LS_REQUIRE(t.threads >= 0, c.source, ": [train] threads (", t.threads, ") must be >= 0 (0 = all cores)");
   LS_REQUIRE(t.isa == "auto" || t.isa == "avx2" || t.isa == "avx512", c.source,

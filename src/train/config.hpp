@@ -155,6 +155,7 @@ struct VerifyConfig {
   double fp8_sentinel_lambda = 8;
   double fp8_saturation_threshold = 1e-2;
   double fp8_underflow_threshold = 0.5;
+  int64_t fp8_patience = 3;     // steps a statistic stays past its threshold before a finding
   std::string on_fp8 = "warn";  // "warn" | "stop"
 };
 

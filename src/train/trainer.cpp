@@ -405,7 +405,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                                  .rows = vc.fp8_sentinel_rows,
                                                  .lambda = vc.fp8_sentinel_lambda,
                                                  .saturation = vc.fp8_saturation_threshold,
-                                                 .underflow = vc.fp8_underflow_threshold},
+                                                 .underflow = vc.fp8_underflow_threshold,
+                                                 .patience = vc.fp8_patience},
                          findings, detect::parse_fault_action(vc.on_fp8, "[verify] on_fp8"),
                          [&](const nlohmann::json& j) {
                            if (metrics.enabled()) metrics.write(j);

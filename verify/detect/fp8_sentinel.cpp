@@ -143,6 +143,7 @@ void Fp8Sentinel::begin_step(int64_t step) {
 
 void Fp8Sentinel::rolled_back(int64_t) {
   alarmed_.clear();
+  streaks_.clear();
   for (auto& h : history_) h.clear();
 }
 
@@ -172,10 +173,12 @@ void Fp8Sentinel::judge_statistics(const StepRecord& r) {
                            const std::string& of) {
       const std::string key = state.name(i) + "/" + kind;
       if (!applies || !(fraction > threshold)) {
-        alarmed_.erase(key);
+        streaks_.erase(key);
         return;
       }
-      if (!alarmed_.insert(key).second) return;  // reported when it began
+      // Reported once, when it has lasted `patience` steps: delayed scaling corrects a one-step
+      // jump of a tensor's range by itself at the next step.
+      if (++streaks_[key] != rule_.patience) return;
       log_.report({.step = r.done(),
                    .detector = "fp8",
                    .site = "fp8/" + state.name(i),

@@ -21,8 +21,10 @@
 //    scale, a recipe that does not fit the data show up here; so would a wrong quantization.
 //
 // A finding names the tensor or GEMM, its role and format, the recipe, and the history of the
-// tensor's amax and scale over the last steps; it is reported when a condition begins (not again
-// while it lasts). Each check also writes the ranking of the GEMMs by relative error (which
+// tensor's amax and scale over the last steps; a statistic is reported once it has stayed past its
+// bound for `patience` steps in a row (a one-step jump of a tensor's range, which delayed scaling
+// corrects at the next step, is not an instability), a GEMM check when it fails; neither again
+// while the condition lasts. Each check also writes the ranking of the GEMMs by relative error (which
 // layers' quantization hurts most) to the console and the metrics JSONL ("fp8_sentinel").
 // Not here: the statistics themselves (src/train/fp8_statistics.hpp), the quantization
 // (kernels/ops/quantize.hpp).
@@ -53,6 +55,7 @@ struct Fp8SentinelRule {
   double saturation = 1e-2;  // fraction of a tensor's elements
   double underflow = 0.5;    // fraction of a tensor's non-zero elements
   int64_t history = 8;       // steps of amax and scale a finding quotes
+  int64_t patience = 3;      // steps a statistic stays past its bound before it is reported
 };
 
 // The shadow check of one GEMM on `rows` sampled output rows.
@@ -95,7 +98,8 @@ class Fp8Sentinel final : public StepObserver {
   bool checking_ = false;
   std::map<std::string, Fp8GemmCheck> step_checks_;  // "LINEAR/GEMM" -> this rank's check
   std::vector<std::deque<std::pair<float, float>>> history_;  // per tensor: (amax, scale) per step
-  std::set<std::string> alarmed_;                  // conditions reported and still present
+  std::set<std::string> alarmed_;                  // GEMM checks reported and still past their bound
+  std::map<std::string, int64_t> streaks_;         // statistics: steps in a row past their bound
   int64_t checks_ = 0;
   double seconds_ = 0;
 };
