@@ -113,6 +113,28 @@ void print_fp8_report(const Fp8Report& r, size_t top, std::ostream& out) {
           << mean(series_of(s, "rel_error")) << "   error/bound " << largest(series_of(s, "ratio")) << "\n";
     }
   }
+  // Checks where a GEMM's quantization error was as large as its bf16 product: its result mostly
+  // noise (within its bound), a layer that may not learn in fp8 where it would in bf16.
+  std::vector<std::string> noisy;
+  for (const auto& [g, series] : r.gemms) {
+    const Fp8Series& rel = series_of(series, "rel_error");
+    int64_t n = 0;
+    double worst_value = 0, worst_step = 0;
+    for (size_t i = 0; i < rel.value.size(); ++i) {
+      if (!(rel.value[i] >= 1)) continue;
+      ++n;
+      if (rel.value[i] > worst_value) worst_value = rel.value[i], worst_step = rel.step[i];
+    }
+    if (n > 0) {
+      noisy.push_back(str_cat(g, ": ", n, " of ", rel.value.size(), " checks, up to ", worst_value, " (step ",
+                              static_cast<int64_t>(worst_step), ")"));
+    }
+  }
+  if (!noisy.empty()) {
+    out << "GEMMs whose quantization error reached their bf16 product (relative error >= 1: the result mostly "
+           "noise):\n";
+    for (const std::string& n : noisy) out << "  " << n << "\n";
+  }
   if (!r.tensors.empty()) {
     out << "tensors, worst step first (quantization error / what rounding may cost; saturated; underflow):\n";
     for (const std::string& t :

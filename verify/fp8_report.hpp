@@ -1,8 +1,10 @@
 // `lockstep fp8 report`: what a run's fp8 statistics and sentinel checks say, from its metrics
 // JSONL (src/train/fp8_statistics.hpp's "fp8" records, verify/detect/fp8_sentinel.hpp's
 // "fp8_sentinel" records and fp8 findings): which layers' quantization hurts most (the GEMMs by
-// mean relative error over the checks, with their largest error / bound), each tensor's worst
-// step (error / bound, saturated and underflowed fractions), the findings; and an SVG of the
+// mean relative error over the checks, with their largest error / bound), the GEMMs whose error
+// reached their bf16 product at some check (their result mostly quantization noise: within its
+// bound, but a layer that may not learn in fp8 where it would in bf16), each tensor's worst step
+// (error / bound, saturated and underflowed fractions), the findings; and an SVG of the
 // worst tensors' error / bound, saturation and amax over the steps and the worst GEMMs' relative
 // error at the checks.
 // Not here: the statistics (src/train/fp8_statistics.hpp), the checks (verify/detect/fp8_sentinel.hpp).

@@ -40,9 +40,10 @@ class Fp8Linear final : public LinearOp {
     }
     s.operands = operands_;
     const float* x = quantize(be, Fp8Role::kInput, Fp8Direction::kRowwise, s.N, s.IC, inp, setup_.scratch.x, true);
-    const float* wq = quantize(be, Fp8Role::kWeight, Fp8Direction::kRowwise, s.OC, s.IC, w, weights_.rowwise, true);
-    tap(Fp8Gemm::kFprop, s.N, s.OC, s.IC, {inp, x, last_[1], false}, {w, wq, last_[0], true});
-    inner_->forward(be, mode, s, out, x, wq, b);
+    const QuantizeShape x_shape = last_[0];
+    const Cached& wq = weight(be, Fp8Direction::kRowwise, s.OC, s.IC, w);
+    tap(Fp8Gemm::kFprop, s.N, s.OC, s.IC, {inp, x, x_shape, false}, {w, wq.data, wq.shape, true});
+    inner_->forward(be, mode, s, out, x, wq.data, b);
   }
 
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
@@ -63,10 +64,9 @@ class Fp8Linear final : public LinearOp {
         dy_row_shape_ = last_[0];
         dy_recorded = true;
         const QuantizeShape dyq_shape = last_[0];
-        const float* wq = quantize(be, Fp8Role::kWeight, Fp8Direction::kColumnwise, s.OC, s.IC, w,
-                                   weights_.columnwise.empty() ? weights_.rowwise : weights_.columnwise, false);
-        tap(Fp8Gemm::kDgrad, rows, s.IC, s.OC, {dy, dyq, dyq_shape, false}, {w, wq, last_[0], false});
-        inner_->backward(be, mode, fp8, token_offset, dinp, {}, {}, dyq, inp, wq);
+        const Cached& wq = weight(be, Fp8Direction::kColumnwise, s.OC, s.IC, w);
+        tap(Fp8Gemm::kDgrad, rows, s.IC, s.OC, {dy, dyq, dyq_shape, false}, {w, wq.data, wq.shape, false});
+        inner_->backward(be, mode, fp8, token_offset, dinp, {}, {}, dyq, inp, wq.data);
       } else {
         inner_->backward(be, mode, bf16, token_offset, dinp, {}, {}, dy, inp, w);
       }
@@ -99,7 +99,7 @@ class Fp8Linear final : public LinearOp {
   // src (rows × cols) quantized for `role` into buf (grown as needed; a weight's copies are
   // allocated by the model); its statistics recorded if `record` and the model is recording.
   const float* quantize(Backend& be, Fp8Role role, Fp8Direction d, int64_t rows, int64_t cols, const float* src,
-                        std::vector<float>& buf, bool record) {
+                        std::vector<float>& buf, bool record, Fp8Counts* counts_out = nullptr) {
     const size_t i = index_[static_cast<size_t>(role)];
     const Fp8Format format = recipe_.format(role);
     float scale = 1.0f;
@@ -117,7 +117,38 @@ class Fp8Linear final : public LinearOp {
     last_[0] = recipe_.shape(role, d, rows, cols, scale);
     be.quantize_fp8(last_[0], out, &counts, src);
     if (record && *setup_.recording) setup_.state.record(i, counts, rows * cols);
+    if (counts_out != nullptr) *counts_out = counts;
     return out;
+  }
+
+  // A quantized copy of the weight, made once per step: neither the weight nor its scale changes
+  // within one (Fp8State::generation moves on with the scales, before the update).
+  struct Cached {
+    uint64_t generation = UINT64_MAX;
+    const float* data = nullptr;
+    QuantizeShape shape;
+    Fp8Counts counts;
+    bool recorded = false;  // its statistics are in this step's
+  };
+  const Cached& weight(Backend& be, Fp8Direction d, int64_t OC, int64_t IC, const float* w) {
+    // The rowwise copy serves both directions unless the recipe's blocks differ by direction.
+    const bool columnwise = d == Fp8Direction::kColumnwise && !weights_.columnwise.empty();
+    Cached& c = cached_[columnwise ? 1 : 0];
+    const uint64_t generation = setup_.state.generation();
+    if (c.generation != generation) {
+      std::vector<float>& buf = columnwise ? weights_.columnwise : weights_.rowwise;
+      c.data = quantize(be, Fp8Role::kWeight, columnwise ? Fp8Direction::kColumnwise : Fp8Direction::kRowwise, OC, IC, w,
+                        buf, false, &c.counts);
+      c.generation = generation;
+      c.shape = last_[0];
+      c.recorded = false;
+    }
+    // The rowwise copy's statistics, once a step, by the first pass that records.
+    if (!columnwise && !c.recorded && *setup_.recording) {
+      setup_.state.record(index_[static_cast<size_t>(Fp8Role::kWeight)], c.counts, OC * IC);
+      c.recorded = true;
+    }
+    return c;
   }
 
   // The GEMM to the tap, if one is set and the pass records.
@@ -137,6 +168,7 @@ class Fp8Linear final : public LinearOp {
   bool row_parallel_;
   Operands operands_;
   std::array<size_t, 3> index_{};
+  Cached cached_[2];  // rowwise, columnwise
 };
 
 }  // namespace

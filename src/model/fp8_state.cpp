@@ -85,6 +85,7 @@ void Fp8State::set_step_stats(const std::vector<float>& amax, const std::vector<
 }
 
 void Fp8State::finish_step() {
+  ++generation_;
   for (Tensor& t : tensors_) {
     if (t.stale) t.step = {};  // nothing recorded since the last step: amax 0
     t.stale = true;
@@ -113,6 +114,7 @@ nlohmann::json Fp8State::save() const {
 }
 
 void Fp8State::restore(const nlohmann::json& j) {
+  ++generation_;
   const std::string recipe = j.value("recipe", std::string());
   if (recipe != fp8_scaling_name(recipe_.scaling)) {
     throw std::runtime_error(str_cat("fp8 state of recipe \"", recipe, "\", this run's is \"",

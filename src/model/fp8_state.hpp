@@ -56,7 +56,10 @@ class Fp8State {
   float scale(size_t i) const { return tensors_[i].scale; }
   float last_scale(size_t i) const { return tensors_[i].last_scale; }
   // Sets the scale tensor i uses in the rest of this step (fault injection: src/train/inject.hpp).
-  void force_scale(size_t i, float scale) { tensors_[i].scale = scale; }
+  void force_scale(size_t i, float scale) {
+    tensors_[i].scale = scale;
+    ++generation_;
+  }
   // Whether that scale came from data: always, but for delayed scaling before any history (the
   // first step runs on scale 1).
   bool last_scale_from_data(size_t i) const { return tensors_[i].last_from_data; }
@@ -72,6 +75,9 @@ class Fp8State {
   // After the combination: histories and scales move on; the step's statistics stay readable
   // (step_stats) until the next record.
   void finish_step();
+  // Moves on with every finish_step and restore: what was quantized under an older generation
+  // (a weight's copy: src/model/fp8_linear.cpp) may have another scale or weight now.
+  uint64_t generation() const { return generation_; }
 
   nlohmann::json save() const;
   void restore(const nlohmann::json& j);  // throws std::runtime_error naming what does not fit
@@ -88,6 +94,7 @@ class Fp8State {
   };
   Fp8Recipe recipe_;
   std::vector<Tensor> tensors_;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace lockstep
