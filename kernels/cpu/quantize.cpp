@@ -81,21 +81,31 @@ struct BandCounts {
   double err_sq = 0, bound_sq = 0;
 };
 
-// One row of finite values against per-column scales: the vector path. No branches: both
-// roundings of every element are computed and one selected, on the magnitude's bits (which order
-// like its value); kernels/CMakeLists.txt lets the compiler evaluate the unused one.
+// One row against its scales — per column, or one for the row (kUniform: scale[0], inv[0]) —
+// the vector path. No branches: both roundings of every element are computed and one selected, on
+// the magnitude's bits (which order like its value); kernels/CMakeLists.txt lets the compiler
+// evaluate the unused one. A NaN or ±inf input is counted in `nonfinite`, its output not final:
+// the caller quantizes such a row again element by element. row_max: the largest |x| (finite rows).
+template <bool kUniform>
 void quantize_row(const Rounding& R, int64_t n, float* __restrict out, const float* __restrict in,
-                  const float* __restrict scale, const float* __restrict inv, BandCounts& c) {
+                  const float* __restrict scale, const float* __restrict inv, BandCounts& c, float& row_max,
+                  int64_t& nonfinite) {
   const uint32_t half = R.half_minus_one, mask = R.drop_mask;
   const int drop = R.drop;
   const uint32_t min_normal = std::bit_cast<uint32_t>(R.min_normal), top = std::bit_cast<uint32_t>(R.max);
   const float magic = R.subnormal_magic, error_unit = R.error_unit, half_subnormal = R.half_subnormal;
-  int32_t saturated = 0, underflowed = 0, nonzero = 0;
+  int32_t saturated = 0, underflowed = 0, nonzero = 0, special = 0;
+  float largest = 0.0f;
   // A row's energies in fp32 (a statistic: its relative error stays near n·2^-24), its total in double.
   float err_sq = 0, bound_sq = 0;
-#pragma omp simd reduction(+ : saturated, underflowed, nonzero, err_sq, bound_sq)
+#pragma omp simd reduction(+ : saturated, underflowed, nonzero, special, err_sq, bound_sq) reduction(max : largest)
   for (int64_t j = 0; j < n; ++j) {
-    const float y = in[j] * scale[j];
+    const float s_j = kUniform ? scale[0] : scale[j];
+    const float inv_j = kUniform ? inv[0] : inv[j];
+    const uint32_t xb = std::bit_cast<uint32_t>(in[j]) & 0x7fffffffu;
+    special += xb >= 0x7f800000u ? 1 : 0;
+    largest = std::max(largest, std::bit_cast<float>(xb < 0x7f800000u ? xb : 0u));
+    const float y = in[j] * s_j;
     const uint32_t yb = std::bit_cast<uint32_t>(y);
     const uint32_t b = yb & 0x7fffffffu;
     const uint32_t normal = (b + half + ((b >> drop) & 1u)) & mask;
@@ -103,17 +113,20 @@ void quantize_row(const Rounding& R, int64_t n, float* __restrict out, const flo
     const uint32_t rounded = b < min_normal ? subnormal : normal;
     const int32_t over = rounded > top ? 1 : 0;
     const uint32_t r = over != 0 ? top : rounded;
-    const float q = std::bit_cast<float>(r | (yb & 0x80000000u)) * inv[j];
+    const float q = std::bit_cast<float>(r | (yb & 0x80000000u)) * inv_j;
     out[j] = q;
     const float d = q - in[j];
-    const float e = error_unit * std::fabs(in[j]) + half_subnormal * inv[j];
+    const float e = error_unit * std::bit_cast<float>(xb) + half_subnormal * inv_j;
     err_sq += d * d;
     bound_sq += e * e;
-    const int32_t nz = (std::bit_cast<uint32_t>(in[j]) & 0x7fffffffu) != 0 ? 1 : 0;
+    const int32_t nz = xb != 0 ? 1 : 0;
     saturated += over;
     nonzero += nz;
     underflowed += nz & (r == 0 ? 1 : 0);
   }
+  nonfinite += special;
+  if (special > 0) return;
+  row_max = std::max(row_max, largest);
   c.saturated += saturated;
   c.underflowed += underflowed;
   c.nonzero += nonzero;
@@ -198,6 +211,26 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
         // the band down the exact path.
         float band_amax = 0.0f;
         int64_t nans = 0;
+        if (whole && out != inp) {
+          // One pass: a row met NaN or inf is quantized again element by element.
+          BandCounts c;
+          int64_t special = 0;
+          quantize_row<true>(R, C, out + r0 * C, inp + r0 * C, scale.data(), inv.data(), c, band_amax, special);
+          if (special > 0) {
+            c = {};
+            for (int64_t j = 0; j < C; ++j) {
+              out[r0 * C + j] = quantize_exact(R, s.format, inp[r0 * C + j], scale[0], inv[0], c);
+            }
+          }
+          amax = std::max(amax, band_amax);
+          saturated += c.saturated;
+          underflowed += c.underflowed;
+          nonzero += c.nonzero;
+          nonfinite += c.nonfinite;
+          err_sq += c.err_sq;
+          bound_sq += c.bound_sq;
+          continue;
+        }
         if (!whole) std::fill(col_amax.begin(), col_amax.end(), 0.0f);
         for (int64_t r = r0; r < r1; ++r) {
           const float* row = inp + r * C;
@@ -246,7 +279,9 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
                                               inv[static_cast<size_t>(j)], c);
             }
           } else {
-            quantize_row(R, C, out + r * C, inp + r * C, scale.data(), inv.data(), c);
+            float unused = 0.0f;
+            int64_t special = 0;
+            quantize_row<false>(R, C, out + r * C, inp + r * C, scale.data(), inv.data(), c, unused, special);
           }
         }
         // NaN does not survive a max reduction: it travels as a count and is restored below.
