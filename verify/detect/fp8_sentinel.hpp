@@ -9,7 +9,7 @@
 //    elements) passes `underflow` where its scale came from data (not delayed scaling's first step,
 //    which runs on scale 1 before any history);
 //  - every `every` steps, a shadow recompute of each fp8 GEMM of the step's first micro-batch on
-//    `rows` sampled output rows (all columns): in double, the product of the quantized operands
+//    `rows` sampled output rows (all columns): in fp32, the product of the quantized operands
 //    against the product of the bf16 ones they came from. Their difference is what quantization
 //    did; the recipe predicts it per element from the operands: an element a of a block with
 //    inverse scale inv is moved by at most e(a) = (u_fp8 + 3·u_fp32)·|a| + h_fp8·inv (h: half the
