@@ -199,6 +199,16 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
 #pragma omp parallel reduction(max : amax) reduction(+ : saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq) if (s.rows * s.cols > (int64_t{1} << 15))
     {
       std::vector<float> col_amax(static_cast<size_t>(C)), scale(static_cast<size_t>(C)), inv(scale.size());
+      // A band's counts into this thread's share of the reductions.
+      const auto add = [&](const BandCounts& c, float band_amax) {
+        amax = std::max(amax, band_amax);  // NaN does not survive a max: it travels as a count (below)
+        saturated += c.saturated;
+        underflowed += c.underflowed;
+        nonzero += c.nonzero;
+        nonfinite += c.nonfinite;
+        err_sq += c.err_sq;
+        bound_sq += c.bound_sq;
+      };
       if (whole) {
         const BlockScale b = block_scale(s, 0.0f);
         std::fill(scale.begin(), scale.end(), b.scale);
@@ -222,13 +232,7 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
               out[r0 * C + j] = quantize_exact(R, s.format, inp[r0 * C + j], scale[0], inv[0], c);
             }
           }
-          amax = std::max(amax, band_amax);
-          saturated += c.saturated;
-          underflowed += c.underflowed;
-          nonzero += c.nonzero;
-          nonfinite += c.nonfinite;
-          err_sq += c.err_sq;
-          bound_sq += c.bound_sq;
+          add(c, band_amax);
           continue;
         }
         if (!whole) std::fill(col_amax.begin(), col_amax.end(), 0.0f);
@@ -284,14 +288,7 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
             quantize_row<false>(R, C, out + r * C, inp + r * C, scale.data(), inv.data(), c, unused, special);
           }
         }
-        // NaN does not survive a max reduction: it travels as a count and is restored below.
-        amax = std::max(amax, band_amax);
-        saturated += c.saturated;
-        underflowed += c.underflowed;
-        nonzero += c.nonzero;
-        nonfinite += c.nonfinite;
-        err_sq += c.err_sq;
-        bound_sq += c.bound_sq;
+        add(c, band_amax);
       }
     }
     total = {amax, saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq};
