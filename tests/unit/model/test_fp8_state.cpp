@@ -53,6 +53,8 @@ TEST(Fp8State, DelayedScalingFollowsTheHistoryMaximum) {
   EXPECT_EQ(s.scale(in), 448.0f / 2.0f);
   step(s, in, 0.5f);
   EXPECT_EQ(s.scale(in), 448.0f / 1.0f);
+  step(s, in, 8.0f);  // the newest is the largest: it rules at once
+  EXPECT_EQ(s.scale(in), 448.0f / 8.0f);
   // The gradient is e5m2 (hybrid); a step without records keeps the scale (amax 0).
   EXPECT_EQ(s.scale(grad), 1.0f);
 }
