@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -66,6 +67,9 @@ class GptReference {
     const int64_t stream = B * desc_.config.seq_len * desc_.config.d_model;
     for (auto& g : stream_grad_) g.resize(stream);
   }
+  // Delayed fp8 scaling: the scale of each fp8 tensor ("LINEAR/ROLE") this step, as the run's
+  // state holds it (src/model/fp8_state.hpp).
+  std::map<std::string, float> fp8_scales;
   GptReference(const GptReference&) = delete;
   GptReference& operator=(const GptReference&) = delete;
 
@@ -150,6 +154,7 @@ class GptReference {
     s.layout = &layout_;
     s.hook = hook;
     s.precision = &precision_;
+    s.fp8_scales = &fp8_scales;
     return s;
   }
   void forward(RefStep<Real>& s) {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +29,7 @@
 #include "reference/embedding.hpp"
 #include "reference/linear.hpp"
 #include "reference/norm.hpp"
+#include "reference/quantize.hpp"
 #include "reference/reduce.hpp"
 #include "reference/rope_tables.hpp"
 #include "src/model/layer_list.hpp"
@@ -74,6 +76,8 @@ struct RefStep {
   RefHook<Real> hook;
   Real dloss = Real(0);
   const PrecisionRecipe* precision = nullptr;  // nullptr: fp32 throughout
+  // Delayed fp8 scaling: each fp8 tensor's scale this step ("LINEAR/ROLE", src/model/fp8_state.hpp).
+  const std::map<std::string, float>* fp8_scales = nullptr;
   std::vector<int64_t> loss_segments;  // token boundaries of the trainer's micro-batches
   Real loss = Real(0);                 // the loss layer's mean loss
   bool eval = false;                   // forward only: the loss layer's forward computes the loss
@@ -83,6 +87,33 @@ struct RefStep {
   // n values that linear `linear` reads (or wrote), stored in its precision.
   void store_for(const std::string& linear, Real* x, int64_t n) const {
     if (bf16(linear)) round_to_bf16(n, x, x);
+  }
+  bool fp8(const std::string& linear) const { return precision != nullptr && precision->fp8_linear(linear); }
+  // x (rows × cols) as tensor `role` of fp8 linear `linear` reads it in direction d
+  // (src/model/fp8_linear.cpp): an activation or gradient (rows: tokens) one micro-batch
+  // (loss_segments) at a time, a weight whole; its scale the recipe's — delayed from fp8_scales,
+  // current from the amax of what is quantized, blocks their own.
+  std::vector<Real> fp8_quantized(const std::string& linear, Fp8Role role, Fp8Direction d, const Real* x, int64_t rows,
+                                  int64_t cols) const {
+    const Fp8Recipe& r = precision->fp8;
+    std::vector<Real> out(static_cast<size_t>(rows * cols));
+    std::vector<int64_t> cuts = {0, rows};
+    if (role != Fp8Role::kWeight && loss_segments.size() >= 2) cuts = loss_segments;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const int64_t r0 = cuts[k], r1 = cuts[k + 1];
+      float scale = 1.0f;
+      if (r.scaling == Fp8Scaling::kDelayed) {
+        scale = fp8_scales->at(linear + "/" + fp8_role_name(role));
+      } else if (r.scaling == Fp8Scaling::kCurrent) {
+        double amax = 0;
+        for (int64_t i = r0 * cols; i < r1 * cols; ++i) amax = std::max(amax, std::fabs(value_of(x[i])));
+        scale = fp8_tensor_scale(amax, r.format(role), static_cast<int>(r.margin), r.power_of_two, 1.0f);
+      }
+      const QuantizeShape q = r.shape(role, d, r1 - r0, cols, scale);
+      quantize_fp8(r1 - r0, cols, Fp8Quantization{q.format, q.scaling, q.block_rows, q.block_cols, q.scale},
+                   out.data() + r0 * cols, x + r0 * cols);
+    }
+    return out;
   }
   const ParamInfo* find(const std::string& name) const {
     for (const auto& t : *layout)
@@ -134,20 +165,47 @@ class RefLayer {
     }
   }
 
-  // The model's linear `linear` (src/model/layers/, bf16_linear.cpp) in the step's precision.
+  // The model's linear `linear` (src/model/layers/, bf16_linear.cpp, fp8_linear.cpp) in the step's
+  // precision. An fp8 linear's GEMMs read quantized copies of the bf16 operands, each in its
+  // direction; its bias gradient comes from the bf16 output gradient.
   void linear_fwd(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* out,
                   const Real* inp, const ParamInfo* w, const Real* bias) {
     if (!s.bf16(linear)) return linear_forward(N, IC, OC, out, inp, s.p(w), bias);
     const std::vector<Real> wb = rounded(s.p(w), OC * IC);
-    linear_forward(N, IC, OC, out, inp, wb.data(), bias);
+    if (s.fp8(linear) && s.precision->fp8.fprop) {
+      const std::vector<Real> xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kRowwise, inp, N, IC);
+      const std::vector<Real> wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kRowwise, wb.data(), OC, IC);
+      linear_forward(N, IC, OC, out, xq.data(), wq.data(), bias);
+    } else {
+      linear_forward(N, IC, OC, out, inp, wb.data(), bias);
+    }
     round_to_bf16(N * OC, out, out);
   }
   void linear_bwd(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* dinp,
                   const ParamInfo* w, GradOut<Real> dbias, const Real* dout, const Real* inp) {
     if (!s.bf16(linear)) return linear_backward(N, IC, OC, dinp, s.sink(w), dbias, dout, inp, s.p(w));
     const std::vector<Real> wb = rounded(s.p(w), OC * IC), db = rounded(dout, N * OC);
-    linear_backward(N, IC, OC, dinp, s.sink(w), dbias, db.data(), inp, wb.data());
-    round_to_bf16(N * IC, dinp, dinp);
+    if (!s.fp8(linear)) {
+      linear_backward(N, IC, OC, dinp, s.sink(w), dbias, db.data(), inp, wb.data());
+    } else {
+      const Fp8Recipe& r = s.precision->fp8;
+      linear_backward(N, IC, OC, static_cast<Real*>(nullptr), GradOut<Real>{}, dbias, db.data(), inp, wb.data());
+      if (dinp != nullptr && r.dgrad) {
+        const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kRowwise, db.data(), N, OC);
+        const auto wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kColumnwise, wb.data(), OC, IC);
+        linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, dyq.data(), inp, wq.data());
+      } else if (dinp != nullptr) {
+        linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, db.data(), inp, wb.data());
+      }
+      if (r.wgrad) {
+        const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, db.data(), N, OC);
+        const auto xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kColumnwise, inp, N, IC);
+        linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, dyq.data(), xq.data(), wb.data());
+      } else {
+        linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, db.data(), inp, wb.data());
+      }
+    }
+    if (dinp != nullptr) round_to_bf16(N * IC, dinp, dinp);
   }
 
   LayerDesc d_;

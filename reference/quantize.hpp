@@ -1,5 +1,5 @@
-// FP8 quantization (kernels/ops/quantize.hpp's contract), written again from the contract over the
-// reference's scalar types:
+// FP8 quantization (kernels/ops/quantize.hpp's contract) and the per-tensor scale rule, written
+// again from the contract over the reference's scalar types:
 //   CanonicalF32   the quantized value itself: the block scales found by search in double, the
 //                  products rounded once to fp32 (a product of two floats is exact in double, so
 //                  its rounding to float is the fp32 product's), the narrowing formats.hpp's;
@@ -48,6 +48,22 @@ inline Fp8BlockScale fp8_block_scale(const Fp8Quantization& q, double amax) {
   int X = -127;  // the least X in [-127, 127] with amax <= top · 2^X
   while (X < 127 && amax > std::ldexp(top, X)) ++X;
   return {std::ldexp(1.0, -X), std::ldexp(1.0, X)};
+}
+
+// A per-tensor scale from an amax, kernels/ops/quantize.hpp's fp8_scale written again: fp8_max /
+// amax rounded to fp32, divided by 2^margin; or 2^-(X + margin), X the least with amax ≤
+// fp8_max·2^X; `previous` for an amax of 0, NaN or inf; the largest float where the quotient
+// overflows.
+inline float fp8_tensor_scale(double amax, Fp8Format f, int margin, bool power_of_two, float previous) {
+  if (!(amax > 0) || !std::isfinite(amax)) return previous;
+  const double top = fp8_max(f);
+  if (power_of_two) {
+    int X = -127;
+    while (X < 127 && amax > std::ldexp(top, X)) ++X;
+    return static_cast<float>(std::ldexp(1.0, -std::clamp(X + margin, -127, 127)));
+  }
+  const float q = std::ldexp(static_cast<float>(top / amax), -margin);
+  return std::isfinite(q) ? q : FLT_MAX;
 }
 
 template <class Real>

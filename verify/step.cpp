@@ -86,6 +86,7 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
              "reference parameter ", a.name, " does not match the model's ", b.name);
   }
   std::copy(s.params.begin(), s.params.end(), model.params());
+  if (model.fp8() != nullptr && !s.fp8.is_null()) model.fp8()->restore(s.fp8);
   AdamW opt(model, tc.adamw());
   opt.m() = s.m;
   opt.v() = s.v;
@@ -141,6 +142,7 @@ std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSet
                                                const std::map<std::string, Observed>& trainer,
                                                bool anchor) {
   reference::GptReference<Real> ref(s.model, u.B, s.cfg.train.precision_recipe());
+  ref.fp8_scales = fp8_scales(s);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);
@@ -220,10 +222,22 @@ void read_batch(const RunConfig& cfg, data::TrainSampler& sampler, StepState& s)
 
 }  // namespace
 
+std::map<std::string, float> fp8_scales(const StepState& s) {
+  const PrecisionRecipe recipe = s.cfg.train.precision_recipe();
+  if (recipe.linears != Precision::kFp8) return {};
+  std::vector<std::string> linears;
+  for (const std::string& l : linear_names(s.model)) {
+    if (recipe.fp8_linear(l)) linears.push_back(l);
+  }
+  Fp8State state(recipe.fp8, linears);
+  if (!s.fp8.is_null()) state.restore(s.fp8);
+  std::map<std::string, float> out;
+  for (size_t i = 0; i < state.size(); ++i) out[state.name(i)] = state.scale(i);
+  return out;
+}
+
 StepSetup step_setup(const StepState& s) {
   const TrainConfig& tc = s.cfg.train;
-  LS_REQUIRE(tc.precision != Precision::kFp8, s.cfg.source,
-             ": verify step computes fp32 and bf16 recipes; the reference's fp8 quantization is not there yet");
   StepSetup u;
   u.B = tc.batch_size;
   u.MB = tc.micro_batch();
@@ -301,6 +315,8 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   data::TrainSampler sampler(train_file, cfg.model.seq_len, cfg.train.seed);
   sampler.restore(ck->state.at("sampler").get<data::SamplerState>());
   read_batch(cfg, sampler, s);
+  const nlohmann::json& observers = ck->state.value("observers", nlohmann::json::object());
+  if (observers.contains("fp8")) s.fp8 = observers.at("fp8");
   return s;
 }
 

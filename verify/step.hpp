@@ -13,8 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "reference/gpt.hpp"
 #include "src/train/config.hpp"
@@ -28,6 +31,7 @@ struct StepState {
   ModelDesc model;                        // the layer list (describe_model(cfg.model), or edited)
   int64_t step = 0;                       // 0-based index of the step to run (= steps done)
   std::vector<float> params, m, v;        // flat, Model::param_layout() order
+  nlohmann::json fp8;                     // an fp8 run's scaling state (src/model/fp8_state.hpp); null: fresh
   std::vector<int32_t> inputs, targets;   // (B, T) the step's global batch
 };
 
@@ -47,6 +51,10 @@ struct StepOptions {
   int perturb_bit = 0;            // trainer tensor before comparing (bit 0: a one-ulp error,
                                   // which canonical mode must catch; fast mode needs a larger one)
 };
+
+// An fp8 run's delayed scales at the step ("LINEAR/ROLE" -> scale): s.fp8's, or a fresh state's
+// (1.0); empty for other recipes.
+std::map<std::string, float> fp8_scales(const StepState& s);
 
 // What the reference needs besides the state: its own hyper-parameters of this step (the learning
 // rate and AdamW bias corrections at s.step, the decayed classes: reference/schedule.hpp, from the

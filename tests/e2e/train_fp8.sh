@@ -10,8 +10,9 @@
 #    and the run ends on the clean hash;
 #  - the per-tensor statistics reach the metrics JSONL and the console;
 #  - each recipe learns: 40 steps end within 0.02 nats of bf16's validation loss;
+#  - verify step passes each recipe's checkpoint bitwise (the reference quantizes as the recipe says);
 #  - errors, once each: an unknown recipe or GEMM, a blockwise layout that splits a block, fp8 with
-#    sampled reference checks or verify step (the reference has no fp8 quantization yet).
+#    sampled reference checks (their ops have no fp8 quantization yet).
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -132,6 +133,14 @@ expect_error "\[fp8\] gemms: \"xgrad\" is not a GEMM" "$LOCKSTEP" train --config
 expect_error "\[fp8\] bf16_linears: \"layer/7\" names no linear layer" "$LOCKSTEP" train --config cfg.toml --fp8.bf16_linears=layer/7
 expect_error "\[verify\] reference_every needs a precision the reference computes" \
   "$LOCKSTEP" train --config cfg.toml --verify.reference_every=1
-run --checkpoint.dir=ckv > ckv.log
-expect_error "verify step computes fp32 and bf16 recipes" "$LOCKSTEP" verify step --config cfg.toml --checkpoint ckv
+# verify step: the reference quantizes as the recipe says (delayed scales from the checkpoint's
+# state), bitwise in canonical mode.
+for recipe in delayed current mxfp8; do
+  run --fp8.recipe=$recipe --checkpoint.dir=ckv_$recipe > ckv_$recipe.log
+  "$LOCKSTEP" verify step --config cfg.toml --fp8.recipe=$recipe --checkpoint ckv_$recipe > verify_$recipe.log \
+    || fail "verify step $recipe: $(tail -3 verify_$recipe.log)"
+  grep -q '^verify step: PASS' verify_$recipe.log || fail "verify step $recipe: $(tail -1 verify_$recipe.log)"
+  grep -Eq '^grad/layer/0/mlp/fc/weight +\[512,128\] +bitwise ' verify_$recipe.log \
+    || fail "verify step $recipe not bitwise: $(grep 'grad/layer/0/mlp/fc/weight' verify_$recipe.log)"
+done
 echo "train_fp8: canonical hashes delayed ${hashes[delayed]} current ${hashes[current]} mxfp8 ${hashes[mxfp8]} blockwise $blockwise on threads, ISAs, dp2, tp2, dp2 x tp2 sp, pp2"
