@@ -6,6 +6,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include <omp.h>
+
 #include "kernels/ops/quantize.hpp"
 #include "src/core/check.hpp"
 
@@ -63,18 +65,70 @@ class StoredOperand {
   std::vector<float> inv_;  // per block
 };
 
-// One k of the sampled row's sums, over its N columns (restrict parameters: the loop vectorises).
-void accumulate_row(int64_t N, float a_h, float a_q, float ea, const float* __restrict bh, const float* __restrict bq,
-                    const float* __restrict eb, float* __restrict obs, float* __restrict ref, float* __restrict var,
-                    float* __restrict worst) {
-  const float abs_ah = std::fabs(a_h);
-  for (int64_t j = 0; j < N; ++j) {
-    const float exact = a_h * bh[j];
-    obs[j] += a_q * bq[j] - exact;
-    ref[j] += exact;
-    const float t = ea * std::fabs(bq[j]) + abs_ah * eb[j];
-    var[j] += t * t;
-    worst[j] += t;
+// The sums of one output element (s, j) of a sampled row: the quantized product's difference from
+// the bf16 one, the bf16 product, and the error bound's terms t = e(a)·|b̃| + |a|·e(b) squared and
+// plain.
+struct ElementSums {
+  float* obs;
+  float* ref;
+  float* var;
+  float* worst;
+};
+
+// Stored row k of a B read as is: every sampled row's sums move along its columns [j0, j1). The
+// arrays of `sums` are (R, N); `a` holds the sampled rows' high, quantized and bound values (R, K).
+void accumulate_k(int64_t R, int64_t N, int64_t K, int64_t k, int64_t j0, int64_t j1, const float* a_high,
+                  const float* a_quantized, const float* a_bound, const float* __restrict bh, const float* __restrict bq,
+                  const float* __restrict inv, float unit_b, float half_b, ElementSums sums) {
+  for (int64_t s = 0; s < R; ++s) {
+    const float ah = a_high[s * K + k], aq = a_quantized[s * K + k], ea = a_bound[s * K + k], abs_ah = std::fabs(ah);
+    float* __restrict obs = sums.obs + s * N;
+    float* __restrict ref = sums.ref + s * N;
+    float* __restrict var = sums.var + s * N;
+    float* __restrict worst = sums.worst + s * N;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float exact = ah * bh[j];
+      obs[j] += aq * bq[j] - exact;
+      ref[j] += exact;
+      const float eb = unit_b * std::fabs(bh[j]) + half_b * inv[j];
+      const float t = ea * std::fabs(bq[j]) + abs_ah * eb;
+      var[j] += t * t;
+      worst[j] += t;
+    }
+  }
+}
+
+// One output element of a B stored transposed (its column j is stored row j): the four sums over k
+// in eight interleaved lanes, so that the loop vectorises.
+void dot_k(int64_t K, const float* __restrict ah, const float* __restrict aq, const float* __restrict ea,
+           const float* __restrict bh, const float* __restrict bq, const float* __restrict eb, float out[4]) {
+  constexpr int kLanes = 8;
+  float obs[kLanes] = {}, ref[kLanes] = {}, var[kLanes] = {}, worst[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float exact = ah[k + l] * bh[k + l];
+      obs[l] += aq[k + l] * bq[k + l] - exact;
+      ref[l] += exact;
+      const float t = ea[k + l] * std::fabs(bq[k + l]) + std::fabs(ah[k + l]) * eb[k + l];
+      var[l] += t * t;
+      worst[l] += t;
+    }
+  }
+  for (; k < K; ++k) {
+    const float exact = ah[k] * bh[k];
+    obs[0] += aq[k] * bq[k] - exact;
+    ref[0] += exact;
+    const float t = ea[k] * std::fabs(bq[k]) + std::fabs(ah[k]) * eb[k];
+    var[0] += t * t;
+    worst[0] += t;
+  }
+  out[0] = out[1] = out[2] = out[3] = 0.0f;
+  for (int l = 0; l < kLanes; ++l) {
+    out[0] += obs[l];
+    out[1] += ref[l];
+    out[2] += var[l];
+    out[3] += worst[l];
   }
 }
 
@@ -87,8 +141,9 @@ std::string fixed(double x, int digits) {
 }  // namespace
 
 // In fp32: the sums' own rounding, about K·2^-24 of Σ|a||b|, stays far below the quantization
-// error they measure (2^-4 or 2^-3 of each element, accumulating like √K). B is laid out K × N once
-// (with each element's bound), A's sampled rows one at a time.
+// error they measure (2^-4 or 2^-3 of each element, accumulating like √K). B is read in place, as
+// stored: a B read as is row k by row k (the columns over the threads), a B stored transposed row j
+// by row j (a dot product with each sampled row of A).
 Fp8GemmCheck check_fp8_gemm(const Fp8GemmView& v, int64_t rows, double lambda) {
   const int64_t M = v.M, N = v.N, K = v.K;
   const FormatInfo& fa = fp8_info(v.a.shape.format);
@@ -96,75 +151,71 @@ Fp8GemmCheck check_fp8_gemm(const Fp8GemmView& v, int64_t rows, double lambda) {
   const auto unit_a = static_cast<float>(fa.unit_roundoff + 3 * kUnitF32), half_a = static_cast<float>(fa.min_subnormal / 2);
   const auto unit_b = static_cast<float>(fb.unit_roundoff + 3 * kUnitF32), half_b = static_cast<float>(fb.min_subnormal / 2);
   const StoredOperand A(v.a), B(v.b);
-  // B(k, j) = stored (k, j), or stored (j, k): either way its stored rows, contiguous.
-  std::vector<float> bh(static_cast<size_t>(K * N)), bq(bh.size()), eb(bh.size());
-  const int64_t stored_rows = v.b.transposed ? N : K, stored_cols = v.b.transposed ? K : N;
-#pragma omp parallel
-  {
-    std::vector<float> h(static_cast<size_t>(stored_cols)), q(h.size()), inv(h.size());
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < stored_rows; ++r) {
-      B.row(r, h.data(), q.data(), inv.data());
-      for (int64_t c = 0; c < stored_cols; ++c) {
-        const size_t at = static_cast<size_t>(v.b.transposed ? c * N + r : r * N + c);
-        const auto x = static_cast<size_t>(c);
-        bh[at] = h[x];
-        bq[at] = q[x];
-        eb[at] = unit_b * std::fabs(h[x]) + half_b * inv[x];
-      }
-    }
-  }
-  // The sampled rows over the threads; their results combined in row order.
   const int64_t R = std::min(rows, M);
-  std::vector<Fp8GemmCheck> per_row(static_cast<size_t>(R));
-  std::vector<double> obs_sq(per_row.size()), ref_sq(per_row.size());
-#pragma omp parallel
+  // A's sampled rows i = s·M/R: A(i, k) is stored (i, k), or stored (k, i) (a column).
+  std::vector<float> ah(static_cast<size_t>(R * K)), aq(ah.size()), ea(ah.size());
   {
-    std::vector<float> ah(static_cast<size_t>(K)), aq(ah.size()), ainv(ah.size());
-    std::vector<float> obs(static_cast<size_t>(N)), ref(obs.size()), var(obs.size()), worst(obs.size());
-#pragma omp for schedule(static)
+    std::vector<float> inv(static_cast<size_t>(K));
     for (int64_t s = 0; s < R; ++s) {
       const int64_t i = s * M / R;
-      // A(i, k) = stored (i, k), or stored (k, i): a stored row, or a column.
+      float* h = ah.data() + s * K;
+      float* q = aq.data() + s * K;
       if (v.a.transposed) {
-        A.column(i, ah.data(), aq.data(), ainv.data());
+        A.column(i, h, q, inv.data());
       } else {
-        A.row(i, ah.data(), aq.data(), ainv.data());
+        A.row(i, h, q, inv.data());
       }
-      std::fill(obs.begin(), obs.end(), 0.0f);
-      std::fill(ref.begin(), ref.end(), 0.0f);
-      std::fill(var.begin(), var.end(), 0.0f);
-      std::fill(worst.begin(), worst.end(), 0.0f);
-      for (int64_t k = 0; k < K; ++k) {
-        const float a_h = ah[static_cast<size_t>(k)], a_q = aq[static_cast<size_t>(k)];
-        const float ea = unit_a * std::fabs(a_h) + half_a * ainv[static_cast<size_t>(k)];
-        accumulate_row(N, a_h, a_q, ea, bh.data() + k * N, bq.data() + k * N, eb.data() + k * N, obs.data(),
-                       ref.data(), var.data(), worst.data());
+      for (int64_t k = 0; k < K; ++k) ea[static_cast<size_t>(s * K + k)] = unit_a * std::fabs(h[k]) + half_a * inv[static_cast<size_t>(k)];
+    }
+  }
+  std::vector<float> obs(static_cast<size_t>(R * N), 0.0f), ref(obs.size(), 0.0f), var(obs.size(), 0.0f),
+      worst(obs.size(), 0.0f);
+  if (!v.b.transposed) {
+#pragma omp parallel
+    {
+      std::vector<float> h(static_cast<size_t>(N)), q(h.size()), inv(h.size());
+      // The columns split over the threads; each reads B's rows k in turn.
+      const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t j0 = N * t / threads, j1 = N * (t + 1) / threads;
+      for (int64_t k = 0; k < K && j0 < j1; ++k) {
+        B.row(k, h.data(), q.data(), inv.data());
+        accumulate_k(R, N, K, k, j0, j1, ah.data(), aq.data(), ea.data(), h.data(), q.data(), inv.data(), unit_b, half_b,
+                     {obs.data(), ref.data(), var.data(), worst.data()});
       }
-      Fp8GemmCheck& c = per_row[static_cast<size_t>(s)];
+    }
+  } else {
+#pragma omp parallel
+    {
+      std::vector<float> h(static_cast<size_t>(K)), q(h.size()), inv(h.size()), eb(h.size());
+#pragma omp for schedule(static)
       for (int64_t j = 0; j < N; ++j) {
-        const auto at = static_cast<size_t>(j);
-        const double err = std::fabs(static_cast<double>(obs[at]));
-        if (!std::isfinite(err) || !std::isfinite(ref[at])) continue;  // the non-finite monitor's matter
-        const double p = lambda * std::sqrt(static_cast<double>(var[at]));
-        c.ratio = std::max(c.ratio, err == 0 ? 0.0 : (p > 0 ? err / p : INFINITY));
-        c.worst_ratio = std::max(c.worst_ratio, err == 0 ? 0.0 : (worst[at] > 0 ? err / worst[at] : INFINITY));
-        obs_sq[static_cast<size_t>(s)] += err * err;
-        ref_sq[static_cast<size_t>(s)] += static_cast<double>(ref[at]) * ref[at];
-        ++c.elements;
+        B.row(j, h.data(), q.data(), inv.data());
+        for (int64_t k = 0; k < K; ++k) eb[static_cast<size_t>(k)] = unit_b * std::fabs(h[static_cast<size_t>(k)]) + half_b * inv[static_cast<size_t>(k)];
+        for (int64_t s = 0; s < R; ++s) {
+          float sums[4];
+          dot_k(K, ah.data() + s * K, aq.data() + s * K, ea.data() + s * K, h.data(), q.data(), eb.data(), sums);
+          const auto at = static_cast<size_t>(s * N + j);
+          obs[at] = sums[0];
+          ref[at] = sums[1];
+          var[at] = sums[2];
+          worst[at] = sums[3];
+        }
       }
     }
   }
   Fp8GemmCheck out;
-  double obs_total = 0, ref_total = 0;
-  for (size_t s = 0; s < per_row.size(); ++s) {
-    out.ratio = std::max(out.ratio, per_row[s].ratio);
-    out.worst_ratio = std::max(out.worst_ratio, per_row[s].worst_ratio);
-    out.elements += per_row[s].elements;
-    obs_total += obs_sq[s];
-    ref_total += ref_sq[s];
+  double obs_sq = 0, ref_sq = 0;
+  for (size_t at = 0; at < obs.size(); ++at) {
+    const double err = std::fabs(static_cast<double>(obs[at]));
+    if (!std::isfinite(err) || !std::isfinite(ref[at])) continue;  // the non-finite monitor's matter
+    const double p = lambda * std::sqrt(static_cast<double>(var[at]));
+    out.ratio = std::max(out.ratio, err == 0 ? 0.0 : (p > 0 ? err / p : INFINITY));
+    out.worst_ratio = std::max(out.worst_ratio, err == 0 ? 0.0 : (worst[at] > 0 ? err / worst[at] : INFINITY));
+    obs_sq += err * err;
+    ref_sq += static_cast<double>(ref[at]) * ref[at];
+    ++out.elements;
   }
-  out.rel_error = ref_total > 0 ? std::sqrt(obs_total / ref_total) : 0.0;
+  out.rel_error = ref_sq > 0 ? std::sqrt(obs_sq / ref_sq) : 0.0;
   return out;
 }
 
