@@ -162,16 +162,6 @@ float quantize_exact(const Rounding& R, Fp8Format f, float x, float scale, float
 
 }  // namespace
 
-void Fp8Counts::add(const Fp8Counts& o) {
-  amax = worse_amax(amax, o.amax);
-  saturated += o.saturated;
-  underflowed += o.underflowed;
-  nonzero += o.nonzero;
-  nonfinite += o.nonfinite;
-  err_sq += o.err_sq;
-  bound_sq += o.bound_sq;
-}
-
 float fp8_inverse_scale(const QuantizeShape& s, float block_amax) { return block_scale(s, block_amax).inv; }
 
 float fp8_scale(float amax, Fp8Format f, int margin, bool power_of_two, float previous) {

@@ -52,8 +52,6 @@ struct Fp8Counts {
   float amax = 0.0f;
   int64_t saturated = 0, underflowed = 0, nonzero = 0, nonfinite = 0;
   double err_sq = 0, bound_sq = 0;
-
-  void add(const Fp8Counts& o);  // the counts of both calls together (amax: the larger, NaN first)
 };
 
 // The per-tensor scale a recipe derives from an amax (TransformerEngine's rule): fp8_max / amax,

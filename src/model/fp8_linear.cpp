@@ -4,8 +4,10 @@
 // dgrad the output gradient rowwise and the weight columnwise, wgrad the output gradient and the
 // input columnwise (per-tensor recipes: one copy serves both directions) — and the plan's op run
 // on the dequantized values with its outputs rounded to bf16. The bias gradient comes from the
-// bf16 output gradient. Each tensor's first quantization in a pass records its statistics
-// (Fp8State::record), but not in evaluation or a recomputed forward.
+// bf16 output gradient. A weight is quantized once per step (its copies are the model's); each
+// tensor's first quantization in a pass records its statistics (Fp8State::record: a weight's once
+// a step), but not in evaluation or a recomputed forward. Every fp8 GEMM is shown to the tap, when
+// one is set, with its operands (the fp8 sentinel's shadow checks).
 #include <array>
 
 #include "src/model/fp8_state.hpp"
@@ -40,7 +42,7 @@ class Fp8Linear final : public LinearOp {
     }
     s.operands = operands_;
     const float* x = quantize(be, Fp8Role::kInput, Fp8Direction::kRowwise, s.N, s.IC, inp, setup_.scratch.x, true);
-    const QuantizeShape x_shape = last_[0];
+    const QuantizeShape x_shape = last_;
     const Cached& wq = weight(be, Fp8Direction::kRowwise, s.OC, s.IC, w);
     tap(Fp8Gemm::kFprop, s.N, s.OC, s.IC, {inp, x, x_shape, false}, {w, wq.data, wq.shape, true});
     inner_->forward(be, mode, s, out, x, wq.data, b);
@@ -61,9 +63,9 @@ class Fp8Linear final : public LinearOp {
     if (dinp != nullptr) {
       if (recipe_.dgrad) {
         const float* dyq = quantize(be, Fp8Role::kGradOutput, Fp8Direction::kRowwise, rows, s.OC, dy, setup_.scratch.dy_row, true);
-        dy_row_shape_ = last_[0];
+        dy_row_shape_ = last_;
         dy_recorded = true;
-        const QuantizeShape dyq_shape = last_[0];
+        const QuantizeShape dyq_shape = last_;
         const Cached& wq = weight(be, Fp8Direction::kColumnwise, s.OC, s.IC, w);
         tap(Fp8Gemm::kDgrad, rows, s.IC, s.OC, {dy, dyq, dyq_shape, false}, {w, wq.data, wq.shape, false});
         inner_->backward(be, mode, fp8, token_offset, dinp, {}, {}, dyq, inp, wq.data);
@@ -78,11 +80,11 @@ class Fp8Linear final : public LinearOp {
             reuse ? setup_.scratch.dy_row.data()
                   : quantize(be, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, rows, s.OC, dy, setup_.scratch.dy_col,
                              !dy_recorded);
-        const QuantizeShape dyq_shape = reuse ? dy_row_shape_ : last_[0];
+        const QuantizeShape dyq_shape = reuse ? dy_row_shape_ : last_;
         const float* xq = quantize(be, Fp8Role::kInput, Fp8Direction::kColumnwise, s.N, s.IC, inp, setup_.scratch.x, false);
         // Under sequence parallelism a row-parallel op's wgrad reads the gathered gradient: its
         // tokens are not all here, and the check of its quantization is left to the dgrad's.
-        if (rows == s.N) tap(Fp8Gemm::kWgrad, s.OC, s.IC, rows, {dy, dyq, dyq_shape, true}, {inp, xq, last_[0], false});
+        if (rows == s.N) tap(Fp8Gemm::kWgrad, s.OC, s.IC, rows, {dy, dyq, dyq_shape, true}, {inp, xq, last_, false});
         inner_->backward(be, mode, fp8, token_offset, nullptr, dw, {}, dyq, xq, w);
       } else {
         inner_->backward(be, mode, bf16, token_offset, nullptr, dw, {}, dy, inp, w);
@@ -113,9 +115,8 @@ class Fp8Linear final : public LinearOp {
     }
     float* out = grown(buf, rows * cols);
     Fp8Counts counts;
-    last_[1] = last_[0];
-    last_[0] = recipe_.shape(role, d, rows, cols, scale);
-    be.quantize_fp8(last_[0], out, &counts, src);
+    last_ = recipe_.shape(role, d, rows, cols, scale);
+    be.quantize_fp8(last_, out, &counts, src);
     if (record && *setup_.recording) setup_.state.record(i, counts, rows * cols);
     if (counts_out != nullptr) *counts_out = counts;
     return out;
@@ -140,7 +141,7 @@ class Fp8Linear final : public LinearOp {
       c.data = quantize(be, Fp8Role::kWeight, columnwise ? Fp8Direction::kColumnwise : Fp8Direction::kRowwise, OC, IC, w,
                         buf, false, &c.counts);
       c.generation = generation;
-      c.shape = last_[0];
+      c.shape = last_;
       c.recorded = false;
     }
     // The rowwise copy's statistics, once a step, by the first pass that records.
@@ -160,8 +161,8 @@ class Fp8Linear final : public LinearOp {
   std::unique_ptr<LinearOp> inner_;
   Fp8LinearSetup setup_;
   std::string name_;
-  // The shapes of the last two quantizations (newest first), and of the output gradient's rowwise one.
-  QuantizeShape last_[2];
+  // The shape of the last quantization, and of the output gradient's rowwise one.
+  QuantizeShape last_;
   QuantizeShape dy_row_shape_;
   Fp8WeightCopies& weights_;
   const Fp8Recipe& recipe_;
