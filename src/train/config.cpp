@@ -407,9 +407,6 @@ void validate(const RunConfig& c, ConfigUse use) {
     LS_REQUIRE(g == "fprop" || g == "dgrad" || g == "wgrad", c.source, ": [fp8] gemms: \"", g,
                "\" is not a GEMM; expected a comma-separated list of fprop, dgrad, wgrad");
   }
-  LS_REQUIRE(t.precision != Precision::kFp8 || c.verify.reference_every == 0, c.source,
-             ": [verify] reference_every needs a precision the reference computes (fp32, bf16); its fp8 "
-             "quantization is not there yet");
   LS_REQUIRE(t.master_weights || t.precision == Precision::kBf16, c.source,
              ": [train] master_weights = false needs precision = \"bf16\" (bf16 parameters updated by stochastic "
              "rounding); an fp32 run's parameters are its master weights");

@@ -11,8 +11,8 @@
 #  - the per-tensor statistics reach the metrics JSONL and the console;
 #  - each recipe learns: 40 steps end within 0.02 nats of bf16's validation loss;
 #  - verify step passes each recipe's checkpoint bitwise (the reference quantizes as the recipe says);
-#  - errors, once each: an unknown recipe or GEMM, a blockwise layout that splits a block, fp8 with
-#    sampled reference checks (their ops have no fp8 quantization yet).
+#  - sampled reference checks pass clean fp8 runs and name a wrong bit in an fp8 linear's product;
+#  - errors, once each: an unknown recipe or GEMM, a blockwise layout that splits a block.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -131,8 +131,22 @@ expect_error "\[fp8\] recipe: expected \"delayed\", \"current\", \"mxfp8\" or \"
   "$LOCKSTEP" train --config cfg.toml --fp8.recipe=tensorwise
 expect_error "\[fp8\] gemms: \"xgrad\" is not a GEMM" "$LOCKSTEP" train --config cfg.toml --fp8.gemms=fprop,xgrad
 expect_error "\[fp8\] bf16_linears: \"layer/7\" names no linear layer" "$LOCKSTEP" train --config cfg.toml --fp8.bf16_linears=layer/7
-expect_error "\[verify\] reference_every needs a precision the reference computes" \
-  "$LOCKSTEP" train --config cfg.toml --verify.reference_every=1
+# Sampled reference checks quantize where the model does: clean runs pass every op's bound; a
+# wrong exponent bit in an fp8 linear's product is named (its bound is the quantization's, about
+# 2^-4 of Σ|x||w|: a wrong low mantissa bit hides in it).
+for recipe in delayed mxfp8; do
+  steps=20 run --fp8.recipe=$recipe --verify.reference_every=1 > reference_$recipe.log 2>&1 \
+    || fail "reference checks $recipe: $(tail -3 reference_$recipe.log)"
+  grep -q '^finding' reference_$recipe.log && fail "reference checks $recipe: $(grep '^finding' reference_$recipe.log)"
+  grep -q '^reference checks: 20 ops re-checked on rank 0' reference_$recipe.log \
+    || fail "reference checks $recipe: no summary: $(tail -3 reference_$recipe.log)"
+done
+status=0
+steps=20 run --verify.reference_every=1 --inject.site=layer/0/mlp/fc --inject.step=0 --inject.persistent=true \
+  --inject.kind=bitflip:bit=27,index=3 > reference_fault.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "reference fault: expected exit 6, got $status: $(tail -3 reference_fault.log)"
+grep -q '^finding: after step [0-9]*, detector reference, site layer/0/mlp/fc ' reference_fault.log \
+  || fail "reference fault not named: $(grep -E '^(finding|error)' reference_fault.log)"
 # verify step: the reference quantizes as the recipe says (delayed scales from the checkpoint's
 # state), bitwise in canonical mode.
 for recipe in delayed current mxfp8; do

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "reference/bounded.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/core/tensor_view.hpp"
 #include "src/model/model.hpp"
@@ -62,7 +63,8 @@ struct ReferenceStats {
 class ReferenceCheck final : public StepObserver {
  public:
   // recipe: the model's precision recipe; a bf16 linear's reference reads bf16 copies of its weight
-  // and rounds what it writes, as the model does (reference/layers.hpp).
+  // and rounds what it writes, as the model does (reference/layers.hpp); an fp8 linear's quantizes
+  // them as well, with the step's delayed scales (the model's Fp8State) or its own amax.
   ReferenceCheck(const Model& model, std::vector<SampledOp> ops, PrecisionRecipe recipe, int64_t every,
                  comm::Communicator& world, FindingLog& log, FaultAction action)
       : model_(model), ops_(std::move(ops)), recipe_(std::move(recipe)), every_(every), world_(world), log_(log),
@@ -77,6 +79,10 @@ class ReferenceCheck final : public StepObserver {
 
  private:
   void check(const TensorView& out);
+  // x (rows × cols) as the op's fp8 linear quantizes tensor `role` for its fprop; amax: the whole
+  // tensor's (current scaling).
+  std::vector<reference::Bounded<double>> fp8_quantized(Fp8Role role, const std::vector<reference::Bounded<double>>& x,
+                                                        int64_t rows, int64_t cols, double amax) const;
 
   const Model& model_;
   std::vector<SampledOp> ops_;
@@ -89,6 +95,7 @@ class ReferenceCheck final : public StepObserver {
   const SampledOp* op_ = nullptr;  // this step's, while it has not been checked
   int64_t rows_ = 0;
   std::map<std::string, std::vector<float>> inputs_;  // its inputs' first rows
+  double input_amax_ = 0;                             // the largest |x| of its first input, all rows
   bool checked_ = false;
   double ratio_ = 0;  // this step's largest |trainer − y*| / bound
   int64_t worst_ = -1;  // the element of the worst, or -1
