@@ -53,6 +53,16 @@ void check_resumable(const std::string& dir, const nlohmann::json& state, const 
     LS_REQUIRE(was == now["train"][key], dir, ": cannot resume: it was written with [train] ", key, " = ",
                was.dump(), ", this run has ", now["train"][key].dump());
   }
+  // An fp8 run's recipe and formats decide what its scales mean; the rest (margin, history
+  // length, which GEMMs) may change on resume.
+  if (now["train"]["precision"] == "fp8") {
+    const nlohmann::json fp8_defaults = RunConfig{}.to_json()["fp8"];
+    for (const char* key : {"recipe", "format"}) {
+      const nlohmann::json was = then.contains("fp8") && then["fp8"].contains(key) ? then["fp8"][key] : fp8_defaults[key];
+      LS_REQUIRE(was == now["fp8"][key], dir, ": cannot resume: it was written with [fp8] ", key, " = ", was.dump(),
+                 ", this run has ", now["fp8"][key].dump());
+    }
+  }
 }
 
 // The elements [first, end) of this rank's tensor-parallel slice of p, as a checkpoint places them.

@@ -5,7 +5,7 @@
 #    pp2, different from the others' and bf16's; fp8.gemms = "" is the bf16 run bit for bit;
 #  - delayed scaling: the micro-batch split, evaluation, recomputation and step replays change no
 #    bit; a checkpoint at step 4 resumed by tp2 ends on the straight run's hash (the amax histories
-#    and scales travel in the checkpoint);
+#    and scales travel in the checkpoint), and another recipe may not resume it;
 #  - ABFT checks the fp8 products without a false alarm; a flipped bit in one is found, rolled back
 #    and the run ends on the clean hash;
 #  - the per-tensor statistics reach the metrics JSONL and the console;
@@ -83,6 +83,8 @@ mpi 2 --parallel.dp=2 --checkpoint.dir=ck --checkpoint.every=4 --train.stop_afte
 mpi 2 --parallel.tp=2 --parallel.sp=true --checkpoint.dir=ck > ck_b.log 2>&1 || fail "tp2 resume: $(tail -3 ck_b.log)"
 grep -q '^resumed from .*step_00000004' ck_b.log || fail "tp2 did not resume from step 4: $(head -3 ck_b.log)"
 same_hash "resumed by tp2 sp" ck_b.log "$want"
+expect_error "cannot resume: it was written with \[fp8\] recipe = \"delayed\", this run has \"current\"" \
+  "$LOCKSTEP" train --config cfg.toml --train.steps=8 --fp8.recipe=current --checkpoint.dir=ck
 
 # ABFT on the fp8 products (of the weights' quantized copies, named as the weights).
 run --verify.abft=true > abft.log
