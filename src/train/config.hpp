@@ -151,7 +151,7 @@ struct VerifyConfig {
   // The fp8 sentinel (verify/detect/fp8_sentinel.hpp), on in fp8 runs: statistics every step,
   // a shadow recompute of each fp8 GEMM on sampled rows every fp8_sentinel_every steps (0: none).
   int64_t fp8_sentinel_every = 20;
-  int64_t fp8_sentinel_rows = 8;
+  int64_t fp8_sentinel_rows = 4;
   double fp8_sentinel_lambda = 8;
   double fp8_saturation_threshold = 1e-2;
   double fp8_underflow_threshold = 0.5;

@@ -50,7 +50,7 @@ namespace lockstep::detect {
 
 struct Fp8SentinelRule {
   int64_t every = 20;        // shadow checks every N-th step (0: statistics only)
-  int64_t rows = 8;          // output rows a check samples per GEMM
+  int64_t rows = 4;          // output rows a check samples per GEMM
   double lambda = 8;         // of the probabilistic bound
   double saturation = 1e-2;  // fraction of a tensor's elements
   double underflow = 0.5;    // fraction of a tensor's non-zero elements
