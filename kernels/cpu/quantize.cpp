@@ -23,11 +23,6 @@ namespace lockstep {
 
 namespace {
 
-// The larger amax, NaN before infinity before any finite value.
-float worse_amax(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  return std::max(a, b);
-}
 
 // X: the least integer with amax ≤ fp8_max · 2^X, for amax > 0 finite, clamped to E8M0's range.
 // Exact: with amax = m·2^e and fp8_max = mm·2^ee (frexp: m, mm in [0.5, 1)), amax ≤ fp8_max·2^X
@@ -253,11 +248,11 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
           for (int64_t c0 = 0; c0 < C; c0 += bc) {
             const int64_t c1 = std::min(c0 + bc, C);
             float block_amax = 0.0f;
-            for (int64_t j = c0; j < c1; ++j) block_amax = worse_amax(block_amax, col_amax[static_cast<size_t>(j)]);
+            for (int64_t j = c0; j < c1; ++j) block_amax = larger_amax(block_amax, col_amax[static_cast<size_t>(j)]);
             if (nonfinite_band) {  // the exact maximum, NaN first
               block_amax = 0.0f;
               for (int64_t r = r0; r < r1; ++r) {
-                for (int64_t j = c0; j < c1; ++j) block_amax = worse_amax(block_amax, std::fabs(inp[r * C + j]));
+                for (int64_t j = c0; j < c1; ++j) block_amax = larger_amax(block_amax, std::fabs(inp[r * C + j]));
               }
             }
             const BlockScale b = block_scale(s, block_amax);
@@ -283,7 +278,7 @@ void quantize_fp8(QuantizeShape s, float* out, Fp8Counts* counts, const float* i
     }
     total = {amax, saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq};
     if (nonfinite > 0) {  // NaN first, then infinity: from the data, as the contract orders them
-      for (int64_t i = 0; i < s.rows * s.cols; ++i) total.amax = worse_amax(total.amax, std::fabs(inp[i]));
+      for (int64_t i = 0; i < s.rows * s.cols; ++i) total.amax = larger_amax(total.amax, std::fabs(inp[i]));
     }
   }
   if (counts != nullptr) *counts = total;

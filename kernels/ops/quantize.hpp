@@ -34,7 +34,10 @@
 // out may alias inp.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "src/core/formats.hpp"
 
@@ -59,6 +62,12 @@ struct Fp8Counts {
 // margin included); `previous` where amax is 0, NaN or infinite (nothing to scale by); the largest
 // finite fp32 where the quotient overflows.
 float fp8_scale(float amax, Fp8Format f, int margin, bool power_of_two, float previous);
+
+// The larger of two amaxes, NaN before infinity before any finite value (as Fp8Counts::amax).
+inline float larger_amax(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return std::max(a, b);
+}
 
 // The inverse scale (inv above) of a block of s whose amax is block_amax (kPerTensor: s's own).
 float fp8_inverse_scale(const QuantizeShape& s, float block_amax);

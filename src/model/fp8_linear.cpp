@@ -117,7 +117,7 @@ class Fp8Linear final : public LinearOp {
     Fp8Counts counts;
     last_ = recipe_.shape(role, d, rows, cols, scale);
     be.quantize_fp8(last_, out, &counts, src);
-    if (record && *setup_.recording) setup_.state.record(i, counts, rows * cols);
+    if (record && setup_.recording()) setup_.state.record(i, counts, rows * cols);
     if (counts_out != nullptr) *counts_out = counts;
     return out;
   }
@@ -145,7 +145,7 @@ class Fp8Linear final : public LinearOp {
       c.recorded = false;
     }
     // The rowwise copy's statistics, once a step, by the first pass that records.
-    if (!columnwise && !c.recorded && *setup_.recording) {
+    if (!columnwise && !c.recorded && setup_.recording()) {
       setup_.state.record(index_[static_cast<size_t>(Fp8Role::kWeight)], c.counts, OC * IC);
       c.recorded = true;
     }
@@ -154,7 +154,7 @@ class Fp8Linear final : public LinearOp {
 
   // The GEMM to the tap, if one is set and the pass records.
   void tap(Fp8Gemm gemm, int64_t M, int64_t N, int64_t K, Fp8GemmOperand a, Fp8GemmOperand b) const {
-    if (setup_.tap == nullptr || !*setup_.tap || !*setup_.recording) return;
+    if (setup_.tap == nullptr || !*setup_.tap || !setup_.recording()) return;
     (*setup_.tap)({name_, gemm, M, N, K, a, b});
   }
 

@@ -14,13 +14,10 @@ namespace {
 
 constexpr size_t kCounts = 7;  // numel, saturated, underflowed, nonzero, nonfinite, err_sq, bound_sq
 
-// The larger amax, NaN first (a NaN amax keeps the scale: fp8_scale).
-float worse(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
-
 }  // namespace
 
 void Fp8TensorStats::add(const Fp8Counts& c, int64_t n) {
-  amax = worse(amax, c.amax);
+  amax = larger_amax(amax, c.amax);
   numel += static_cast<double>(n);
   saturated += static_cast<double>(c.saturated);
   underflowed += static_cast<double>(c.underflowed);
@@ -96,7 +93,7 @@ void Fp8State::finish_step() {
     if (static_cast<int64_t>(t.history.size()) > recipe_.amax_history_len) t.history.erase(t.history.begin());
     float amax = t.history.back();
     if (recipe_.amax_max) {
-      for (float a : t.history) amax = worse(amax, a);
+      for (float a : t.history) amax = larger_amax(amax, a);
     }
     t.scale = fp8_scale(amax, recipe_.format(t.role), static_cast<int>(recipe_.margin), recipe_.power_of_two, t.scale);
   }

@@ -201,13 +201,13 @@ class LayerContext {
   std::unique_ptr<Fp8State> fp8_;
   Fp8Scratch fp8_scratch_;
   std::map<const ParamTensor*, Fp8WeightCopies> fp8_weights_;  // allocated once: their addresses are fixed
-  bool fp8_recording_ = true;                       // a training pass that is not a recomputation
   Fp8GemmTap fp8_tap_;
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;
   Recompute recompute_ = Recompute::kNone;
   bool recomputing_ = false;  // a recomputed forward is running
+  bool evaluating_ = false;   // an evaluation's forward is running
   std::map<std::string, std::shared_ptr<void>> shared_activations_;
   // A pipeline stage with a tied head but not the embedding holds a copy of wte: at the end of
   // params_, outside layout_ (so nothing updates, reduces or saves it), its gradient in tied_grad_

@@ -100,7 +100,7 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
     Fp8WeightCopies& copies = fp8_weights_[&weight];
     copies.rowwise.resize(static_cast<size_t>(weight.numel));
     if (precision_.fp8.scaling == Fp8Scaling::kMxfp8) copies.columnwise.resize(static_cast<size_t>(weight.numel));
-    return fp8_linear(std::move(op), {plan_, *fp8_, &fp8_recording_, fp8_scratch_, &fp8_tap_}, name, row_parallel, copies);
+    return fp8_linear(std::move(op), {plan_, *fp8_, [this] { return !recomputing_ && !evaluating_; }, fp8_scratch_, &fp8_tap_}, name, row_parallel, copies);
   }
   return bf16_linear(std::move(op), plan_, row_parallel, cast_scratch_);
 }
@@ -395,10 +395,8 @@ void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last
     if (ctx_.recomputed(layer.desc().kind)) {
       // Its activations since its forward are another layer's or micro-batch's now: made again.
       ctx_.recomputing_ = true;
-      ctx_.fp8_recording_ = false;
       layer.forward(ctx_, p, in);
       ctx_.recomputing_ = false;
-      ctx_.fp8_recording_ = true;
     }
     float* dinp = nullptr;
     if (!layer.desc().input.empty()) {
@@ -437,9 +435,9 @@ const float* Model::eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombi
   Slot& s = acquire(mb, batch);
   s.pass.eval = true;
   s.pass.loss_sum = &loss_sum;
-  ctx_.fp8_recording_ = false;  // evaluation leaves the fp8 statistics alone
+  ctx_.evaluating_ = true;  // evaluation leaves the fp8 statistics alone
   run_forward(s);
-  ctx_.fp8_recording_ = true;
+  ctx_.evaluating_ = false;
   s.mb = -1;
   return layers_.back()->output(s.pass.slot);
 }

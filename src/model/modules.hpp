@@ -141,7 +141,7 @@ using Fp8GemmTap = std::function<void(const Fp8GemmView&)>;
 struct Fp8LinearSetup {
   const ModelPlan& plan;
   Fp8State& state;
-  const bool* recording;
+  std::function<bool()> recording;
   Fp8Scratch& scratch;
   const Fp8GemmTap* tap;  // called with every fp8 GEMM of a recording pass while set
 };

@@ -36,12 +36,10 @@ std::vector<std::string> linear_names(const ModelDesc& desc) {
   return out;
 }
 
-std::string PrecisionRecipe::unmatched(const ModelDesc& desc) const {
+std::string PrecisionRecipe::unmatched(std::span<const std::string> entries, const ModelDesc& desc) {
   const std::vector<std::string> linears = linear_names(desc);
-  for (const auto* list : {&fp32_linears, &fp8.bf16_linears}) {
-    for (const std::string& e : *list) {
-      if (std::none_of(linears.begin(), linears.end(), [&](const std::string& l) { return names(e, l); })) return e;
-    }
+  for (const std::string& e : entries) {
+    if (std::none_of(linears.begin(), linears.end(), [&](const std::string& l) { return names(e, l); })) return e;
   }
   return {};
 }
@@ -95,29 +93,22 @@ std::string PrecisionRecipe::fp8_layout_problem(const ModelDesc& desc, int64_t t
 
 std::string PrecisionRecipe::describe() const {
   if (linears == Precision::kF32) return "fp32";
+  // "; LABEL: a b c", or nothing for an empty list.
+  const auto listed = [](const char* label, const std::vector<std::string>& entries) {
+    std::string out = entries.empty() ? "" : str_cat("; ", label, ":");
+    for (const std::string& e : entries) out += " " + e;
+    return out;
+  };
   if (linears == Precision::kFp8) {
-    std::string s = fp8.describe() + "; otherwise as bf16 with fp32 master weights";
-    if (!fp8.bf16_linears.empty()) {
-      s += "; bf16 linears:";
-      for (const std::string& e : fp8.bf16_linears) s += " " + e;
-    }
-    if (!fp32_linears.empty()) {
-      s += "; fp32 linears:";
-      for (const std::string& e : fp32_linears) s += " " + e;
-    }
-    return s;
+    return fp8.describe() + "; otherwise as bf16 with fp32 master weights" + listed("bf16 linears", fp8.bf16_linears) +
+           listed("fp32 linears", fp32_linears);
   }
-  std::string s = str_cat(
+  return str_cat(
       "bf16 (linear layers: bf16 inputs, weights and outputs, fp32 accumulation; ",
       master_weights ? "fp32 master weights, AdamW state and gradients"
                      : "bf16 parameters updated by stochastic rounding (no master weights), fp32 AdamW state and "
                        "gradients",
-      "; norms, attention scores and softmax, loss, residual stream in fp32)");
-  if (!fp32_linears.empty()) {
-    s += "; fp32 linears:";
-    for (const std::string& e : fp32_linears) s += " " + e;
-  }
-  return s;
+      "; norms, attention scores and softmax, loss, residual stream in fp32)", listed("fp32 linears", fp32_linears));
 }
 
 }  // namespace lockstep

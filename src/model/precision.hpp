@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,8 +66,9 @@ struct PrecisionRecipe {
   Precision of_linear(std::string_view name) const;
   bool low_precision(std::string_view name) const { return of_linear(name) != Precision::kF32; }
   bool fp8_linear(std::string_view name) const { return of_linear(name) == Precision::kFp8; }
-  // An fp32_linears (or fp8 bf16_linears) entry that names no linear of `desc` ("": none).
-  std::string unmatched(const ModelDesc& desc) const;
+  // An entry of a list of linears (fp32_linears, fp8.bf16_linears) that names no linear of `desc`
+  // ("": none).
+  static std::string unmatched(std::span<const std::string> entries, const ModelDesc& desc);
   // "" or what keeps a block fp8 recipe from giving a tensor-parallel layout (tp ranks, sequence
   // parallel or not) the one-process bits: a split of an fp8 linear's weight, or of a
   // micro-batch's tokens (micro_tokens of them), that does not fall on a block boundary.

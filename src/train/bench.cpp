@@ -337,14 +337,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   std::ostream quiet(nullptr);
   std::optional<detect::Fp8Sentinel> fp8_sentinel;
   if (r.fp8) {
-    fp8_sentinel.emplace(model, self,
-                         detect::Fp8SentinelRule{.every = 1,
-                                                 .rows = cfg.verify.fp8_sentinel_rows,
-                                                 .lambda = cfg.verify.fp8_sentinel_lambda,
-                                                 .saturation = cfg.verify.fp8_saturation_threshold,
-                                                 .underflow = cfg.verify.fp8_underflow_threshold,
-                                                 .patience = cfg.verify.fp8_patience},
-                         findings, detect::FaultAction::kWarn, nullptr, quiet);
+    detect::Fp8SentinelRule rule = fp8_sentinel_rule(cfg.verify);
+    rule.every = 1;
+    fp8_sentinel.emplace(model, self, rule, findings, detect::FaultAction::kWarn, nullptr, quiet);
   }
   for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
     // The state-at-rest check before the step's forward, outside the step's time.

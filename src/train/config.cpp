@@ -413,13 +413,13 @@ void validate(const RunConfig& c, ConfigUse use) {
   const ModelDesc desc = describe_model(c.model);
   for (const auto& [list, where] : {std::pair{&t.fp32_linears, "[train] fp32_linears"},
                                     std::pair{&t.fp8.bf16_linears, "[fp8] bf16_linears"}}) {
-    PrecisionRecipe only;
+    std::vector<std::string> entries;
     for (const std::string_view e : split_commas(*list)) {
       LS_REQUIRE(!e.empty(), c.source, ": ", where, ": an empty name in \"", *list,
                  "\"; expected a comma-separated list of linears (head, layer/N/attn/qkv, ...) or prefixes");
-      only.fp32_linears.emplace_back(e);
+      entries.emplace_back(e);
     }
-    const std::string unmatched = only.unmatched(desc);
+    const std::string unmatched = PrecisionRecipe::unmatched(entries, desc);
     LS_REQUIRE(unmatched.empty(), c.source, ": ", where, ": \"", unmatched,
                "\" names no linear layer of this model (they are head, layer/N/attn/qkv, layer/N/attn/proj, "
                "layer/N/mlp/fc and layer/N/mlp/proj, or any prefix of them that ends at a '/')");

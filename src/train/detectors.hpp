@@ -7,6 +7,7 @@
 
 #include "src/model/model.hpp"
 #include "src/train/config.hpp"
+#include "verify/detect/fp8_sentinel.hpp"
 #include "verify/detect/spikes.hpp"
 #include "verify/detect/state_at_rest.hpp"
 
@@ -15,6 +16,16 @@ namespace lockstep {
 inline detect::SpikeRule spike_rule(const VerifyConfig& v) {
   return {.window = v.spike_window, .loss_threshold = v.loss_spike_threshold,
           .grad_norm_threshold = v.grad_norm_spike_threshold};
+}
+
+// The fp8 sentinel's rule as [verify] configures it.
+inline detect::Fp8SentinelRule fp8_sentinel_rule(const VerifyConfig& v) {
+  return {.every = v.fp8_sentinel_every,
+          .rows = v.fp8_sentinel_rows,
+          .lambda = v.fp8_sentinel_lambda,
+          .saturation = v.fp8_saturation_threshold,
+          .underflow = v.fp8_underflow_threshold,
+          .patience = v.fp8_patience};
 }
 
 // The parameters and AdamW moments (this rank's: all of them, or its ZeRO shard).

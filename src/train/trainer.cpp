@@ -400,13 +400,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   }
   std::optional<detect::Fp8Sentinel> fp8_sentinel;
   if (model.fp8() != nullptr) {
-    fp8_sentinel.emplace(model, world,
-                         detect::Fp8SentinelRule{.every = vc.fp8_sentinel_every,
-                                                 .rows = vc.fp8_sentinel_rows,
-                                                 .lambda = vc.fp8_sentinel_lambda,
-                                                 .saturation = vc.fp8_saturation_threshold,
-                                                 .underflow = vc.fp8_underflow_threshold,
-                                                 .patience = vc.fp8_patience},
+    fp8_sentinel.emplace(model, world, fp8_sentinel_rule(vc),
                          findings, detect::parse_fault_action(vc.on_fp8, "[verify] on_fp8"),
                          [&](const nlohmann::json& j) {
                            if (metrics.enabled()) metrics.write(j);

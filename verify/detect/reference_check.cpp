@@ -123,7 +123,7 @@ void ReferenceCheck::observe(std::string_view name, const TensorView& t) {
   const float* x = t.f32();
   inputs_[std::string(name)].assign(x, x + rows_ * width);
   // Current fp8 scaling quantizes the input with the whole tensor's amax.
-  if (name == op_->inputs[0]) {
+  if (name == op_->inputs[0] && recipe_.fp8_linear(op_->linear) && recipe_.fp8.scaling == Fp8Scaling::kCurrent) {
     input_amax_ = 0;
     for (int64_t i = 0; i < t.numel(); ++i) input_amax_ = std::max(input_amax_, std::fabs(static_cast<double>(x[i])));
   }

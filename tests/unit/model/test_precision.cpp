@@ -41,11 +41,11 @@ TEST(PrecisionRecipe, EntriesNameLinearsOrPrefixesAtASlash) {
                                          "layer/1/mlp/fc",   "layer/1/mlp/proj", "head"};
   EXPECT_EQ(names, want);
   r.fp32_linears = {"head", "layer/1"};
-  EXPECT_EQ(r.unmatched(desc), "");
+  EXPECT_EQ(PrecisionRecipe::unmatched(r.fp32_linears, desc), "");
   r.fp32_linears = {"head", "layer/2"};
-  EXPECT_EQ(r.unmatched(desc), "layer/2");
+  EXPECT_EQ(PrecisionRecipe::unmatched(r.fp32_linears, desc), "layer/2");
   r.fp32_linears = {"layer/0/mlp/f"};
-  EXPECT_EQ(r.unmatched(desc), "layer/0/mlp/f");
+  EXPECT_EQ(PrecisionRecipe::unmatched(r.fp32_linears, desc), "layer/0/mlp/f");
 }
 
 bool all_bf16(const std::vector<float>& v) {
