@@ -9,7 +9,8 @@
 // instantiated with this type must therefore equal canonical-mode kernels bit for bit.
 //
 // Dependencies, on purpose: kernels/ops/canonical.hpp (the executable contract; its ChunkCombiner
-// and, through it, src/core/exact_sum.hpp's ExactAccumulator provide the exact combination) and
+// and, through it, src/core/exact_sum.hpp's ExactAccumulator provide the exact combination),
+// kernels/ops/fp8_accumulation.hpp (the executable model of the Hopper FP8 accumulator) and
 // kernels/ops/transcendental.hpp (the canonical exp/log/tanh). Nothing else of kernels/ or src/.
 // Not here: the bf16 rounding (reference/cast.hpp), fp16/fp8 emulation, fast mode (checked with
 // Bounded<T>, not emulated).
@@ -20,7 +21,9 @@
 #include <vector>
 
 #include "kernels/ops/canonical.hpp"
+#include "kernels/ops/fp8_accumulation.hpp"
 #include "kernels/ops/transcendental.hpp"
+#include "reference/fp8_accumulation.hpp"
 #include "reference/reduce.hpp"
 
 namespace lockstep::reference {
@@ -199,6 +202,39 @@ inline void grad_sum_at(GradOut<CanonicalF32> g, int64_t i, const int64_t* pos,
   canonical_detail::chunked_chains(
       n, [&](int64_t k) { return pos[k]; }, [&](float acc, int64_t k) { return acc + x[k].v; },
       [&](float p) { g.exact->add(static_cast<size_t>(g.offset + i), p); });
+}
+
+// ---- FP8 GEMM accumulation (reference/fp8_accumulation.hpp) ----
+
+namespace canonical_detail {
+inline std::vector<float> floats(const CanonicalF32* x, int64_t stride, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = x[i * stride].v;
+  return out;
+}
+}  // namespace canonical_detail
+
+inline CanonicalF32 dot_accumulated(Accumulation acc, const CanonicalF32* a, int64_t sa, const CanonicalF32* b,
+                                    int64_t sb, int64_t n) {
+  if (acc == Accumulation::kFp32) return dot(a, sa, b, sb, n);
+  const std::vector<float> x = canonical_detail::floats(a, sa, n), y = canonical_detail::floats(b, sb, n);
+  return fp8_hopper_dot_canonical(x.data(), 1, y.data(), 1, n);
+}
+
+// Under kHopperFp8 the partials are the promotion intervals' (of 128 tokens).
+inline void grad_dot_accumulated(Accumulation acc, GradOut<CanonicalF32> g, int64_t i, const CanonicalF32* a,
+                                 int64_t sa, const CanonicalF32* b, int64_t sb, int64_t n) {
+  if (acc == Accumulation::kFp32) return grad_dot(g, i, a, sa, b, sb, n);
+  if (g.exact == nullptr) {
+    g.data[i] += dot_accumulated(acc, a, sa, b, sb, n);
+    return;
+  }
+  const std::vector<float> x = canonical_detail::floats(a, sa, n), y = canonical_detail::floats(b, sb, n);
+  for (int64_t k0 = 0; k0 < n; k0 += kFp8PromotionInterval) {
+    const int64_t len = std::min(kFp8PromotionInterval, n - k0);
+    g.exact->add(static_cast<size_t>(g.offset + i),
+                 static_cast<float>(fp8_limited_interval(x.data() + k0, 1, y.data() + k0, 1, len)));
+  }
 }
 
 // The model's parameter gradients: one exact running sum per element, rounded once by finish()

@@ -1,6 +1,7 @@
 // Linear layer on the CPU (kernels/ops/linear.hpp): fast mode through OpenBLAS sgemm split over the
 // OpenMP threads (sgemm_threads.hpp), canonical mode through the canonical matrix products of
-// matmul.hpp.
+// matmul.hpp; products under the emulated FP8 accumulator through matmul_fp8_accumulation.hpp in
+// both modes.
 // Not here: the GEMM kernels themselves (matmul.isa.cpp), the collectives that combine tensor-
 // parallel partials (src/parallel).
 #include <immintrin.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/matmul_fp8_accumulation.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/canonical.hpp"
 #include "kernels/ops/linear.hpp"
@@ -55,12 +57,70 @@ void bias_grad_canonical(LinearShape s, const GradSink& dbias, const float* dout
   }
 }
 
+// dbias[o] += Σ_n dout[n,o] in fp32, token by token.
+void bias_grad_fast(LinearShape s, float* db, const float* dout) {
+  // Threads take blocks of columns; every element still adds the tokens in order, onto its
+  // running sum held in registers for a whole block of 64 (through dbias, which may alias dout
+  // as far as the compiler knows, each addition was a scalar load and store).
+  constexpr int64_t kColumns = 64, kVectors = kColumns / 8;
+#pragma omp parallel for schedule(static) if (s.N * s.OC > (int64_t{1} << 16))
+  for (int64_t o0 = 0; o0 < s.OC; o0 += kColumns) {
+    const int64_t o1 = std::min(o0 + kColumns, s.OC);
+    if (o1 - o0 == kColumns) {
+      __m256 acc[kVectors];
+      for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_loadu_ps(db + o0 + 8 * v);
+      for (int64_t n = 0; n < s.N; ++n) {
+        const float* row = dout + n * s.OC + o0;
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
+      }
+      for (int64_t v = 0; v < kVectors; ++v) _mm256_storeu_ps(db + o0 + 8 * v, acc[v]);
+      continue;
+    }
+    for (int64_t n = 0; n < s.N; ++n) {
+      const float* row = dout + n * s.OC;
+      for (int64_t o = o0; o < o1; ++o) db[o] += row[o];
+    }
+  }
+}
+
+// m (rows × cols, row-major) transposed: matmul_fp8_hopper reads A along K and B along N.
+std::vector<float> transposed(const float* m, int64_t rows, int64_t cols) {
+  std::vector<float> t(static_cast<size_t>(rows * cols));
+#pragma omp parallel for schedule(static) if (rows * cols > (int64_t{1} << 16))
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(c * rows + r)] = m[r * cols + c];
+  }
+  return t;
+}
+
+// dinp and dweight of linear_backward under the emulated FP8 accumulator.
+void hopper_backward(Mode mode, LinearShape s, float* dinp, const GradSink& dweight, const float* dout,
+                     const float* inp, const float* weight) {
+  if (dinp != nullptr && s.N > 0 && s.IC > 0) {
+    matmul_fp8_hopper(mode, s.N, s.IC, s.OC, dout, s.OC, weight, s.IC,
+                      {.f32 = dinp, .ldc = s.IC, .round_bf16 = s.round_outputs});
+  }
+  if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
+    const std::vector<float> dt = transposed(dout, s.N, s.OC);
+    const Fp8HopperOutput out = mode == Mode::kCanonical
+                                    ? Fp8HopperOutput{.exact = dweight.exact, .offset = dweight.offset}
+                                    : Fp8HopperOutput{.f32 = dweight.f32, .ldc = s.IC, .onto = true};
+    matmul_fp8_hopper(mode, s.OC, s.IC, s.N, dt.data(), s.N, inp, s.IC, out);
+  }
+}
+
 }  // namespace
 
 void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, const float* weight,
                     const float* bias) {
   check_shape(s);
   if (s.N == 0 || s.OC == 0) return;
+  if (s.accumulation == Accumulation::kHopperFp8) {
+    const std::vector<float> wt = transposed(weight, s.OC, s.IC);
+    matmul_fp8_hopper(mode, s.N, s.OC, s.IC, inp, s.IC, wt.data(), s.OC,
+                      {.f32 = out, .ldc = s.OC, .col_bias = bias, .round_bf16 = s.round_outputs});
+    return;
+  }
   if (mode == Mode::kCanonical) {
     // out[n,o] = canonical_dot_i(inp[n,i], weight[o,i]) + bias[o]: B[i,o] = weight[o,i].
     MatmulEpilogue ep;
@@ -86,10 +146,14 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
   check_sink(mode, dweight, "dweight");
   check_sink(mode, dbias, "dbias");
   if (mode == Mode::kCanonical) {
-    LS_CHECK(token_offset >= 0 && token_offset % kCanonicalChunk == 0,
-             "linear_backward(canonical): token_offset ", token_offset,
-             " must be a multiple of the canonical chunk (", kCanonicalChunk,
+    const int64_t chunk = s.accumulation == Accumulation::kHopperFp8 ? kFp8PromotionInterval : kCanonicalChunk;
+    LS_CHECK(token_offset >= 0 && token_offset % chunk == 0, "linear_backward(canonical): token_offset ",
+             token_offset, " must be a multiple of the canonical chunk (", chunk,
              "): a split of the token range may not cut a chunk");
+  }
+  if (s.accumulation == Accumulation::kHopperFp8) {
+    hopper_backward(mode, s, dinp, dweight, dout, inp, weight);
+  } else if (mode == Mode::kCanonical) {
     // forward: out = inp · weightᵀ + bias
     // dinp[n,i] = canonical_dot_o(dout[n,o], weight[o,i])
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
@@ -102,41 +166,21 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
       matmul_chunks_exact(s.OC, s.IC, s.N, *dweight.exact, dweight.offset, dout, 1, s.OC, inp,
                           s.IC, 1, s.operands);
     }
-    if (!dbias.empty()) bias_grad_canonical(s, dbias, dout);
-    return;
-  }
-  if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-    sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands,
-                  s.round_outputs);
-  }
-  if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
-    sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,
-                  s.operands);
-  }
-  if (!dbias.empty()) {
-    // Threads take blocks of columns; every element still adds the tokens in order, onto its
-    // running sum held in registers for a whole block of 64 (through dbias, which may alias dout
-    // as far as the compiler knows, each addition was a scalar load and store).
-    constexpr int64_t kColumns = 64, kVectors = kColumns / 8;
-#pragma omp parallel for schedule(static) if (s.N * s.OC > (int64_t{1} << 16))
-    for (int64_t o0 = 0; o0 < s.OC; o0 += kColumns) {
-      const int64_t o1 = std::min(o0 + kColumns, s.OC);
-      float* db = dbias.f32;
-      if (o1 - o0 == kColumns) {
-        __m256 acc[kVectors];
-        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_loadu_ps(db + o0 + 8 * v);
-        for (int64_t n = 0; n < s.N; ++n) {
-          const float* row = dout + n * s.OC + o0;
-          for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
-        }
-        for (int64_t v = 0; v < kVectors; ++v) _mm256_storeu_ps(db + o0 + 8 * v, acc[v]);
-        continue;
-      }
-      for (int64_t n = 0; n < s.N; ++n) {
-        const float* row = dout + n * s.OC;
-        for (int64_t o = o0; o < o1; ++o) db[o] += row[o];
-      }
+  } else {
+    if (dinp != nullptr && s.N > 0 && s.IC > 0) {
+      sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands,
+                    s.round_outputs);
     }
+    if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
+      sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,
+                    s.operands);
+    }
+  }
+  if (dbias.empty()) return;
+  if (mode == Mode::kCanonical) {
+    bias_grad_canonical(s, dbias, dout);
+  } else {
+    bias_grad_fast(s, dbias.f32, dout);
   }
 }
 
@@ -144,6 +188,10 @@ void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* 
                              const float* weight) {
   check_shape(s);
   LS_CHECK(!s.round_outputs, "linear_forward_partials: partial sums take no rounding to bf16");
+  if (s.accumulation == Accumulation::kHopperFp8) {
+    const std::vector<float> wt = transposed(weight, s.OC, s.IC);
+    return matmul_fp8_hopper(Mode::kCanonical, s.N, s.OC, s.IC, inp, s.IC, wt.data(), s.OC, {.exact = &out});
+  }
   // out[n,o] = Σ_i inp[n,i]·weight[o,i]: B[i,o] = weight[o,i].
   matmul_chunks_exact(s.N, s.OC, s.IC, out, 0, inp, s.IC, 1, weight, 1, s.IC, s.operands);
 }
@@ -153,6 +201,9 @@ void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const 
   check_shape(s);
   LS_CHECK(!s.round_outputs, "linear_backward_dinp_partials: partial sums take no rounding to bf16");
   // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
+  if (s.accumulation == Accumulation::kHopperFp8) {
+    return matmul_fp8_hopper(Mode::kCanonical, s.N, s.IC, s.OC, dout, s.OC, weight, s.IC, {.exact = &dinp});
+  }
   matmul_chunks_exact(s.N, s.IC, s.OC, dinp, 0, dout, s.OC, 1, weight, s.IC, 1, s.operands);
 }
 

@@ -19,10 +19,17 @@
 //   linear_forward_partials:       out[n,o]  += Σ over this slice's chunks of inp[n,i]·weight[o,i]
 //                                  (no bias: it is added once, after the rounding)
 //   linear_backward_dinp_partials: dinp[n,i] += Σ over this slice's chunks of dout[n,o]·weight[o,i]
+//
+// Accumulation::kHopperFp8 (the GEMMs of an fp8 linear that asks for it): every dot product above
+// — out, dinp, dweight over tokens, the partials — runs the emulated tensor-core accumulator of
+// fp8_accumulation.hpp instead of the chunked fp32 chains: promotion intervals of 128 take the
+// place of the chunks of 64 (token_offset and the partials' slices must start on a multiple of
+// 128); the bias and the bias gradient are as above.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/ops/fp8_accumulation.hpp"
 #include "kernels/ops/mode.hpp"
 #include "src/core/exact_sum.hpp"
 
@@ -38,6 +45,7 @@ struct LinearShape {
   // included: fast mode rounds as its GEMM stores them. The partials ops take no rounding (their
   // sums are rounded once combined).
   bool round_outputs = false;
+  Accumulation accumulation = Accumulation::kFp32;
 };
 
 // The shape of a product whose results are rounded later, if at all: after a sum across ranks, a

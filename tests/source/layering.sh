@@ -6,8 +6,9 @@
 #    and the layers and the model that runs them never name a rank (outside comments);
 #  - reference/ includes reference/ and the model's description only (src/model/layer_list.hpp, the
 #    config it holds and the precision recipe, src/model/precision.hpp), besides what it shares on purpose as the specification and checks
-#    against MPFR itself: the canonical contract and transcendentals CanonicalF32 is defined by
-#    (kernels/ops/canonical.hpp, transcendental.hpp), the deterministic double functions of the
+#    against MPFR itself: the canonical contract, transcendentals and FP8 accumulator model
+#    CanonicalF32 is defined by (kernels/ops/canonical.hpp, transcendental.hpp,
+#    fp8_accumulation.hpp; the last also in reference/fp8_accumulation.hpp), the deterministic double functions of the
 #    canonical RoPE tables (src/core/det_math.hpp) and the narrow formats' roundings that
 #    CanonicalF32's bf16 rounding and fp8 quantization are, with the Philox stream of its
 #    stochastic rounding (src/core/formats.hpp, src/core/philox.hpp; reference/cast.hpp and
@@ -47,6 +48,7 @@ for f in $(files src/model/layers) src/model/model.hpp src/model/model.cpp src/m
 done | refuse "the model's code names a rank" '.'
 includes $(files reference) | grep -vE ': (reference/|src/model/layer_list\.hpp|src/model/config\.hpp|src/model/precision\.hpp|verify/core/bounds\.hpp)' \
   | grep -vE '^reference/(canonical_f32|canonical_checks)\.hpp: kernels/ops/(canonical|transcendental)\.hpp$' \
+  | grep -vE '^reference/(canonical_f32|fp8_accumulation)\.hpp: kernels/ops/fp8_accumulation\.hpp$' \
   | grep -vE '^reference/rope_tables\.hpp: src/core/det_math\.hpp$' \
   | grep -vE '^reference/cast\.hpp: src/core/(formats|philox)\.hpp$' \
   | grep -vE '^reference/quantize\.hpp: src/core/formats\.hpp$' \

@@ -48,7 +48,15 @@ inline int64_t dim(SizeClass s, std::initializer_list<int64_t> per_class) {
 
 // The chunk-aligned cut of [0, n) into two slices a split op is checked with (n itself when the
 // range is a single chunk).
-inline int64_t chunk_cut(int64_t n) { return n > kCanonicalChunk ? (n / 2 / kCanonicalChunk + 1) * kCanonicalChunk : n; }
+inline int64_t chunk_cut(int64_t n, int64_t chunk = kCanonicalChunk) { return n > chunk ? (n / 2 / chunk + 1) * chunk : n; }
+
+// How a linear case's products accumulate: every third seed, as the GEMMs of an fp8 linear under
+// the Hopper accumulator (kernels/ops/fp8_accumulation.hpp), whose chunks are its promotion intervals.
+inline Accumulation accumulation_of(const CaseSpec& c) {
+  return c.seed % 3 == 0 ? Accumulation::kHopperFp8 : Accumulation::kFp32;
+}
+inline std::string accumulation_text(Accumulation a) { return a == Accumulation::kHopperFp8 ? " hopper" : ""; }
+inline int64_t chunk_of(Accumulation a) { return a == Accumulation::kHopperFp8 ? kFp8PromotionInterval : kCanonicalChunk; }
 
 // Columns [c0, c1) of a row-major (rows, cols) matrix.
 inline std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
@@ -71,13 +79,16 @@ class LinearForward final : public OpCase {
  public:
   explicit LinearForward(const CaseSpec& c)
       : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 61, 33, 1031, 256, 512}), dim(c.size, {1, 13, 15, 5, 1024, 2048})} {
+    s_.accumulation = accumulation_of(c);
     Draw d(c);
     inp_ = d.values(s_.N * s_.IC, 100, true);
     w_ = d.values(s_.OC * s_.IC);
     b_ = d.values(s_.OC);
     out_.assign(static_cast<size_t>(s_.N * s_.OC), -1.0f);
   }
-  std::string shape() const override { return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}}); }
+  std::string shape() const override {
+    return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}}) + accumulation_text(s_.accumulation);
+  }
   double flops() const override { return 2.0 * static_cast<double>(s_.N * s_.IC * s_.OC); }
   void run(Backend& be, Mode mode) override { be.linear_forward(mode, s_, out_.data(), inp_.data(), w_.data(), b_.data()); }
   std::vector<Check> checks(Mode mode) const override {
@@ -89,7 +100,7 @@ class LinearForward final : public OpCase {
   std::vector<Real> ref() const {
     std::vector<Real> out(out_.size());
     const auto i = as<Real>(inp_), w = as<Real>(w_), b = as<Real>(b_);
-    reference::linear_forward(s_.N, s_.IC, s_.OC, out.data(), i.data(), w.data(), b.data());
+    reference::linear_forward(s_.N, s_.IC, s_.OC, out.data(), i.data(), w.data(), b.data(), s_.accumulation);
     return out;
   }
   LinearShape s_;
@@ -101,13 +112,16 @@ class LinearBackward final : public OpCase {
   explicit LinearBackward(const CaseSpec& c)
       : s_{dim(c.size, {1, 7, 9, 3, 1024, 1024}), dim(c.size, {1, 61, 33, 1031, 256, 512}), dim(c.size, {1, 13, 15, 5, 1024, 2048})},
         dw_(s_.OC * s_.IC), db_(s_.OC) {
+    s_.accumulation = accumulation_of(c);
     Draw d(c);
     dout_ = d.values(s_.N * s_.OC, 0, true);
     inp_ = d.values(s_.N * s_.IC, 100);
     w_ = d.values(s_.OC * s_.IC);
     dinp_.assign(static_cast<size_t>(s_.N * s_.IC), -1.0f);
   }
-  std::string shape() const override { return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}}); }
+  std::string shape() const override {
+    return dims_text({{"N", s_.N}, {"IC", s_.IC}, {"OC", s_.OC}}) + accumulation_text(s_.accumulation);
+  }
   double flops() const override { return 4.0 * static_cast<double>(s_.N * s_.IC * s_.OC); }
   void run(Backend& be, Mode mode) override {
     mode_ = mode;
@@ -133,7 +147,8 @@ class LinearBackward final : public OpCase {
     dw.reset(s_.OC * s_.IC);
     db.reset(s_.OC);
     const auto o = as<Real>(dout_), i = as<Real>(inp_), w = as<Real>(w_);
-    reference::linear_backward(s_.N, s_.IC, s_.OC, dinp.data(), dw.out(0), db.out(0), o.data(), i.data(), w.data());
+    reference::linear_backward(s_.N, s_.IC, s_.OC, dinp.data(), dw.out(0), db.out(0), o.data(), i.data(), w.data(),
+                               s_.accumulation);
     dw.finish();
     db.finish();
     return {dinp, dw.g, db.g};
@@ -151,13 +166,16 @@ class LinearPartials final : public OpCase {
  public:
   LinearPartials(const CaseSpec& c, bool dinp)
       : dinp_(dinp), N_(dim(c.size, {1, 7, 9, 3, 1024, 1024})), K_(dim(c.size, {1, 67, 131, 1031, 1024, 2048})),
-        M_(dim(c.size, {1, 13, 15, 5, 256, 512})) {
+        M_(dim(c.size, {1, 13, 15, 5, 256, 512})), accumulation_(accumulation_of(c)) {
     Draw d(c);
     a_ = d.values(N_ * K_, dinp_ ? 0 : 100, true);
     w_ = d.values(M_ * K_, dinp_ ? 100 : 0);
-    cut_ = chunk_cut(K_);
+    cut_ = chunk_cut(K_, chunk_of(accumulation_));
   }
-  std::string shape() const override { return dims_text({{"N", N_}, {dinp_ ? "OC" : "IC", K_}, {dinp_ ? "IC" : "OC", M_}, {"cut", cut_}}); }
+  std::string shape() const override {
+    return dims_text({{"N", N_}, {dinp_ ? "OC" : "IC", K_}, {dinp_ ? "IC" : "OC", M_}, {"cut", cut_}}) +
+           accumulation_text(accumulation_);
+  }
   // a: (N, K) rows of inputs (forward) or output gradients (dinp); w: (M, K) forward, (K, M) dinp.
   void run(Backend& be, Mode) override {
     ExactAccumulator acc(static_cast<size_t>(N_ * M_));
@@ -166,10 +184,12 @@ class LinearPartials final : public OpCase {
       const auto a = columns(a_, N_, K_, k0, k1);
       if (dinp_) {
         const std::vector<float> w(w_.begin() + k0 * M_, w_.begin() + k1 * M_);
-        be.linear_backward_dinp_partials({N_, M_, k1 - k0}, acc, a.data(), w.data());
+        be.linear_backward_dinp_partials({.N = N_, .IC = M_, .OC = k1 - k0, .accumulation = accumulation_}, acc,
+                                         a.data(), w.data());
       } else {
         const auto w = columns(w_, M_, K_, k0, k1);
-        be.linear_forward_partials({N_, k1 - k0, M_}, acc, a.data(), w.data());
+        be.linear_forward_partials({.N = N_, .IC = k1 - k0, .OC = M_, .accumulation = accumulation_}, acc, a.data(),
+                                   w.data());
       }
     }
     out_.resize(acc.size());
@@ -187,14 +207,16 @@ class LinearPartials final : public OpCase {
     if (dinp_) {
       const std::vector<Real> inp(out.size());
       reference::linear_backward(N_, M_, K_, out.data(), GradOut<Real>{}, GradOut<Real>{}, a.data(), inp.data(),
-                                 w.data());
+                                 w.data(), accumulation_);
     } else {
-      reference::linear_forward(N_, K_, M_, out.data(), a.data(), w.data(), static_cast<const Real*>(nullptr));
+      reference::linear_forward(N_, K_, M_, out.data(), a.data(), w.data(), static_cast<const Real*>(nullptr),
+                                accumulation_);
     }
     return out;
   }
   bool dinp_;
   int64_t N_, K_, M_;  // rows, the reduced dim, the other dim
+  Accumulation accumulation_;
   int64_t cut_ = 0;
   std::vector<float> a_, w_, out_;
 };
