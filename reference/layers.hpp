@@ -175,7 +175,7 @@ class RefLayer {
     if (s.fp8(linear) && s.precision->fp8.fprop) {
       const std::vector<Real> xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kRowwise, inp, N, IC);
       const std::vector<Real> wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kRowwise, wb.data(), OC, IC);
-      linear_forward(N, IC, OC, out, xq.data(), wq.data(), bias);
+      linear_forward(N, IC, OC, out, xq.data(), wq.data(), bias, s.precision->fp8.accumulation);
     } else {
       linear_forward(N, IC, OC, out, inp, wb.data(), bias);
     }
@@ -193,14 +193,15 @@ class RefLayer {
       if (dinp != nullptr && r.dgrad) {
         const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kRowwise, db.data(), N, OC);
         const auto wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kColumnwise, wb.data(), OC, IC);
-        linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, dyq.data(), inp, wq.data());
+        linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, dyq.data(), inp, wq.data(), r.accumulation);
       } else if (dinp != nullptr) {
         linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, db.data(), inp, wb.data());
       }
       if (r.wgrad) {
         const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, db.data(), N, OC);
         const auto xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kColumnwise, inp, N, IC);
-        linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, dyq.data(), xq.data(), wb.data());
+        linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, dyq.data(), xq.data(), wb.data(),
+                        r.accumulation);
       } else {
         linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, db.data(), inp, wb.data());
       }

@@ -4,7 +4,8 @@
 // dgrad the output gradient rowwise and the weight columnwise, wgrad the output gradient and the
 // input columnwise (per-tensor recipes: one copy serves both directions) — and the plan's op run
 // on the dequantized values with its outputs rounded to bf16. The bias gradient comes from the
-// bf16 output gradient. A weight is quantized once per step (its copies are the model's); each
+// bf16 output gradient; the fp8 GEMMs accumulate as the recipe says (fp32 or Hopper's limited
+// accumulator). A weight is quantized once per step (its copies are the model's); each
 // tensor's first quantization in a pass records its statistics (Fp8State::record: a weight's once
 // a step), but not in evaluation or a recomputed forward. Every fp8 GEMM is shown to the tap, when
 // one is set, with its operands (the fp8 sentinel's shadow checks).
@@ -41,6 +42,7 @@ class Fp8Linear final : public LinearOp {
       return;
     }
     s.operands = operands_;
+    s.accumulation = recipe_.accumulation;
     const float* x = quantize(be, Fp8Role::kInput, Fp8Direction::kRowwise, s.N, s.IC, inp, setup_.scratch.x, true);
     const QuantizeShape x_shape = last_;
     const Cached& wq = weight(be, Fp8Direction::kRowwise, s.OC, s.IC, w);
@@ -57,6 +59,7 @@ class Fp8Linear final : public LinearOp {
     LinearShape bf16 = s, fp8 = s;
     bf16.operands = Operands::kBf16;
     fp8.operands = operands_;
+    fp8.accumulation = recipe_.accumulation;
     bf16.round_outputs = fp8.round_outputs = true;
     if (!db.empty()) inner_->backward(be, mode, bf16, token_offset, nullptr, {}, db, dy, inp, w);
     bool dy_recorded = false;

@@ -68,7 +68,11 @@ std::string Fp8Recipe::describe() const {
   for (auto [on, name] : {std::pair{fprop, "fprop"}, std::pair{dgrad, "dgrad"}, std::pair{wgrad, "wgrad"}}) {
     if (on) gemms += (gemms.empty() ? "" : ",") + std::string(name);
   }
-  return s + "; fp8 GEMMs: " + (gemms.empty() ? "none" : gemms);
+  s += "; fp8 GEMMs: " + (gemms.empty() ? "none" : gemms);
+  if (accumulation == Accumulation::kHopperFp8) {
+    s += str_cat(", accumulated as on Hopper (e8m13, promoted to fp32 every ", kFp8PromotionInterval, ")");
+  }
+  return s;
 }
 
 }  // namespace lockstep

@@ -15,6 +15,9 @@
 //   blockwise  DeepSeek-V3: 1 × 128 tiles of activations and gradients along the reduced
 //              dimension, 128 × 128 blocks of weights, fp32 scales (or powers of two).
 //
+// Accumulation: fp32, or "hopper": the fp8 GEMMs accumulate as Hopper tensor cores do (limited
+// accumulator promoted to fp32 every 128 elements of K, kernels/ops/fp8_accumulation.hpp).
+//
 // Formats: hybrid (E4M3 activations and weights, E5M2 gradients) or e4m3 everywhere. Scales of
 // delayed and current scaling are fp32 unless power_of_two_scales. Linears listed in
 // bf16_linears (default: the head, as Megatron-LM keeps its output layer) stay bf16; fp32_linears
@@ -33,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops/fp8_accumulation.hpp"
 #include "kernels/ops/quantize.hpp"
 
 namespace lockstep {
@@ -55,6 +59,7 @@ struct Fp8Recipe {
   int64_t margin = 0;             // scale = fp8_max / amax / 2^margin
   bool power_of_two = false;      // delayed, current, blockwise (mxfp8's scales always are)
   bool fprop = true, dgrad = true, wgrad = true;
+  Accumulation accumulation = Accumulation::kFp32;
   std::vector<std::string> bf16_linears = {"head"};
 
   Fp8Format format(Fp8Role r) const { return hybrid && r == Fp8Role::kGradOutput ? Fp8Format::kE5M2 : Fp8Format::kE4M3; }

@@ -62,29 +62,42 @@ Precision PrecisionRecipe::of_linear(std::string_view name) const {
   return linears;
 }
 
-std::string PrecisionRecipe::fp8_layout_problem(const ModelDesc& desc, int64_t tp, bool sp, int64_t micro_tokens) const {
-  if (linears != Precision::kFp8 || fp8.per_tensor()) return {};
+std::string PrecisionRecipe::fp8_layout_problem(const ModelDesc& desc, int64_t tp, bool sp, int64_t micro_tokens,
+                                                int64_t step_micro_batches, bool canonical) const {
+  if (linears != Precision::kFp8) return {};
   const int64_t b = fp8.block();
+  const bool intervals = canonical && fp8.accumulation == Accumulation::kHopperFp8;
   const std::string recipe = fp8_scaling_name(fp8.scaling);
   // wgrad's columnwise copies cut the tokens into blocks; a row-parallel linear's output gradient
   // holds only this rank's tokens under sequence parallelism.
-  if (tp > 1 && sp && (micro_tokens / tp) % b != 0) {
+  if (b > 0 && tp > 1 && sp && (micro_tokens / tp) % b != 0) {
     return str_cat("fp8 recipe ", recipe, " quantizes blocks of ", b, " tokens, but sequence parallelism gives each of ",
                    tp, " ranks ", micro_tokens / tp, " tokens of a micro-batch (", micro_tokens,
                    "); choose micro_batch_size x seq_len a multiple of ", b * tp);
   }
-  if (tp == 1) return {};
+  // wgrad sums the step's tokens; each micro-batch's must start a promotion interval.
+  if (intervals && step_micro_batches > 1 && micro_tokens % kFp8PromotionInterval != 0) {
+    return str_cat("[fp8] accumulate = \"hopper\" promotes every ", kFp8PromotionInterval,
+                   " tokens of a weight gradient, but the step's ", step_micro_batches, " micro-batches hold ",
+                   micro_tokens, " tokens each; in canonical mode choose micro_batch_size x seq_len a multiple of ",
+                   kFp8PromotionInterval);
+  }
+  if (tp == 1 || (b == 0 && !intervals)) return {};
+  // Both a block and a promotion interval must not be cut: the larger of the two (both powers of two).
+  const int64_t unit = std::max(b, intervals ? kFp8PromotionInterval : int64_t{0});
+  const std::string what = b == unit ? str_cat("fp8 recipe ", recipe, " quantizes blocks of ", b)
+                                     : str_cat("[fp8] accumulate = \"hopper\" promotes every ", unit, " elements");
   for (const LayerDesc& l : desc.layers) {
     for (const ParamDecl& p : l.params) {
       if (!p.matmul || p.split_dim < 0 || !p.name.ends_with("/weight")) continue;
       const std::string linear = l.kind == LayerKind::kHead ? kHeadLinear : p.name.substr(0, p.name.size() - 7);
       if (!fp8_linear(linear)) continue;
       for (int64_t seg : p.segments) {
-        if ((seg / tp) % b == 0) continue;
-        return str_cat("fp8 recipe ", recipe, " quantizes blocks of ", b, " along ", linear, "'s ",
-                       p.split_dim == 0 ? "output" : "input", " features, but tensor parallelism over ", tp,
-                       " ranks gives each rank ", seg / tp, " of a segment of ", seg,
-                       "; keep it in bf16 ([fp8] bf16_linears) or choose dims whose share is a multiple of ", b);
+        if ((seg / tp) % unit == 0) continue;
+        return str_cat(what, " along ", linear, "'s ", p.split_dim == 0 ? "output" : "input",
+                       " features, but tensor parallelism over ", tp, " ranks gives each rank ", seg / tp,
+                       " of a segment of ", seg, "; keep it in bf16 ([fp8] bf16_linears) or choose dims whose share is a multiple of ",
+                       unit);
       }
     }
   }

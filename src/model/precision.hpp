@@ -69,10 +69,13 @@ struct PrecisionRecipe {
   // An entry of a list of linears (fp32_linears, fp8.bf16_linears) that names no linear of `desc`
   // ("": none).
   static std::string unmatched(std::span<const std::string> entries, const ModelDesc& desc);
-  // "" or what keeps a block fp8 recipe from giving a tensor-parallel layout (tp ranks, sequence
-  // parallel or not) the one-process bits: a split of an fp8 linear's weight, or of a
-  // micro-batch's tokens (micro_tokens of them), that does not fall on a block boundary.
-  std::string fp8_layout_problem(const ModelDesc& desc, int64_t tp, bool sp, int64_t micro_tokens) const;
+  // "" or what keeps an fp8 recipe from giving a layout (tp ranks, sequence parallel or not,
+  // micro-batches of micro_tokens, step_micro_batches of them over all dp ranks) the one-process
+  // bits: a split of an fp8 linear's weight, or of a micro-batch's tokens, that does not fall on a
+  // block boundary; in canonical mode under Hopper accumulation, a split of a reduced dimension
+  // (the weight's under tp, the step's tokens between micro-batches) off a promotion interval.
+  std::string fp8_layout_problem(const ModelDesc& desc, int64_t tp, bool sp, int64_t micro_tokens,
+                                 int64_t step_micro_batches, bool canonical) const;
   // Whether fp32_linears entry `entry` names linear `name`.
   static bool names(std::string_view entry, std::string_view name);
   // One line for the start-up banner, e.g. "bf16 (fp32 master weights ...); fp32 linears: head".

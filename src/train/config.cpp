@@ -238,6 +238,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   f.field("margin", c.train.fp8.margin);
   f.field("power_of_two_scales", c.train.fp8.power_of_two_scales);
   f.field("gemms", c.train.fp8.gemms);
+  f.field("accumulate", c.train.fp8.accumulate);
   f.field("bf16_linears", c.train.fp8.bf16_linears);
   f.finish();
 
@@ -401,6 +402,9 @@ void validate(const RunConfig& c, ConfigUse use) {
              ": [fp8] format: expected \"hybrid\" (e4m3 forward, e5m2 gradients) or \"e4m3\", got \"", f.format, "\"");
   LS_REQUIRE(f.amax_compute_algo == "max" || f.amax_compute_algo == "most_recent", c.source,
              ": [fp8] amax_compute_algo: expected \"max\" or \"most_recent\", got \"", f.amax_compute_algo, "\"");
+  LS_REQUIRE(f.accumulate == "fp32" || f.accumulate == "hopper", c.source,
+             ": [fp8] accumulate: expected \"fp32\" or \"hopper\" (the limited accumulator of Hopper tensor cores), "
+             "got \"", f.accumulate, "\"");
   LS_REQUIRE(f.amax_history_len >= 1, c.source, ": [fp8] amax_history_len (", f.amax_history_len, ") must be >= 1");
   LS_REQUIRE(f.margin >= 0 && f.margin <= 64, c.source, ": [fp8] margin (", f.margin, ") must be in [0, 64]");
   for (const std::string_view g : split_commas(f.gemms)) {
@@ -460,6 +464,7 @@ PrecisionRecipe TrainConfig::precision_recipe() const {
   f.amax_max = fp8.amax_compute_algo != "most_recent";
   f.margin = fp8.margin;
   f.power_of_two = fp8.power_of_two_scales;
+  f.accumulation = fp8.accumulate == "hopper" ? Accumulation::kHopperFp8 : Accumulation::kFp32;
   f.fprop = f.dgrad = f.wgrad = false;
   for (const std::string_view g : split_commas(fp8.gemms)) {
     (g == "fprop" ? f.fprop : g == "dgrad" ? f.dgrad : f.wgrad) = true;

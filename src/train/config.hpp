@@ -73,6 +73,7 @@ struct TrainConfig {
     int64_t margin = 0;                       // delayed, current
     bool power_of_two_scales = false;         // delayed, current, blockwise
     std::string gemms = "fprop,dgrad,wgrad";  // the GEMMs that read fp8
+    std::string accumulate = "fp32";          // fp32 | hopper (kernels/ops/fp8_accumulation.hpp)
     std::string bf16_linears = "head";        // linears kept in bf16 (names or prefixes; "" none)
   } fp8;
 

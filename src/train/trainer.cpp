@@ -232,7 +232,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
   const std::string fp8_problem =
-      tc.precision_recipe().fp8_layout_problem(describe_model(cfg.model), tp, pc.sp, part.local_micro * T);
+      tc.precision_recipe().fp8_layout_problem(describe_model(cfg.model), tp, pc.sp, part.local_micro * T,
+                                               dp * (part.local_batch / part.local_micro), tc.mode == Mode::kCanonical);
   LS_REQUIRE(fp8_problem.empty(), cfg.source, ": ", fp8_problem);
   // Pipeline parallelism: this rank's stage of the layer list and its row of the schedule.
   comm::Communicator& ppc =

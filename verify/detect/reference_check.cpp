@@ -168,8 +168,11 @@ void ReferenceCheck::check(const TensorView& out) {
   const Real* bias = b.empty() ? nullptr : b.data();
   std::vector<Real> y(static_cast<size_t>(rows_ * width));
   const auto in_width = static_cast<int64_t>(x.size()) / rows_;
-  // An fp8 linear's fprop reads its input and weight quantized (src/model/fp8_linear.cpp).
+  // An fp8 linear's fprop reads its input and weight quantized (src/model/fp8_linear.cpp) and
+  // accumulates as the recipe says.
+  Accumulation accumulation = Accumulation::kFp32;
   if (product && recipe_.fp8_linear(op_->linear) && recipe_.fp8.fprop) {
+    accumulation = recipe_.fp8.accumulation;
     double w_amax = 0;
     for (const Real& v : w) w_amax = std::max(w_amax, std::fabs(v.value));
     x = fp8_quantized(Fp8Role::kInput, x, rows_, in_width, input_amax_);
@@ -190,7 +193,7 @@ void ReferenceCheck::check(const TensorView& out) {
     case Kind::kLinear:
       LS_CHECK(static_cast<int64_t>(w.size()) == in_width * width, "reference check: ", op_->weight, " holds ",
                w.size(), " elements for a ", in_width, " -> ", width, " product");
-      reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias);
+      reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias, accumulation);
       if (bf16) reference::round_to_bf16(rows_ * width, y.data(), y.data());
       break;
     case Kind::kActivation:
@@ -203,7 +206,7 @@ void ReferenceCheck::check(const TensorView& out) {
       break;
     case Kind::kLinearResidual: {
       const std::vector<Real> stream = to_real(inputs_.at(op_->inputs[1]));
-      reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias);
+      reference::linear_forward(rows_, in_width, width, y.data(), x.data(), w.data(), bias, accumulation);
       if (bf16) reference::round_to_bf16(rows_ * width, y.data(), y.data());
       reference::residual_forward(rows_ * width, y.data(), y.data(), stream.data());
       break;
