@@ -34,6 +34,17 @@ inline double canonical_dot_bound(int64_t n, int64_t chunk, double abs_sum, doub
   return gamma(n < chunk ? n : chunk, u) * abs_sum + u * abs_result;
 }
 
+// A limited accumulator cut toward zero (the Hopper FP8 model, kernels/ops/fp8_accumulation.hpp:
+// promotion intervals of `interval` terms, groups of `group` aligned to their largest term with
+// `fraction_bits` kept): in an interval of L terms and G groups, each group's terms and the
+// accumulator lose less than 2^-f of a magnitude at most the interval's Σ|terms| each, and the
+// group's sum as much again in its normalization, so the interval's value is off by at most
+// 2^-f·(L + 2G)·Σ|terms|: the coefficient of Σ|terms| returned, for a K-term product.
+inline double limited_accumulation_bound(int64_t K, int64_t interval, int64_t group, int fraction_bits) {
+  const int64_t L = K < interval ? K : interval, G = (L + group - 1) / group;
+  return std::ldexp(static_cast<double>(L + 2 * G), -fraction_bits);
+}
+
 // VDPBF16PS's flushes (AVX512-BF16, fast mode): a subnormal input read as zero drops a product
 // smaller than 2^-126 times its partner, a subnormal result flushed loses less than 2^-126; over an
 // n-term dot at most 2^-126·(n + Σ(|a_k| + |b_k|)) (abs_operands = Σ(|a_k| + |b_k|)).

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "src/core/check.hpp"
+#include "verify/core/bounds.hpp"
 #include "verify/detect/agreed.hpp"
 
 namespace lockstep::detect {
@@ -22,6 +23,12 @@ ProductView view_of(const GradSink& sink, int64_t M, int64_t N) {
 }
 
 ProductView view_of(ExactAccumulator& acc, int64_t M, int64_t N) { return {.exact = &acc, .M = M, .N = N}; }
+
+// The error a product of K terms may carry beyond its fp32 chain: the limited FP8 accumulator's.
+double limited(LinearShape s, int64_t K) {
+  if (s.accumulation != Accumulation::kHopperFp8) return 0;
+  return bounds::limited_accumulation_bound(K, kFp8PromotionInterval, kFp8MmaGroup, kFp8AccumulatorFractionBits);
+}
 
 }  // namespace
 
@@ -159,7 +166,7 @@ void AbftBackend::check_forward(int site, const ProductView& c, LinearShape s, c
   ForwardMemo& m = memo(site);
   predicted_rows_times_transposed(inp, s.N, s.IC, weight, s.OC, scratch_, scratch_.predicted, m.sums);
   m.inp = inp, m.N = s.N;
-  conclude(site, c, {inp, s.N, s.IC}, {weight, s.OC, s.IC, true}, {.K = s.IC, .chain = chain}, accumulates, bias,
+  conclude(site, c, {inp, s.N, s.IC}, {weight, s.OC, s.IC, true}, {.K = s.IC, .chain = chain, .limited = limited(s, s.IC)}, accumulates, bias,
            scratch_.predicted);
 }
 
@@ -196,14 +203,18 @@ void AbftBackend::check_backward(bool canonical, LinearShape s, const ProductVie
     predicted_rows_from(dout_t, bx->a.data(), bx->a_mag.data(), scratch_, scratch_.predicted2);
   }
   if (bw) {
-    conclude(dx_site, dx, dout_m, w, {.K = s.OC, .chain = rounding_chain(canonical, s.OC, false)}, false, nullptr,
+    conclude(dx_site, dx, dout_m, w, {.K = s.OC, .chain = rounding_chain(canonical, s.OC, false), .limited = limited(s, s.OC)}, false, nullptr,
              scratch_.predicted);
   }
   if (bx) {
     // Canonical mode adds exact chunk partials (C before is in no rounding); fast mode's GEMM adds
     // the product onto the fp32 gradient (beta = 1).
     conclude(dw_site, dw, dout_t, x,
-             {.K = s.N, .chain = rounding_chain(canonical, s.N, !canonical), .before_in_chain = !canonical}, true,
+             {.K = s.N,
+              .chain = rounding_chain(canonical, s.N, !canonical),
+              .before_in_chain = !canonical,
+              .limited = limited(s, s.N)},
+             true,
              nullptr, scratch_.predicted2);
   }
 }
@@ -229,7 +240,7 @@ void AbftBackend::linear_backward_dinp_partials(LinearShape s, ExactAccumulator&
   const MatrixView dout_m{dout, s.N, s.OC}, w{weight, s.OC, s.IC};
   const OperandRowSums& bw = weight_rows(site, w);
   predicted_rows_from(dout_m, bw.w.data(), bw.w_mag.data(), scratch_, scratch_.predicted);
-  conclude(site, c, dout_m, w, {.K = s.OC, .chain = rounding_chain(true, s.OC, false)}, true, nullptr,
+  conclude(site, c, dout_m, w, {.K = s.OC, .chain = rounding_chain(true, s.OC, false), .limited = limited(s, s.OC)}, true, nullptr,
            scratch_.predicted);
 }
 

@@ -302,7 +302,8 @@ ChecksumVerdict judge_checksums(const ChecksumVector& after, const ChecksumVecto
     // rounding in double is far below that).
     const double after_mag = after.mag.empty() ? 2 * (magnitude + before_mag) : after.mag[i];
     const double observed_mag = after_mag + before_mag;
-    const double threshold = g * magnitude + gd * (magnitude + observed_mag) + slack + underflow;
+    const double threshold =
+        g * magnitude + rounding.limited * predicted.mag[i] + gd * (magnitude + observed_mag) + slack + underflow;
     if (!std::isfinite(predicted.sum[i]) || !std::isfinite(threshold)) continue;  // non-finite operands
     const double diff = std::fabs(observed - predicted.sum[i]);
     const double ratio = std::isfinite(diff) ? diff / threshold : std::numeric_limits<double>::infinity();

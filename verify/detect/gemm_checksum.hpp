@@ -89,6 +89,7 @@ struct ProductRounding {
   int64_t K = 0;                  // terms per element
   int64_t chain = 0;              // L: roundings along the longest chain of an element (see the top)
   bool before_in_chain = false;   // C += A·B rounded onto C's value before (fast mode), not exactly
+  double limited = 0;             // relative error of a limited accumulator, beyond the chain's
 };
 
 // L for a product of K terms computed in `canonical` mode (onto an initial C or a bias: `onto`).
