@@ -11,6 +11,7 @@
 #include "src/core/check.hpp"
 #include "src/core/comma_list.hpp"
 #include "src/model/layer.hpp"
+#include "src/train/toml_file.hpp"
 #include "src/train/inject.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/core/dump.hpp"
@@ -549,14 +550,7 @@ RunConfig read_run_config(const std::string& source, const toml::table& root,
 RunConfig load_run_config(const std::string& path,
                           const std::vector<std::pair<std::string, std::string>>& overrides,
                           ConfigUse use) {
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    const auto& where = e.source().begin;
-    throw ConfigError(str_cat(path, ":", where.line, ":", where.column, ": ", e.description()));
-  }
-  return read_run_config(path, root, overrides, use);
+  return read_run_config(path, parse_toml_file(path), overrides, use);
 }
 
 RunConfig run_config_of_json(const nlohmann::json& config, const std::string& source,

@@ -1,0 +1,43 @@
+// A cluster for the layout planner (`lockstep plan`, docs/planner.md): what one GPU computes and
+// holds, and what its links carry, read from a TOML file (scripts/clusters/). Every field is
+// required: a figure the planner would guess is a figure it would get wrong silently.
+//
+//   [cluster]    name, gpus_per_node, nodes, hbm_gib, reserved_gib (HBM not available to the
+//                run: CUDA context, allocator slack, communication buffers)
+//   [peak_tflops] fp32, bf16, fp8: dense peak per GPU (0: the precision is not supported)
+//   [efficiency] gemm: the fraction of peak a large GEMM reaches, as measured by a benchmark of
+//                that GPU (never fitted to the step times the planner predicts)
+//   [intra_node] bandwidth_gbs (per GPU, per direction, GB/s), latency_us: NVLink/NVSwitch
+//   [inter_node] bandwidth_gbs (per GPU: its share of the node's NICs), latency_us
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "src/model/precision.hpp"
+
+namespace lockstep::plan {
+
+struct Link {
+  double bandwidth = 0;  // bytes/s per GPU per direction
+  double latency = 0;    // s per message step
+};
+
+struct Cluster {
+  std::string name, source;
+  int64_t gpus_per_node = 0, nodes = 0;
+  double hbm_bytes = 0, reserved_bytes = 0;
+  double peak_fp32 = 0, peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s
+  double gemm_efficiency = 0;
+  Link intra, inter;
+
+  int64_t gpus() const { return gpus_per_node * nodes; }
+  // FLOP/s a GPU's GEMMs reach in `p` (0 where it has no such unit).
+  double gemm_flops(Precision p) const;
+  double peak(Precision p) const;
+};
+
+// ConfigError naming the file and the field (missing, not a number, out of range).
+Cluster load_cluster(const std::string& path);
+
+}  // namespace lockstep::plan

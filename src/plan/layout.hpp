@@ -1,0 +1,31 @@
+// A parallel layout as the planner searches them: the trainer's axes and knobs (docs/usage.md,
+// [parallel] and [train]) for one job. Text form, as printed and as `--explain` takes it:
+//   "dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective"   (sp, the schedule and recompute optional;
+//   interleaved schedules as "interleaved:V")
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "src/model/layer.hpp"
+#include "src/parallel/pipeline_schedule.hpp"
+
+namespace lockstep::plan {
+
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t chunks = 1;  // virtual stages a pipeline rank holds (interleaved)
+  int64_t micro_batch = 1;  // sequences per micro-batch
+  int zero = 0;
+  bool sp = false;
+  Recompute recompute = Recompute::kNone;
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::kOneFOneB;
+
+  int64_t gpus() const { return dp * tp * pp; }
+  std::string text() const;
+};
+
+// ConfigError naming `where` and the token it does not understand.
+Layout parse_layout(const std::string& text, const std::string& where);
+
+}  // namespace lockstep::plan

@@ -1,0 +1,71 @@
+// The layout planner (`lockstep plan`, docs/planner.md): the cost model of cost_model.hpp over one
+// request and cluster, with what repeats between layouts computed once (the stages of each
+// pipeline depth, the timelines of each schedule shape), and the search over the layouts the
+// trainer runs.
+//
+// Search: every dp × tp × pp of the cluster's GPUs with tp a power of two within a node, pp any
+// divisor that leaves each stage a layer; micro-batches of 1, 2, 4, 8 or 16 sequences that divide
+// a replica's share of the batch; zero 0, 1, 2; sequence parallelism off and on (tp > 1); no,
+// selective or full recomputation; 1F1B across stages — the trainer's choices (ZeRO-3, the
+// interleaved and zero-bubble schedules are refused by the trainer and not searched; --explain
+// evaluates them on request). A layout the trainer refuses, or that does not fit in the GPU's
+// HBM, is rejected with the reason; the rest are ranked by predicted step time, then memory, then
+// their text (a deterministic order).
+#pragma once
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "src/parallel/pipeline_schedule.hpp"
+#include "src/plan/cost_model.hpp"
+
+namespace lockstep::plan {
+
+// Why a layout is out: a short kind (for counting) and the full sentence.
+struct Problem {
+  std::string kind, text;
+  bool empty() const { return text.empty(); }
+};
+
+struct SearchResult {
+  std::vector<Prediction> ranked;  // layouts that fit, best first
+  // Per kind of problem: how many layouts, and the first one's layout and sentence.
+  struct Rejection {
+    int64_t count = 0;
+    Layout example;
+    std::string text;
+  };
+  std::map<std::string, Rejection> rejected;
+  int64_t considered = 0;
+  // The layout that needed the least memory, when none fits (its prediction).
+  bool any_predicted = false;
+  Prediction least_memory;
+};
+
+class Planner {
+ public:
+  Planner(const PlanRequest& request, const Cluster& cluster);
+
+  Problem problem(const Layout& layout);
+  // The prediction of a layout without a problem.
+  Prediction predict(const Layout& layout);
+  // A problem or, where none, whether it fits: kind "memory".
+  Problem fits(const Prediction& p) const;
+  SearchResult search();
+
+ private:
+  struct RankCost;
+  std::vector<RankCost> rank_costs(const Layout& layout);
+  const std::vector<std::vector<size_t>>& rank_layers(int64_t pp, int64_t chunks);
+  parallel::Timeline timeline(const Layout& layout, int64_t micro, const parallel::PassCosts& costs);
+
+  const PlanRequest& request_;
+  const Cluster& cluster_;
+  double head_flops_ = 0;  // a tied head's product per token (declared with the embedding)
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<size_t>>> layers_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, double, double, double>, parallel::Timeline> timelines_;
+};
+
+}  // namespace lockstep::plan

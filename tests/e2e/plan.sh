@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The layout planner (`lockstep plan`, src/plan/): GPT-3 175B on the shipped 1,024-A100 cluster —
+# a ranked table whose rows fit, are sorted and add up, the rejections by reason, the same ranking
+# in the JSON, one layout explained; bad input, once each: a cluster field missing, an unknown
+# precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much).
+source "$(dirname "$0")/lib.sh"
+plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global-batch 1536 "$@"; }
+
+plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --top 5 --json plan.json > plan.log
+grep -q '^plan: .*gpt3_175b.toml (174.62B parameters, 96 layers, d_model 12288) on a100_1024 (1024 GPUs, 128 x 8, 80 GiB): 1536 x 2048 tokens a step, bf16$' plan.log \
+  || fail "no plan header: $(head -1 plan.log)"
+grep -Eq '^considered [0-9]+ layouts: [0-9]+ fit; .*memory [0-9]+ \(e\.g\. .*over the 80 GiB of HBM by' plan.log \
+  || fail "no rejection summary: $(tail -1 plan.log)"
+python3 - plan.log plan.json <<'PY' || fail "plan table: $(cat plan.log)"
+import json, re, sys
+rows = [l.split() for l in open(sys.argv[1]) if re.match(r"^[0-9]+ +dp", l)]
+assert len(rows) == 5, rows
+j = json.load(open(sys.argv[2]))
+ranked = j["ranked"]
+assert len(ranked) >= 5 and j["considered"] == sum(r["count"] for r in j["rejected"].values()) + len(ranked)
+steps = [r["step_s"] for r in ranked]
+assert steps == sorted(steps), "not ranked by step time"
+for r in ranked:
+    t, m = r["time_s"], r["memory_gib"]
+    assert abs(t["compute"] + t["tp_comm"] + t["pipeline"] + t["dp_exposed"] - r["step_s"]) < 1e-9 * r["step_s"], r
+    assert m["total"] <= 80 and abs(sum(v for k, v in m.items() if k != "total") - m["total"]) < 1e-9, r
+    assert 0 < r["mfu"] < 0.8, r  # below the declared GEMM efficiency
+    assert abs(r["tokens_per_s"] * r["step_s"] - 1536 * 2048) < 1e-6 * 1536 * 2048, r
+for row, r in zip(rows, ranked):
+    assert " ".join(row[1:-8]) == r["layout"], (row, r["layout"])
+print("best:", ranked[0]["layout"], round(ranked[0]["step_s"], 3), "s, MFU", round(ranked[0]["mfu"], 3))
+PY
+best=$(python3 -c "import json; print(json.load(open('plan.json'))['ranked'][0]['layout'])")
+plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
+grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
+grep -Eq '^memory of the fullest GPU [0-9.]+ GiB of 80: parameters' explain.log || fail "explain memory: $(cat explain.log)"
+
+sed '/^latency_us = 10/d' "$SRC/scripts/clusters/a100_1024.toml" > no_latency.toml
+expect_error "no_latency.toml: \[inter_node\] latency_us is missing" plan --cluster no_latency.toml
+expect_error "--precision: expected fp32, bf16 or fp8, got 'fp16'" plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --precision fp16
+expect_error "no layout of .*gpt3_175b.toml runs on a100_1024: the cluster's GPUs have no fp8 units" \
+  plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --precision fp8
+sed -e 's/^nodes = .*/nodes = 1/' -e 's/^hbm_gib = .*/hbm_gib = 16/' -e 's/^reserved_gib = .*/reserved_gib = 1/' \
+  "$SRC/scripts/clusters/a100_1024.toml" > small.toml
+expect_error "no layout of .*gpt3_175b.toml fits a100_1024: the one that needs least memory \(dp1 tp8 pp1 .*\) needs [0-9.]+ GiB a GPU, [0-9.]+ GiB over its 16 GiB" \
+  plan --cluster small.toml
+echo "plan: $(head -3 plan.log | tail -1)"

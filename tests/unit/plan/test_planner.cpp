@@ -1,0 +1,205 @@
+// The layout planner's cost model and search (src/plan/): the collectives' α–β times worked by
+// hand, which link a group uses, compute time equal to the model's FLOPs at the GEMM rate on one
+// GPU, the pipeline's idle time the 1F1B table's (p − 1) passes with free sends, memory that ZeRO
+// and tensor parallelism divide as they should, the search's order and rejections, and the
+// cluster file's errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "src/core/check.hpp"
+#include "src/plan/planner.hpp"
+
+namespace lockstep::plan {
+namespace {
+
+Cluster cluster(int64_t gpus_per_node, int64_t nodes, double hbm_gib, double latency = 1e-5) {
+  Cluster c;
+  c.name = "test";
+  c.source = "test.toml";
+  c.gpus_per_node = gpus_per_node;
+  c.nodes = nodes;
+  c.hbm_bytes = hbm_gib * (1 << 30);
+  c.reserved_bytes = 1 << 30;
+  c.peak_fp32 = 20e12;
+  c.peak_bf16 = 300e12;
+  c.gemm_efficiency = 0.5;
+  c.intra = {300e9, latency};
+  c.inter = {25e9, 2 * latency};
+  return c;
+}
+
+PlanRequest request(int64_t layers = 4, int64_t batch = 64) {
+  ModelConfig m;
+  m.vocab_size = 1024;
+  m.seq_len = 256;
+  m.d_model = 512;
+  m.n_layers = layers;
+  m.n_heads = 8;
+  m.n_kv_heads = 8;
+  return {.model = describe_model(m), .global_batch = batch, .precision = Precision::kBf16, .source = "test model"};
+}
+
+TEST(PlanCollectives, RingTimesByHand) {
+  const Link l{100e9, 1e-5};
+  // 8 ranks, 1 GB: 2·7 latencies and 2·7/8 of the buffer through the link.
+  EXPECT_DOUBLE_EQ(all_reduce_time(1e9, 8, l), 14 * 1e-5 + 1.75e9 / 100e9);
+  EXPECT_DOUBLE_EQ(reduce_scatter_time(1e9, 8, l), all_reduce_time(1e9, 8, l) / 2);
+  EXPECT_DOUBLE_EQ(all_gather_time(1e9, 8, l), all_reduce_time(1e9, 8, l) / 2);
+  EXPECT_EQ(all_reduce_time(1e9, 1, l), 0);
+  EXPECT_DOUBLE_EQ(send_time(1e9, l), 1e-5 + 1e-2);
+}
+
+TEST(PlanCollectives, GroupsWithinANodeUseNvlink) {
+  const Cluster c = cluster(8, 4, 80);
+  EXPECT_EQ(&group_link(c, 1, 8), &c.intra);  // tp 8
+  EXPECT_EQ(&group_link(c, 1, 4), &c.intra);
+  EXPECT_EQ(&group_link(c, 4, 2), &c.intra);  // pp 2 over tp 4
+  EXPECT_EQ(&group_link(c, 8, 2), &c.inter);  // pp 2 over tp 8: two nodes
+  EXPECT_EQ(&group_link(c, 1, 16), &c.inter);
+  EXPECT_EQ(&group_link(c, 1, 1), &c.intra);
+}
+
+TEST(PlanCostModel, OneGpuComputesTheModelsFlopsAtTheGemmRate) {
+  const PlanRequest r = request();
+  const Cluster c = cluster(1, 1, 80);
+  Planner planner(r, c);
+  const Layout l{.micro_batch = 4};
+  ASSERT_TRUE(planner.problem(l).empty()) << planner.problem(l).text;
+  const Prediction p = planner.predict(l);
+  const double flops = flops_per_token(r.model) * 64 * 256;
+  EXPECT_NEAR(p.time.compute, flops / (300e12 * 0.5), 1e-12 * p.time.compute);
+  EXPECT_EQ(p.time.tp_comm, 0);
+  EXPECT_EQ(p.time.pipeline, 0);
+  EXPECT_EQ(p.time.dp_exposed, 0);
+  EXPECT_DOUBLE_EQ(p.time.total, p.time.compute);
+  EXPECT_NEAR(p.mfu, 0.5, 1e-12);
+  EXPECT_EQ(p.micro_batches, 16);
+  // Full recomputation runs every block's forward again: 1/3 of the blocks' FLOPs.
+  const Prediction full = planner.predict({.micro_batch = 4, .recompute = Recompute::kFull});
+  EXPECT_GT(full.time.recompute, 0);
+  EXPECT_NEAR(full.time.compute, p.time.compute + full.time.recompute, 1e-12 * p.time.compute);
+  EXPECT_LT(full.memory.activations, p.memory.activations);
+}
+
+TEST(PlanCostModel, OneFOneBIdlesForPMinusOnePassesWhenSendsAreFree) {
+  const PlanRequest r = request(8, 32);
+  Cluster c = cluster(8, 1, 80, 0);
+  c.intra.bandwidth = c.inter.bandwidth = 1e30;
+  Planner planner(r, c);
+  const Layout l{.dp = 4, .pp = 2, .micro_batch = 2};
+  ASSERT_TRUE(planner.problem(l).empty()) << planner.problem(l).text;
+  const Prediction p = planner.predict(l);
+  ASSERT_EQ(p.micro_batches, 4);
+  // (m + p − 1)·(F + B) on the busiest rank's passes: the idle part is (p − 1)/m of the busy one.
+  EXPECT_NEAR(p.time.pipeline, (p.time.compute + p.time.tp_comm) / 4, 1e-9 * p.time.pipeline);
+}
+
+TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
+  const PlanRequest r = request();
+  const Cluster c = cluster(8, 1, 80);
+  Planner planner(r, c);
+  const Prediction z0 = planner.predict({.dp = 8, .micro_batch = 2});
+  const Prediction z1 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 1});
+  const Prediction z2 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 2});
+  EXPECT_NEAR(z1.memory.optimizer, z0.memory.optimizer / 8, 1e-9 * z0.memory.optimizer);
+  EXPECT_EQ(z1.memory.grads, z0.memory.grads);
+  // Zero 2: this rank's shard and the staging of one bucket (25 MiB, the trainer's default).
+  ASSERT_GT(z0.memory.grads, 25 << 20);
+  EXPECT_DOUBLE_EQ(z2.memory.grads, z0.memory.grads / 8 + (25 << 20));
+  EXPECT_EQ(z2.memory.params, z0.memory.params);
+  // Zero 1 adds the parameters' all-gather; zero 2 reduces in every micro-batch.
+  EXPECT_GT(z1.time.dp_exposed, z0.time.dp_exposed);
+  const Prediction tp8 = planner.predict({.tp = 8, .micro_batch = 2});
+  const Prediction tp8sp = planner.predict({.tp = 8, .micro_batch = 2, .sp = true});
+  EXPECT_LT(tp8.memory.params, z0.memory.params / 4);  // matrices split, norms and biases not
+  EXPECT_GT(tp8.time.tp_comm, 0);
+  EXPECT_DOUBLE_EQ(tp8sp.time.tp_comm, tp8.time.tp_comm);  // the same bytes
+  EXPECT_LT(tp8sp.memory.activations, tp8.memory.activations);
+}
+
+TEST(PlanSearch, RanksFittingLayoutsAndNamesEveryRejection) {
+  const PlanRequest r = request(4, 64);
+  const Cluster c = cluster(8, 2, 80);
+  Planner planner(r, c);
+  const SearchResult s = planner.search();
+  ASSERT_FALSE(s.ranked.empty());
+  int64_t rejected = 0;
+  for (const auto& [kind, why] : s.rejected) {
+    rejected += why.count;
+    EXPECT_FALSE(why.text.empty()) << kind;
+    EXPECT_FALSE(planner.problem(why.example).empty() && planner.fits(planner.predict(why.example)).empty()) << kind;
+  }
+  EXPECT_EQ(rejected + static_cast<int64_t>(s.ranked.size()), s.considered);
+  for (size_t i = 0; i < s.ranked.size(); ++i) {
+    EXPECT_TRUE(planner.fits(s.ranked[i]).empty());
+    EXPECT_EQ(s.ranked[i].layout.gpus(), 16);
+    if (i > 0) EXPECT_LE(s.ranked[i - 1].time.total, s.ranked[i].time.total);
+  }
+  // Deterministic: a second search gives the same order.
+  const SearchResult again = Planner(r, c).search();
+  ASSERT_EQ(again.ranked.size(), s.ranked.size());
+  for (size_t i = 0; i < s.ranked.size(); ++i) EXPECT_EQ(again.ranked[i].layout.text(), s.ranked[i].layout.text());
+  EXPECT_EQ(s.rejected.count("tp layout"), 0u);  // 8 heads divide every tp up to 8
+  EXPECT_GT(s.rejected.at("batch split").count, 0);
+}
+
+TEST(PlanSearch, TooSmallAClusterIsOverByAMeasure) {
+  const PlanRequest r = request(4, 64);
+  const Cluster c = cluster(2, 1, 1.05);
+  Planner planner(r, c);
+  const SearchResult s = planner.search();
+  EXPECT_TRUE(s.ranked.empty());
+  ASSERT_TRUE(s.any_predicted);
+  EXPECT_GT(s.least_memory.memory.total(), c.hbm_bytes);
+  EXPECT_NE(planner.fits(s.least_memory).text.find("over the 1.05 GiB of HBM by"), std::string::npos);
+}
+
+TEST(PlanLayout, TextRoundTrips) {
+  const Layout l{.dp = 16, .tp = 8, .pp = 8, .micro_batch = 2, .zero = 1, .sp = true, .recompute = Recompute::kSelective};
+  EXPECT_EQ(l.text(), "dp16 tp8 pp8 mb2 zero1 sp 1f1b recompute=selective");
+  EXPECT_EQ(parse_layout(l.text(), "test").text(), l.text());
+  EXPECT_THROW(parse_layout("dp2 qq4", "test"), ConfigError);
+}
+
+TEST(PlanCluster, EveryFieldIsRequiredAndNamed) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "lockstep_plan_cluster_test";
+  std::filesystem::create_directories(dir);
+  const std::string good =
+      "[cluster]\nname = \"x\"\ngpus_per_node = 8\nnodes = 2\nhbm_gib = 80\nreserved_gib = 2\n"
+      "[peak_tflops]\nfp32 = 19.5\nbf16 = 312\nfp8 = 0\n[efficiency]\ngemm = 0.8\n"
+      "[intra_node]\nbandwidth_gbs = 300\nlatency_us = 5\n[inter_node]\nbandwidth_gbs = 25\nlatency_us = 10\n";
+  const auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path) << text;
+    return path;
+  };
+  const Cluster c = load_cluster(write("good.toml", good));
+  EXPECT_EQ(c.gpus(), 16);
+  EXPECT_DOUBLE_EQ(c.gemm_flops(Precision::kBf16), 312e12 * 0.8);
+  EXPECT_DOUBLE_EQ(c.inter.bandwidth, 25e9);
+  const auto error = [&](const std::string& text) {
+    try {
+      load_cluster(write("bad.toml", text));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string missing = good;
+  missing.replace(missing.find("latency_us = 10\n"), 16, "");
+  EXPECT_NE(error(missing).find("bad.toml: [inter_node] latency_us is missing"), std::string::npos) << error(missing);
+  EXPECT_NE(error(good + "[disk]\nsize = 1\n").find("[disk] is not a cluster section"), std::string::npos);
+  std::string unknown = good;
+  unknown.replace(unknown.find("gemm = 0.8"), 10, "gemm = 0.8\nattention = 0.5");
+  EXPECT_NE(error(unknown).find("[efficiency] attention is not a cluster field"), std::string::npos) << error(unknown);
+  std::string negative = good;
+  negative.replace(negative.find("nodes = 2"), 9, "nodes = 0");
+  EXPECT_NE(error(negative).find("[cluster] nodes = 0 must be in [1, "), std::string::npos) << error(negative);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lockstep::plan
