@@ -12,8 +12,10 @@ int64_t ModelConfig::ffn_width() const {
 }
 
 void ModelConfig::validate() const {
-  LS_REQUIRE(vocab_size >= 2 && vocab_size <= 65536, "[model] vocab_size (", vocab_size,
-             ") must be in [2, 65536]: tokens are stored as uint16");
+  // Token files hold uint16 ids (src/data/token_file.hpp); the model's ids are int32, so a larger
+  // vocabulary (Llama 3's 128,256, for the planner) is a model, whose ids above 65535 no file feeds.
+  LS_REQUIRE(vocab_size >= 2 && vocab_size <= INT32_MAX, "[model] vocab_size (", vocab_size,
+             ") must be in [2, 2^31 - 1]: token ids are int32");
   LS_REQUIRE(seq_len >= 1, "[model] seq_len (", seq_len, ") must be >= 1");
   LS_REQUIRE(d_model >= 1 && n_layers >= 1 && n_heads >= 1 && n_kv_heads >= 1,
              "[model] d_model, n_layers, n_heads and n_kv_heads must be >= 1");

@@ -2,7 +2,8 @@
 # The layout planner (`lockstep plan`, src/plan/): GPT-3 175B on the shipped 1,024-A100 cluster —
 # a ranked table whose rows fit, are sorted and add up, the rejections by reason, the same ranking
 # in the JSON, one layout explained; bad input, once each: a cluster field missing, an unknown
-# precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much).
+# precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much); the
+# Llama 3 405B anchor.
 source "$(dirname "$0")/lib.sh"
 plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global-batch 1536 "$@"; }
 
@@ -44,4 +45,15 @@ sed -e 's/^nodes = .*/nodes = 1/' -e 's/^hbm_gib = .*/hbm_gib = 16/' -e 's/^rese
   "$SRC/scripts/clusters/a100_1024.toml" > small.toml
 expect_error "no layout of .*gpt3_175b.toml fits a100_1024: the one that needs least memory \(dp1 tp8 pp1 .*\) needs [0-9.]+ GiB a GPU, [0-9.]+ GiB over its 16 GiB" \
   plan --cluster small.toml
+# An anchor: Llama 3 405B's published layout on 16,384 H100s (tp 8, pp 16, dp 128; the Llama 3
+# paper, Table 4) fits and ranks among the planner's first ten (docs/planner.md says why not first).
+"$LOCKSTEP" plan --model "$SRC/scripts/configs/llama3_405b.toml" --cluster "$SRC/scripts/clusters/h100_16384.toml" \
+  --global-batch 2048 --json llama.json > llama.log
+python3 - llama.json <<'PY' || fail "llama 3 anchor: $(head -12 llama.log)"
+import json, sys
+ranked = [r["layout"] for r in json.load(open(sys.argv[1]))["ranked"]]
+rank = next(i for i, l in enumerate(ranked) if l.startswith("dp128 tp8 pp16 "))
+assert rank < 10, (rank, ranked[:10])
+print("llama 3 405B: the published dp128 tp8 pp16 ranks", rank + 1, "of", len(ranked), "as", ranked[rank])
+PY
 echo "plan: $(head -3 plan.log | tail -1)"
