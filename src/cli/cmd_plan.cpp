@@ -12,6 +12,7 @@
 
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
+#include "src/plan/goodput.hpp"
 #include "src/plan/planner.hpp"
 #include "src/train/config.hpp"
 
@@ -107,6 +108,16 @@ int cmd_plan(Args& args) {
     for (int64_t s : p->shape) n *= static_cast<double>(s);
     params += n;
   }
+  // The trainer's checkpoint: fp32 parameters and AdamW's two moments.
+  const auto goodput_of = [&](const plan::Prediction& p) { return plan::goodput(12 * params, p.time.total, cluster); };
+  const auto print_goodput = [&](const plan::Prediction& p) {
+    const plan::Goodput g = goodput_of(p);
+    std::cout << "goodput: the job fails every " << fixed(g.mtbf_s / 60, 1) << " min (" << cluster.mtbf_gpu_hours
+              << " GPU-hours each over " << cluster.gpus() << " GPUs); a checkpoint of "
+              << fixed(g.checkpoint_bytes / kGiB, 1) << " GiB takes " << fixed(g.save_s, 1) << " s, every "
+              << g.interval_steps << " steps (" << fixed(g.interval_s / 60, 1) << " min); " << fixed(100 * g.fraction, 1)
+              << "% of the time trains: " << fixed(p.tokens_per_s * g.fraction, 0) << " tokens/s\n";
+  };
   std::cout << "plan: " << *model_path << " (" << fixed(params / 1e9, 2) << "B parameters, " << run.model.n_layers
             << " layers, d_model " << run.model.d_model << ") on " << cluster.name << " (" << cluster.gpus()
             << " GPUs, " << cluster.nodes << " x " << cluster.gpus_per_node << ", " << fixed(cluster.hbm_bytes / kGiB, 0)
@@ -118,6 +129,7 @@ int cmd_plan(Args& args) {
     LS_REQUIRE(why.empty(), "lockstep plan: ", layout.text(), ": ", why.text);
     const plan::Prediction p = planner.predict(layout);
     explain(p, cluster.hbm_bytes);
+    print_goodput(p);
     if (const plan::Problem over = planner.fits(p); !over.empty()) std::cout << "does not fit: " << over.text << "\n";
     return 0;
   }
@@ -146,15 +158,20 @@ int cmd_plan(Args& args) {
               << fixed(p.time.tp_comm, 3) << std::setw(11) << fixed(p.time.pipeline, 3) << std::setw(8)
               << fixed(p.time.dp_exposed, 3) << std::setw(12) << fixed(p.memory.total() / kGiB, 1) << "\n";
   }
+  print_goodput(result.ranked.front());
   std::cout << "considered " << result.considered << " layouts: " << result.ranked.size() << " fit";
   for (const auto& [kind, r] : result.rejected) {
     std::cout << "; " << kind << " " << r.count << " (e.g. " << r.example.text() << ": " << r.text << ")";
   }
   std::cout << "\n";
   if (!json_path.empty()) {
+    const plan::Goodput g = goodput_of(result.ranked.front());
     nlohmann::json j = {{"model", *model_path}, {"cluster", cluster.name}, {"precision", precision},
                         {"global_batch", request.global_batch}, {"seq_len", run.model.seq_len},
-                        {"considered", result.considered}};
+                        {"considered", result.considered},
+                        {"goodput", {{"checkpoint_gib", g.checkpoint_bytes / kGiB}, {"save_s", g.save_s},
+                                     {"mtbf_s", g.mtbf_s}, {"interval_steps", g.interval_steps},
+                                     {"fraction", g.fraction}}}};
     j["ranked"] = nlohmann::json::array();
     for (const plan::Prediction& p : result.ranked) j["ranked"].push_back(to_json(p));
     for (const auto& [kind, r] : result.rejected) {

@@ -68,8 +68,11 @@ Cluster load_cluster(const std::string& path) {
   const toml::table root = parse_toml_file(path);
   for (const auto& [key, node] : root) {
     const std::string k(key.str());
-    LS_REQUIRE(k == "cluster" || k == "peak_tflops" || k == "efficiency" || k == "intra_node" || k == "inter_node", path,
-               ": [", k, "] is not a cluster section (expected cluster, peak_tflops, efficiency, intra_node, inter_node)");
+    LS_REQUIRE(k == "cluster" || k == "peak_tflops" || k == "efficiency" || k == "intra_node" || k == "inter_node" ||
+                   k == "reliability" || k == "storage",
+               path, ": [", k,
+               "] is not a cluster section (expected cluster, peak_tflops, efficiency, intra_node, inter_node, "
+               "reliability, storage)");
   }
   Cluster c;
   c.source = path;
@@ -92,6 +95,13 @@ Cluster load_cluster(const std::string& path) {
   e.finish();
   c.intra = read_link(path, root, "intra_node");
   c.inter = read_link(path, root, "inter_node");
+  Reader r(path, root, "reliability");
+  c.mtbf_gpu_hours = r.number("mtbf_gpu_hours", 1e-3, 1e12);
+  c.restart_s = r.number("restart_s", 0, 1e9);
+  r.finish();
+  Reader s(path, root, "storage");
+  c.storage_write = s.number("write_gbs", 1e-3, 1e9) * 1e9;
+  s.finish();
   return c;
 }
 

@@ -9,6 +9,10 @@
 //                that GPU (never fitted to the step times the planner predicts)
 //   [intra_node] bandwidth_gbs (per GPU, per direction, GB/s), latency_us: NVLink/NVSwitch
 //   [inter_node] bandwidth_gbs (per GPU: its share of the node's NICs), latency_us
+//   [reliability] mtbf_gpu_hours (mean time between failures of one GPU's share of the machine:
+//                the job fails every mtbf_gpu_hours / GPUs hours), restart_s (from a failure to
+//                training again: detection, rescheduling, loading the checkpoint)
+//   [storage]    write_gbs: the aggregate bandwidth a checkpoint is written at, GB/s
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,8 @@ struct Cluster {
   double peak_fp32 = 0, peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s
   double gemm_efficiency = 0;
   Link intra, inter;
+  double mtbf_gpu_hours = 0, restart_s = 0;
+  double storage_write = 0;  // bytes/s, the whole job's
 
   int64_t gpus() const { return gpus_per_node * nodes; }
   // FLOP/s a GPU's GEMMs reach in `p` (0 where it has no such unit).

@@ -10,6 +10,8 @@ plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --top 5 --json plan.json > plan.log
 grep -q '^plan: .*gpt3_175b.toml (174.62B parameters, 96 layers, d_model 12288) on a100_1024 (1024 GPUs, 128 x 8, 80 GiB): 1536 x 2048 tokens a step, bf16$' plan.log \
   || fail "no plan header: $(head -1 plan.log)"
+grep -Eq '^goodput: the job fails every [0-9.]+ min \(50000 GPU-hours each over 1024 GPUs\); a checkpoint of 1951\.[0-9] GiB takes [0-9.]+ s, every [0-9]+ steps .*% of the time trains' plan.log \
+  || fail "no goodput: $(grep goodput plan.log)"
 grep -Eq '^considered [0-9]+ layouts: [0-9]+ fit; .*memory [0-9]+ \(e\.g\. .*over the 80 GiB of HBM by' plan.log \
   || fail "no rejection summary: $(tail -1 plan.log)"
 python3 - plan.log plan.json <<'PY' || fail "plan table: $(cat plan.log)"

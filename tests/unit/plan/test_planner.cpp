@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "src/core/check.hpp"
+#include "src/plan/goodput.hpp"
 #include "src/plan/planner.hpp"
 
 namespace lockstep::plan {
@@ -28,6 +29,9 @@ Cluster cluster(int64_t gpus_per_node, int64_t nodes, double hbm_gib, double lat
   c.gemm_efficiency = 0.5;
   c.intra = {300e9, latency};
   c.inter = {25e9, 2 * latency};
+  c.mtbf_gpu_hours = 50000;
+  c.restart_s = 600;
+  c.storage_write = 100e9;
   return c;
 }
 
@@ -157,6 +161,24 @@ TEST(PlanSearch, TooSmallAClusterIsOverByAMeasure) {
   EXPECT_NE(planner.fits(s.least_memory).text.find("over the 1.05 GiB of HBM by"), std::string::npos);
 }
 
+// Daly's complete model by hand, and its limits: no failures, no loss; a job that fails far more
+// often than it saves loses most of its time.
+TEST(PlanGoodput, DalysExpectedWallTime) {
+  Cluster c = cluster(8, 128, 80);
+  const Goodput g = goodput(2e12, 10, c);  // 2 TB at 100 GB/s: 20 s a save
+  EXPECT_DOUBLE_EQ(g.save_s, 20);
+  EXPECT_DOUBLE_EQ(g.mtbf_s, 50000.0 * 3600 / 1024);
+  EXPECT_DOUBLE_EQ(g.interval_s, 10.0 * static_cast<double>(g.interval_steps));
+  const double M = g.mtbf_s;
+  EXPECT_NEAR(g.fraction, g.interval_s / (M * std::exp(600 / M) * (std::exp((g.interval_s + 20) / M) - 1)), 1e-12);
+  // First order: the loss is about √(2δ/M) + R/M.
+  EXPECT_NEAR(1 - g.fraction, std::sqrt(2 * 20 / M) + 600 / M, 0.2 * (1 - g.fraction));
+  c.mtbf_gpu_hours = 1e12;
+  EXPECT_GT(goodput(2e12, 10, c).fraction, 0.999);
+  c.mtbf_gpu_hours = 1;
+  EXPECT_LT(goodput(2e12, 10, c).fraction, 0.1);
+}
+
 TEST(PlanLayout, TextRoundTrips) {
   const Layout l{.dp = 16, .tp = 8, .pp = 8, .micro_batch = 2, .zero = 1, .sp = true, .recompute = Recompute::kSelective};
   EXPECT_EQ(l.text(), "dp16 tp8 pp8 mb2 zero1 sp 1f1b recompute=selective");
@@ -170,7 +192,8 @@ TEST(PlanCluster, EveryFieldIsRequiredAndNamed) {
   const std::string good =
       "[cluster]\nname = \"x\"\ngpus_per_node = 8\nnodes = 2\nhbm_gib = 80\nreserved_gib = 2\n"
       "[peak_tflops]\nfp32 = 19.5\nbf16 = 312\nfp8 = 0\n[efficiency]\ngemm = 0.8\n"
-      "[intra_node]\nbandwidth_gbs = 300\nlatency_us = 5\n[inter_node]\nbandwidth_gbs = 25\nlatency_us = 10\n";
+      "[intra_node]\nbandwidth_gbs = 300\nlatency_us = 5\n[inter_node]\nbandwidth_gbs = 25\nlatency_us = 10\n"
+      "[reliability]\nmtbf_gpu_hours = 50000\nrestart_s = 600\n[storage]\nwrite_gbs = 100\n";
   const auto write = [&](const std::string& name, const std::string& text) {
     const std::string path = (dir / name).string();
     std::ofstream(path) << text;
@@ -190,6 +213,7 @@ TEST(PlanCluster, EveryFieldIsRequiredAndNamed) {
   };
   std::string missing = good;
   missing.replace(missing.find("latency_us = 10\n"), 16, "");
+  ASSERT_EQ(missing.find("latency_us = 10"), std::string::npos);
   EXPECT_NE(error(missing).find("bad.toml: [inter_node] latency_us is missing"), std::string::npos) << error(missing);
   EXPECT_NE(error(good + "[disk]\nsize = 1\n").find("[disk] is not a cluster section"), std::string::npos);
   std::string unknown = good;
