@@ -16,6 +16,7 @@
 //       part stays worst-case when bounded_format().lambda asks for probabilistic bounds.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -51,7 +52,9 @@ Real bounded_hopper_dot(const Real* a, int64_t sa, const Real* b, int64_t sb, in
         group += m;
       }
       if (top == 0) continue;
-      const double q = std::ldexp(1.0, std::ilogb(top) - kFp8AccumulatorFractionBits);
+      // top and `before` are rounded sums and products: lifted by more than their rounding, so that
+      // a true value at or above a power of two never reads below it.
+      const double q = std::ldexp(1.0, std::ilogb(top * (1 + 0x1p-48)) - kFp8AccumulatorFractionBits);
       double lost = std::min(q, before);
       for (int64_t k = g0; k < g1; ++k) {
         lost += std::min(q, static_cast<double>((abs(a[k * sa].value) + a[k * sa].err) *

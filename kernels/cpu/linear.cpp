@@ -61,7 +61,7 @@ void bias_grad_canonical(LinearShape s, const GradSink& dbias, const float* dout
 void bias_grad_fast(LinearShape s, float* db, const float* dout) {
   // Threads take blocks of columns; every element still adds the tokens in order, onto its
   // running sum held in registers for a whole block of 64 (through dbias, which may alias dout
-  // as far as the compiler knows, each addition was a scalar load and store).
+  // as far as the compiler knows, each addition would be a scalar load and store).
   constexpr int64_t kColumns = 64, kVectors = kColumns / 8;
 #pragma omp parallel for schedule(static) if (s.N * s.OC > (int64_t{1} << 16))
   for (int64_t o0 = 0; o0 < s.OC; o0 += kColumns) {
@@ -83,30 +83,26 @@ void bias_grad_fast(LinearShape s, float* db, const float* dout) {
   }
 }
 
-// m (rows × cols, row-major) transposed: matmul_fp8_hopper reads A along K and B along N.
-std::vector<float> transposed(const float* m, int64_t rows, int64_t cols) {
-  std::vector<float> t(static_cast<size_t>(rows * cols));
-#pragma omp parallel for schedule(static) if (rows * cols > (int64_t{1} << 16))
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(c * rows + r)] = m[r * cols + c];
-  }
-  return t;
-}
-
 // dinp and dweight of linear_backward under the emulated FP8 accumulator.
 void hopper_backward(Mode mode, LinearShape s, float* dinp, const GradSink& dweight, const float* dout,
                      const float* inp, const float* weight) {
+  // dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
   if (dinp != nullptr && s.N > 0 && s.IC > 0) {
-    matmul_fp8_hopper(mode, s.N, s.IC, s.OC, dout, s.OC, weight, s.IC,
+    matmul_fp8_hopper(mode, s.N, s.IC, s.OC, dout, s.OC, 1, weight, s.IC, 1,
                       {.f32 = dinp, .ldc = s.IC, .round_bf16 = s.round_outputs});
   }
+  // dweight[o,i] += Σ_n dout[n,o]·inp[n,i]
   if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
-    const std::vector<float> dt = transposed(dout, s.N, s.OC);
     const Fp8HopperOutput out = mode == Mode::kCanonical
                                     ? Fp8HopperOutput{.exact = dweight.exact, .offset = dweight.offset}
                                     : Fp8HopperOutput{.f32 = dweight.f32, .ldc = s.IC, .onto = true};
-    matmul_fp8_hopper(mode, s.OC, s.IC, s.N, dt.data(), s.N, inp, s.IC, out);
+    matmul_fp8_hopper(mode, s.OC, s.IC, s.N, dout, 1, s.OC, inp, s.IC, 1, out);
   }
+}
+
+// out[n,o] (+)= Σ_i inp[n,i]·weight[o,i] under the emulated FP8 accumulator: B[i,o] = weight[o,i].
+void hopper_forward(Mode mode, LinearShape s, const float* inp, const float* weight, const Fp8HopperOutput& out) {
+  matmul_fp8_hopper(mode, s.N, s.OC, s.IC, inp, s.IC, 1, weight, 1, s.IC, out);
 }
 
 }  // namespace
@@ -116,9 +112,7 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
   check_shape(s);
   if (s.N == 0 || s.OC == 0) return;
   if (s.accumulation == Accumulation::kHopperFp8) {
-    const std::vector<float> wt = transposed(weight, s.OC, s.IC);
-    matmul_fp8_hopper(mode, s.N, s.OC, s.IC, inp, s.IC, wt.data(), s.OC,
-                      {.f32 = out, .ldc = s.OC, .col_bias = bias, .round_bf16 = s.round_outputs});
+    hopper_forward(mode, s, inp, weight, {.f32 = out, .ldc = s.OC, .col_bias = bias, .round_bf16 = s.round_outputs});
     return;
   }
   if (mode == Mode::kCanonical) {
@@ -189,8 +183,7 @@ void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* 
   check_shape(s);
   LS_CHECK(!s.round_outputs, "linear_forward_partials: partial sums take no rounding to bf16");
   if (s.accumulation == Accumulation::kHopperFp8) {
-    const std::vector<float> wt = transposed(weight, s.OC, s.IC);
-    return matmul_fp8_hopper(Mode::kCanonical, s.N, s.OC, s.IC, inp, s.IC, wt.data(), s.OC, {.exact = &out});
+    return hopper_forward(Mode::kCanonical, s, inp, weight, {.exact = &out});
   }
   // out[n,o] = Σ_i inp[n,i]·weight[o,i]: B[i,o] = weight[o,i].
   matmul_chunks_exact(s.N, s.OC, s.IC, out, 0, inp, s.IC, 1, weight, 1, s.IC, s.operands);
@@ -202,7 +195,7 @@ void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const 
   LS_CHECK(!s.round_outputs, "linear_backward_dinp_partials: partial sums take no rounding to bf16");
   // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
   if (s.accumulation == Accumulation::kHopperFp8) {
-    return matmul_fp8_hopper(Mode::kCanonical, s.N, s.IC, s.OC, dout, s.OC, weight, s.IC, {.exact = &dinp});
+    return matmul_fp8_hopper(Mode::kCanonical, s.N, s.IC, s.OC, dout, s.OC, 1, weight, s.IC, 1, {.exact = &dinp});
   }
   matmul_chunks_exact(s.N, s.IC, s.OC, dinp, 0, dout, s.OC, 1, weight, s.IC, 1, s.operands);
 }

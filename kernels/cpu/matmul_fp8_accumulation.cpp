@@ -13,8 +13,10 @@ namespace {
 
 constexpr int64_t kLanes = 8;  // output columns per block: two vectors of four doubles
 
-// 2^(e) for the lanes' exponents e (within double's normal range), and 2^(−e).
-inline __m256d pow2(__m256i e) { return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(e, _mm256_set1_epi64x(1023)), 52)); }
+// 2^e for the lanes' exponents e (within double's normal range).
+inline __m256d pow2(__m256i e) {
+  return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(e, _mm256_set1_epi64x(1023)), 52));
+}
 
 // The unbiased exponent of each lane's |x| (x normal, ≥ 0); lanes where x == 0 get 0.
 inline __m256i exponent(__m256d x) {
@@ -28,9 +30,20 @@ inline __m256d cut(__m256d x, __m256d inverse, __m256d q) {
 
 inline __m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
 
-// fp8_limited_interval for four lanes: products a[k]·b[k·ldb + lane], k < n. False where some
+// Lanes n..n+3 of row k of B: one load where they are adjacent, a gather otherwise.
+struct Lanes {
+  int64_t sbk, sbn;
+  __m128i index;  // 0, sbn, 2·sbn, 3·sbn
+  __m256d at(const float* b, int64_t k) const {
+    const float* row = b + k * sbk;
+    return _mm256_cvtps_pd(sbn == 1 ? _mm_loadu_ps(row) : _mm_i32gather_ps(row, index, 4));
+  }
+};
+
+// fp8_limited_interval for four lanes: products a[k·sak]·B[k, lane], k < n. False where some
 // product or the accumulator is not finite (the caller then uses the scalar model).
-inline bool limited_interval4(const float* a, const float* b, int64_t ldb, int64_t n, __m256d& result) {
+inline bool limited_interval4(const float* a, int64_t sak, const float* b, const Lanes& lanes, int64_t n,
+                              __m256d& result) {
   const __m256d inf = _mm256_set1_pd(__builtin_inf());
   const __m256i fraction = _mm256_set1_epi64x(kFp8AccumulatorFractionBits);
   __m256d acc = _mm256_setzero_pd();
@@ -41,7 +54,7 @@ inline bool limited_interval4(const float* a, const float* b, int64_t ldb, int64
     __m256d top = magnitude(acc);
     for (int64_t i = 0; i < len; ++i) {
       const int64_t k = g0 + i;
-      p[i] = _mm256_mul_pd(_mm256_set1_pd(static_cast<double>(a[k])), _mm256_cvtps_pd(_mm_loadu_ps(b + k * ldb)));
+      p[i] = _mm256_mul_pd(_mm256_set1_pd(static_cast<double>(a[k * sak])), lanes.at(b, k));
       const __m256d m = magnitude(p[i]);
       finite = _mm256_and_pd(finite, _mm256_cmp_pd(m, inf, _CMP_LT_OQ));
       top = _mm256_max_pd(top, m);
@@ -88,15 +101,16 @@ void add_partial(Mode mode, const Fp8HopperOutput& out, int64_t m, int64_t N, in
 // Row m, columns [n0, n0 + width) of the product, width ≤ kLanes: whole blocks in the vector
 // lanes as long as their products are finite, the rest by the scalar model, interval by interval
 // (the two agree bit for bit where both apply).
-void block(Mode mode, int64_t N, int64_t K, const float* a, const float* B, int64_t ldb, const Fp8HopperOutput& out,
-           int64_t m, int64_t n0, int64_t width) {
+void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const float* B, const Lanes& lanes,
+           const Fp8HopperOutput& out, int64_t m, int64_t n0, int64_t width) {
   Element elements[kLanes];
   int64_t k0 = 0;
   for (; width == kLanes && k0 < K; k0 += kFp8PromotionInterval) {
     const int64_t len = std::min(kFp8PromotionInterval, K - k0);
+    const float* b = B + k0 * lanes.sbk + n0 * lanes.sbn;
     __m256d lo, hi;
-    if (!limited_interval4(a + k0, B + k0 * ldb + n0, ldb, len, lo) ||
-        !limited_interval4(a + k0, B + k0 * ldb + n0 + 4, ldb, len, hi)) {
+    if (!limited_interval4(a + k0 * sak, sak, b, lanes, len, lo) ||
+        !limited_interval4(a + k0 * sak, sak, b + 4 * lanes.sbn, lanes, len, hi)) {
       break;
     }
     float partial[kLanes];
@@ -107,8 +121,9 @@ void block(Mode mode, int64_t N, int64_t K, const float* a, const float* B, int6
   for (int64_t j = 0; j < width; ++j) {
     for (int64_t k = k0; k < K; k += kFp8PromotionInterval) {
       const int64_t len = std::min(kFp8PromotionInterval, K - k);
+      const float* b = B + k * lanes.sbk + (n0 + j) * lanes.sbn;
       add_partial(mode, out, m, N, n0 + j, elements[j],
-                  static_cast<float>(fp8_limited_interval(a + k, 1, B + k * ldb + n0 + j, ldb, len)));
+                  static_cast<float>(fp8_limited_interval(a + k * sak, sak, b, lanes.sbk, len)));
     }
   }
   if (out.f32 == nullptr) return;
@@ -117,15 +132,18 @@ void block(Mode mode, int64_t N, int64_t K, const float* a, const float* B, int6
 
 }  // namespace
 
-void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                       int64_t ldb, const Fp8HopperOutput& out) {
+void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
+                       const float* B, int64_t sbk, int64_t sbn, const Fp8HopperOutput& out) {
   LS_CHECK((out.f32 != nullptr) != (out.exact != nullptr), "matmul_fp8_hopper: one output, fp32 or exact");
+  LS_CHECK(3 * sbn <= INT32_MAX, "matmul_fp8_hopper: B's column stride ", sbn, " is beyond a gather's index");
+  const auto s = static_cast<int32_t>(sbn);
+  const Lanes lanes{sbk, sbn, _mm_setr_epi32(0, s, 2 * s, 3 * s)};
   const int64_t blocks = (N + kLanes - 1) / kLanes;
 #pragma omp parallel for collapse(2) schedule(static) if (M * N * K > (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t n0 = blk * kLanes;
-      block(mode, N, K, A + m * lda, B, ldb, out, m, n0, std::min(kLanes, N - n0));
+      block(mode, N, K, A + m * sam, sak, B, lanes, out, m, n0, std::min(kLanes, N - n0));
     }
   }
 }

@@ -1,9 +1,9 @@
 // Matrix products under the emulated Hopper FP8 accumulator (kernels/ops/fp8_accumulation.hpp):
-// each element's dot product by that header's model, four or eight output columns at a time in
-// AVX2 double lanes (each lane one element's whole accumulator, so the lanes and the OpenMP
-// threads, which take rows and column blocks, do not change the bits). An element whose products
-// are not all finite is computed by the header's scalar model. Not here: the fp32-accumulating
-// products (matmul.hpp).
+// each element's dot product by that header's model, eight output columns at a time in AVX2
+// double lanes (each lane one element's whole accumulator, so the lanes and the OpenMP threads,
+// which take rows and column blocks, do not change the bits). A promotion interval with a
+// non-finite product, and the columns of a block narrower than eight, run the header's scalar
+// model. Not here: the fp32-accumulating products (matmul.hpp).
 #pragma once
 
 #include <cstdint>
@@ -28,10 +28,10 @@ struct Fp8HopperOutput {
   int64_t offset = 0;
 };
 
-// C = A·B with A (M×K, row stride lda) and B (K×N, row stride ldb) row-major; canonical mode
-// combines the partials of an f32 output exactly, fast mode promotes them in fp32 (the exact
-// output is canonical's).
-void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                       int64_t ldb, const Fp8HopperOutput& out);
+// C = A·B, A (M×K) at A[m·sam + k·sak], B (K×N) at B[k·sbk + n·sbn] (sbn = 1 reads B's lanes
+// with one load, any other stride gathers them); canonical mode combines the partials of an f32
+// output exactly, fast mode promotes them in fp32 (the exact output is canonical's).
+void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
+                       const float* B, int64_t sbk, int64_t sbn, const Fp8HopperOutput& out);
 
 }  // namespace lockstep::cpu

@@ -2,7 +2,7 @@
 //
 //   kFp32        the fp32 contract of linear.hpp, as for any other operands.
 //   kHopperFp8   the limited tensor-core accumulator of Hopper GPUs, emulated so that a CPU "FP8"
-//                result is no better than a GPU's (NUMERICS.md: about 14 retained bits, partial
+//                result is no better than a GPU's (docs/numerics.md: about 14 retained bits, partial
 //                sums promoted to fp32 every N_C = 128 elements of K, per the DeepSeek-V3 report).
 //
 // The model of one output element's dot product Σ_k a[k]·b[k] under kHopperFp8, executable below:

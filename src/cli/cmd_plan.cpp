@@ -28,7 +28,7 @@ constexpr const char* kPlanUsage =
     "  --model: a run config (its [model] section); --cluster: scripts/clusters/*.toml.\n"
     "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n";
 
-constexpr double kGiB = 1 << 30;
+using plan::kGiB;
 
 std::string fixed(double x, int digits) {
   std::ostringstream s;
@@ -103,11 +103,7 @@ int cmd_plan(Args& args) {
   const plan::Cluster cluster = plan::load_cluster(*cluster_path);
   plan::Planner planner(request, cluster);
   double params = 0;
-  for (const ParamDecl* p : model_params(request.model)) {
-    double n = 1;
-    for (int64_t s : p->shape) n *= static_cast<double>(s);
-    params += n;
-  }
+  for (const ParamDecl* p : model_params(request.model)) params += static_cast<double>(param_numel(*p));
   // The trainer's checkpoint: fp32 parameters and AdamW's two moments.
   const auto goodput_of = [&](const plan::Prediction& p) { return plan::goodput(12 * params, p.time.total, cluster); };
   const auto print_goodput = [&](const plan::Prediction& p) {
@@ -141,9 +137,11 @@ int cmd_plan(Args& args) {
                fixed(result.least_memory.memory.total() / kGiB, 1), " GiB a GPU, ",
                fixed((result.least_memory.memory.total() - cluster.hbm_bytes) / kGiB, 1), " GiB over its ",
                fixed(cluster.hbm_bytes / kGiB, 0), " GiB");
-    const auto& first = *result.rejected.begin();
-    throw ConfigError(str_cat("lockstep plan: no layout of ", *model_path, " runs on ", cluster.name, ": ",
-                              first.second.text));
+    std::string reasons;
+    for (const auto& [kind, r] : result.rejected) {
+      reasons += str_cat(reasons.empty() ? "" : "; ", kind, " ", r.count, " (e.g. ", r.example.text(), ": ", r.text, ")");
+    }
+    throw ConfigError(str_cat("lockstep plan: no layout of ", *model_path, " runs on ", cluster.name, ": ", reasons));
   }
   std::cout << std::left << std::setw(5) << "rank" << std::setw(46) << "layout" << std::right << std::setw(9)
             << "step s" << std::setw(12) << "tokens/s" << std::setw(7) << "MFU" << std::setw(10) << "GEMMs s"

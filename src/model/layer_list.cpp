@@ -119,13 +119,16 @@ std::string op_sites_text(const ModelDesc& desc) {
   return text;
 }
 
+int64_t param_numel(const ParamDecl& p) {
+  int64_t n = 1;
+  for (int64_t s : p.shape) n *= s;
+  return n;
+}
+
 double layer_flops_per_token(const LayerDesc& l) {
   double matmul_params = 0;
   for (const auto& p : l.params) {
-    if (!p.matmul) continue;
-    double n = 1;
-    for (auto s : p.shape) n *= static_cast<double>(s);
-    matmul_params += n;
+    if (p.matmul) matmul_params += static_cast<double>(param_numel(p));
   }
   return 6.0 * matmul_params + l.activation_flops;
 }

@@ -142,6 +142,9 @@ ModelDesc describe_model(const ModelConfig& cfg);
 // layer added), call it again.
 void declare_layers(ModelDesc& desc);
 
+// A parameter's elements (the global tensor's).
+int64_t param_numel(const ParamDecl& p);
+
 // Every parameter in canonical order (the order of the forward pass: checkpoints, model hash).
 std::vector<const ParamDecl*> model_params(const ModelDesc& desc);
 

@@ -1,6 +1,7 @@
 #include "src/plan/cluster.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -34,6 +35,11 @@ class Reader {
     LS_REQUIRE(*v >= lo && *v <= hi, path_, ": [", name_, "] ", key, " = ", *v, " must be in [", lo, ", ", hi, "]");
     read_.push_back(key);
     return *v;
+  }
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) {
+    const double v = number(key, static_cast<double>(lo), static_cast<double>(hi));
+    LS_REQUIRE(v == std::floor(v), path_, ": [", name_, "] ", key, " = ", v, " must be a whole number");
+    return static_cast<int64_t>(v);
   }
   std::string text(const std::string& key) {
     const toml::node* node = table_->get(key);
@@ -78,8 +84,8 @@ Cluster load_cluster(const std::string& path) {
   c.source = path;
   Reader g(path, root, "cluster");
   c.name = g.text("name");
-  c.gpus_per_node = static_cast<int64_t>(g.number("gpus_per_node", 1, 1024));
-  c.nodes = static_cast<int64_t>(g.number("nodes", 1, 1 << 20));
+  c.gpus_per_node = g.integer("gpus_per_node", 1, 1024);
+  c.nodes = g.integer("nodes", 1, 1 << 20);
   c.hbm_bytes = g.number("hbm_gib", 1e-3, 1e6) * (1 << 30);
   c.reserved_bytes = g.number("reserved_gib", 0, 1e6) * (1 << 30);
   g.finish();

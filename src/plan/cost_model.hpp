@@ -43,6 +43,8 @@
 
 namespace lockstep::plan {
 
+inline constexpr double kGiB = 1 << 30;
+
 struct PlanRequest {
   ModelDesc model;  // its seq_len the step's
   int64_t global_batch = 0;  // sequences per step

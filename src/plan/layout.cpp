@@ -1,5 +1,6 @@
 #include "src/plan/layout.hpp"
 
+#include <set>
 #include <sstream>
 
 #include "src/core/check.hpp"
@@ -21,6 +22,7 @@ Layout parse_layout(const std::string& text, const std::string& where) {
   Layout l;
   std::istringstream in(text);
   std::string token;
+  std::set<std::string> seen;
   const auto count = [&](const std::string& t, size_t skip) {
     int64_t v = 0;
     try {
@@ -28,11 +30,14 @@ Layout parse_layout(const std::string& text, const std::string& where) {
       v = std::stoll(t.substr(skip), &used);
       LS_REQUIRE(used == t.size() - skip && v >= 0, "");
     } catch (const std::exception&) {
-      throw ConfigError(str_cat(where, ": '", t, "' is not a layout item (dpN tpN ppN mbN zeroN sp SCHEDULE[:V] recompute=R)"));
+      throw ConfigError(
+          str_cat(where, ": '", t, "' is not a layout item (dpN tpN ppN mbN zeroN sp SCHEDULE[:V] recompute=R)"));
     }
     return v;
   };
   while (in >> token) {
+    const std::string item = token.substr(0, token.find_first_of("0123456789=:"));
+    LS_REQUIRE(seen.insert(item).second, where, ": '", item, "' is given twice in '", text, "'");
     if (token.rfind("dp", 0) == 0) {
       l.dp = count(token, 2);
     } else if (token.rfind("tp", 0) == 0) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "src/core/check.hpp"
 #include "src/parallel/tensor_parallel.hpp"
@@ -12,13 +13,6 @@ namespace lockstep::plan {
 namespace {
 
 constexpr double kBucketBytes = 25.0 * (1 << 20);  // the trainer's default [parallel] bucket_mb
-constexpr double kGiB = 1 << 30;
-
-double elements(const ParamDecl& p) {
-  double n = 1;
-  for (int64_t s : p.shape) n *= static_cast<double>(s);
-  return n;
-}
 
 }  // namespace
 
@@ -33,7 +27,7 @@ struct Planner::RankCost {
   bool head = false;         // holds the head (its logits' gradient)
 };
 
-Planner::Planner(const PlanRequest& request, const Cluster& cluster) : request_(request), cluster_(cluster) {
+Planner::Planner(PlanRequest request, Cluster cluster) : request_(std::move(request)), cluster_(std::move(cluster)) {
   const LayerDesc& last = request_.model.layers.back();
   if (last.kind == LayerKind::kHead && last.tied) {
     head_flops_ = 6.0 * static_cast<double>(last.dims.V) * static_cast<double>(last.dims.C);
@@ -68,7 +62,8 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
       if (l.kind == LayerKind::kHead) flops += head_flops_;
       r.forward_flops += flops / 3;
       for (const ParamDecl& p : l.params) {
-        const double n = p.split_dim >= 0 ? elements(p) / t : elements(p);
+        const auto whole = static_cast<double>(param_numel(p));
+        const double n = p.split_dim >= 0 ? whole / t : whole;
         r.params += n;
         if (p.matmul) r.matmul_params += n;
       }
@@ -79,14 +74,16 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           ++r.forward_reduces;
           break;
         case LayerKind::kAttention:
-          ++r.forward_reduces, ++r.backward_reduces;
+          ++r.forward_reduces;
+          ++r.backward_reduces;
           input = C * stream;
           inside = C * stream + static_cast<double>(m.qkv_width()) / t + static_cast<double>(m.NH) / t * T +
                    static_cast<double>(m.NH * m.HS) / t;
           recomputed = layout.recompute != Recompute::kNone;
           break;
         case LayerKind::kMlp:
-          ++r.forward_reduces, ++r.backward_reduces;
+          ++r.forward_reduces;
+          ++r.backward_reduces;
           input = C * stream;
           inside = C * stream + static_cast<double>(m.F) * (l.ffn == FfnKind::kSwiglu ? 3 : 2) / t;
           recomputed = layout.recompute == Recompute::kFull;
@@ -139,23 +136,29 @@ Problem Planner::problem(const Layout& layout) {
     return {"schedule", str_cat("the trainer runs the gpipe and 1f1b schedules, not ",
                                 parallel::schedule_name(layout.schedule))};
   }
+  if (layout.chunks != 1) {
+    return {"schedule", str_cat("virtual stages (", layout.chunks, ") need the interleaved schedule and pp > 1")};
+  }
   if (B % layout.dp != 0 || (B / layout.dp) % layout.micro_batch != 0) {
     return {"batch split", str_cat("a batch of ", B, " sequences does not split into dp ", layout.dp,
                                    " replicas of micro-batches of ", layout.micro_batch)};
   }
   try {
     parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T, Mode::kFast, request_.source);
+  } catch (const ConfigError& e) {
+    return {"tp layout", e.what()};
+  }
+  try {
     rank_layers(layout.pp, layout.chunks);
   } catch (const ConfigError& e) {
-    return {layout.pp > 1 && std::string(e.what()).find("stage") != std::string::npos ? "stages" : "tp layout",
-            e.what()};
+    return {"stages", e.what()};
   }
   return {};
 }
 
 parallel::Timeline Planner::timeline(const Layout& layout, int64_t micro, const parallel::PassCosts& costs) {
   const auto key = std::make_tuple(static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks, costs.forward,
-                                   costs.backward_input, costs.p2p);
+                                   costs.backward_input, costs.backward_weight, costs.p2p);
   auto it = timelines_.find(key);
   if (it == timelines_.end()) {
     const parallel::PipelineSchedule s =
@@ -187,7 +190,9 @@ Prediction Planner::predict(const Layout& layout) {
     if (f + fc + 2 * f + rc + bc <= forward + backward) continue;
     forward = f + fc;
     backward = 2 * f + rc + bc;
-    gemm = 3 * f + rc, recompute = rc, comm = fc + bc;
+    gemm = 3 * f + rc;
+    recompute = rc;
+    comm = fc + bc;
   }
   Prediction p;
   p.layout = layout;
@@ -221,8 +226,8 @@ Prediction Planner::predict(const Layout& layout) {
     const bool sharded = layout.dp > 1 && layout.zero >= 2;
     m.grads = sharded ? grads / dp + std::min(grads, kBucketBytes) : grads;
     m.optimizer = r.params * 8 / (layout.zero >= 1 ? dp : 1);
-    m.activations = static_cast<double>(in_flight[i]) * r.kept_bytes * tokens / static_cast<double>(layout.chunks) +
-                    r.rebuilt_bytes * tokens;
+    const double in_flight_tokens = static_cast<double>(in_flight[i]) * tokens / static_cast<double>(layout.chunks);
+    m.activations = in_flight_tokens * r.kept_bytes + r.rebuilt_bytes * tokens;
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
     if (layout.dp == 1) continue;
@@ -251,9 +256,9 @@ Prediction Planner::predict(const Layout& layout) {
 Problem Planner::fits(const Prediction& p) const {
   const double need = p.memory.total();
   if (need <= cluster_.hbm_bytes) return {};
-  return {"memory", str_cat("needs ", std::round(need / kGiB * 10) / 10, " GiB a GPU, over the ",
-                            cluster_.hbm_bytes / kGiB, " GiB of HBM by ", std::round((need - cluster_.hbm_bytes) / kGiB * 10) / 10,
-                            " GiB")};
+  const auto gib = [](double bytes) { return std::round(bytes / kGiB * 10) / 10; };
+  return {"memory", str_cat("needs ", gib(need), " GiB a GPU, over the ", cluster_.hbm_bytes / kGiB, " GiB of HBM by ",
+                            gib(need - cluster_.hbm_bytes), " GiB")};
 }
 
 SearchResult Planner::search() {
@@ -261,17 +266,21 @@ SearchResult Planner::search() {
   const int64_t N = cluster_.gpus();
   const auto reject = [&](const Layout& l, const Problem& why) {
     SearchResult::Rejection& r = out.rejected[why.kind];
-    if (r.count++ == 0) r.example = l, r.text = why.text;
+    if (r.count++ > 0) return;
+    r.example = l;
+    r.text = why.text;
   };
   for (int64_t tp = 1; tp <= cluster_.gpus_per_node && N % tp == 0; tp *= 2) {
     for (int64_t pp = 1; pp <= N / tp; ++pp) {
       if ((N / tp) % pp != 0) continue;
       for (int64_t mb : {1, 2, 4, 8, 16}) {
-        for (int zero = 0; zero <= 2; ++zero) {
+        // Without data parallelism the ZeRO stages are one layout.
+        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? 2 : 0); ++zero) {
           for (bool sp : {false, true}) {
             if (sp && tp == 1) continue;
             for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-              Layout l{.dp = N / (tp * pp), .tp = tp, .pp = pp, .micro_batch = mb, .zero = zero, .sp = sp, .recompute = rc};
+              const Layout l{
+                  .dp = N / (tp * pp), .tp = tp, .pp = pp, .micro_batch = mb, .zero = zero, .sp = sp, .recompute = rc};
               ++out.considered;
               if (Problem why = problem(l); !why.empty()) {
                 reject(l, why);

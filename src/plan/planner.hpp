@@ -6,11 +6,11 @@
 // Search: every dp × tp × pp of the cluster's GPUs with tp a power of two within a node, pp any
 // divisor that leaves each stage a layer; micro-batches of 1, 2, 4, 8 or 16 sequences that divide
 // a replica's share of the batch; zero 0, 1, 2; sequence parallelism off and on (tp > 1); no,
-// selective or full recomputation; 1F1B across stages — the trainer's choices (ZeRO-3, the
-// interleaved and zero-bubble schedules are refused by the trainer and not searched; --explain
-// evaluates them on request). A layout the trainer refuses, or that does not fit in the GPU's
-// HBM, is rejected with the reason; the rest are ranked by predicted step time, then memory, then
-// their text (a deterministic order).
+// selective or full recomputation; 1F1B across stages — the trainer's choices (ZeRO-3 and the
+// interleaved and zero-bubble schedules, which the trainer refuses, are problems: --explain names
+// them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
+// reason; the rest are ranked by predicted step time, then memory, then their text (a
+// deterministic order).
 #pragma once
 
 #include <map>
@@ -46,7 +46,7 @@ struct SearchResult {
 
 class Planner {
  public:
-  Planner(const PlanRequest& request, const Cluster& cluster);
+  Planner(PlanRequest request, Cluster cluster);
 
   Problem problem(const Layout& layout);
   // The prediction of a layout without a problem.
@@ -61,11 +61,11 @@ class Planner {
   const std::vector<std::vector<size_t>>& rank_layers(int64_t pp, int64_t chunks);
   parallel::Timeline timeline(const Layout& layout, int64_t micro, const parallel::PassCosts& costs);
 
-  const PlanRequest& request_;
-  const Cluster& cluster_;
+  PlanRequest request_;
+  Cluster cluster_;
   double head_flops_ = 0;  // a tied head's product per token (declared with the embedding)
   std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<size_t>>> layers_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, double, double, double>, parallel::Timeline> timelines_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, double, double, double, double>, parallel::Timeline> timelines_;
 };
 
 }  // namespace lockstep::plan

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -129,6 +130,66 @@ TEST(Fp8Accumulation, BoundedRuleHoldsAndTheModelIsWorseThanFp32) {
   EXPECT_GT(hopper_error, 8 * fp32_error);
   std::printf("hopper accumulation: worst err/bound %.3g, total |error| %.3g against fp32's %.3g\n", worst_ratio,
               hopper_error, fp32_error);
+}
+
+// Operands known only within an error (the Bounded type's err): the model on any operands within
+// them stays within the rule's bound of the reference value.
+TEST(Fp8Accumulation, BoundedRuleCoversTheOperandsErrors) {
+  using Bd = reference::Bounded<double>;
+  reference::BoundedFormat own = reference::bounded_format();
+  own.u = reference::kBoundedDoubleU;
+  reference::ScopedBoundedFormat scoped(own);
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<double> unit(-1, 1);
+  for (int64_t n : {32, 200, 1000}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const auto a = fp8_values(rng, n, 1.0f), b = fp8_values(rng, n, 1.0f);
+      std::vector<Bd> ba, bb;
+      std::vector<float> pa, pb;  // operands moved within their errors
+      for (int64_t i = 0; i < n; ++i) {
+        const double ea = std::fabs(a[i]) * 0x1p-6, eb = std::fabs(b[i]) * 0x1p-6 + 0x1p-20;
+        ba.push_back(Bd{a[i], ea});
+        bb.push_back(Bd{b[i], eb});
+        pa.push_back(static_cast<float>(a[i] + ea * unit(rng) * 0.99));
+        pb.push_back(static_cast<float>(b[i] + eb * unit(rng) * 0.99));
+      }
+      const Bd ref = reference::dot_accumulated(Accumulation::kHopperFp8, ba.data(), 1, bb.data(), 1, n);
+      const double got = fp8_hopper_dot_canonical(pa.data(), 1, pb.data(), 1, n);
+      ASSERT_LE(std::fabs(got - ref.value), ref.err) << "n " << n << " trial " << trial;
+    }
+  }
+}
+
+// A full block of eight columns whose second promotion interval holds an infinite product in one
+// column: the kernel leaves the vector lanes there for the scalar model and every element is
+// still the model's (the finite columns bit for bit, the infinite one infinite), in both modes and
+// into an exact accumulator.
+TEST(Fp8Accumulation, KernelLeavesTheLanesAtANonFiniteInterval) {
+  std::mt19937_64 rng(9);
+  const LinearShape s{.N = 3, .IC = 300, .OC = 16, .accumulation = Accumulation::kHopperFp8};
+  const auto x = fp8_values(rng, s.N * s.IC, 1.0f);
+  auto w = fp8_values(rng, s.OC * s.IC, 0x1p-5f);
+  w[5 * s.IC + 150] = std::numeric_limits<float>::infinity();  // column 5, interval 1
+  for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
+    std::vector<float> got(static_cast<size_t>(s.N * s.OC));
+    cpu::linear_forward(mode, s, got.data(), x.data(), w.data(), nullptr);
+    ExactAccumulator partials(got.size());
+    cpu::linear_forward_partials(s, partials, x.data(), w.data());
+    std::vector<float> combined(got.size());
+    partials.round_to(combined.data());
+    for (int64_t n = 0; n < s.N; ++n) {
+      for (int64_t o = 0; o < s.OC; ++o) {
+        const float* xr = &x[n * s.IC];
+        const float* wr = &w[o * s.IC];
+        const float canonical = fp8_hopper_dot_canonical(xr, 1, wr, 1, s.IC);
+        const float want = mode == Mode::kCanonical ? canonical : fp8_hopper_dot_promoted(xr, 1, wr, 1, s.IC);
+        const size_t i = static_cast<size_t>(n * s.OC + o);
+        EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << n << "," << o;
+        EXPECT_EQ(std::bit_cast<uint32_t>(combined[i]), std::bit_cast<uint32_t>(canonical)) << n << "," << o;
+        if (o == 5) EXPECT_TRUE(std::isinf(got[i]));
+      }
+    }
+  }
 }
 
 // The fast kernel's elements are the model's fp32 promotion, whatever the thread count.
