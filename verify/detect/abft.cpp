@@ -166,8 +166,8 @@ void AbftBackend::check_forward(int site, const ProductView& c, LinearShape s, c
   ForwardMemo& m = memo(site);
   predicted_rows_times_transposed(inp, s.N, s.IC, weight, s.OC, scratch_, scratch_.predicted, m.sums);
   m.inp = inp, m.N = s.N;
-  conclude(site, c, {inp, s.N, s.IC}, {weight, s.OC, s.IC, true}, {.K = s.IC, .chain = chain, .limited = limited(s, s.IC)}, accumulates, bias,
-           scratch_.predicted);
+  const ProductRounding rounding{.K = s.IC, .chain = chain, .limited = limited(s, s.IC)};
+  conclude(site, c, {inp, s.N, s.IC}, {weight, s.OC, s.IC, true}, rounding, accumulates, bias, scratch_.predicted);
 }
 
 void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dweight,
@@ -203,8 +203,9 @@ void AbftBackend::check_backward(bool canonical, LinearShape s, const ProductVie
     predicted_rows_from(dout_t, bx->a.data(), bx->a_mag.data(), scratch_, scratch_.predicted2);
   }
   if (bw) {
-    conclude(dx_site, dx, dout_m, w, {.K = s.OC, .chain = rounding_chain(canonical, s.OC, false), .limited = limited(s, s.OC)}, false, nullptr,
-             scratch_.predicted);
+    const ProductRounding rounding{
+        .K = s.OC, .chain = rounding_chain(canonical, s.OC, false), .limited = limited(s, s.OC)};
+    conclude(dx_site, dx, dout_m, w, rounding, false, nullptr, scratch_.predicted);
   }
   if (bx) {
     // Canonical mode adds exact chunk partials (C before is in no rounding); fast mode's GEMM adds
@@ -240,8 +241,8 @@ void AbftBackend::linear_backward_dinp_partials(LinearShape s, ExactAccumulator&
   const MatrixView dout_m{dout, s.N, s.OC}, w{weight, s.OC, s.IC};
   const OperandRowSums& bw = weight_rows(site, w);
   predicted_rows_from(dout_m, bw.w.data(), bw.w_mag.data(), scratch_, scratch_.predicted);
-  conclude(site, c, dout_m, w, {.K = s.OC, .chain = rounding_chain(true, s.OC, false), .limited = limited(s, s.OC)}, true, nullptr,
-           scratch_.predicted);
+  const ProductRounding rounding{.K = s.OC, .chain = rounding_chain(true, s.OC, false), .limited = limited(s, s.OC)};
+  conclude(site, c, dout_m, w, rounding, true, nullptr, scratch_.predicted);
 }
 
 void AbftDetector::after_reduce(int64_t step, float) {
