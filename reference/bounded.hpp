@@ -57,6 +57,14 @@ class ScopedBoundedFormat {
   BoundedFormat saved_;
 };
 
+// The scope of a Bounded<double> reference: the format as it is, with kBoundedDoubleU for u, so
+// that the reference's own double roundings are counted into its bounds.
+inline ScopedBoundedFormat with_double_roundings() {
+  BoundedFormat f = bounded_format();
+  f.u = kBoundedDoubleU;
+  return ScopedBoundedFormat(f);
+}
+
 template <class T>
 struct Bounded {
   T value{};

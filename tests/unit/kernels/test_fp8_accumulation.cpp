@@ -104,9 +104,7 @@ std::vector<float> fp8_values(std::mt19937_64& rng, int64_t n, float scale) {
 
 TEST(Fp8Accumulation, BoundedRuleHoldsAndTheModelIsWorseThanFp32) {
   using Bd = reference::Bounded<double>;
-  reference::BoundedFormat own = reference::bounded_format();
-  own.u = reference::kBoundedDoubleU;
-  reference::ScopedBoundedFormat scoped(own);
+  const reference::ScopedBoundedFormat own_roundings = reference::with_double_roundings();
   std::mt19937_64 rng(17);
   double worst_ratio = 0, hopper_error = 0, fp32_error = 0;
   for (int64_t n : {1, 31, 32, 33, 127, 128, 129, 300, 1024, 4099}) {
@@ -136,9 +134,7 @@ TEST(Fp8Accumulation, BoundedRuleHoldsAndTheModelIsWorseThanFp32) {
 // them stays within the rule's bound of the reference value.
 TEST(Fp8Accumulation, BoundedRuleCoversTheOperandsErrors) {
   using Bd = reference::Bounded<double>;
-  reference::BoundedFormat own = reference::bounded_format();
-  own.u = reference::kBoundedDoubleU;
-  reference::ScopedBoundedFormat scoped(own);
+  const reference::ScopedBoundedFormat own_roundings = reference::with_double_roundings();
   std::mt19937_64 rng(23);
   std::uniform_real_distribution<double> unit(-1, 1);
   for (int64_t n : {32, 200, 1000}) {

@@ -23,10 +23,7 @@ namespace {
 
 
 void run_grid(const OpEntry& entry) {
-  // The reference's own double roundings are counted into its bounds (reference/bounded.hpp).
-  reference::BoundedFormat own = reference::bounded_format();
-  own.u = reference::kBoundedDoubleU;
-  reference::ScopedBoundedFormat own_roundings(own);
+  const reference::ScopedBoundedFormat own_roundings = reference::with_double_roundings();
   CpuBackend backend = CpuBackend::current();
   int64_t cases = 0, vacuous = 0;
   double tightness = 0;
