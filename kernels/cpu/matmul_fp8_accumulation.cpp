@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/bf16_bits.hpp"
 #include "kernels/ops/fp8_accumulation.hpp"
@@ -30,14 +31,10 @@ inline __m256d cut(__m256d x, __m256d inverse, __m256d q) {
 
 inline __m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
 
-// Lanes n..n+3 of row k of B: one load where they are adjacent, a gather otherwise.
+// Lanes n..n+3 of row k of B (adjacent: B is read with unit column stride).
 struct Lanes {
-  int64_t sbk, sbn;
-  __m128i index;  // 0, sbn, 2·sbn, 3·sbn
-  __m256d at(const float* b, int64_t k) const {
-    const float* row = b + k * sbk;
-    return _mm256_cvtps_pd(sbn == 1 ? _mm_loadu_ps(row) : _mm_i32gather_ps(row, index, 4));
-  }
+  int64_t sbk;
+  __m256d at(const float* b, int64_t k) const { return _mm256_cvtps_pd(_mm_loadu_ps(b + k * sbk)); }
 };
 
 // fp8_limited_interval for four lanes: products a[k·sak]·B[k, lane], k < n. False where some
@@ -107,10 +104,10 @@ void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const f
   int64_t k0 = 0;
   for (; width == kLanes && k0 < K; k0 += kFp8PromotionInterval) {
     const int64_t len = std::min(kFp8PromotionInterval, K - k0);
-    const float* b = B + k0 * lanes.sbk + n0 * lanes.sbn;
+    const float* b = B + k0 * lanes.sbk + n0;
     __m256d lo, hi;
     if (!limited_interval4(a + k0 * sak, sak, b, lanes, len, lo) ||
-        !limited_interval4(a + k0 * sak, sak, b + 4 * lanes.sbn, lanes, len, hi)) {
+        !limited_interval4(a + k0 * sak, sak, b + 4, lanes, len, hi)) {
       break;
     }
     float partial[kLanes];
@@ -121,7 +118,7 @@ void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const f
   for (int64_t j = 0; j < width; ++j) {
     for (int64_t k = k0; k < K; k += kFp8PromotionInterval) {
       const int64_t len = std::min(kFp8PromotionInterval, K - k);
-      const float* b = B + k * lanes.sbk + (n0 + j) * lanes.sbn;
+      const float* b = B + k * lanes.sbk + n0 + j;
       add_partial(mode, out, m, N, n0 + j, elements[j],
                   static_cast<float>(fp8_limited_interval(a + k * sak, sak, b, lanes.sbk, len)));
     }
@@ -130,14 +127,30 @@ void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const f
   for (int64_t j = 0; j < width; ++j) store(mode, out, m, n0 + j, elements[j]);
 }
 
+// X (rows × cols at X[r·sr + c·sc]) copied row-major into buf, grown as needed.
+const float* packed(std::vector<float>& buf, int64_t rows, int64_t cols, const float* X, int64_t sr, int64_t sc) {
+  if (buf.size() < static_cast<size_t>(rows * cols)) buf.resize(static_cast<size_t>(rows * cols));
+  float* p = buf.data();
+#pragma omp parallel for schedule(static) if (rows * cols > (int64_t{1} << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) p[r * cols + c] = X[r * sr + c * sc];
+  }
+  return p;
+}
+
 }  // namespace
 
 void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
                        const float* B, int64_t sbk, int64_t sbn, const Fp8HopperOutput& out) {
   LS_CHECK((out.f32 != nullptr) != (out.exact != nullptr), "matmul_fp8_hopper: one output, fp32 or exact");
-  LS_CHECK(3 * sbn <= INT32_MAX, "matmul_fp8_hopper: B's column stride ", sbn, " is beyond a gather's index");
-  const auto s = static_cast<int32_t>(sbn);
-  const Lanes lanes{sbk, sbn, _mm_setr_epi32(0, s, 2 * s, 3 * s)};
+  // The lanes read B's columns side by side: a B whose columns are not adjacent (fprop's weight)
+  // is packed row-major first, into a buffer the calling thread keeps (as matmul.isa.cpp packs).
+  if (sbn != 1) {
+    thread_local std::vector<float> packed_b;
+    B = packed(packed_b, K, N, B, sbk, sbn);
+    sbk = N;
+  }
+  const Lanes lanes{sbk};
   const int64_t blocks = (N + kLanes - 1) / kLanes;
 #pragma omp parallel for collapse(2) schedule(static) if (M * N * K > (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {

@@ -28,8 +28,8 @@ struct Fp8HopperOutput {
   int64_t offset = 0;
 };
 
-// C = A·B, A (M×K) at A[m·sam + k·sak], B (K×N) at B[k·sbk + n·sbn] (sbn = 1 reads B's lanes
-// with one load, any other stride gathers them); canonical mode combines the partials of an f32
+// C = A·B, A (M×K) at A[m·sam + k·sak], B (K×N) at B[k·sbk + n·sbn] (a B with sbn ≠ 1 is packed
+// into a buffer of the calling thread first); canonical mode combines the partials of an f32
 // output exactly, fast mode promotes them in fp32 (the exact output is canonical's).
 void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
                        const float* B, int64_t sbk, int64_t sbn, const Fp8HopperOutput& out);
