@@ -170,7 +170,10 @@ std::string svg_timeline(const std::string& title, const std::vector<std::string
   double span = 0;
   for (const TimelineBar& b : bars) span = std::max(span, b.end);
   if (span <= 0) span = 1;
-  const double L = 80, R = 20, T = 40, row_h = 28, legend = 30;
+  // The left margin holds the row labels (about 6 pixels a character at this font size).
+  size_t longest = 0;
+  for (const std::string& r : rows) longest = std::max(longest, r.size());
+  const double L = std::max(80.0, 6.0 * static_cast<double>(longest) + 16), R = 20, T = 40, row_h = 28, legend = 30;
   const double W = std::clamp(24.0 * span, 600.0, 2400.0) + L + R;
   const double H = T + row_h * static_cast<double>(rows.size()) + 40 + legend;
   const double scale = (W - L - R) / span;

@@ -1,7 +1,8 @@
 // `lockstep plan --model FILE --cluster FILE --global-batch B [--seq-len T] [--precision P]
-// [--top N] [--json FILE] [--explain LAYOUT]`: the layouts of a run on a cluster, ranked by the
-// planner's predicted step time (src/plan/planner.hpp), each with its time and memory broken
-// down, and every rejected layout counted by its reason; or one layout's prediction in full.
+// [--top N] [--json FILE] [--svg FILE] [--explain LAYOUT]`: the layouts of a run on a cluster,
+// ranked by the planner's predicted step time (src/plan/planner.hpp), each with its time and
+// memory broken down (as bars in the SVG), and every rejected layout counted by its reason; or one
+// layout's prediction in full.
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -15,16 +16,17 @@
 #include "src/plan/goodput.hpp"
 #include "src/plan/planner.hpp"
 #include "src/train/config.hpp"
+#include "verify/svg_plot.hpp"
 
 namespace lockstep::cli {
 namespace {
 
 constexpr const char* kPlanUsage =
     "usage: lockstep plan --model FILE.toml --cluster FILE.toml --global-batch B [--seq-len T]\n"
-    "                     [--precision fp32|bf16|fp8] [--top N] [--json FILE] [--explain LAYOUT]\n"
+    "                     [--precision fp32|bf16|fp8] [--top N] [--json FILE] [--svg FILE] [--explain LAYOUT]\n"
     "  ranks the layouts the trainer runs (dp x tp x pp of the cluster's GPUs, micro-batch, ZeRO 0-2,\n"
     "  sequence parallelism, recomputation, 1F1B) by predicted step time and prints the best N\n"
-    "  (default 10) with time and memory broken down, and the rejected layouts by reason.\n"
+    "  (default 10) with time and memory broken down (--svg: as bars), and the rejected layouts by reason.\n"
     "  --model: a run config (its [model] section); --cluster: scripts/clusters/*.toml.\n"
     "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n";
 
@@ -57,6 +59,36 @@ nlohmann::json to_json(const plan::Prediction& p) {
             {"total", p.memory.total() / kGiB}}}};
 }
 
+// The shown layouts' step time and memory, each a row of stacked bars.
+std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::string& title) {
+  std::vector<std::string> rows;
+  std::vector<verify::TimelineBar> time, memory;
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const plan::Prediction& p = shown[i];
+    rows.push_back(str_cat(i + 1, ". ", p.layout.text()));
+    double at = 0;
+    const double parts[] = {p.time.compute, p.time.tp_comm, p.time.pipeline, p.time.dp_exposed};
+    for (size_t s = 0; s < 4; ++s) {
+      time.push_back({i, at, at + parts[s], fixed(parts[s], 2), s});
+      at += parts[s];
+    }
+    at = 0;
+    const plan::Memory& m = p.memory;
+    const double held[] = {m.params, m.grads, m.optimizer, m.activations, m.reserved};
+    for (size_t s = 0; s < 5; ++s) {
+      memory.push_back({i, at, at + held[s] / kGiB, fixed(held[s] / kGiB, 1), s});
+      at += held[s] / kGiB;
+    }
+  }
+  return verify::svg_stack(
+      {verify::svg_timeline(title + ": predicted step time", rows,
+                            {"GEMMs (and recomputation)", "tensor-parallel collectives", "pipeline bubble and sends",
+                             "data-parallel exposed"},
+                            time, "seconds"),
+       verify::svg_timeline(title + ": memory of the fullest GPU", rows,
+                            {"parameters", "gradients", "optimizer", "activations", "reserved"}, memory, "GiB")});
+}
+
 void explain(const plan::Prediction& p, double hbm) {
   const plan::StepTime& t = p.time;
   const plan::Memory& m = p.memory;
@@ -86,7 +118,8 @@ int cmd_plan(Args& args) {
   const auto seq_len = args.take("seq-len");
   const std::string precision = args.take_or("precision", "bf16");
   const int64_t top = parse_count("lockstep plan", "top", args.take_or("top", "10"));
-  const std::string json_path = args.take_or("json", ""), explain_text = args.take_or("explain", "");
+  const std::string json_path = args.take_or("json", ""), svg_path = args.take_or("svg", "");
+  const std::string explain_text = args.take_or("explain", "");
   args.finish("plan");
   LS_REQUIRE(args.positionals().empty(), "lockstep plan: unexpected argument '", args.positionals()[0], "'");
   LS_REQUIRE(precision == "fp32" || precision == "bf16" || precision == "fp8",
@@ -162,6 +195,12 @@ int cmd_plan(Args& args) {
     std::cout << "; " << kind << " " << r.count << " (e.g. " << r.example.text() << ": " << r.text << ")";
   }
   std::cout << "\n";
+  if (!svg_path.empty()) {
+    const std::vector<plan::Prediction> best(result.ranked.begin(), result.ranked.begin() + shown);
+    std::ofstream out(svg_path);
+    LS_REQUIRE(out.good(), "lockstep plan: cannot write ", svg_path);
+    out << plan_svg(best, str_cat(run.model.n_layers, " layers, d_model ", run.model.d_model, " on ", cluster.name));
+  }
   if (!json_path.empty()) {
     const plan::Goodput g = goodput_of(result.ranked.front());
     nlohmann::json j = {{"model", *model_path}, {"cluster", cluster.name}, {"precision", precision},

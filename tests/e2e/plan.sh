@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The layout planner (`lockstep plan`, src/plan/): GPT-3 175B on the shipped 1,024-A100 cluster —
 # a ranked table whose rows fit, are sorted and add up, the rejections by reason, the same ranking
-# in the JSON, one layout explained; bad input, once each: a cluster field missing, an unknown
+# in the JSON, the breakdowns as bars in the SVG, one layout explained; bad input, once each: a cluster field missing, an unknown
 # precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much); the
 # Llama 3 405B anchor.
 source "$(dirname "$0")/lib.sh"
 plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global-batch 1536 "$@"; }
 
-plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --top 5 --json plan.json > plan.log
+plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --top 5 --json plan.json --svg plan.svg > plan.log
 grep -q '^plan: .*gpt3_175b.toml (174.62B parameters, 96 layers, d_model 12288) on a100_1024 (1024 GPUs, 128 x 8, 80 GiB): 1536 x 2048 tokens a step, bf16$' plan.log \
   || fail "no plan header: $(head -1 plan.log)"
 grep -Eq '^goodput: the job fails every [0-9.]+ min \(50000 GPU-hours each over 1024 GPUs\); a checkpoint of 1951\.[0-9] GiB takes [0-9.]+ s, every [0-9]+ steps .*% of the time trains' plan.log \
@@ -34,6 +34,10 @@ for row, r in zip(rows, ranked):
 print("best:", ranked[0]["layout"], round(ranked[0]["step_s"], 3), "s, MFU", round(ranked[0]["mfu"], 3))
 PY
 best=$(python3 -c "import json; print(json.load(open('plan.json'))['ranked'][0]['layout'])")
+for what in "predicted step time" "memory of the fullest GPU" "1. $best" "data-parallel exposed" "activations"; do
+  grep -q "$what" plan.svg || fail "plan.svg lacks '$what'"
+done
+[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 45 ] || fail "plan.svg: expected 5 x (4 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
 grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
 grep -Eq '^memory of the fullest GPU [0-9.]+ GiB of 80: parameters' explain.log || fail "explain memory: $(cat explain.log)"
