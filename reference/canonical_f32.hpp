@@ -218,7 +218,7 @@ inline CanonicalF32 dot_accumulated(Accumulation acc, const CanonicalF32* a, int
                                     int64_t sb, int64_t n) {
   if (acc == Accumulation::kFp32) return dot(a, sa, b, sb, n);
   const std::vector<float> x = canonical_detail::floats(a, sa, n), y = canonical_detail::floats(b, sb, n);
-  return fp8_hopper_dot_canonical(x.data(), 1, y.data(), 1, n);
+  return fp8_hopper_dot(Mode::kCanonical, x.data(), 1, y.data(), 1, n);
 }
 
 // Under kHopperFp8 the partials are the promotion intervals' (of 128 tokens).

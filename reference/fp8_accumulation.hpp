@@ -33,7 +33,7 @@ template <class Real>
 Real bounded_hopper_dot(const Real* a, int64_t sa, const Real* b, int64_t sb, int64_t n) {
   using T = decltype(Real{}.value);
   using std::abs;
-  constexpr double kUnit = 0x1p-13;  // 2^−F
+  const double unit = std::ldexp(1.0, -kFp8AccumulatorFractionBits);  // 2^−F
   T value = 0, propagated = 0, mag = 0, cuts = 0;
   int64_t intervals = 0;
   for (int64_t k0 = 0; k0 < n; k0 += kFp8PromotionInterval, ++intervals) {
@@ -42,34 +42,32 @@ Real bounded_hopper_dot(const Real* a, int64_t sa, const Real* b, int64_t sb, in
     for (int64_t g0 = k0; g0 < k1; g0 += kFp8MmaGroup) {
       const int64_t g1 = std::min(k1, g0 + kFp8MmaGroup);
       double top = before, group = 0;
+      double m[kFp8MmaGroup];  // the terms' magnitudes
       for (int64_t k = g0; k < g1; ++k) {
         const Real& x = a[k * sa];
         const Real& y = b[k * sb];
         value += x.value * y.value;
         propagated += abs(x.value) * y.err + abs(y.value) * x.err + x.err * y.err;
-        const double m = static_cast<double>((abs(x.value) + x.err) * (abs(y.value) + y.err));
-        top = std::max(top, m);
-        group += m;
+        m[k - g0] = static_cast<double>((abs(x.value) + x.err) * (abs(y.value) + y.err));
+        top = std::max(top, m[k - g0]);
+        group += m[k - g0];
       }
       if (top == 0) continue;
       // top and `before` are rounded sums and products: lifted by more than their rounding, so that
       // a true value at or above a power of two never reads below it.
       const double q = std::ldexp(1.0, std::ilogb(top * (1 + 0x1p-48)) - kFp8AccumulatorFractionBits);
       double lost = std::min(q, before);
-      for (int64_t k = g0; k < g1; ++k) {
-        lost += std::min(q, static_cast<double>((abs(a[k * sa].value) + a[k * sa].err) *
-                                                (abs(b[k * sb].value) + b[k * sb].err)));
-      }
+      for (int64_t k = g0; k < g1; ++k) lost += std::min(q, m[k - g0]);
       before += group;
       // The bound's own arithmetic in double: a few roundings of sums of magnitudes.
-      cuts += T((lost + kUnit * before) * (1 + 0x1p-48));
+      cuts += T((lost + unit * before) * (1 + 0x1p-48));
     }
     mag += T(before);
   }
   // The partials' promotion and conversion to fp32 (an underflow each), and the double
-  // arithmetic of `value` (n − 1 roundings of 2^−53).
+  // arithmetic of `value` (a sum of n products in double).
   const T promotion = gamma_n<T>(intervals) * mag + T(bounded_format().underflow) * T(static_cast<double>(intervals));
-  const T own = T(static_cast<double>(n) * 0x1p-52) * mag;
+  const T own = T(bounds::gamma(n, bounds::kUnitF64)) * mag;
   return Real{value, propagated + cuts + promotion + own};
 }
 

@@ -31,16 +31,10 @@ inline __m256d cut(__m256d x, __m256d inverse, __m256d q) {
 
 inline __m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
 
-// Lanes n..n+3 of row k of B (adjacent: B is read with unit column stride).
-struct Lanes {
-  int64_t sbk;
-  __m256d at(const float* b, int64_t k) const { return _mm256_cvtps_pd(_mm_loadu_ps(b + k * sbk)); }
-};
-
-// fp8_limited_interval for four lanes: products a[k·sak]·B[k, lane], k < n. False where some
-// product or the accumulator is not finite (the caller then uses the scalar model).
-inline bool limited_interval4(const float* a, int64_t sak, const float* b, const Lanes& lanes, int64_t n,
-                              __m256d& result) {
+// fp8_limited_interval for four lanes: products a[k·sak]·b[k·sbk + lane], k < n (B's lanes
+// adjacent). False where some product or the accumulator is not finite (the caller then uses the
+// scalar model).
+inline bool limited_interval4(const float* a, int64_t sak, const float* b, int64_t sbk, int64_t n, __m256d& result) {
   const __m256d inf = _mm256_set1_pd(__builtin_inf());
   const __m256i fraction = _mm256_set1_epi64x(kFp8AccumulatorFractionBits);
   __m256d acc = _mm256_setzero_pd();
@@ -51,7 +45,7 @@ inline bool limited_interval4(const float* a, int64_t sak, const float* b, const
     __m256d top = magnitude(acc);
     for (int64_t i = 0; i < len; ++i) {
       const int64_t k = g0 + i;
-      p[i] = _mm256_mul_pd(_mm256_set1_pd(static_cast<double>(a[k * sak])), lanes.at(b, k));
+      p[i] = _mm256_mul_pd(_mm256_set1_pd(static_cast<double>(a[k * sak])), _mm256_cvtps_pd(_mm_loadu_ps(b + k * sbk)));
       const __m256d m = magnitude(p[i]);
       finite = _mm256_and_pd(finite, _mm256_cmp_pd(m, inf, _CMP_LT_OQ));
       top = _mm256_max_pd(top, m);
@@ -98,16 +92,16 @@ void add_partial(Mode mode, const Fp8HopperOutput& out, int64_t m, int64_t N, in
 // Row m, columns [n0, n0 + width) of the product, width ≤ kLanes: whole blocks in the vector
 // lanes as long as their products are finite, the rest by the scalar model, interval by interval
 // (the two agree bit for bit where both apply).
-void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const float* B, const Lanes& lanes,
+void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const float* B, int64_t sbk,
            const Fp8HopperOutput& out, int64_t m, int64_t n0, int64_t width) {
   Element elements[kLanes];
   int64_t k0 = 0;
   for (; width == kLanes && k0 < K; k0 += kFp8PromotionInterval) {
     const int64_t len = std::min(kFp8PromotionInterval, K - k0);
-    const float* b = B + k0 * lanes.sbk + n0;
+    const float* b = B + k0 * sbk + n0;
     __m256d lo, hi;
-    if (!limited_interval4(a + k0 * sak, sak, b, lanes, len, lo) ||
-        !limited_interval4(a + k0 * sak, sak, b + 4, lanes, len, hi)) {
+    if (!limited_interval4(a + k0 * sak, sak, b, sbk, len, lo) ||
+        !limited_interval4(a + k0 * sak, sak, b + 4, sbk, len, hi)) {
       break;
     }
     float partial[kLanes];
@@ -118,9 +112,9 @@ void block(Mode mode, int64_t N, int64_t K, const float* a, int64_t sak, const f
   for (int64_t j = 0; j < width; ++j) {
     for (int64_t k = k0; k < K; k += kFp8PromotionInterval) {
       const int64_t len = std::min(kFp8PromotionInterval, K - k);
-      const float* b = B + k * lanes.sbk + n0 + j;
+      const float* b = B + k * sbk + n0 + j;
       add_partial(mode, out, m, N, n0 + j, elements[j],
-                  static_cast<float>(fp8_limited_interval(a + k * sak, sak, b, lanes.sbk, len)));
+                  static_cast<float>(fp8_limited_interval(a + k * sak, sak, b, sbk, len)));
     }
   }
   if (out.f32 == nullptr) return;
@@ -150,13 +144,12 @@ void matmul_fp8_hopper(Mode mode, int64_t M, int64_t N, int64_t K, const float* 
     B = packed(packed_b, K, N, B, sbk, sbn);
     sbk = N;
   }
-  const Lanes lanes{sbk};
   const int64_t blocks = (N + kLanes - 1) / kLanes;
 #pragma omp parallel for collapse(2) schedule(static) if (M * N * K > (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t n0 = blk * kLanes;
-      block(mode, N, K, A + m * sam, sak, B, lanes, out, m, n0, std::min(kLanes, N - n0));
+      block(mode, N, K, A + m * sam, sak, B, sbk, out, m, n0, std::min(kLanes, N - n0));
     }
   }
 }

@@ -38,6 +38,7 @@
 #include <cstdint>
 
 #include "kernels/ops/canonical.hpp"
+#include "kernels/ops/mode.hpp"
 #include "src/core/host_device.hpp"
 
 namespace lockstep {
@@ -87,26 +88,22 @@ LS_HOST_DEVICE inline double fp8_limited_interval(const float* a, int64_t sa, co
   return acc;
 }
 
-// Canonical: Σ a[i·sa]·b[i·sb], i in [0, n), under kHopperFp8 with exactly combined partials.
-LS_HOST_DEVICE inline float fp8_hopper_dot_canonical(const float* a, int64_t sa, const float* b, int64_t sb,
-                                                     int64_t n) {
-  ChunkCombiner c;
+// Σ a[i·sa]·b[i·sb], i in [0, n), under kHopperFp8: canonical mode combines the intervals'
+// partials exactly and rounds once, fast mode adds them in K order in fp32 (step 3 above).
+LS_HOST_DEVICE inline float fp8_hopper_dot(Mode mode, const float* a, int64_t sa, const float* b, int64_t sb,
+                                           int64_t n) {
+  ChunkCombiner combined;
+  float promoted = 0.0f;
   for (int64_t k0 = 0; k0 < n; k0 += kFp8PromotionInterval) {
     const int64_t len = n - k0 < kFp8PromotionInterval ? n - k0 : kFp8PromotionInterval;
-    c.add(static_cast<float>(fp8_limited_interval(a + k0 * sa, sa, b + k0 * sb, sb, len)));
+    const auto partial = static_cast<float>(fp8_limited_interval(a + k0 * sa, sa, b + k0 * sb, sb, len));
+    if (mode == Mode::kCanonical) {
+      combined.add(partial);
+    } else {
+      promoted += partial;
+    }
   }
-  return c.finish();
-}
-
-// Fast: the same partials promoted by fp32 additions in K order.
-LS_HOST_DEVICE inline float fp8_hopper_dot_promoted(const float* a, int64_t sa, const float* b, int64_t sb,
-                                                    int64_t n) {
-  float acc = 0.0f;
-  for (int64_t k0 = 0; k0 < n; k0 += kFp8PromotionInterval) {
-    const int64_t len = n - k0 < kFp8PromotionInterval ? n - k0 : kFp8PromotionInterval;
-    acc += static_cast<float>(fp8_limited_interval(a + k0 * sa, sa, b + k0 * sb, sb, len));
-  }
-  return acc;
+  return mode == Mode::kCanonical ? combined.finish() : promoted;
 }
 
 }  // namespace lockstep

@@ -87,6 +87,9 @@
 namespace lockstep::parallel {
 
 enum class ReduceMode : uint8_t { kExact, kFast };
+
+// The highest ZeRO stage DataParallel runs (ZeRO-3, sharded parameters, is not here).
+inline constexpr int kMaxZeroStage = 2;
 const char* reduce_mode_name(ReduceMode m);
 
 // A rank's share of the global batch.

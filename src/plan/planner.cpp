@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "src/core/check.hpp"
+#include "src/parallel/data_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/train/pipeline.hpp"
 
@@ -24,7 +25,6 @@ struct Planner::RankCost {
   double params = 0, matmul_params = 0;  // elements this GPU holds
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
   double rebuilt_bytes = 0;  // the largest recomputed layer's, rebuilt one at a time
-  bool head = false;         // holds the head (its logits' gradient)
 };
 
 Planner::Planner(PlanRequest request, Cluster cluster) : request_(std::move(request)), cluster_(std::move(cluster)) {
@@ -94,7 +94,6 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           break;
         case LayerKind::kHead:
           ++r.backward_reduces;
-          r.head = true;
           // fp32 logits of this rank's vocabulary share, and (tied, on a stage of its own) the copy of wte
           r.kept_bytes += static_cast<double>(m.V) / t * 4;
           if (l.tied && layout.pp > 1) {
@@ -130,18 +129,30 @@ Problem Planner::problem(const Layout& layout) {
   if (layout.tp > cluster_.gpus_per_node) {
     return {"tp across nodes", str_cat("tp ", layout.tp, " spans nodes of ", cluster_.gpus_per_node, " GPUs")};
   }
-  if (layout.zero > 2) return {"zero 3", "zero 3: the trainer runs ZeRO 0-2 (ZeRO-3 is not implemented yet)"};
-  if (layout.pp > 1 && layout.schedule != parallel::ScheduleKind::kOneFOneB &&
-      layout.schedule != parallel::ScheduleKind::kGpipe) {
+  if (layout.zero > parallel::kMaxZeroStage) {
+    return {"zero", str_cat("zero ", layout.zero, ": the trainer runs ZeRO stages 0 to ", parallel::kMaxZeroStage)};
+  }
+  if (layout.pp > 1 && !trainer_runs(layout.schedule)) {
     return {"schedule", str_cat("the trainer runs the gpipe and 1f1b schedules, not ",
                                 parallel::schedule_name(layout.schedule))};
   }
-  if (layout.chunks != 1) {
-    return {"schedule", str_cat("virtual stages (", layout.chunks, ") need the interleaved schedule and pp > 1")};
+  // The trainer's own checks: the batch split, the schedule's shape, tensor parallelism, stages.
+  parallel::DpBatch split;
+  try {
+    split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp, Mode::kFast, request_.source);
+  } catch (const ConfigError& e) {
+    return {"batch split", e.what()};
   }
-  if (B % layout.dp != 0 || (B / layout.dp) % layout.micro_batch != 0) {
-    return {"batch split", str_cat("a batch of ", B, " sequences does not split into dp ", layout.dp,
-                                   " replicas of micro-batches of ", layout.micro_batch)};
+  // The trainer shrinks a micro-batch larger than a replica's share; here that is the smaller layout.
+  if (split.local_micro != layout.micro_batch) {
+    return {"batch split", str_cat("a replica's ", split.local_batch, " sequences are fewer than a micro-batch of ",
+                                   layout.micro_batch)};
+  }
+  const int64_t micro = split.local_batch / split.local_micro;
+  try {
+    parallel::make_schedule(layout.schedule, layout.pp, micro, layout.chunks, request_.source);
+  } catch (const ConfigError& e) {
+    return {"schedule", e.what()};
   }
   try {
     parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T, Mode::kFast, request_.source);
@@ -275,7 +286,7 @@ SearchResult Planner::search() {
       if ((N / tp) % pp != 0) continue;
       for (int64_t mb : {1, 2, 4, 8, 16}) {
         // Without data parallelism the ZeRO stages are one layout.
-        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? 2 : 0); ++zero) {
+        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
           for (bool sp : {false, true}) {
             if (sp && tp == 1) continue;
             for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {

@@ -11,8 +11,9 @@
 #include "src/core/check.hpp"
 #include "src/core/comma_list.hpp"
 #include "src/model/layer.hpp"
-#include "src/train/toml_file.hpp"
+#include "src/parallel/data_parallel.hpp"
 #include "src/train/inject.hpp"
+#include "src/train/toml_file.hpp"
 #include "verify/detect/finding.hpp"
 #include "verify/core/dump.hpp"
 
@@ -437,7 +438,7 @@ void validate(const RunConfig& c, ConfigUse use) {
   LS_REQUIRE(c.eval.every >= 0 && c.eval.batches >= 1, c.source,
              ": [eval] every must be >= 0 and batches >= 1");
   const ParallelConfig& p = c.parallel;
-  LS_REQUIRE(p.zero >= 0 && p.zero <= 2, c.source, ": [parallel] zero (", p.zero,
+  LS_REQUIRE(p.zero >= 0 && p.zero <= parallel::kMaxZeroStage, c.source, ": [parallel] zero (", p.zero,
              ") must be 0 (replicated), 1 (sharded optimizer state) or 2 (sharded state and gradients)");
   LS_REQUIRE(p.reduce == "exact" || p.reduce == "fast", c.source,
              ": [parallel] reduce: expected \"exact\" or \"fast\", got \"", p.reduce, "\"");

@@ -161,7 +161,7 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   if (pp == 1) return out;
   const std::string& src = cfg.source;
   const parallel::ScheduleKind kind = parallel::parse_schedule_kind(cfg.parallel.schedule, src + ": [parallel] schedule");
-  LS_REQUIRE(kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB, src,
+  LS_REQUIRE(trainer_runs(kind), src,
              ": [parallel] schedule \"", cfg.parallel.schedule, "\": the trainer runs \"gpipe\" and \"1f1b\" so far (`lockstep ",
              "schedule` prints the others)");
   LS_REQUIRE(cfg.verify.buddy_every == 0, src, ": [verify] buddy_every with [parallel] pp > 1: buddy replay names ",

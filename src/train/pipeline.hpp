@@ -55,6 +55,12 @@ struct Pipeline {
 // schedules (not yet), and with pp > 1 buddy replay.
 Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches);
 
+// Whether run_stage_passes runs `kind`: gpipe and 1f1b (interleaved needs several model chunks a
+// rank, zero-bubble a backward split into its input- and weight-gradient halves).
+inline bool trainer_runs(parallel::ScheduleKind kind) {
+  return kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB;
+}
+
 // One rank's part of a step: micro-batch i reads (micro · T) tokens from inputs and targets at
 // i · micro · T; its tokens are first_token + that in the global batch.
 struct StageBatch {

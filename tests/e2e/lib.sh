@@ -86,3 +86,33 @@ expect_mpi_error() {
 }
 
 model_hash() { grep '^model hash ' "$1" | awk '{print $3}'; }
+
+# same_hash NAME LOG [WANT]: LOG's model hash must be WANT (default: the script's $want).
+same_hash() {
+  local got expected=${3:-${want:-}}
+  got=$(model_hash "$2")
+  [ "$got" = "$expected" ] || fail "$1: model hash '$got' != single-process $expected: $(tail -3 "$2")"
+}
+
+# reference_clean NAME ARGS...: the script's `run` for 20 steps with sampled reference checks every
+# step and ARGS passes every op's bound: no finding, and the summary of 20 ops re-checked on rank 0.
+reference_clean() {
+  local name=$1
+  shift
+  steps=20 run --verify.reference_every=1 "$@" > "reference_$name.log" 2>&1 \
+    || fail "reference checks $name: $(tail -3 "reference_$name.log")"
+  if grep -q '^finding' "reference_$name.log"; then fail "reference checks $name: $(grep '^finding' "reference_$name.log")"; fi
+  grep -q '^reference checks: 20 ops re-checked on rank 0' "reference_$name.log" \
+    || fail "reference checks $name: no summary: $(tail -3 "reference_$name.log")"
+}
+
+# reference_fault SITE BIT: a persistent flip of bit BIT of element 3 of SITE's output from step 0
+# stops the script's `run` (20 steps, reference checks every step) with exit 6 and a finding at SITE.
+reference_fault() {
+  local status=0
+  steps=20 run --verify.reference_every=1 --inject.site="$1" --inject.step=0 --inject.persistent=true \
+    --inject.kind=bitflip:bit="$2",index=3 > reference_fault.log 2>&1 || status=$?
+  [ "$status" -eq 6 ] || fail "reference fault: expected exit 6, got $status: $(tail -3 reference_fault.log)"
+  grep -q "^finding: after step [0-9]*, detector reference, site $1 " reference_fault.log \
+    || fail "reference fault not named: $(grep -E '^(finding|error)' reference_fault.log)"
+}

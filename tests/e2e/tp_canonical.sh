@@ -20,11 +20,6 @@ steps=4
 run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --train.threads=1 "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \
   --train.steps=$steps --train.threads=1 "$@"; }
-same_hash() {  # name log: the log's model hash must be $want
-  local got
-  got=$(model_hash "$2")
-  [ "$got" = "$want" ] || fail "$1: model hash '$got' != single-process $want: $(tail -3 "$2")"
-}
 
 run > single.log
 want=$(model_hash single.log)

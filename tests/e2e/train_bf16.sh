@@ -23,11 +23,6 @@ steps=6
 run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \
   --train.steps=$steps --train.threads=1 "$@"; }
-same_hash() {  # name log
-  local got
-  got=$(model_hash "$2")
-  [ "$got" = "$want" ] || fail "$1: model hash '$got' != bf16 single-process $want: $(tail -3 "$2")"
-}
 
 run --train.threads=1 > one.log
 want=$(model_hash one.log)
@@ -126,19 +121,8 @@ expect_error "\[train\] fp32_linears: \"layer/9\" names no linear layer of this 
   "$LOCKSTEP" train --config cfg.toml --train.fp32_linears=head,layer/9
 # Sampled reference checks round where the model does: clean bf16 runs pass every op's bound in
 # both modes; a wrong bf16 mantissa bit in the activation's output is named.
-for mode in canonical fast; do
-  steps=20 run --train.mode=$mode --verify.reference_every=1 > reference_$mode.log 2>&1 \
-    || fail "reference checks, $mode: $(tail -3 reference_$mode.log)"
-  grep -q '^finding' reference_$mode.log && fail "reference checks, $mode: $(grep '^finding' reference_$mode.log)"
-  grep -q '^reference checks: 20 ops re-checked on rank 0' reference_$mode.log \
-    || fail "reference checks, $mode: no summary: $(tail -3 reference_$mode.log)"
-done
-status=0
-steps=20 run --verify.reference_every=1 --inject.site=layer/0/mlp/act --inject.step=0 --inject.persistent=true \
-  --inject.kind=bitflip:bit=20,index=3 > reference_fault.log 2>&1 || status=$?
-[ "$status" -eq 6 ] || fail "reference fault: expected exit 6, got $status: $(tail -3 reference_fault.log)"
-grep -q '^finding: after step [0-9]*, detector reference, site layer/0/mlp/act ' reference_fault.log \
-  || fail "reference fault not named: $(grep -E '^(finding|error)' reference_fault.log)"
+for mode in canonical fast; do reference_clean $mode --train.mode=$mode; done
+reference_fault layer/0/mlp/act 20
 # verify step of the bf16 checkpoint: bitwise against the CanonicalF32 emulation with the recipe's
 # roundings; a fast-mode bf16 checkpoint within the Bounded<double> bounds.
 "$LOCKSTEP" verify step --config cfg.toml --checkpoint ck32 > verify.log || fail "verify step: $(tail -3 verify.log)"

@@ -23,11 +23,6 @@ steps=6
 run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \
   --train.steps=$steps --train.threads=1 "$@"; }
-same_hash() {  # name log want
-  local got
-  got=$(model_hash "$2")
-  [ "$got" = "$3" ] || fail "$1: model hash '$got' != single-process $3: $(tail -3 "$2")"
-}
 
 run --train.threads=1 --train.precision=bf16 > bf16.log
 bf16=$(model_hash bf16.log)
@@ -136,19 +131,8 @@ expect_error "\[fp8\] bf16_linears: \"layer/7\" names no linear layer" "$LOCKSTE
 # Sampled reference checks quantize where the model does: clean runs pass every op's bound; a
 # wrong exponent bit in an fp8 linear's product is named (its bound is the quantization's, about
 # 2^-4 of Σ|x||w|: a wrong low mantissa bit hides in it).
-for recipe in delayed mxfp8; do
-  steps=20 run --fp8.recipe=$recipe --verify.reference_every=1 > reference_$recipe.log 2>&1 \
-    || fail "reference checks $recipe: $(tail -3 reference_$recipe.log)"
-  grep -q '^finding' reference_$recipe.log && fail "reference checks $recipe: $(grep '^finding' reference_$recipe.log)"
-  grep -q '^reference checks: 20 ops re-checked on rank 0' reference_$recipe.log \
-    || fail "reference checks $recipe: no summary: $(tail -3 reference_$recipe.log)"
-done
-status=0
-steps=20 run --verify.reference_every=1 --inject.site=layer/0/mlp/fc --inject.step=0 --inject.persistent=true \
-  --inject.kind=bitflip:bit=27,index=3 > reference_fault.log 2>&1 || status=$?
-[ "$status" -eq 6 ] || fail "reference fault: expected exit 6, got $status: $(tail -3 reference_fault.log)"
-grep -q '^finding: after step [0-9]*, detector reference, site layer/0/mlp/fc ' reference_fault.log \
-  || fail "reference fault not named: $(grep -E '^(finding|error)' reference_fault.log)"
+for recipe in delayed mxfp8; do reference_clean $recipe --fp8.recipe=$recipe; done
+reference_fault layer/0/mlp/fc 27
 # verify step: the reference quantizes as the recipe says (delayed scales from the checkpoint's
 # state), bitwise in canonical mode.
 for recipe in delayed current mxfp8; do

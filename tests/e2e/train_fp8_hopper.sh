@@ -18,11 +18,6 @@ steps=4
 run() { "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --fp8.accumulate=hopper "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config cfg.toml \
   --train.steps=$steps --train.threads=1 --fp8.accumulate=hopper "$@"; }
-same_hash() {  # name log want
-  local got
-  got=$(model_hash "$2")
-  [ "$got" = "$3" ] || fail "$1: model hash '$got' != single-process $3: $(tail -3 "$2")"
-}
 
 for recipe in delayed blockwise; do
   "$LOCKSTEP" train --config cfg.toml --train.steps=$steps --fp8.recipe=$recipe > ${recipe}_fp32.log

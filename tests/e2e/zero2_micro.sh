@@ -24,11 +24,6 @@ mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "
 run > single.log
 want=$(model_hash single.log)
 [ -n "$want" ] || fail "no model hash in single.log"
-same_hash() {  # same_hash NAME LOG
-  local got
-  got=$(model_hash "$2")
-  [ "$got" = "$want" ] || fail "$1: model hash $got != single-process $want"
-}
 mpi 2 --parallel.zero=2 --log.metrics=dp2_z2.jsonl > dp2_z2.log 2>&1 || fail "dp2 zero 2 failed: $(tail -5 dp2_z2.log)"
 same_hash "dp2 zero 2, 4 micro-batches" dp2_z2.log
 mpi 4 --parallel.zero=2 > dp4_z2.log 2>&1 || fail "dp4 zero 2 failed: $(tail -5 dp4_z2.log)"

@@ -70,8 +70,8 @@ TEST(Fp8Accumulation, PromotionStartsEachIntervalAfresh) {
   std::vector<float> a(256, 0.0f), b(256, 1.0f);
   a[0] = 4096.0f;
   for (int i = 128; i < 256; ++i) a[i] = 0x1p-6f;
-  EXPECT_EQ(fp8_hopper_dot_canonical(a.data(), 1, b.data(), 1, 256), 4098.0f);
-  EXPECT_EQ(fp8_hopper_dot_promoted(a.data(), 1, b.data(), 1, 256), 4098.0f);
+  EXPECT_EQ(fp8_hopper_dot(Mode::kCanonical, a.data(), 1, b.data(), 1, 256), 4098.0f);
+  EXPECT_EQ(fp8_hopper_dot(Mode::kFast, a.data(), 1, b.data(), 1, 256), 4098.0f);
   std::vector<float> one(a.begin(), a.begin() + 128);
   for (int i = 1; i < 128; ++i) one[i] = 0x1p-6f;
   EXPECT_EQ(model(one, std::vector<float>(128, 1.0f)), 4096.0);
@@ -112,13 +112,13 @@ TEST(Fp8Accumulation, BoundedRuleHoldsAndTheModelIsWorseThanFp32) {
       const auto a = fp8_values(rng, n, 0x1p-4f), b = fp8_values(rng, n, 0x1p-7f);
       const std::vector<Bd> ba(a.begin(), a.end()), bb(b.begin(), b.end());
       const Bd ref = reference::dot_accumulated(Accumulation::kHopperFp8, ba.data(), 1, bb.data(), 1, n);
-      for (float got : {fp8_hopper_dot_canonical(a.data(), 1, b.data(), 1, n),
-                        fp8_hopper_dot_promoted(a.data(), 1, b.data(), 1, n)}) {
+      for (float got : {fp8_hopper_dot(Mode::kCanonical, a.data(), 1, b.data(), 1, n),
+                        fp8_hopper_dot(Mode::kFast, a.data(), 1, b.data(), 1, n)}) {
         const double err = std::fabs(static_cast<double>(got) - ref.value);
         ASSERT_LE(err, ref.err) << "n " << n << " trial " << trial;
         worst_ratio = std::max(worst_ratio, err / ref.err);
       }
-      hopper_error += std::fabs(fp8_hopper_dot_canonical(a.data(), 1, b.data(), 1, n) - ref.value);
+      hopper_error += std::fabs(fp8_hopper_dot(Mode::kCanonical, a.data(), 1, b.data(), 1, n) - ref.value);
       fp32_error += std::fabs(canonical_dot(a.data(), 1, b.data(), 1, n) - ref.value);
     }
   }
@@ -150,7 +150,7 @@ TEST(Fp8Accumulation, BoundedRuleCoversTheOperandsErrors) {
         pb.push_back(static_cast<float>(b[i] + eb * unit(rng) * 0.99));
       }
       const Bd ref = reference::dot_accumulated(Accumulation::kHopperFp8, ba.data(), 1, bb.data(), 1, n);
-      const double got = fp8_hopper_dot_canonical(pa.data(), 1, pb.data(), 1, n);
+      const double got = fp8_hopper_dot(Mode::kCanonical, pa.data(), 1, pb.data(), 1, n);
       ASSERT_LE(std::fabs(got - ref.value), ref.err) << "n " << n << " trial " << trial;
     }
   }
@@ -177,8 +177,8 @@ TEST(Fp8Accumulation, KernelLeavesTheLanesAtANonFiniteInterval) {
       for (int64_t o = 0; o < s.OC; ++o) {
         const float* xr = &x[n * s.IC];
         const float* wr = &w[o * s.IC];
-        const float canonical = fp8_hopper_dot_canonical(xr, 1, wr, 1, s.IC);
-        const float want = mode == Mode::kCanonical ? canonical : fp8_hopper_dot_promoted(xr, 1, wr, 1, s.IC);
+        const float canonical = fp8_hopper_dot(Mode::kCanonical, xr, 1, wr, 1, s.IC);
+        const float want = fp8_hopper_dot(mode, xr, 1, wr, 1, s.IC);
         const size_t i = static_cast<size_t>(n * s.OC + o);
         EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << n << "," << o;
         EXPECT_EQ(std::bit_cast<uint32_t>(combined[i]), std::bit_cast<uint32_t>(canonical)) << n << "," << o;
@@ -196,7 +196,7 @@ TEST(Fp8Accumulation, FastLinearIsTheModelPromotedInFp32OnAnyThreadCount) {
   std::vector<float> want(static_cast<size_t>(s.N * s.OC));
   for (int64_t n = 0; n < s.N; ++n) {
     for (int64_t o = 0; o < s.OC; ++o) {
-      want[static_cast<size_t>(n * s.OC + o)] = fp8_hopper_dot_promoted(&x[n * s.IC], 1, &w[o * s.IC], 1, s.IC);
+      want[static_cast<size_t>(n * s.OC + o)] = fp8_hopper_dot(Mode::kFast, &x[n * s.IC], 1, &w[o * s.IC], 1, s.IC);
     }
   }
   const int previous = omp_get_max_threads();
