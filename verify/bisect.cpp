@@ -154,14 +154,7 @@ class Runner {
       const std::string name = ckpt::step_dir_name(from);
       fs::create_directory_symlink(fs::absolute(from_root + "/" + name), dir + "/ckpt/" + name);
     }
-    std::vector<std::string> argv;
-    if (side.np > 1) {
-      for (std::string w : split_shell_words(opt_.launcher, "--launcher")) {
-        const size_t at = w.find("{np}");
-        if (at != std::string::npos) w.replace(at, 4, std::to_string(side.np));
-        argv.push_back(w);
-      }
-    }
+    std::vector<std::string> argv = launcher_words(opt_.launcher, side.np, "--launcher");
     argv.push_back(side.bin);
     argv.push_back("train");
     argv.insert(argv.end(), side.args.begin(), side.args.end());

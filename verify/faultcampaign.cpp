@@ -281,13 +281,7 @@ nlohmann::json run_campaign(const CampaignOptions& opt, std::ostream& log) {
   const int64_t steps = 2 + opt.faults * opt.every;
 
   // `lockstep train` under the launcher, with the config and the overrides.
-  std::vector<std::string> train;
-  if (opt.np > 1) {
-    for (std::string w : split_shell_words(opt.launcher, "--launcher")) {
-      if (const size_t at = w.find("{np}"); at != std::string::npos) w.replace(at, 4, std::to_string(opt.np));
-      train.push_back(w);
-    }
-  }
+  std::vector<std::string> train = launcher_words(opt.launcher, opt.np, "--launcher");
   train.insert(train.end(), {opt.bin.empty() ? current_executable() : opt.bin, "train", "--config", opt.config});
   for (const auto& [k, v] : opt.overrides) train.push_back("--" + k + "=" + v);
   std::vector<std::string> argv = train;

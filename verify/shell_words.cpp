@@ -1,6 +1,8 @@
 // Shell-like word splitting and quoting (shell_words.hpp).
 #include "verify/shell_words.hpp"
 
+#include <utility>
+
 #include "src/core/check.hpp"
 
 namespace lockstep::verify {
@@ -65,6 +67,16 @@ std::string join_shell_words(const std::vector<std::string>& words) {
     out += quote_shell_word(w);
   }
   return out;
+}
+
+std::vector<std::string> launcher_words(const std::string& launcher, int64_t np, const std::string& what) {
+  std::vector<std::string> words;
+  if (np <= 1) return words;
+  for (std::string w : split_shell_words(launcher, what)) {
+    if (const size_t at = w.find("{np}"); at != std::string::npos) w.replace(at, 4, std::to_string(np));
+    words.push_back(std::move(w));
+  }
+  return words;
 }
 
 }  // namespace lockstep::verify

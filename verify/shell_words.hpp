@@ -8,6 +8,7 @@
 // and control operators (| & ; < > ( )), which would mean something else to a shell.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,9 @@ std::vector<std::string> split_shell_words(const std::string& text, const std::s
 // The word as a shell reads it back: unchanged when it holds only safe characters, else in '...'.
 std::string quote_shell_word(const std::string& word);
 std::string join_shell_words(const std::vector<std::string>& words);
+
+// The words of a launcher template (`mpirun --oversubscribe -np {np}`) for np ranks: none for one
+// rank (the executable runs as it is), else the template's words with {np} replaced.
+std::vector<std::string> launcher_words(const std::string& launcher, int64_t np, const std::string& what);
 
 }  // namespace lockstep::verify

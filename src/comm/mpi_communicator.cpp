@@ -367,4 +367,15 @@ std::unique_ptr<Communicator> MpiRuntime::world(double timeout_s) const {
   return std::make_unique<MpiCommunicator>(comm, "world", timeout_s);
 }
 
+JobWorld job_world(double timeout_s) {
+  JobWorld j;
+  if (MpiRuntime::launched()) {
+    j.mpi = std::make_unique<MpiRuntime>();
+    j.world = j.mpi->world(timeout_s);
+  } else {
+    j.world = std::make_unique<SelfCommunicator>("world");
+  }
+  return j;
+}
+
 }  // namespace lockstep::comm

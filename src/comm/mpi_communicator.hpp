@@ -57,6 +57,14 @@ class MpiRuntime {
   bool owns_ = false;
 };
 
+// The job's world: MPI's under mpirun/srun (the runtime finalised when the JobWorld goes, after
+// its world), otherwise a group of one, MPI never initialised.
+struct JobWorld {
+  std::unique_ptr<MpiRuntime> mpi;
+  std::unique_ptr<Communicator> world;
+};
+JobWorld job_world(double timeout_s);
+
 // Prints "rank R: message" to stderr as one line and ends every rank of the job (MPI_Abort with
 // `code`). Safe to call from any thread.
 [[noreturn]] void abort_job(const std::string& message, int code);

@@ -52,18 +52,6 @@ int64_t minor_page_faults() {
   return static_cast<int64_t>(u.ru_minflt);
 }
 
-BenchStats stats_of(std::vector<double> x) {
-  LS_CHECK(!x.empty(), "no samples");
-  std::sort(x.begin(), x.end());
-  auto quantile = [&](double q) {
-    const double pos = q * static_cast<double>(x.size() - 1);
-    const auto lo = static_cast<size_t>(pos);
-    const size_t hi = std::min(lo + 1, x.size() - 1);
-    return x[lo] + (pos - static_cast<double>(lo)) * (x[hi] - x[lo]);
-  };
-  return {quantile(0.5), quantile(0.25), quantile(0.75), x.front(), x.back()};
-}
-
 nlohmann::json stats_json(const BenchStats& s) {
   return {{"median", s.median}, {"q1", s.q1}, {"q3", s.q3}, {"min", s.min}, {"max", s.max}};
 }
@@ -75,6 +63,18 @@ void print_stats(std::ostream& out, const char* name, const BenchStats& s) {
 }
 
 }  // namespace
+
+BenchStats stats_of(std::vector<double> x) {
+  LS_CHECK(!x.empty(), "no samples");
+  std::sort(x.begin(), x.end());
+  auto quantile = [&](double q) {
+    const double pos = q * static_cast<double>(x.size() - 1);
+    const auto lo = static_cast<size_t>(pos);
+    const size_t hi = std::min(lo + 1, x.size() - 1);
+    return x[lo] + (pos - static_cast<double>(lo)) * (x[hi] - x[lo]);
+  };
+  return {quantile(0.5), quantile(0.25), quantile(0.75), x.front(), x.back()};
+}
 
 nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
   // A detector timed at its default interval of one step.

@@ -56,6 +56,7 @@ struct BenchOptions {
 struct BenchStats {
   double median = 0, q1 = 0, q3 = 0, min = 0, max = 0;
 };
+BenchStats stats_of(std::vector<double> x);  // x not empty
 
 struct BenchResult {
   int64_t threads = 0;

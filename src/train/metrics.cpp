@@ -6,14 +6,23 @@
 
 namespace lockstep {
 
-double peak_memory_mib() {
+namespace {
+
+// A "Name:   N kB" line of /proc/self/status, in MiB.
+double status_mib(const std::string& name) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+    if (line.rfind(name, 0) == 0) return std::stod(line.substr(name.size())) / 1024.0;
   }
   return 0.0;
 }
+
+}  // namespace
+
+double peak_memory_mib() { return status_mib("VmHWM:"); }
+
+double resident_memory_mib() { return status_mib("VmRSS:"); }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   const auto parent = std::filesystem::path(path).parent_path();

@@ -12,6 +12,8 @@ namespace lockstep {
 
 // Peak resident memory of this process in MiB (VmHWM), 0 where /proc is unavailable.
 double peak_memory_mib();
+// Resident memory of this process now in MiB (VmRSS), 0 where /proc is unavailable.
+double resident_memory_mib();
 
 // Appends one JSON object per line; flushed per record so that a killed run keeps its metrics.
 class MetricsWriter {

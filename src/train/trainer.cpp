@@ -550,6 +550,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   summary.steps_done = step;
   summary.val_loss = evaluation.last_loss();
   summary.tokens_per_s = steps_this_run > 0 ? static_cast<double>(steps_this_run * B * T) / total_time : 0;
+  // Every rank's peak over the steps (a step record has rank 0's), before the hash below gathers
+  // the parameters: the fullest rank is the one a layout must fit.
+  const std::vector<double> peaks = world.all_gather(peak_memory_mib());
+  if (metrics.enabled()) metrics.write({{"step", summary.steps_done}, {"peak_mem_mib_by_rank", peaks}});
   summary.model_hash = model_hash(run);
   out << "done: " << summary.steps_done << " steps";
   if (steps_this_run > 0) {
@@ -596,17 +600,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
 }  // namespace
 
 TrainSummary train(const RunConfig& cfg, std::ostream& out) {
-  // Under mpirun/srun: MPI's world (finalised when `mpi` goes, after `world`). Otherwise a group of
-  // one and MPI is never initialised.
-  std::unique_ptr<comm::MpiRuntime> mpi;
-  std::unique_ptr<comm::Communicator> world;
-  if (comm::MpiRuntime::launched()) {
-    mpi = std::make_unique<comm::MpiRuntime>();
-    world = mpi->world(cfg.parallel.timeout_s);
-  } else {
-    world = std::make_unique<comm::SelfCommunicator>("world");
-  }
-  return train_on(cfg, *world, out);
+  const comm::JobWorld job = comm::job_world(cfg.parallel.timeout_s);
+  return train_on(cfg, *job.world, out);
 }
 
 }  // namespace lockstep
