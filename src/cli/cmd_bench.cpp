@@ -1,12 +1,20 @@
 // `lockstep bench --config FILE [--json FILE] [--tokens-out FILE] [--bench.steps=N] [--bench.warmup=K]
-//  [--section.key=value ...]`
+//  [--section.key=value ...]`, or under mpirun `lockstep bench --collectives [--bench.repeats=N]
+//  [--json FILE]`
+#include <algorithm>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 
 #include "src/cli/commands.hpp"
+#include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
+#include "src/plan/collective_bench.hpp"
+#include "src/plan/compute_profile.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
 #include "src/train/bench.hpp"
 #include "src/train/config.hpp"
+#include "src/train/metrics.hpp"
 
 namespace lockstep::cli {
 
@@ -24,9 +32,83 @@ int64_t parse_count(const std::string& option, const std::string& text) {
   return v;
 }
 
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream f(path);
+  LS_REQUIRE(f.is_open(), "--json: cannot open '", path, "' for writing");
+  f << j.dump(2) << '\n';
+  LS_REQUIRE(f.good(), "--json: write to '", path, "' failed");
+  std::cout << "wrote " << path << "\n";
+}
+
+int bench_collectives(Args& args) {
+  const auto json_path = args.take("json");
+  const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "20"));
+  args.finish("bench --collectives");
+  const comm::JobWorld job = comm::job_world(600);
+  const plan::CollectiveBench r = plan::bench_collectives(*job.world, repeats);
+  if (job.world->rank() != 0) return 0;
+  if (r.ranks == 1) {
+    std::cout << "collectives: one process, nothing to time (run it under mpirun)\n";
+    if (json_path) write_json(*json_path, r.to_json());
+    return 0;
+  }
+  std::cout << "collectives: all-reduce over " << r.ranks << " ranks (median of " << repeats
+            << ", the slowest rank's time): of fp32 sums, and exact (canonical mode's)\n";
+  for (size_t i = 0; i < r.all_reduce.size(); ++i) {
+    const plan::CollectiveSample &s = r.all_reduce[i], &e = r.exact_all_reduce[i];
+    std::cout << "  " << std::setw(10) << static_cast<int64_t>(s.bytes) << " bytes  " << std::fixed << std::setprecision(1)
+              << std::setw(9) << s.seconds * 1e6 << " us  " << std::setprecision(2) << std::setw(7)
+              << s.bytes / s.seconds / 1e9 << " GB/s   exact " << std::setprecision(1) << std::setw(9) << e.seconds * 1e6
+              << " us\n";
+  }
+  std::cout << "ring model t = 2(n-1) alpha + 2(n-1)/n S/beta: alpha " << std::setprecision(2) << r.fit.latency * 1e6
+            << " us, beta " << r.fit.bandwidth / 1e9 << " GB/s\n";
+  if (json_path) write_json(*json_path, r.to_json());
+  return 0;
+}
+
+int bench_passes(Args& args) {
+  const auto config = args.take("config");
+  LS_REQUIRE(config.has_value(), "lockstep bench --passes: --config FILE is required");
+  const auto json_path = args.take("json");
+  const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "5"));
+  const auto overrides = args.take_dotted();
+  args.finish("bench --passes");
+  const RunConfig cfg = load_run_config(*config, overrides, ConfigUse::kBench);
+  const comm::JobWorld job = comm::job_world(600);
+  comm::Communicator& world = *job.world;
+  // The GEMMs the trainer chooses at start-up (fast mode's), from the same measurement.
+  const CpuBackend backend({1, cfg.train.isa, cfg.train.fast_gemm});
+  backend.choose_gemms(backend.measure_gemm_peak());
+  plan::ComputeProfile profile;
+  const std::vector<double> runtime = world.all_gather(resident_memory_mib());
+  profile.runtime_bytes = *std::max_element(runtime.begin(), runtime.end()) * (1 << 20);
+  for (const plan::PassShape& shape : plan::profile_shapes(cfg, world.size(), cfg.train.batch_size)) {
+    world.barrier();  // every rank times the same shape at once
+    plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
+    // The slowest rank's: a layout's ranks wait for it.
+    world.all_reduce(std::span<double>(&t.forward, 3), comm::ReduceOp::kMax);
+    profile.set(shape, t);
+  }
+  if (world.rank() != 0) return 0;
+  std::cout << "passes: " << *config << ", one thread on each of " << world.size()
+            << " ranks at once (the slowest rank's median of " << repeats << "); a rank holds " << std::fixed
+            << std::setprecision(0) << profile.runtime_bytes / (1 << 20) << " MiB before its model\n"
+            << "  tp  sp  micro-batch  recompute  forward ms  backward ms  optimizer ms\n";
+  for (const auto& [s, t] : profile.times()) {
+    std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(13) << s.micro_batch
+              << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12) << t.forward * 1e3 << std::setw(13)
+              << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3 << "\n";
+  }
+  if (json_path) write_json(*json_path, profile.to_json());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(Args& args) {
+  if (args.take_flag("collectives")) return bench_collectives(args);
+  if (args.take_flag("passes")) return bench_passes(args);
   if (args.take_flag("help")) {
     std::cout << "usage: lockstep bench --config FILE [--json FILE] [--tokens-out FILE] [--bench.steps=N]\n"
                  "                      [--bench.warmup=K] [--section.key=value ...]\n"
@@ -36,7 +118,15 @@ int cmd_bench(Args& args) {
                  "  sgemm peak measured in the same process, phases and peak memory; --json writes them.\n"
                  "  Without [data] train the tokens are synthetic (uniform over the vocabulary, fixed seed).\n"
                  "  --tokens-out FILE writes every step's batch: int32, (steps, 2, batch, seq_len), inputs\n"
-                 "  then targets; the JSON has each step's loss and learning rate (losses, lrs).\n";
+                 "  then targets; the JSON has each step's loss and learning rate (losses, lrs).\n"
+                 "       mpirun -np N lockstep bench --collectives [--bench.repeats=R] [--json FILE]\n"
+                 "  times the all-reduce over 4 KiB to 16 MiB (median of R, default 20) and fits the ring\n"
+                 "  model's latency and bandwidth (the planner's: lockstep plan --cluster local).\n"
+                 "       [mpirun -np N] lockstep bench --passes --config FILE [--bench.repeats=R] [--json FILE]\n"
+                 "  times one rank's forward, backward and update (one thread) for each tensor-parallel shape,\n"
+                 "  micro-batch and recomputation the planner searches, on every rank at once (the slowest\n"
+                 "  rank's median of R, default 5); the update: zeroing and rounding the gradients, their\n"
+                 "  norm, AdamW.\n";
     return 0;
   }
   const auto config = args.take("config");
@@ -51,13 +141,7 @@ int cmd_bench(Args& args) {
   LS_REQUIRE(args.positionals().empty(), "lockstep bench: unexpected argument '", args.positionals()[0], "'");
   const RunConfig cfg = load_run_config(*config, overrides, ConfigUse::kBench);
   const BenchResult r = run_bench(cfg, opt, std::cout);
-  if (json_path) {
-    std::ofstream f(*json_path);
-    LS_REQUIRE(f.is_open(), "--json: cannot open '", *json_path, "' for writing");
-    f << r.to_json(cfg).dump(2) << '\n';
-    LS_REQUIRE(f.good(), "--json: write to '", *json_path, "' failed");
-    std::cout << "wrote " << *json_path << "\n";
-  }
+  if (json_path) write_json(*json_path, r.to_json(cfg));
   return 0;
 }
 

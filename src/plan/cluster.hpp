@@ -17,14 +17,30 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/model/precision.hpp"
 
 namespace lockstep::plan {
 
+// An all-reduce measured over a link (collective_bench.hpp).
+struct CollectiveSample {
+  double bytes = 0;    // the buffer's, fp32
+  double seconds = 0;  // median over the repeats of the slowest rank's time
+};
+
 struct Link {
   double bandwidth = 0;  // bytes/s per GPU per direction
   double latency = 0;    // s per message step
+};
+
+// The all-reduce measured on the cluster itself (the local cluster): its times over `ranks` ranks
+// by size, which the collectives of groups of that size follow instead of α–β (cost_model.hpp) —
+// of fp32 sums, and canonical mode's exact one (the exact sums' doubles reduce-scattered and added
+// exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp).
+struct MeasuredAllReduce {
+  std::vector<CollectiveSample> fp32, exact;  // by increasing size
+  int64_t ranks = 0;
 };
 
 struct Cluster {
@@ -36,6 +52,10 @@ struct Cluster {
   Link intra, inter;
   double mtbf_gpu_hours = 0, restart_s = 0;
   double storage_write = 0;  // bytes/s, the whole job's
+  MeasuredAllReduce measured;  // none on a declared cluster
+  // Whether a collective proceeds beside the compute (a GPU's copy engines and NCCL's own SMs);
+  // not where each rank has one core, which its communication thread then takes from the compute.
+  bool comm_beside_compute = true;
 
   int64_t gpus() const { return gpus_per_node * nodes; }
   // FLOP/s a GPU's GEMMs reach in `p` (0 where it has no such unit).

@@ -1,0 +1,97 @@
+#include "src/plan/collective_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "src/core/check.hpp"
+#include "src/parallel/tensor_parallel.hpp"
+#include "src/train/bench.hpp"
+
+namespace lockstep::plan {
+
+Link fit_ring_all_reduce(const std::vector<CollectiveSample>& samples, int64_t n) {
+  LS_REQUIRE(samples.size() >= 2 && n >= 2, "fit_ring_all_reduce: needs two sizes and two ranks");
+  // t = c0 + c1·S: ordinary least squares, then α = c0 / 2(n−1), 1/β = c1 / (2(n−1)/n).
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const CollectiveSample& s : samples) {
+    sx += s.bytes;
+    sy += s.seconds;
+    sxx += s.bytes * s.bytes;
+    sxy += s.bytes * s.seconds;
+  }
+  const auto m = static_cast<double>(samples.size());
+  const double c1 = (m * sxy - sx * sy) / (m * sxx - sx * sx);
+  const double c0 = (sy - c1 * sx) / m;
+  const double k = static_cast<double>(n - 1);
+  constexpr double kTiny = 1e-12;
+  return {2 * k / static_cast<double>(n) / std::max(c1, kTiny), std::max(c0, kTiny) / (2 * k)};
+}
+
+CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
+  LS_REQUIRE(repeats >= 1, "lockstep bench --collectives: repeats must be >= 1");
+  CollectiveBench r;
+  r.ranks = world.size();
+  if (r.ranks == 1) return r;  // nothing to send
+  // Collectives back to back, as a step issues them, so that the ranks' skew leaving the barrier
+  // is spread over several (nccl-tests times its iterations the same way).
+  constexpr int64_t kBackToBack = 10;
+  constexpr int64_t kMaxFloats = int64_t{1} << 22;  // 16 MiB
+  std::vector<float> buffer(static_cast<size_t>(kMaxFloats), 1.0f);
+  ExactAccumulator exact;
+  parallel::CommTpGroup group(world);
+  // The median over the repeats of the slowest rank's time of one collective.
+  const auto timed = [&](const std::function<void()>& collective) {
+    std::vector<double> times;
+    for (int64_t i = 0; i <= repeats; ++i) {
+      world.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t k = 0; k < kBackToBack; ++k) collective();
+      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kBackToBack;
+      world.all_reduce(&t, &t, 1, DType::kF64, comm::ReduceOp::kMax);
+      if (i > 0) times.push_back(t);
+    }
+    return stats_of(times).median;
+  };
+  for (int64_t floats = 1 << 10; floats <= kMaxFloats; floats *= 4) {
+    const double bytes = static_cast<double>(floats) * 4;
+    r.all_reduce.push_back({bytes, timed([&] {
+                              world.all_reduce(buffer.data(), buffer.data(), floats, DType::kF32, comm::ReduceOp::kSum);
+                            })});
+    exact.reset(static_cast<size_t>(floats));
+    for (size_t i = 0; i < exact.size(); ++i) exact.add(i, 1.0 + static_cast<double>(i % 7));
+    r.exact_all_reduce.push_back({bytes, timed([&] { group.all_reduce_exact(exact, buffer.data()); })});
+  }
+  r.fit = fit_ring_all_reduce(r.all_reduce, r.ranks);
+  return r;
+}
+
+nlohmann::json CollectiveBench::to_json() const {
+  const auto samples = [](const std::vector<CollectiveSample>& v) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const CollectiveSample& s : v) out.push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
+    return out;
+  };
+  return {{"ranks", ranks},
+          {"all_reduce", samples(all_reduce)},
+          {"exact_all_reduce", samples(exact_all_reduce)},
+          {"latency_us", fit.latency * 1e6},
+          {"bandwidth_gbs", fit.bandwidth / 1e9}};
+}
+
+CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::string& where) {
+  CollectiveBench r;
+  try {
+    r.ranks = j.at("ranks").get<int64_t>();
+    for (const auto& s : j.at("all_reduce")) r.all_reduce.push_back({s.at("bytes"), s.at("seconds")});
+    for (const auto& s : j.at("exact_all_reduce")) r.exact_all_reduce.push_back({s.at("bytes"), s.at("seconds")});
+    LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where, ": expected ranks >= 1 and, for more than one, two sizes or more");
+    r.fit = {j.at("bandwidth_gbs").get<double>() * 1e9, j.at("latency_us").get<double>() * 1e-6};
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(str_cat(where, ": not a `lockstep bench --collectives` report (", e.what(), ")"));
+  }
+  return r;
+}
+
+}  // namespace lockstep::plan

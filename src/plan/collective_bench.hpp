@@ -1,0 +1,38 @@
+// `lockstep bench --collectives` (under mpirun): the communicator's all-reduce timed over message
+// sizes, as nccl-tests' all_reduce_perf times NCCL's, and fitted to the ring model the planner
+// predicts with (cost_model.hpp): t = 2(n−1)·α + 2(n−1)/n · S/β; and canonical mode's exact
+// all-reduce (the tensor-parallel one, TpGroup::all_reduce_exact) over the same sizes, whose
+// exact additions cost compute as well as bytes. Every size runs `repeats` times after one
+// untimed run; a run's time is the slowest rank's (the collective ends for the job when it ends
+// there), and the median is kept.
+// The local cluster of `lockstep plan --cluster local` is built from these figures.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/comm/communicator.hpp"
+#include "src/plan/cluster.hpp"
+
+namespace lockstep::plan {
+
+struct CollectiveBench {
+  int64_t ranks = 0;
+  std::vector<CollectiveSample> all_reduce;        // fp32 sums
+  std::vector<CollectiveSample> exact_all_reduce;  // canonical mode's (bytes: its fp32 values')
+  Link fit;                   // α and β of the ring model, least squares over the samples
+  nlohmann::json to_json() const;
+};
+
+// Collective over `world` (every rank returns the same figures); nothing to time in a world of one.
+CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats);
+
+CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::string& where);
+
+// α and β of t = 2(n−1)α + 2(n−1)/n · S/β by least squares over the samples (at least two sizes);
+// a negative intercept or slope (noise on a fast link) is clamped to a tiny positive one.
+Link fit_ring_all_reduce(const std::vector<CollectiveSample>& samples, int64_t n);
+
+}  // namespace lockstep::plan

@@ -1,0 +1,140 @@
+#include "src/plan/compute_profile.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "src/core/check.hpp"
+#include "src/core/splitmix64.hpp"
+#include "src/model/model.hpp"
+#include "src/optim/adamw.hpp"
+#include "src/optim/grad_clip.hpp"
+#include "src/parallel/tensor_parallel.hpp"
+#include "src/parallel/tp_plan.hpp"
+#include "src/plan/solo_tp_group.hpp"
+#include "src/train/bench.hpp"
+
+namespace lockstep::plan {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64_t global_batch) {
+  std::vector<PassShape> shapes;
+  for (int64_t tp = 1; tp <= ranks; tp *= 2) {
+    for (bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      for (int64_t mb : {1, 2, 4, 8, 16}) {
+        if (mb > global_batch) continue;
+        try {
+          parallel::check_tp_layout(run.model, tp, sp, mb * run.model.seq_len, run.train.mode, run.source);
+        } catch (const ConfigError&) {
+          continue;  // a layout the trainer refuses: never predicted
+        }
+        for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) shapes.push_back({tp, sp, mb, rc});
+      }
+    }
+  }
+  return shapes;
+}
+
+PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repeats) {
+  LS_REQUIRE(repeats >= 1, "time_passes: repeats must be >= 1");
+  const TrainConfig& tc = run.train;
+  CpuBackend backend({1, tc.isa, tc.fast_gemm});
+  SoloTpGroup group(shape.tp);
+  std::optional<parallel::TensorParallelPlan> tp_plan;
+  if (shape.tp > 1) tp_plan.emplace(group, shape.sp);
+  Model model(run.model, tc.mode, shape.micro_batch,
+              {.plan = tp_plan ? &*tp_plan : nullptr,
+               .backend = &backend,
+               .precision = tc.precision_recipe(),
+               .recompute = shape.recompute});
+  model.init_parameters();
+  AdamW adamw(model, tc.adamw());
+
+  // Uniform tokens (a pass's cost does not depend on their values).
+  const int64_t T = run.model.seq_len;
+  std::vector<int32_t> inputs(static_cast<size_t>(shape.micro_batch * T)), targets(inputs.size());
+  SplitMix64 rng(tc.seed);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(run.model.vocab_size)));
+    targets[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(run.model.vocab_size)));
+  }
+  const MicroBatch batch{inputs.data(), targets.data(), shape.micro_batch, 0};
+  const float dloss = 1.0f / static_cast<float>(shape.micro_batch * T);
+  std::vector<double> forward, backward, optimizer;
+  for (int64_t i = 0; i <= repeats; ++i) {
+    ChunkCombiner loss;
+    auto t0 = std::chrono::steady_clock::now();
+    model.zero_grad();
+    double o = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    model.forward(0, batch);
+    const double f = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    model.backward(0, dloss, loss, true);
+    const double b = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    model.finish_grads();
+    clip_grad_norm(model, static_cast<float>(tc.grad_clip));
+    adamw.update(model, tc.lr, i + 1);
+    o += seconds_since(t0);
+    if (i == 0) continue;  // the first touches its buffers for the first time
+    forward.push_back(f);
+    backward.push_back(b);
+    optimizer.push_back(o);
+  }
+  // Medians, as a run's step time is its steps' median.
+  return {stats_of(forward).median, stats_of(backward).median, stats_of(optimizer).median};
+}
+
+const PassTimes& ComputeProfile::at(const PassShape& shape) const {
+  const auto it = times_.find(shape);
+  LS_CHECK(it != times_.end(), "no measured passes for tp ", shape.tp, shape.sp ? " sp" : "", " micro-batch ",
+           shape.micro_batch, " recompute ", recompute_name(shape.recompute));
+  return it->second;
+}
+
+void ComputeProfile::keep_fastest(const ComputeProfile& other) {
+  for (const auto& [shape, t] : other.times_) {
+    const auto [it, fresh] = times_.emplace(shape, t);
+    if (fresh) continue;
+    it->second = {std::min(it->second.forward, t.forward), std::min(it->second.backward, t.backward),
+                  std::min(it->second.optimizer, t.optimizer)};
+  }
+}
+
+nlohmann::json ComputeProfile::to_json() const {
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const auto& [s, t] : times_) {
+    shapes.push_back({{"tp", s.tp}, {"sp", s.sp}, {"micro_batch", s.micro_batch},
+                      {"recompute", recompute_name(s.recompute)}, {"forward_s", t.forward},
+                      {"backward_s", t.backward}, {"optimizer_s", t.optimizer}});
+  }
+  return {{"passes", shapes}, {"runtime_mib", runtime_bytes / (1 << 20)}};
+}
+
+ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::string& where) {
+  ComputeProfile p;
+  try {
+    p.runtime_bytes = j.at("runtime_mib").get<double>() * (1 << 20);
+    for (const auto& s : j.at("passes")) {
+      p.set({s.at("tp").get<int64_t>(), s.at("sp").get<bool>(), s.at("micro_batch").get<int64_t>(),
+             parse_recompute(s.at("recompute").get<std::string>(), where)},
+            {s.at("forward_s").get<double>(), s.at("backward_s").get<double>(), s.at("optimizer_s").get<double>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(str_cat(where, ": not a `lockstep bench --passes` report (", e.what(), ")"));
+  }
+  return p;
+}
+
+}  // namespace lockstep::plan

@@ -1,0 +1,73 @@
+// The measured compute of one rank, for the planner on the machine it runs on (`lockstep plan
+// --cluster local`, docs/planner.md): a model's passes timed with one thread — the forward and the
+// backward of one micro-batch through every layer, as one tensor-parallel rank computes them (its
+// shards, and the local part of its reductions: solo_tp_group.hpp), and the AdamW update of that
+// rank's parameters — for each shape a layout gives a rank (tp, sequence parallelism, micro-batch
+// size, recomputation). `lockstep bench --passes` times them on every rank of the machine at once, so that each
+// pays what the others cost it (shared caches and memory bandwidth), as a layout's ranks do. The
+// planner scales these to a stage's layers by their FLOPs and adds what the timing leaves out:
+// the collectives' transfers, the pipeline's bubble, the gradient reduction, recomputation. Its
+// processes' resident memory before any model is the memory a rank needs beside the model.
+//
+// This is the measured efficiency of the cost model: a rank's passes, never a layout's step (the
+// figure `--validate` compares the prediction with).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/train/config.hpp"
+
+namespace lockstep::plan {
+
+// Seconds of one micro-batch's passes through the whole model on one rank, and of one AdamW
+// update of the rank's parameters.
+struct PassTimes {
+  double forward = 0, backward = 0, optimizer = 0;
+};
+
+struct PassShape {
+  int64_t tp = 1;
+  bool sp = false;
+  int64_t micro_batch = 1;
+  Recompute recompute = Recompute::kNone;  // the backward then runs the recomputed forwards first
+  auto operator<=>(const PassShape&) const = default;
+};
+
+// The shapes a local cluster of `ranks` needs for a batch of `global_batch`: tp a power of two up
+// to `ranks` that the model's layout allows (tensor_parallel.hpp), with and without sp,
+// micro-batches of 1, 2, 4, 8, 16 sequences up to the batch, and each recomputation — the
+// planner's search.
+std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64_t global_batch);
+
+// Times one shape on this process with one thread: `repeats` passes after one untimed, medians.
+PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repeats);
+
+class ComputeProfile {
+ public:
+  ComputeProfile() = default;
+  // A `lockstep bench --passes` report; DataError naming `where` when it is not one.
+  static ComputeProfile from_json(const nlohmann::json& j, const std::string& where);
+  nlohmann::json to_json() const;
+
+  void set(const PassShape& shape, const PassTimes& t) { times_[shape] = t; }
+  // Each shape's fastest times of this profile and `other` (the same shapes, measured at another
+  // moment).
+  void keep_fastest(const ComputeProfile& other);
+  // What a rank holds before its model (the binary, MPI, the GEMM library's buffers), the largest
+  // rank's: the local cluster's reserved memory.
+  double runtime_bytes = 0;
+  // LogicError where the shape was not measured.
+  const PassTimes& at(const PassShape& shape) const;
+  const std::map<PassShape, PassTimes>& times() const { return times_; }
+
+ private:
+  std::map<PassShape, PassTimes> times_;
+};
+
+}  // namespace lockstep::plan
