@@ -1,63 +1,55 @@
-// `lockstep plan --model FILE --cluster FILE --global-batch B [--seq-len T] [--precision P]
-// [--top N] [--json FILE] [--svg FILE] [--explain LAYOUT]`: the layouts of a run on a cluster,
-// ranked by the planner's predicted step time (src/plan/planner.hpp), each with its time and
-// memory broken down (as bars in the SVG), and every rejected layout counted by its reason; or one
-// layout's prediction in full.
-#include <cmath>
+// `lockstep plan --model FILE --cluster FILE|local [--global-batch B] [--seq-len T] [--precision P]
+// [--top N] [--json FILE] [--svg FILE] [--explain LAYOUT] [--validate ...] [--section.key=value ...]`:
+// the layouts of a run on a cluster, ranked by the planner's predicted step time
+// (src/plan/planner.hpp), each with its time and memory broken down (as bars in the SVG), and every
+// rejected layout counted by its reason; or one layout's prediction in full. `--cluster local`
+// measures this machine (src/plan/local_cluster.hpp); `--validate` then runs every layout that
+// fits and sets the measured step time and memory beside the prediction (verify/plan_validate.hpp).
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "src/cli/commands.hpp"
+#include "src/cli/plan_output.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
 #include "src/core/check.hpp"
 #include "src/plan/goodput.hpp"
+#include "src/plan/local_cluster.hpp"
 #include "src/plan/planner.hpp"
 #include "src/train/config.hpp"
+#include "verify/plan_validate.hpp"
 #include "verify/svg_plot.hpp"
 
 namespace lockstep::cli {
 namespace {
 
 constexpr const char* kPlanUsage =
-    "usage: lockstep plan --model FILE.toml --cluster FILE.toml --global-batch B [--seq-len T]\n"
-    "                     [--precision fp32|bf16|fp8] [--top N] [--json FILE] [--svg FILE] [--explain LAYOUT]\n"
+    "usage: lockstep plan --model FILE.toml --cluster FILE.toml|local [--global-batch B] [--seq-len T]\n"
+    "                     [--nodes N] [--precision fp32|bf16|fp8] [--top N] [--json FILE] [--svg FILE]\n"
+    "                     [--explain LAYOUT]\n"
+    "                     [--validate [--ranks N] [--steps S] [--rounds R] [--layouts 'L1,L2'] [--launcher WORDS]\n"
+    "                     [--out DIR]] [--section.key=value ...]\n"
     "  ranks the layouts the trainer runs (dp x tp x pp of the cluster's GPUs, micro-batch, ZeRO 0-2,\n"
     "  sequence parallelism, recomputation, 1F1B) by predicted step time and prints the best N\n"
     "  (default 10) with time and memory broken down (--svg: as bars), and the rejected layouts by reason.\n"
-    "  --model: a run config (its [model] section); --cluster: scripts/clusters/*.toml.\n"
-    "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n";
+    "  --model: a run config (its [model], [train] mode, batch_size and precision, [parallel] bucket_mb);\n"
+    "  --global-batch and --precision override its batch and precision; --cluster: scripts/clusters/*.toml,\n"
+    "  or local: this machine measured, N ranks of one thread (default: one per core; the all-reduce\n"
+    "  timed by `lockstep bench --collectives` under the launcher, a rank's passes timed here).\n"
+    "  --nodes N: the cluster file's machine with N nodes.\n"
+    "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n"
+    "  --validate (local): runs each layout that fits (or --layouts) for S steps (default 6) with\n"
+    "  `lockstep train`, R rounds (default 2; the passes timed again before each, the fastest kept),\n"
+    "  and prints predicted against measured step time and peak memory.\n"
+    "  --launcher: words before the executable for more than one rank, {np} the count\n"
+    "  (default 'mpirun --oversubscribe -np {np}'); --out: the runs' directory (default plan-validate).\n"
+    "  --section.key=value: overrides of the config, also passed to the runs (e.g. --data.train=...).\n";
 
 using plan::kGiB;
-
-std::string fixed(double x, int digits) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(digits) << x;
-  return s.str();
-}
-
-nlohmann::json to_json(const plan::Prediction& p) {
-  return {{"layout", p.layout.text()},
-          {"step_s", p.time.total},
-          {"tokens_per_s", p.tokens_per_s},
-          {"mfu", p.mfu},
-          {"micro_batches", p.micro_batches},
-          {"time_s",
-           {{"compute", p.time.compute},
-            {"recompute", p.time.recompute},
-            {"tp_comm", p.time.tp_comm},
-            {"pipeline", p.time.pipeline},
-            {"dp_exposed", p.time.dp_exposed}}},
-          {"memory_gib",
-           {{"params", p.memory.params / kGiB},
-            {"grads", p.memory.grads / kGiB},
-            {"optimizer", p.memory.optimizer / kGiB},
-            {"activations", p.memory.activations / kGiB},
-            {"reserved", p.memory.reserved / kGiB},
-            {"total", p.memory.total() / kGiB}}}};
-}
 
 // The shown layouts' step time and memory, each a row of stacked bars.
 std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::string& title) {
@@ -67,8 +59,8 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
     const plan::Prediction& p = shown[i];
     rows.push_back(str_cat(i + 1, ". ", p.layout.text()));
     double at = 0;
-    const double parts[] = {p.time.compute, p.time.tp_comm, p.time.pipeline, p.time.dp_exposed};
-    for (size_t s = 0; s < 4; ++s) {
+    const double parts[] = {p.time.compute, p.time.tp_comm, p.time.pipeline, p.time.dp_exposed, p.time.optimizer};
+    for (size_t s = 0; s < 5; ++s) {
       time.push_back({i, at, at + parts[s], fixed(parts[s], 2), s});
       at += parts[s];
     }
@@ -82,8 +74,8 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
   }
   return verify::svg_stack(
       {verify::svg_timeline(title + ": predicted step time", rows,
-                            {"GEMMs (and recomputation)", "tensor-parallel collectives", "pipeline bubble and sends",
-                             "data-parallel exposed"},
+                            {"compute (and recomputation)", "tensor-parallel collectives", "pipeline bubble and sends",
+                             "data-parallel exposed", "optimizer (measured clusters)"},
                             time, "seconds"),
        verify::svg_timeline(title + ": memory of the fullest GPU", rows,
                             {"parameters", "gradients", "optimizer", "activations", "reserved"}, memory, "GiB")});
@@ -92,16 +84,20 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
 void explain(const plan::Prediction& p, double hbm) {
   const plan::StepTime& t = p.time;
   const plan::Memory& m = p.memory;
+  // GiB, or MiB for a model that needs less than a GiB.
+  const auto size = [&](double bytes) {
+    return m.total() < kGiB ? fixed(bytes / (1 << 20), 1) + " MiB" : fixed(bytes / kGiB, 2) + " GiB";
+  };
   std::cout << "layout " << p.layout.text() << ": " << p.micro_batches << " micro-batches a step per pipeline\n"
             << "step " << fixed(t.total, 3) << " s = the busiest pipeline rank's passes "
-            << fixed(t.compute + t.tp_comm, 3) << " s (GEMMs " << fixed(t.compute, 3) << " s, of which recomputation "
+            << fixed(t.compute + t.tp_comm, 3) << " s (compute " << fixed(t.compute, 3) << " s, of which recomputation "
             << fixed(t.recompute, 3) << " s; tensor-parallel collectives " << fixed(t.tp_comm, 3)
             << " s) + pipeline bubble and sends " << fixed(t.pipeline, 3) << " s + data-parallel exposed "
-            << fixed(t.dp_exposed, 3) << " s\n"
-            << "memory of the fullest GPU " << fixed(m.total() / kGiB, 2) << " GiB of " << fixed(hbm / kGiB, 0)
-            << ": parameters " << fixed(m.params / kGiB, 2) << ", gradients " << fixed(m.grads / kGiB, 2)
-            << ", optimizer " << fixed(m.optimizer / kGiB, 2) << ", activations " << fixed(m.activations / kGiB, 2)
-            << ", reserved " << fixed(m.reserved / kGiB, 2) << "\n"
+            << fixed(t.dp_exposed, 3) << " s" << (t.optimizer > 0 ? " + optimizer " + fixed(t.optimizer, 3) + " s" : "")
+            << "\n"
+            << "memory of the fullest GPU " << size(m.total()) << " of " << fixed(hbm / kGiB, 0)
+            << " GiB: parameters " << size(m.params) << ", gradients " << size(m.grads) << ", optimizer "
+            << size(m.optimizer) << ", activations " << size(m.activations) << ", reserved " << size(m.reserved) << "\n"
             << fixed(p.tokens_per_s, 0) << " tokens/s, MFU " << fixed(100 * p.mfu, 1) << "%\n";
 }
 
@@ -112,34 +108,71 @@ int cmd_plan(Args& args) {
     std::cout << kPlanUsage;
     return 0;
   }
-  const auto model_path = args.take("model"), cluster_path = args.take("cluster"), batch = args.take("global-batch");
-  LS_REQUIRE(model_path && cluster_path && batch, "lockstep plan: --model, --cluster and --global-batch are required\n",
-             kPlanUsage);
-  const auto seq_len = args.take("seq-len");
-  const std::string precision = args.take_or("precision", "bf16");
+  const auto model_path = args.take("model"), cluster_path = args.take("cluster");
+  LS_REQUIRE(model_path && cluster_path, "lockstep plan: --model and --cluster are required\n", kPlanUsage);
+  const auto batch = args.take("global-batch"), seq_len = args.take("seq-len");
+  const auto precision_arg = args.take("precision");
   const int64_t top = parse_count("lockstep plan", "top", args.take_or("top", "10"));
   const std::string json_path = args.take_or("json", ""), svg_path = args.take_or("svg", "");
   const std::string explain_text = args.take_or("explain", "");
+  const bool local = *cluster_path == "local", validate = args.take_flag("validate");
+  verify::ValidateOptions vopt;
+  vopt.config = *model_path;
+  vopt.ranks = parse_count("lockstep plan", "ranks", args.take_or("ranks", std::to_string(plan::online_cores())));
+  vopt.steps = parse_count("lockstep plan", "steps", args.take_or("steps", "6"));
+  vopt.rounds = parse_count("lockstep plan", "rounds", args.take_or("rounds", "2"));
+  vopt.launcher = args.take_or("launcher", vopt.launcher);
+  vopt.out = args.take_or("out", "plan-validate");
+  const std::string only = args.take_or("layouts", "");
+  const auto nodes = args.take("nodes");
+  std::vector<std::pair<std::string, std::string>> overrides = args.take_dotted();
   args.finish("plan");
   LS_REQUIRE(args.positionals().empty(), "lockstep plan: unexpected argument '", args.positionals()[0], "'");
-  LS_REQUIRE(precision == "fp32" || precision == "bf16" || precision == "fp8",
-             "lockstep plan: --precision: expected fp32, bf16 or fp8, got '", precision, "'");
+  LS_REQUIRE(!precision_arg || *precision_arg == "fp32" || *precision_arg == "bf16" || *precision_arg == "fp8",
+             "lockstep plan: --precision: expected fp32, bf16 or fp8, got '", precision_arg.value_or(""), "'");
+  LS_REQUIRE(!validate || local, "lockstep plan: --validate runs the layouts here: it needs --cluster local");
+  if (local) verify::check_options(vopt);
+  LS_REQUIRE(!nodes || !local, "lockstep plan: --nodes sizes a cluster file; the local cluster has --ranks");
 
-  std::vector<std::pair<std::string, std::string>> overrides;
+  // The batch, the sequence and the precision as the config's overrides, which the local
+  // cluster's benchmarks and runs take as well.
   if (seq_len) overrides.emplace_back("model.seq_len", *seq_len);
+  if (batch) overrides.emplace_back("train.batch_size", *batch);
+  if (precision_arg) overrides.emplace_back("train.precision", *precision_arg);
+  vopt.overrides = overrides;
   const RunConfig run = load_run_config(*model_path, overrides, ConfigUse::kBench);
+  const std::string precision(precision_name(run.train.precision));
   plan::PlanRequest request{.model = describe_model(run.model),
-                            .global_batch = parse_count("lockstep plan", "global-batch", *batch),
-                            .precision = precision_from_name(precision),
+                            .global_batch = run.train.batch_size,
+                            .precision = run.train.precision,
+                            .mode = run.train.mode,
+                            .bucket_bytes = run.parallel.bucket_mb * (1 << 20),
                             .source = *model_path};
   LS_REQUIRE(request.global_batch >= 1, "lockstep plan: --global-batch must be >= 1");
-  const plan::Cluster cluster = plan::load_cluster(*cluster_path);
-  plan::Planner planner(request, cluster);
+  // The local cluster: one thread a rank, as its runs train.
+  std::optional<plan::ComputeProfile> profile;
+  plan::Cluster cluster;
+  if (local) {
+    const CpuBackend backend({1, run.train.isa, run.train.fast_gemm});
+    profile = verify::run_pass_profile(vopt);
+    cluster = plan::local_cluster(verify::run_collective_bench(vopt), backend.measure_gemm_peak(),
+                                  profile->runtime_bytes, plan::machine_memory_bytes(), plan::online_cores());
+  } else {
+    cluster = plan::load_cluster(*cluster_path);
+    if (nodes) {
+      // The same machine at another size: a published run's share of it.
+      cluster.nodes = parse_count("lockstep plan", "nodes", *nodes);
+      LS_REQUIRE(cluster.nodes >= 1, "lockstep plan: --nodes must be >= 1");
+      cluster.name += str_cat(" at ", cluster.nodes, " nodes");
+    }
+  }
+  plan::Planner planner(request, cluster, profile ? &*profile : nullptr);
   double params = 0;
   for (const ParamDecl* p : model_params(request.model)) params += static_cast<double>(param_numel(*p));
   // The trainer's checkpoint: fp32 parameters and AdamW's two moments.
   const auto goodput_of = [&](const plan::Prediction& p) { return plan::goodput(12 * params, p.time.total, cluster); };
   const auto print_goodput = [&](const plan::Prediction& p) {
+    if (cluster.mtbf_gpu_hours <= 0) return;  // the local cluster: not measured
     const plan::Goodput g = goodput_of(p);
     std::cout << "goodput: the job fails every " << fixed(g.mtbf_s / 60, 1) << " min (" << cluster.mtbf_gpu_hours
               << " GPU-hours each over " << cluster.gpus() << " GPUs); a checkpoint of "
@@ -150,7 +183,16 @@ int cmd_plan(Args& args) {
   std::cout << "plan: " << *model_path << " (" << fixed(params / 1e9, 2) << "B parameters, " << run.model.n_layers
             << " layers, d_model " << run.model.d_model << ") on " << cluster.name << " (" << cluster.gpus()
             << " GPUs, " << cluster.nodes << " x " << cluster.gpus_per_node << ", " << fixed(cluster.hbm_bytes / kGiB, 0)
-            << " GiB): " << request.global_batch << " x " << run.model.seq_len << " tokens a step, " << precision << "\n";
+            << " GiB): " << request.global_batch << " x " << run.model.seq_len << " tokens a step, " << precision << ", "
+            << mode_name(request.mode) << " mode\n";
+  if (local) {
+    std::cout << "local: " << cluster.gpus() << " ranks of one thread; GEMM peak " << fixed(cluster.peak_fp32 / 1e9, 1)
+              << " GFLOP/s a rank; all-reduce ring fit alpha " << fixed(cluster.intra.latency * 1e6, 1) << " us, beta "
+              << fixed(cluster.intra.bandwidth / 1e9, 2) << " GB/s (" << vopt.out << "/collectives.json); "
+              << fixed(cluster.reserved_bytes / (1 << 20), 0) << " MiB a rank before its model; communication "
+              << (cluster.comm_beside_compute ? "beside the compute (spare cores)" : "on the compute's cores")
+              << "; passes timed by lockstep bench --passes (" << vopt.out << "/passes.json)\n";
+  }
 
   if (!explain_text.empty()) {
     const plan::Layout layout = plan::parse_layout(explain_text, "lockstep plan: --explain");
@@ -176,10 +218,13 @@ int cmd_plan(Args& args) {
     }
     throw ConfigError(str_cat("lockstep plan: no layout of ", *model_path, " runs on ", cluster.name, ": ", reasons));
   }
+  // GiB to one decimal, or MiB where the best layout needs less than a GiB (the local cluster).
+  const std::pair<double, int> unit =
+      result.ranked.front().memory.total() < kGiB ? std::make_pair(double{1 << 20}, 0) : std::make_pair(kGiB, 1);
   std::cout << std::left << std::setw(5) << "rank" << std::setw(46) << "layout" << std::right << std::setw(9)
-            << "step s" << std::setw(12) << "tokens/s" << std::setw(7) << "MFU" << std::setw(10) << "GEMMs s"
+            << "step s" << std::setw(12) << "tokens/s" << std::setw(7) << "MFU" << std::setw(10) << "compute s"
             << std::setw(9) << "tp s" << std::setw(11) << "pipeline s" << std::setw(8) << "dp s" << std::setw(12)
-            << "memory GiB" << "\n";
+            << (unit.first == kGiB ? "memory GiB" : "memory MiB") << "\n";
   const int64_t shown = std::min<int64_t>(top, static_cast<int64_t>(result.ranked.size()));
   for (int64_t i = 0; i < shown; ++i) {
     const plan::Prediction& p = result.ranked[static_cast<size_t>(i)];
@@ -187,7 +232,7 @@ int cmd_plan(Args& args) {
               << fixed(p.time.total, 3) << std::setw(12) << fixed(p.tokens_per_s, 0) << std::setw(6)
               << fixed(100 * p.mfu, 1) << "%" << std::setw(10) << fixed(p.time.compute, 3) << std::setw(9)
               << fixed(p.time.tp_comm, 3) << std::setw(11) << fixed(p.time.pipeline, 3) << std::setw(8)
-              << fixed(p.time.dp_exposed, 3) << std::setw(12) << fixed(p.memory.total() / kGiB, 1) << "\n";
+              << fixed(p.time.dp_exposed, 3) << std::setw(12) << fixed(p.memory.total() / unit.first, unit.second) << "\n";
   }
   print_goodput(result.ranked.front());
   std::cout << "considered " << result.considered << " layouts: " << result.ranked.size() << " fit";
@@ -195,6 +240,8 @@ int cmd_plan(Args& args) {
     std::cout << "; " << kind << " " << r.count << " (e.g. " << r.example.text() << ": " << r.text << ")";
   }
   std::cout << "\n";
+  nlohmann::json validation;
+  if (validate) validation = validate_plan(vopt, planner, *profile, result.ranked, only);
   if (!svg_path.empty()) {
     const std::vector<plan::Prediction> best(result.ranked.begin(), result.ranked.begin() + shown);
     std::ofstream out(svg_path);
@@ -214,6 +261,7 @@ int cmd_plan(Args& args) {
     for (const auto& [kind, r] : result.rejected) {
       j["rejected"][kind] = {{"count", r.count}, {"example", r.example.text()}, {"reason", r.text}};
     }
+    if (validate) j["validate"] = validation;
     std::ofstream out(json_path);
     LS_REQUIRE(out.good(), "lockstep plan: cannot write ", json_path);
     out << j.dump(1) << "\n";

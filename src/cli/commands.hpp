@@ -15,8 +15,8 @@ int cmd_bisect(Args& args); // lockstep bisect --a='ARGS' --b='ARGS' --steps=N [
 int cmd_bench(Args& args);  // lockstep bench --config FILE [--json FILE]
 int cmd_faultcampaign(Args& args);  // lockstep faultcampaign --config FILE [--np N] [--faults N] [--out DIR]
 int cmd_schedule(Args& args);       // lockstep schedule --pp P --microbatches M [--schedule K] [...]
-int cmd_fp8(Args& args);
-int cmd_plan(Args& args);           // lockstep plan --model FILE --cluster FILE --global-batch B [...]            // lockstep fp8 report METRICS.jsonl [--out FILE.svg] [--top N]
+int cmd_fp8(Args& args);            // lockstep fp8 report METRICS.jsonl [--out FILE.svg] [--top N]
+int cmd_plan(Args& args);           // lockstep plan --model FILE --cluster FILE|local [--validate] [...]
 int cmd_launch(int argc, char** argv);  // lockstep launch [options] -- COMMAND... (its own `--`)
 
 }  // namespace lockstep::cli

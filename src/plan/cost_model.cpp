@@ -1,5 +1,8 @@
 #include "src/plan/cost_model.hpp"
 
+#include <functional>
+#include <vector>
+
 namespace lockstep::plan {
 
 double all_reduce_time(double bytes, int64_t n, const Link& l) {
@@ -8,9 +11,35 @@ double all_reduce_time(double bytes, int64_t n, const Link& l) {
   return 2 * k * l.latency + 2 * k / static_cast<double>(n) * bytes / l.bandwidth;
 }
 
-double reduce_scatter_time(double bytes, int64_t n, const Link& l) { return all_reduce_time(bytes, n, l) / 2; }
+namespace {
 
-double all_gather_time(double bytes, int64_t n, const Link& l) { return all_reduce_time(bytes, n, l) / 2; }
+// Linear between the two measured sizes around `bytes`, the smallest's time below them, and beyond
+// the largest its time plus the rest as `model` prices it.
+double interpolate(const std::vector<CollectiveSample>& s, double bytes, const std::function<double(double)>& model) {
+  if (bytes <= s.front().bytes) return s.front().seconds;
+  for (size_t i = 1; i < s.size(); ++i) {
+    if (bytes <= s[i].bytes) {
+      const double w = (bytes - s[i - 1].bytes) / (s[i].bytes - s[i - 1].bytes);
+      return s[i - 1].seconds + w * (s[i].seconds - s[i - 1].seconds);
+    }
+  }
+  return s.back().seconds + model(bytes) - model(s.back().bytes);
+}
+
+}  // namespace
+
+double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
+  const auto model = [&](double b) { return all_reduce_time(b, n, l); };
+  if (n != measured.ranks || measured.fp32.empty()) return model(bytes);
+  return interpolate(measured.fp32, bytes, model);
+}
+
+double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
+  if (n <= 1) return 0;
+  const auto model = [&](double b) { return (all_reduce_time(2 * b, n, l) + all_reduce_time(b, n, l)) / 2; };
+  if (n != measured.ranks || measured.exact.empty()) return model(fp32_bytes);
+  return interpolate(measured.exact, fp32_bytes, model);
+}
 
 double send_time(double bytes, const Link& l) { return l.latency + bytes / l.bandwidth; }
 

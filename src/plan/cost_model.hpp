@@ -1,13 +1,16 @@
 // The planner's cost model (docs/planner.md; Planner::predict in planner.hpp computes it, with
 // the collectives' times below): one step of a layout on a cluster, predicted from
 // the model's layer list, the trainer's own stage assignment and pipeline tables, and α–β models
-// of the collectives.
+// of the collectives — or, on the local cluster, from measurements of this machine's passes and
+// collectives (compute_profile.hpp, collective_bench.hpp).
 //
 // Time of the busiest pipeline rank (its stage's layers, src/train/pipeline.hpp's plan_stages):
 //   compute    FLOPs of its layers (layer list: 2 per weight per token forward, 4 backward, the
 //              attention's scores and values; a tied head's product counted on the head's stage)
 //              at the cluster's GEMM rate for the precision, over tp; recomputation re-runs the
-//              recomputed sub-layers' forwards before their backward;
+//              recomputed sub-layers' forwards before their backward. Measured: the passes of the
+//              rank's shape (tp, sp, micro-batch, recomputation) times its layers' share of the
+//              FLOPs, every kernel of them included;
 //   tp comm    per micro-batch, one all-reduce of the residual stream's micro-batch (mb·T·C
 //              activations) per attention and MLP sub-layer forward and backward, one more for the
 //              embedding's output (forward) and the head's input gradient (backward) — sequence
@@ -15,23 +18,34 @@
 //   pipeline   the schedule's table (pipeline_schedule.hpp) timed by simulate() with these passes
 //              (F, B = Bi + W halved) and a p2p send of a micro-batch's activations: its makespan
 //              over the busy time is the bubble and the sends on the critical path;
-//   dp         the gradient reduction as the trainer does it (data_parallel.hpp): zero 0 and 1 a
-//              reduce-scatter and an all-gather of the fp32 gradient (zero 1 then an all-gather of
-//              the parameters), zero 2 a reduce-scatter in every micro-batch and the parameters'
-//              all-gather; buckets reduced during the backward, so what is exposed is the part
-//              longer than the backward it overlaps, and at least the last bucket's.
+//   dp         the gradient reduction as the trainer does it (data_parallel.hpp), in buckets of
+//              [parallel] bucket_mb one after the other: zero 0 and 1 an all-reduce of the fp32
+//              gradient (zero 1 then an all-gather of the parameters), zero 2 a reduce-scatter in
+//              every micro-batch and the parameters' all-gather; the buckets are reduced during the
+//              backward, so what is exposed is the part longer than the backward it overlaps, and
+//              at least the last bucket's — all of it where a rank's communication has no core of
+//              its own (Cluster::comm_beside_compute);
+//   update     measured: zeroing and rounding the gradients, their norm and AdamW over the rank's
+//              parameters (over dp with ZeRO 1 and 2); not on a declared cluster.
+// Canonical mode reduces exactly (parallel/exact_reduce.hpp): the exact sums' doubles
+//   reduce-scattered, the rounded fp32 all-gathered — 1.5 times an fp32 all-reduce's bytes, or the
+//   exact all-reduce as measured.
 // Collectives: rings over the group's link (NVLink when the group lies within a node, the
 //   GPU's share of the inter-node network otherwise): all-reduce 2(n−1)·α + 2(n−1)/n·S/β,
-//   reduce-scatter and all-gather half of it; a p2p send α + S/β.
+//   reduce-scatter and all-gather half of it; a p2p send α + S/β. A measured all-reduce, where
+//   the cluster has one for the group's size, is interpolated by size instead.
 // Memory of the GPU that holds the most: parameters (fp32, and a bf16 copy of the matrices in
-//   bf16 and fp8, two fp8 copies of them in fp8), fp32 gradients, AdamW's m and v (zero 1: over
-//   dp; zero 2: gradients too, plus the staging of one bucket), the activations each micro-batch
-//   keeps per layer (the trainer's: norm outputs, QKV, the attention probabilities, MLP hidden,
-//   logits; 2 bytes in bf16/fp8, 4 in fp32; sequence parallelism splits them over tp; recomputed
+//   bf16 and fp8, two fp8 copies of them in fp8), fp32 gradients (canonical mode: and the exact
+//   sums, a double and a flag each, and the exact reduction's buffers for one bucket: every
+//   rank's doubles of this rank's shard and their exact sum), AdamW's m and v (zero 1: over dp;
+//   zero 2: gradients too, plus the staging of one bucket), the activations each micro-batch keeps per layer (the trainer's:
+//   the residual stream, norm outputs, QKV, the attention probabilities, MLP hidden, logits; 2
+//   bytes in bf16/fp8, 4 in fp32; sequence parallelism splits the stream over tp; recomputed
 //   sub-layers keep their input and one layer's worth is rebuilt at a time) times the micro-batches
-//   the schedule keeps in flight on that rank, and the cluster's reserved HBM.
-// Not modelled: non-GEMM kernels (norms, softmax, the optimizer's pass over the parameters), the
-//   data loader, overlap of tp collectives with compute, network contention between groups.
+//   the schedule keeps in flight on that rank, one micro-batch's backward buffers (the layers'
+//   shared scratch and the stream's gradients), and the cluster's reserved memory.
+// Not modelled: on a declared cluster kernels other than GEMMs (norms, softmax, the optimizer);
+//   the data loader, overlap of tp collectives with compute, network contention between groups.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +63,8 @@ struct PlanRequest {
   ModelDesc model;  // its seq_len the step's
   int64_t global_batch = 0;  // sequences per step
   Precision precision = Precision::kBf16;
+  Mode mode = Mode::kFast;  // canonical: exact reductions (more bytes)
+  double bucket_bytes = 25.0 * (1 << 20);  // [parallel] bucket_mb: the gradient reduction's bucket
   std::string source;  // the model's config file, for messages
 };
 
@@ -58,6 +74,7 @@ struct StepTime {
   double tp_comm = 0;
   double pipeline = 0;   // the makespan beyond the busiest rank's passes: bubble and p2p
   double dp_exposed = 0;
+  double optimizer = 0;  // the AdamW update, where measured (the local cluster)
   double total = 0;
 };
 
@@ -77,8 +94,11 @@ struct Prediction {
 
 // α–β ring collectives of `bytes` (the whole buffer) over n ranks, and a point-to-point send.
 double all_reduce_time(double bytes, int64_t n, const Link& l);
-double reduce_scatter_time(double bytes, int64_t n, const Link& l);
-double all_gather_time(double bytes, int64_t n, const Link& l);
+// The all-reduce as measured where the measurement covers n ranks (interpolated by size), else α–β.
+double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
+// Canonical mode's exact all-reduce of fp32_bytes of values: as measured, else a reduce-scatter of
+// the exact sums' doubles and an all-gather of the fp32, 1.5 times an fp32 all-reduce's bytes.
+double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
 double send_time(double bytes, const Link& l);
 
 // The link of a group of n ranks `stride` apart in the mesh's rank order (tp fastest, then pp,

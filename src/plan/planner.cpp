@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "src/core/check.hpp"
@@ -11,12 +12,6 @@
 
 namespace lockstep::plan {
 
-namespace {
-
-constexpr double kBucketBytes = 25.0 * (1 << 20);  // the trainer's default [parallel] bucket_mb
-
-}  // namespace
-
 // What one pipeline rank holds and does, per token of a micro-batch unless said otherwise.
 struct Planner::RankCost {
   double forward_flops = 0;    // its layers' forward (a third of the trained FLOPs)
@@ -25,13 +20,48 @@ struct Planner::RankCost {
   double params = 0, matmul_params = 0;  // elements this GPU holds
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
   double rebuilt_bytes = 0;  // the largest recomputed layer's, rebuilt one at a time
+  // The backward's buffers, one micro-batch's: the scratch the layers share (the largest layer's
+  // need, as attention.cpp and mlp.cpp size it) and the stream's gradient between layers (two).
+  double scratch_bytes = 0;
 };
 
-Planner::Planner(PlanRequest request, Cluster cluster) : request_(std::move(request)), cluster_(std::move(cluster)) {
+Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile)
+    : request_(std::move(request)), cluster_(std::move(cluster)), profile_(profile) {
   const LayerDesc& last = request_.model.layers.back();
   if (last.kind == LayerKind::kHead && last.tied) {
     head_flops_ = 6.0 * static_cast<double>(last.dims.V) * static_cast<double>(last.dims.C);
   }
+  for (const LayerDesc& l : request_.model.layers) model_forward_flops_ += layer_flops_per_token(l) / 3;
+}
+
+Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
+  if (profile_ != nullptr) {
+    // The measured passes of the whole model, the share of these layers by their FLOPs; the
+    // recomputation, what it adds to the backward.
+    const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone});
+    const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute});
+    const double share = r.forward_flops / model_forward_flops_;
+    return {plain.forward * share, plain.backward * share, (with.backward - plain.backward) * share};
+  }
+  const double rate = cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp);
+  const double tokens = static_cast<double>(layout.micro_batch * request_.model.config.seq_len);
+  const double f = r.forward_flops * tokens / rate;
+  return {f, 2 * f, r.recompute_flops * tokens / rate};
+}
+
+double Planner::all_reduce(double bytes, int64_t n, const Link& link) const {
+  return all_reduce_time(bytes, n, link, cluster_.measured);
+}
+
+double Planner::reduction_time(double fp32_bytes, int64_t n, const Link& link) const {
+  if (request_.mode == Mode::kCanonical) return exact_all_reduce_time(fp32_bytes, n, link, cluster_.measured);
+  return all_reduce(fp32_bytes, n, link);
+}
+
+double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link) const {
+  // Canonical: the exact all-reduce without its all-gather, the doubles' two thirds of its bytes.
+  if (request_.mode == Mode::kCanonical) return exact_all_reduce_time(fp32_bytes, n, link, cluster_.measured) * 2 / 3;
+  return all_reduce(fp32_bytes, n, link) / 2;
 }
 
 const std::vector<std::vector<size_t>>& Planner::rank_layers(int64_t pp, int64_t chunks) {
@@ -48,7 +78,7 @@ const std::vector<std::vector<size_t>>& Planner::rank_layers(int64_t pp, int64_t
 
 std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
   const auto t = static_cast<double>(layout.tp);
-  const double stream = layout.sp ? 1 / t : 1;  // the residual stream and the norms' outputs
+  const double stream = layout.sp ? 1 / t : 1;  // the residual stream's share of a token
   const double ab = request_.precision == Precision::kF32 ? 4 : 2;
   std::vector<RankCost> ranks;
   for (const std::vector<size_t>& held : rank_layers(layout.pp, layout.chunks)) {
@@ -67,30 +97,35 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
         r.params += n;
         if (p.matmul) r.matmul_params += n;
       }
-      double input = 0, inside = 0;
+      double input = 0, inside = 0, scratch = 0;
       bool recomputed = false;
+      const double qkv = static_cast<double>(m.qkv_width()) / t, heads_out = static_cast<double>(m.NH * m.HS) / t;
+      const double probs = static_cast<double>(m.NH) / t * T;  // a token's attention probabilities
+      const double fc_out = static_cast<double>(m.F) * (l.ffn == FfnKind::kSwiglu ? 2 : 1) / t;
       switch (l.kind) {
         case LayerKind::kEmbedding:
           ++r.forward_reduces;
+          r.kept_bytes += C * stream * ab;  // its output, the first residual stream
           break;
         case LayerKind::kAttention:
           ++r.forward_reduces;
           ++r.backward_reduces;
           input = C * stream;
-          inside = C * stream + static_cast<double>(m.qkv_width()) / t + static_cast<double>(m.NH) / t * T +
-                   static_cast<double>(m.NH * m.HS) / t;
+          inside = C + qkv + probs + heads_out;  // the norm's output whole (gathered under sp)
+          scratch = C * stream + qkv + heads_out + probs;
           recomputed = layout.recompute != Recompute::kNone;
           break;
         case LayerKind::kMlp:
           ++r.forward_reduces;
           ++r.backward_reduces;
           input = C * stream;
-          inside = C * stream + static_cast<double>(m.F) * (l.ffn == FfnKind::kSwiglu ? 3 : 2) / t;
+          inside = C + fc_out + static_cast<double>(m.F) / t;
+          scratch = C * stream + fc_out + static_cast<double>(m.F) / t;
           recomputed = layout.recompute == Recompute::kFull;
           break;
         case LayerKind::kFinalNorm:
           input = C * stream;
-          inside = C * stream;
+          inside = C;
           break;
         case LayerKind::kHead:
           ++r.backward_reduces;
@@ -102,6 +137,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           }
           break;
       }
+      r.scratch_bytes = std::max(r.scratch_bytes, (scratch + 2 * C * stream) * ab);
       if (recomputed) {
         r.recompute_flops += flops / 3;
         ++r.recompute_reduces;
@@ -139,7 +175,7 @@ Problem Planner::problem(const Layout& layout) {
   // The trainer's own checks: the batch split, the schedule's shape, tensor parallelism, stages.
   parallel::DpBatch split;
   try {
-    split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp, Mode::kFast, request_.source);
+    split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp, request_.mode, request_.source);
   } catch (const ConfigError& e) {
     return {"batch split", e.what()};
   }
@@ -155,7 +191,7 @@ Problem Planner::problem(const Layout& layout) {
     return {"schedule", e.what()};
   }
   try {
-    parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T, Mode::kFast, request_.source);
+    parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T, request_.mode, request_.source);
   } catch (const ConfigError& e) {
     return {"tp layout", e.what()};
   }
@@ -183,7 +219,6 @@ Prediction Planner::predict(const Layout& layout) {
   const ModelConfig& cfg = request_.model.config;
   const auto T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.d_model);
   const double ab = request_.precision == Precision::kF32 ? 4 : 2;
-  const double rate = cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp);
   const double tokens = static_cast<double>(layout.micro_batch) * T;
   const int64_t micro = request_.global_batch / (layout.dp * layout.micro_batch);
   const std::vector<RankCost> ranks = rank_costs(layout);
@@ -191,17 +226,18 @@ Prediction Planner::predict(const Layout& layout) {
   const Link& tp_link = group_link(cluster_, 1, layout.tp);
   const Link& pp_link = group_link(cluster_, layout.tp, layout.pp);
   const Link& dp_link = group_link(cluster_, layout.tp * layout.pp, layout.dp);
-  const double reduce = all_reduce_time(tokens * C * ab, layout.tp, tp_link);
+  const double reduce = reduction_time(tokens * C * ab, layout.tp, tp_link);
   // The busiest rank's passes (every rank is timed with them: the pipeline runs at its pace).
   double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0;
   for (const RankCost& r : ranks) {
-    const double f = r.forward_flops * tokens / rate, rc = r.recompute_flops * tokens / rate;
+    const Passes t = passes(layout, r);
+    const double rc = t.recompute;
     const double fc = static_cast<double>(r.forward_reduces) * reduce;
     const double bc = static_cast<double>(r.backward_reduces + r.recompute_reduces) * reduce;
-    if (f + fc + 2 * f + rc + bc <= forward + backward) continue;
-    forward = f + fc;
-    backward = 2 * f + rc + bc;
-    gemm = 3 * f + rc;
+    if (t.forward + fc + t.backward + rc + bc <= forward + backward) continue;
+    forward = t.forward + fc;
+    backward = t.backward + rc + bc;
+    gemm = t.forward + t.backward + rc;
     recompute = rc;
     comm = fc + bc;
   }
@@ -224,39 +260,65 @@ Prediction Planner::predict(const Layout& layout) {
   p.time.tp_comm = static_cast<double>(micro) * comm;
   p.time.pipeline = makespan - busy;
 
-  // Memory and the data-parallel exposure, rank by rank.
+  // Memory, the data-parallel exposure and the optimizer, rank by rank.
   const auto dp = static_cast<double>(layout.dp);
-  double exposed = 0;
+  double exposed = 0, optimizer = 0, held_params = 0;
+  for (const RankCost& r : ranks) held_params += r.params;
+  // The reduction in buckets of at most bucket_bytes, one after the other.
+  const auto bucketed = [&](double bytes, const std::function<double(double)>& time) {
+    const double full = std::floor(bytes / request_.bucket_bytes), rest = bytes - full * request_.bucket_bytes;
+    return full * time(request_.bucket_bytes) + (rest > 0 ? time(rest) : 0);
+  };
+  const bool overlap = cluster_.comm_beside_compute;
   for (size_t i = 0; i < ranks.size(); ++i) {
     const RankCost& r = ranks[i];
     Memory m;
     m.params = r.params * 4;
     if (request_.precision != Precision::kF32) m.params += r.matmul_params * 2;   // the bf16 copy
     if (request_.precision == Precision::kFp8) m.params += r.matmul_params * 2;   // rowwise and columnwise fp8
-    const double grads = r.params * 4, params32 = r.params * 4;
+    const double grads = r.params * 4, params32 = r.params * 4;  // fp32, as the reduction sends them
+    // Canonical mode's gradients keep exact sums beside the fp32 ones: a double and a flag each.
+    const double held = request_.mode == Mode::kCanonical ? r.params * 13 : grads;
     const bool sharded = layout.dp > 1 && layout.zero >= 2;
-    m.grads = sharded ? grads / dp + std::min(grads, kBucketBytes) : grads;
+    m.grads = sharded ? held / dp + std::min(grads, request_.bucket_bytes) : held;
+    if (layout.dp > 1 && request_.mode == Mode::kCanonical) {
+      // The exact reduction of a bucket receives every rank's doubles of this rank's shard (8
+      // bytes an element of the bucket) and sums them exactly into the shard (13 bytes an element).
+      const double elements = std::min(grads, request_.bucket_bytes) / 4;
+      m.grads += elements * 8 + elements / dp * 13;
+    }
     m.optimizer = r.params * 8 / (layout.zero >= 1 ? dp : 1);
     const double in_flight_tokens = static_cast<double>(in_flight[i]) * tokens / static_cast<double>(layout.chunks);
-    m.activations = in_flight_tokens * r.kept_bytes + r.rebuilt_bytes * tokens;
+    m.activations = in_flight_tokens * r.kept_bytes + (r.rebuilt_bytes + r.scratch_bytes) * tokens;
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
+    if (profile_ != nullptr) {
+      const PassShape shape{layout.tp, layout.sp, layout.micro_batch, Recompute::kNone};
+      const double update = profile_->at(shape).optimizer * r.params / held_params;
+      optimizer = std::max(optimizer, layout.zero >= 1 ? update / dp : update);
+    }
     if (layout.dp == 1) continue;
-    const double bucket = std::min(grads, kBucketBytes);
+    // Buckets reduced during the backward: exposed, the part longer than the backward it overlaps
+    // and at least the last bucket's — or all of it where communication takes the compute's core.
+    const double bucket = std::min(grads, request_.bucket_bytes);
+    const auto after_backward = [&](double sync, double last) {
+      return overlap ? std::max(sync - backward, last) : sync;
+    };
     double e = 0;
     if (sharded) {
-      const double per_micro = std::max(reduce_scatter_time(grads, layout.dp, dp_link) - backward,
-                                        reduce_scatter_time(bucket, layout.dp, dp_link));
-      e = static_cast<double>(micro) * per_micro + all_gather_time(params32, layout.dp, dp_link);
+      const auto scatter = [&](double b) { return scatter_time(b, layout.dp, dp_link); };
+      e = static_cast<double>(micro) * after_backward(bucketed(grads, scatter), scatter(bucket)) +
+          all_reduce(params32, layout.dp, dp_link) / 2;
     } else {
-      const double sync = all_reduce_time(grads, layout.dp, dp_link);
-      e = std::max(sync - backward, all_reduce_time(bucket, layout.dp, dp_link));
-      if (layout.zero == 1) e += all_gather_time(params32, layout.dp, dp_link);
+      const auto reduce_bucket = [&](double b) { return reduction_time(b, layout.dp, dp_link); };
+      e = after_backward(bucketed(grads, reduce_bucket), reduce_bucket(bucket));
+      if (layout.zero == 1) e += all_reduce(params32, layout.dp, dp_link) / 2;  // the parameters' all-gather
     }
     exposed = std::max(exposed, e);
   }
   p.time.dp_exposed = exposed;
-  p.time.total = makespan + exposed;
+  p.time.optimizer = optimizer;
+  p.time.total = makespan + exposed + optimizer;
   const double step_tokens = static_cast<double>(request_.global_batch) * T;
   p.tokens_per_s = step_tokens / p.time.total;
   p.mfu = flops_per_token(request_.model) * p.tokens_per_s /

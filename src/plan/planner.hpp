@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/parallel/pipeline_schedule.hpp"
+#include "src/plan/compute_profile.hpp"
 #include "src/plan/cost_model.hpp"
 
 namespace lockstep::plan {
@@ -46,7 +47,9 @@ struct SearchResult {
 
 class Planner {
  public:
-  Planner(PlanRequest request, Cluster cluster);
+  // profile: a rank's passes measured on this machine (the local cluster), which then replace the
+  // cluster's GEMM rate and add the optimizer's update; it must outlive the planner.
+  Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile = nullptr);
 
   Problem problem(const Layout& layout);
   // The prediction of a layout without a problem.
@@ -61,8 +64,24 @@ class Planner {
   const std::vector<std::vector<size_t>>& rank_layers(int64_t pp, int64_t chunks);
   parallel::Timeline timeline(const Layout& layout, int64_t micro, const parallel::PassCosts& costs);
 
+  // Seconds of a micro-batch's forward and backward through one rank's layers, and the
+  // recomputed forwards its backward runs first.
+  struct Passes {
+    double forward = 0, backward = 0, recompute = 0;
+  };
+  Passes passes(const Layout& layout, const RankCost& r);
+  // An all-reduce of `bytes` over n ranks on `link` (the cluster's measured one where it has it);
+  // a ring's reduce-scatter and all-gather take half of it.
+  double all_reduce(double bytes, int64_t n, const Link& link) const;
+  // An all-reduce of the tensor-parallel activations or of the gradients (canonical mode's exact
+  // one), and the reduce-scatter of ZeRO-2's gradients.
+  double reduction_time(double fp32_bytes, int64_t n, const Link& link) const;
+  double scatter_time(double fp32_bytes, int64_t n, const Link& link) const;
+
   PlanRequest request_;
   Cluster cluster_;
+  const ComputeProfile* profile_;
+  double model_forward_flops_ = 0;  // per token, every layer's
   double head_flops_ = 0;  // a tied head's product per token (declared with the embedding)
   std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<size_t>>> layers_;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, double, double, double, double>, parallel::Timeline> timelines_;

@@ -1,8 +1,10 @@
 // The layout planner's cost model and search (src/plan/): the collectives' α–β times worked by
-// hand, which link a group uses, compute time equal to the model's FLOPs at the GEMM rate on one
-// GPU, the pipeline's idle time the 1F1B table's (p − 1) passes with free sends, memory that ZeRO
-// and tensor parallelism divide as they should, the search's order and rejections, and the
-// cluster file's errors.
+// hand, the measured all-reduce's interpolation and the ring fit, which link a group uses, compute
+// time equal to the model's FLOPs at the GEMM rate on one GPU or to the measured passes, the
+// pipeline's idle time the 1F1B table's (p − 1) passes with free sends, memory that ZeRO and
+// tensor parallelism divide as they should, communication exposed where it takes the compute's
+// core, canonical mode's exact reductions, the profile's shapes and report, the search's order and
+// rejections, and the cluster file's errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +12,8 @@
 #include <fstream>
 
 #include "src/core/check.hpp"
+#include "src/plan/collective_bench.hpp"
+#include "src/plan/compute_profile.hpp"
 #include "src/plan/goodput.hpp"
 #include "src/plan/planner.hpp"
 
@@ -50,10 +54,29 @@ TEST(PlanCollectives, RingTimesByHand) {
   const Link l{100e9, 1e-5};
   // 8 ranks, 1 GB: 2·7 latencies and 2·7/8 of the buffer through the link.
   EXPECT_DOUBLE_EQ(all_reduce_time(1e9, 8, l), 14 * 1e-5 + 1.75e9 / 100e9);
-  EXPECT_DOUBLE_EQ(reduce_scatter_time(1e9, 8, l), all_reduce_time(1e9, 8, l) / 2);
-  EXPECT_DOUBLE_EQ(all_gather_time(1e9, 8, l), all_reduce_time(1e9, 8, l) / 2);
   EXPECT_EQ(all_reduce_time(1e9, 1, l), 0);
   EXPECT_DOUBLE_EQ(send_time(1e9, l), 1e-5 + 1e-2);
+}
+
+TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
+  const Link l{1e9, 1e-5};
+  const MeasuredAllReduce m{{{1e3, 2e-5}, {1e6, 4e-4}, {4e6, 1e-3}}, {}, 2};
+  EXPECT_DOUBLE_EQ(all_reduce_time(10, 2, l, m), 2e-5);  // below the smallest: its time
+  EXPECT_DOUBLE_EQ(all_reduce_time(1e6, 2, l, m), 4e-4);
+  EXPECT_DOUBLE_EQ(all_reduce_time(2.5e6, 2, l, m), 7e-4);  // halfway between 1 and 4 MB
+  // Beyond the largest: the rest at the link's bandwidth (2·1/2 of it through the link for 2 ranks).
+  EXPECT_DOUBLE_EQ(all_reduce_time(5e6, 2, l, m), 1e-3 + 1e6 / 1e9);
+  // Another group size: the α–β model.
+  EXPECT_DOUBLE_EQ(all_reduce_time(1e6, 4, l, m), all_reduce_time(1e6, 4, l));
+}
+
+TEST(PlanCollectives, RingFitRecoversLatencyAndBandwidth) {
+  const Link truth{5e9, 3e-6};
+  std::vector<CollectiveSample> samples;
+  for (double bytes : {4e3, 6.4e4, 1e6, 1.6e7}) samples.push_back({bytes, all_reduce_time(bytes, 4, truth)});
+  const Link fit = fit_ring_all_reduce(samples, 4);
+  EXPECT_NEAR(fit.bandwidth, truth.bandwidth, 1e-6 * truth.bandwidth);
+  EXPECT_NEAR(fit.latency, truth.latency, 1e-6 * truth.latency);
 }
 
 TEST(PlanCollectives, GroupsWithinANodeUseNvlink) {
@@ -124,6 +147,111 @@ TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
   EXPECT_LT(tp8sp.memory.activations, tp8.memory.activations);
 }
 
+// A profile with every pass of a shape at the given seconds (no recomputation: as given; with
+// one, the backward longer by `recompute`).
+ComputeProfile profile(int64_t tp, bool sp, int64_t mb, PassTimes t, double recompute) {
+  ComputeProfile p;
+  p.set({tp, sp, mb, Recompute::kNone}, t);
+  p.set({tp, sp, mb, Recompute::kSelective}, {t.forward, t.backward + recompute / 2, t.optimizer});
+  p.set({tp, sp, mb, Recompute::kFull}, {t.forward, t.backward + recompute, t.optimizer});
+  return p;
+}
+
+TEST(PlanCostModel, MeasuredPassesReplaceTheGemmRate) {
+  const PlanRequest r = request();  // 64 sequences
+  const ComputeProfile measured = profile(1, false, 4, {0.01, 0.02, 0.003}, 0.005);
+  Planner one(r, cluster(1, 1, 80), &measured);
+  const Prediction p = one.predict({.micro_batch = 4});
+  ASSERT_EQ(p.micro_batches, 16);
+  EXPECT_NEAR(p.time.compute, 16 * 0.03, 1e-12);
+  EXPECT_DOUBLE_EQ(p.time.optimizer, 0.003);
+  EXPECT_NEAR(p.time.total, 16 * 0.03 + 0.003, 1e-12);
+  const Prediction full = one.predict({.micro_batch = 4, .recompute = Recompute::kFull});
+  EXPECT_NEAR(full.time.recompute, 16 * 0.005, 1e-12);
+  EXPECT_NEAR(full.time.compute, 16 * 0.035, 1e-12);
+  // Two stages: the busiest holds more than half of the FLOPs and less than all; ZeRO 1 over two
+  // replicas updates half of the parameters.
+  Planner two(r, cluster(2, 1, 80), &measured);
+  const Prediction pp2 = two.predict({.pp = 2, .micro_batch = 4});
+  EXPECT_GT(pp2.time.compute, 16 * 0.015);
+  EXPECT_LT(pp2.time.compute, 16 * 0.03);
+  const Prediction z1 = two.predict({.dp = 2, .micro_batch = 4, .zero = 1});
+  EXPECT_NEAR(z1.time.optimizer, 0.003 / 2, 1e-15);
+}
+
+TEST(PlanCostModel, CommunicationOnTheComputesCoreIsNotHidden) {
+  PlanRequest r = request();
+  r.bucket_bytes = 1 << 20;
+  const ComputeProfile measured = profile(1, false, 4, {0.01, 0.02, 0}, 0);
+  Cluster c = cluster(2, 1, 80);
+  Planner beside(r, c, &measured);
+  c.comm_beside_compute = false;
+  Planner on_core(r, c, &measured);
+  const Layout dp2{.dp = 2, .micro_batch = 4};
+  const Prediction hidden = beside.predict(dp2), exposed = on_core.predict(dp2);
+  // Every 1 MiB bucket's all-reduce one after the other, none behind the backward.
+  const double grads = (exposed.memory.grads);
+  const double buckets = std::floor(grads / (1 << 20)), rest = grads - buckets * (1 << 20);
+  const double sync = buckets * all_reduce_time(1 << 20, 2, c.intra) + all_reduce_time(rest, 2, c.intra);
+  EXPECT_NEAR(exposed.time.dp_exposed, sync, 1e-12);
+  EXPECT_NEAR(hidden.time.dp_exposed, std::max(sync - 0.02, all_reduce_time(1 << 20, 2, c.intra)), 1e-12);
+  EXPECT_LT(hidden.time.dp_exposed, exposed.time.dp_exposed);
+}
+
+TEST(PlanCostModel, CanonicalModeReducesExactly) {
+  PlanRequest r = request();
+  const ComputeProfile measured = profile(2, false, 4, {0.01, 0.02, 0}, 0);
+  Cluster c = cluster(2, 1, 80);
+  c.measured = {{{1e3, 1e-5}, {1e8, 1e-2}}, {{1e3, 3e-5}, {1e8, 5e-2}}, 2};
+  Planner fast(r, c, &measured);
+  r.mode = Mode::kCanonical;
+  Planner canonical(r, c, &measured);
+  const Layout tp2{.tp = 2, .micro_batch = 4};
+  const Prediction f = fast.predict(tp2), e = canonical.predict(tp2);
+  // The same reductions (embedding, two per block forward, two per block and the head backward),
+  // priced by the measured exact all-reduce instead of the fp32 one.
+  const double bytes = 4.0 * 256 * 512 * 2;  // mb·T·d_model bf16 activations
+  const double count = 16.0 * (1 + 2 * 4 + 2 * 4 + 1);
+  EXPECT_NEAR(f.time.tp_comm, count * all_reduce_time(bytes, 2, c.intra, c.measured), 1e-9);
+  EXPECT_NEAR(e.time.tp_comm, count * exact_all_reduce_time(bytes, 2, c.intra, c.measured), 1e-9);
+  // The exact sums beside the fp32 gradients: 13 bytes a parameter instead of 4.
+  EXPECT_NEAR(e.memory.grads, f.memory.grads * 13 / 4, 1e-6 * f.memory.grads);
+}
+
+TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
+  RunConfig run;
+  run.source = "test";
+  run.model.vocab_size = 256;
+  run.model.seq_len = 64;
+  run.model.d_model = 64;
+  run.model.n_layers = 2;
+  run.model.n_heads = 2;
+  run.model.n_kv_heads = 2;
+  run.train.mode = Mode::kFast;
+  const std::vector<PassShape> shapes = profile_shapes(run, 2, 4);
+  // tp 1, tp 2 and tp 2 sp; micro-batches 1, 2, 4; three recomputations.
+  EXPECT_EQ(shapes.size(), 3u * 3u * 3u);
+  run.model.n_heads = run.model.n_kv_heads = 1;  // one head does not split over two ranks
+  for (const PassShape& s : profile_shapes(run, 2, 4)) EXPECT_EQ(s.tp, 1);
+  run.model.n_heads = run.model.n_kv_heads = 2;
+
+  // One rank of two, sequence parallel and recomputing, timed for real (its shard runs every
+  // pass on its own: solo_tp_group.hpp).
+  const PassTimes full = time_passes(run, {2, true, 2, Recompute::kFull}, 2);
+  EXPECT_GT(full.forward, 0);
+  EXPECT_GT(full.backward, 0);
+  EXPECT_GT(full.optimizer, 0);
+
+  ComputeProfile p;
+  p.runtime_bytes = 30 << 20;
+  p.set({2, true, 2, Recompute::kFull}, full);
+  const ComputeProfile back = ComputeProfile::from_json(p.to_json(), "report");
+  EXPECT_EQ(back.runtime_bytes, p.runtime_bytes);
+  EXPECT_EQ(back.at({2, true, 2, Recompute::kFull}).backward, full.backward);
+  EXPECT_THROW(back.at({2, true, 2, Recompute::kNone}), InternalError);
+  EXPECT_THROW(ComputeProfile::from_json(nlohmann::json::object(), "bad.json"), DataError);
+}
+
 TEST(PlanSearch, RanksFittingLayoutsAndNamesEveryRejection) {
   const PlanRequest r = request(4, 64);
   const Cluster c = cluster(8, 2, 80);
@@ -140,7 +268,9 @@ TEST(PlanSearch, RanksFittingLayoutsAndNamesEveryRejection) {
   for (size_t i = 0; i < s.ranked.size(); ++i) {
     EXPECT_TRUE(planner.fits(s.ranked[i]).empty());
     EXPECT_EQ(s.ranked[i].layout.gpus(), 16);
-    if (i > 0) EXPECT_LE(s.ranked[i - 1].time.total, s.ranked[i].time.total);
+    if (i > 0) {
+      EXPECT_LE(s.ranked[i - 1].time.total, s.ranked[i].time.total);
+    }
   }
   // Deterministic: a second search gives the same order.
   const SearchResult again = Planner(r, c).search();

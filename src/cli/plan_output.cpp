@@ -1,0 +1,122 @@
+#include "src/cli/plan_output.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
+
+namespace lockstep::cli {
+
+using plan::kGiB;
+
+std::string fixed(double x, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << x;
+  return s.str();
+}
+
+nlohmann::json to_json(const plan::Prediction& p) {
+  return {{"layout", p.layout.text()},
+          {"step_s", p.time.total},
+          {"tokens_per_s", p.tokens_per_s},
+          {"mfu", p.mfu},
+          {"micro_batches", p.micro_batches},
+          {"time_s",
+           {{"compute", p.time.compute},
+            {"recompute", p.time.recompute},
+            {"tp_comm", p.time.tp_comm},
+            {"pipeline", p.time.pipeline},
+            {"dp_exposed", p.time.dp_exposed},
+            {"optimizer", p.time.optimizer}}},
+          {"memory_gib",
+           {{"params", p.memory.params / kGiB},
+            {"grads", p.memory.grads / kGiB},
+            {"optimizer", p.memory.optimizer / kGiB},
+            {"activations", p.memory.activations / kGiB},
+            {"reserved", p.memory.reserved / kGiB},
+            {"total", p.memory.total() / kGiB}}}};
+}
+
+namespace {
+
+std::vector<plan::Layout> chosen_layouts(const std::vector<plan::Prediction>& ranked, const std::string& only) {
+  std::vector<plan::Layout> chosen;
+  if (only.empty()) {
+    for (const plan::Prediction& p : ranked) chosen.push_back(p.layout);
+    return chosen;
+  }
+  for (const std::string_view text : split_commas(only)) {
+    const std::string want = plan::parse_layout(std::string(text), "lockstep plan: --layouts").text();
+    const auto it = std::find_if(ranked.begin(), ranked.end(),
+                                 [&](const plan::Prediction& p) { return p.layout.text() == want; });
+    LS_REQUIRE(it != ranked.end(), "lockstep plan: --layouts: ", want, " is not a layout that fits here (see the ranking)");
+    chosen.push_back(it->layout);
+  }
+  return chosen;
+}
+
+struct Row {
+  plan::Prediction predicted;
+  verify::Measurement measured;
+  double step_error() const { return (predicted.time.total - measured.step_s) / measured.step_s; }
+  double memory_error() const { return (predicted.memory.total() - measured.peak_bytes) / measured.peak_bytes; }
+};
+
+// "59 of 63 within 15%, the largest error 19.8% (dp2 tp1 pp1 mb1 zero2)"
+template <class Error>
+std::string summary(const std::vector<Row>& rows, Error error) {
+  const auto worst = std::max_element(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    return std::abs(error(a)) < std::abs(error(b));
+  });
+  const auto within = std::count_if(rows.begin(), rows.end(), [&](const Row& r) { return std::abs(error(r)) <= 0.15; });
+  return str_cat(within, " of ", rows.size(), " within 15%, the largest error ", fixed(100 * error(*worst), 1), "% (",
+                 worst->predicted.layout.text(), ")");
+}
+
+}  // namespace
+
+nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& planner, plan::ComputeProfile& profile,
+                             const std::vector<plan::Prediction>& ranked, const std::string& only) {
+  const std::vector<plan::Layout> layouts = chosen_layouts(ranked, only);
+  std::cout << "validate: " << layouts.size() << " layouts, " << opt.rounds << " rounds of " << opt.steps
+            << " steps each, runs in " << opt.out << "\n";
+  const std::vector<verify::Measurement> measured =
+      verify::measure_layouts(opt, layouts, profile, std::cout);
+  std::vector<Row> rows;
+  for (const verify::Measurement& m : measured) rows.push_back({planner.predict(m.layout), m});
+  std::cout << "validate: predicted (from the passes' fastest over the rounds) against measured (the median step "
+               "after the first two, of the fastest round; the fullest rank's peak resident memory; the share of the\n"
+               "machine's CPU the hypervisor gave to others during that round)\n"
+            << std::left << std::setw(46) << "layout" << std::right << std::setw(14) << "predicted ms" << std::setw(13)
+            << "measured ms" << std::setw(9) << "error" << std::setw(15) << "predicted MiB" << std::setw(14)
+            << "measured MiB" << std::setw(9) << "error" << std::setw(9) << "stolen" << "\n";
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows) {
+    std::cout << std::left << std::setw(46) << r.predicted.layout.text() << std::right << std::setw(14)
+              << fixed(r.predicted.time.total * 1e3, 1) << std::setw(13) << fixed(r.measured.step_s * 1e3, 1)
+              << std::setw(8) << fixed(100 * r.step_error(), 1) << "%" << std::setw(15)
+              << fixed(r.predicted.memory.total() / (1 << 20), 0) << std::setw(14)
+              << fixed(r.measured.peak_bytes / (1 << 20), 0) << std::setw(8) << fixed(100 * r.memory_error(), 1)
+              << "%" << std::setw(8) << fixed(100 * r.measured.steal, 1) << "%\n";
+    out.push_back({{"layout", r.predicted.layout.text()},
+                   {"predicted", to_json(r.predicted)},
+                   {"measured_step_s", r.measured.step_s},
+                   {"measured_peak_bytes", r.measured.peak_bytes},
+                   {"steal", r.measured.steal},
+                   {"step_error", r.step_error()},
+                   {"memory_error", r.memory_error()}});
+  }
+  if (!rows.empty()) {
+    const auto disturbed = std::count_if(rows.begin(), rows.end(), [](const Row& r) { return r.measured.steal > 0.05; });
+    std::cout << "validate: step time " << summary(rows, [](const Row& r) { return r.step_error(); })
+              << "; peak memory " << summary(rows, [](const Row& r) { return r.memory_error(); }) << "; "
+              << disturbed << " of " << rows.size() << " runs had more than 5% of the CPU stolen by the hypervisor\n";
+  }
+  return out;
+}
+
+}  // namespace lockstep::cli

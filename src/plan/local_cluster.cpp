@@ -1,0 +1,35 @@
+#include "src/plan/local_cluster.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace lockstep::plan {
+
+Cluster local_cluster(const CollectiveBench& collectives, const GemmPeak& peak, double runtime_bytes,
+                      double memory_bytes, int64_t cores) {
+  Cluster c;
+  c.name = "local";
+  c.source = "this machine (measured)";
+  c.gpus_per_node = collectives.ranks;
+  c.nodes = 1;
+  c.hbm_bytes = memory_bytes / static_cast<double>(collectives.ranks);
+  c.reserved_bytes = runtime_bytes;
+  c.peak_fp32 = peak.gflops * 1e9;
+  c.peak_bf16 = peak.gflops_for(Operands::kBf16) * 1e9;
+  c.peak_fp8 = 0;  // fp8 products are emulated on the CPU
+  c.gemm_efficiency = 1;  // the measured passes (compute_profile.hpp) carry the efficiency
+  c.intra = collectives.fit;
+  c.inter = collectives.fit;
+  c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.ranks};
+  c.comm_beside_compute = collectives.ranks < cores;
+  return c;
+}
+
+int64_t online_cores() { return std::max<int64_t>(1, sysconf(_SC_NPROCESSORS_ONLN)); }
+
+double machine_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace lockstep::plan

@@ -1,0 +1,151 @@
+#include "verify/plan_validate.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+
+#include <nlohmann/json.hpp>
+
+#include "src/core/check.hpp"
+#include "src/core/child_process.hpp"
+#include "src/core/durable_io.hpp"
+#include "src/train/bench.hpp"
+#include "verify/shell_words.hpp"
+
+namespace lockstep::verify {
+
+namespace {
+
+std::string executable(const ValidateOptions& opt) { return opt.bin.empty() ? current_executable() : opt.bin; }
+
+// The run's log's last lines, for an error.
+[[noreturn]] void failed(const std::string& what, const std::string& log) {
+  throw DataError(str_cat(what, " failed (", log, "):\n", tail_of_file(log, 8)));
+}
+
+// The machine's CPU time so far (/proc/stat's first line, in clock ticks): all of it, and stolen.
+struct CpuTicks {
+  double total = 0, steal = 0;
+};
+CpuTicks cpu_ticks() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  CpuTicks t;
+  stat >> cpu;
+  for (int field = 0; field < 8; ++field) {  // user nice system idle iowait irq softirq steal
+    double v = 0;
+    if (!(stat >> v)) return {};
+    t.total += v;
+    if (field == 7) t.steal = v;
+  }
+  return t;
+}
+
+// `lockstep bench ARGS --json=OUT/name.json` under the launcher over opt.ranks ranks; its report.
+nlohmann::json run_bench_report(const ValidateOptions& opt, const std::vector<std::string>& args, const std::string& name) {
+  durable_io::make_dirs(opt.out);
+  const std::string json = opt.out + "/" + name + ".json", log = opt.out + "/" + name + ".log";
+  std::vector<std::string> argv = launcher_words(opt.launcher, opt.ranks, "--launcher");
+  argv.insert(argv.end(), {executable(opt), "bench"});
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--json=" + json);
+  if (run_child(argv, log).status != 0) failed("lockstep bench " + args.front(), log);
+  std::ifstream in(json);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(str_cat(json, ": not JSON (", e.what(), ")"));
+  }
+}
+
+}  // namespace
+
+plan::CollectiveBench run_collective_bench(const ValidateOptions& opt) {
+  return plan::collective_bench_from_json(run_bench_report(opt, {"--collectives"}, "collectives"),
+                                          opt.out + "/collectives.json");
+}
+
+plan::ComputeProfile run_pass_profile(const ValidateOptions& opt) {
+  std::vector<std::string> args = {"--passes", "--config", opt.config};
+  for (const auto& [k, v] : opt.overrides) args.push_back("--" + k + "=" + v);
+  return plan::ComputeProfile::from_json(run_bench_report(opt, args, "passes"), opt.out + "/passes.json");
+}
+
+void check_options(const ValidateOptions& opt) {
+  LS_REQUIRE(opt.ranks >= 1, "lockstep plan: --ranks must be >= 1");
+  LS_REQUIRE(opt.steps >= 3, "lockstep plan: --steps must be >= 3 (the first two are not timed)");
+  LS_REQUIRE(opt.rounds >= 1, "lockstep plan: --rounds must be >= 1");
+}
+
+Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
+  std::string name = l.text();
+  std::replace(name.begin(), name.end(), ' ', '_');
+  std::replace(name.begin(), name.end(), '=', '-');
+  const std::string dir = opt.out + "/" + name, log = dir + "/train.log", metrics = dir + "/metrics.jsonl";
+  // No metrics of an earlier run.
+  std::filesystem::remove_all(dir);
+  durable_io::make_dirs(dir);
+  std::vector<std::string> argv = launcher_words(opt.launcher, l.gpus(), "--launcher");
+  argv.insert(argv.end(), {executable(opt), "train", "--config", opt.config});
+  for (const auto& [k, v] : opt.overrides) argv.push_back("--" + k + "=" + v);
+  for (const std::string& a : {
+           str_cat("--parallel.dp=", l.dp), str_cat("--parallel.tp=", l.tp), str_cat("--parallel.pp=", l.pp),
+           str_cat("--parallel.zero=", l.zero), str_cat("--parallel.sp=", l.sp ? "true" : "false"),
+           str_cat("--parallel.schedule=", parallel::schedule_name(l.schedule)),
+           str_cat("--train.micro_batch_size=", l.micro_batch), str_cat("--train.recompute=", recompute_name(l.recompute)),
+           std::string("--train.threads=1"), str_cat("--train.steps=", opt.steps),
+           // Nothing but the steps and their metrics: no checkpoint (whose copies would add to the
+           // peak memory), no evaluation.
+           std::string("--checkpoint.dir="),
+           std::string("--eval.every=0"), str_cat("--log.metrics=", metrics), std::string("--log.every=1")}) {
+    argv.push_back(a);
+  }
+  const CpuTicks before = cpu_ticks();
+  if (run_child(argv, log).status != 0) failed(str_cat("the run of ", l.text()), log);
+  const CpuTicks after = cpu_ticks();
+
+  Measurement m;
+  m.layout = l;
+  if (after.total > before.total) m.steal = (after.steal - before.steal) / (after.total - before.total);
+  std::vector<double> steps;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (r.is_discarded()) continue;
+    if (r.contains("step_ms") && r.at("step").get<int64_t>() > 2) steps.push_back(r.at("step_ms").get<double>() / 1e3);
+    if (r.contains("peak_mem_mib_by_rank")) {
+      for (double mib : r.at("peak_mem_mib_by_rank")) m.peak_bytes = std::max(m.peak_bytes, mib * (1 << 20));
+    }
+  }
+  if (steps.empty() || m.peak_bytes <= 0) failed(str_cat("reading ", metrics, " of ", l.text()), log);
+  m.step_s = stats_of(steps).median;
+  return m;
+}
+
+std::vector<Measurement> measure_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
+                                         plan::ComputeProfile& profile, std::ostream& progress) {
+  std::vector<Measurement> best(layouts.size());
+  for (int64_t round = 0; round < opt.rounds; ++round) {
+    if (round > 0) profile.keep_fastest(run_pass_profile(opt));
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      const Measurement m = measure_layout(opt, layouts[i]);
+      progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
+               << m.layout.text() << ": " << std::fixed << std::setprecision(1) << m.step_s * 1e3 << " ms, "
+               << std::setprecision(0) << m.peak_bytes / (1 << 20) << " MiB, " << std::setprecision(1)
+               << 100 * m.steal << "% stolen\n"
+               << std::flush;
+      Measurement& b = best[i];
+      if (round == 0 || m.step_s < b.step_s) {
+        b.step_s = m.step_s;
+        b.steal = m.steal;
+      }
+      b.layout = m.layout;
+      b.peak_bytes = std::max(b.peak_bytes, m.peak_bytes);
+    }
+  }
+  return best;
+}
+
+}  // namespace lockstep::verify
