@@ -144,7 +144,12 @@ PipelineSchedule make_schedule(ScheduleKind kind, int64_t pp, int64_t micro, int
 }
 
 Timeline simulate(const PipelineSchedule& s, const PassCosts& costs) {
+  return simulate(s, std::vector<PassCosts>(static_cast<size_t>(s.pp), costs));
+}
+
+Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank) {
   const int64_t p = s.pp;
+  LS_CHECK(static_cast<int64_t>(by_rank.size()) == p, "simulate: ", by_rank.size(), " ranks' costs for pp ", p);
   // End time of each (kind, stage, micro-batch) placed so far; a full backward counts as Bi too.
   std::map<std::tuple<PassKind, int64_t, int64_t>, double> ended;
   const auto end_of = [&](PassKind k, int64_t stage, int64_t micro) -> const double* {
@@ -165,6 +170,7 @@ Timeline simulate(const PipelineSchedule& s, const PassCosts& costs) {
       const auto R = static_cast<size_t>(r);
       while (next[R] < s.ranks[R].size()) {
         const Pass& pass = s.ranks[R][next[R]];
+        const PassCosts& costs = by_rank[R];
         const int64_t stage = s.stage(r, pass.chunk);
         double ready = free_at[R];
         const auto after = [&](PassKind k, int64_t st, bool other_rank) {

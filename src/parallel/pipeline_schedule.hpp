@@ -96,6 +96,8 @@ struct Timeline {
 // InternalError when the table cannot complete (a pass waits for one that never comes): a table
 // that would hang the pipeline.
 Timeline simulate(const PipelineSchedule& s, const PassCosts& costs);
+// The same with each pipeline rank's own costs (by_rank[r]; a send costs the receiver's p2p).
+Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank);
 
 // The bubble the literature gives for `kind` with F = Bi = W and no p2p time (1f1b, gpipe:
 // (p − 1)/(m + p − 1); interleaved: (p − 1)/(v·m + p − 1); zb: (p − 1)/(3m + p − 1) for m ≥ p,

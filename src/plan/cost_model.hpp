@@ -15,9 +15,10 @@
 //              activations) per attention and MLP sub-layer forward and backward, one more for the
 //              embedding's output (forward) and the head's input gradient (backward) — sequence
 //              parallelism moves the same bytes as an all-gather and a reduce-scatter; not hidden;
-//   pipeline   the schedule's table (pipeline_schedule.hpp) timed by simulate() with these passes
-//              (F, B = Bi + W halved) and a p2p send of a micro-batch's activations: its makespan
-//              over the busy time is the bubble and the sends on the critical path;
+//   pipeline   the schedule's table (pipeline_schedule.hpp) timed by simulate() with each rank's
+//              own passes (F, B = Bi + W halved) and a p2p send of a micro-batch's activations: its
+//              makespan over the busiest rank's busy time is the bubble, the sends on the critical
+//              path and the other stages' share of the fill and drain;
 //   dp         the gradient reduction as the trainer does it (data_parallel.hpp), in buckets of
 //              [parallel] bucket_mb one after the other: zero 0 and 1 an all-reduce of the fp32
 //              gradient (zero 1 then an all-gather of the parameters), zero 2 a reduce-scatter in

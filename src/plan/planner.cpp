@@ -203,9 +203,11 @@ Problem Planner::problem(const Layout& layout) {
   return {};
 }
 
-parallel::Timeline Planner::timeline(const Layout& layout, int64_t micro, const parallel::PassCosts& costs) {
-  const auto key = std::make_tuple(static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks, costs.forward,
-                                   costs.backward_input, costs.backward_weight, costs.p2p);
+parallel::Timeline Planner::timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs) {
+  std::vector<double> figures;
+  for (const parallel::PassCosts& c : costs) figures.insert(figures.end(), {c.forward, c.backward_input, c.backward_weight, c.p2p});
+  const auto key = std::make_pair(std::make_tuple(static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks),
+                                  std::move(figures));
   auto it = timelines_.find(key);
   if (it == timelines_.end()) {
     const parallel::PipelineSchedule s =
@@ -227,16 +229,22 @@ Prediction Planner::predict(const Layout& layout) {
   const Link& pp_link = group_link(cluster_, layout.tp, layout.pp);
   const Link& dp_link = group_link(cluster_, layout.tp * layout.pp, layout.dp);
   const double reduce = reduction_time(tokens * C * ab, layout.tp, tp_link);
-  // The busiest rank's passes (every rank is timed with them: the pipeline runs at its pace).
+  // Each pipeline rank's passes of a micro-batch, the collectives in them included; the busiest
+  // rank's are the step's compute and tensor-parallel parts.
+  const double ch = static_cast<double>(layout.chunks);
+  const double p2p = send_time(tokens * C * ab * (layout.sp ? 1.0 / static_cast<double>(layout.tp) : 1.0), pp_link);
+  std::vector<parallel::PassCosts> by_rank;
   double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0;
   for (const RankCost& r : ranks) {
     const Passes t = passes(layout, r);
     const double rc = t.recompute;
     const double fc = static_cast<double>(r.forward_reduces) * reduce;
     const double bc = static_cast<double>(r.backward_reduces + r.recompute_reduces) * reduce;
-    if (t.forward + fc + t.backward + rc + bc <= forward + backward) continue;
-    forward = t.forward + fc;
-    backward = t.backward + rc + bc;
+    const double f = t.forward + fc, b = t.backward + rc + bc;
+    by_rank.push_back({f / ch, b / (2 * ch), b / (2 * ch), p2p});
+    if (f + b <= forward + backward) continue;
+    forward = f;
+    backward = b;
     gemm = t.forward + t.backward + rc;
     recompute = rc;
     comm = fc + bc;
@@ -248,10 +256,7 @@ Prediction Planner::predict(const Layout& layout) {
   std::vector<int64_t> in_flight(ranks.size(), 1);
   double makespan = busy;
   if (layout.pp > 1) {
-    const double ch = static_cast<double>(layout.chunks);
-    const double p2p = send_time(tokens * C * ab * (layout.sp ? 1.0 / static_cast<double>(layout.tp) : 1.0), pp_link);
-    const parallel::Timeline tl =
-        timeline(layout, micro, {forward / ch, backward / (2 * ch), backward / (2 * ch), p2p});
+    const parallel::Timeline tl = timeline(layout, micro, by_rank);
     makespan = tl.makespan;
     in_flight = tl.peak_in_flight;
   }

@@ -62,7 +62,7 @@ class Planner {
   struct RankCost;
   std::vector<RankCost> rank_costs(const Layout& layout);
   const std::vector<std::vector<size_t>>& rank_layers(int64_t pp, int64_t chunks);
-  parallel::Timeline timeline(const Layout& layout, int64_t micro, const parallel::PassCosts& costs);
+  parallel::Timeline timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs);
 
   // Seconds of a micro-batch's forward and backward through one rank's layers, and the
   // recomputed forwards its backward runs first.
@@ -84,7 +84,8 @@ class Planner {
   double model_forward_flops_ = 0;  // per token, every layer's
   double head_flops_ = 0;  // a tied head's product per token (declared with the embedding)
   std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<size_t>>> layers_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, double, double, double, double>, parallel::Timeline> timelines_;
+  // By schedule, pp, micro-batches, chunks and every rank's pass costs.
+  std::map<std::pair<std::tuple<int, int64_t, int64_t, int64_t>, std::vector<double>>, parallel::Timeline> timelines_;
 };
 
 }  // namespace lockstep::plan

@@ -172,7 +172,7 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
       parallel::make_schedule(kind, pp, micro_batches, cfg.parallel.virtual_stages, src + ": [parallel]");
   out.stage = stages[static_cast<size_t>(rank)];
   out.passes = schedule.ranks[static_cast<size_t>(rank)];
-  const parallel::Timeline unit = parallel::simulate(schedule, {});
+  const parallel::Timeline unit = parallel::simulate(schedule, parallel::PassCosts{});
   out.slots = unit.peak_in_flight[static_cast<size_t>(rank)];
   out.unit_bubble = unit.bubble;
   std::ostringstream line;

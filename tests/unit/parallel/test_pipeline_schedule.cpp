@@ -149,7 +149,7 @@ TEST(PipelineSchedule, ZeroBubbleKeepsTheWaitingWeightGradientsBounded) {
 
 TEST(PipelineSchedule, ZeroBubbleSplitsTheBackwardAndFillsTheCooldown) {
   // pp 4, 8 micro-batches: 1F1B idles (p − 1)/(m + p − 1) = 3/11 of the step; ZB-H1 far less.
-  const Timeline zb = simulate(make_schedule(ScheduleKind::kZeroBubble, 4, 8, 1, "test"), {});
+  const Timeline zb = simulate(make_schedule(ScheduleKind::kZeroBubble, 4, 8, 1, "test"), PassCosts{});
   EXPECT_LT(zb.bubble, 3.0 / 11 / 2);
   // A p2p latency delays, never deadlocks, and adds to the bubble.
   const Timeline slow = simulate(make_schedule(ScheduleKind::kOneFOneB, 4, 8, 1, "test"), {1, 1, 1, 0.5});
@@ -159,7 +159,7 @@ TEST(PipelineSchedule, ZeroBubbleSplitsTheBackwardAndFillsTheCooldown) {
 TEST(PipelineSchedule, ATableThatWouldHangIsFound) {
   PipelineSchedule s = make_schedule(ScheduleKind::kOneFOneB, 2, 2, 1, "test");
   std::swap(s.ranks[1][0], s.ranks[1][1]);  // rank 1's first backward before its forward
-  EXPECT_THROW(simulate(s, {}), InternalError);
+  EXPECT_THROW(simulate(s, PassCosts{}), InternalError);
 }
 
 TEST(PipelineSchedule, ShapesThatDoNotFitAreOneErrorEach) {

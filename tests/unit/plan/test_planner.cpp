@@ -1,7 +1,7 @@
 // The layout planner's cost model and search (src/plan/): the collectives' α–β times worked by
 // hand, the measured all-reduce's interpolation and the ring fit, which link a group uses, compute
 // time equal to the model's FLOPs at the GEMM rate on one GPU or to the measured passes, the
-// pipeline's idle time the 1F1B table's (p − 1) passes with free sends, memory that ZeRO and
+// pipeline's idle time the other stage's passes with free sends, memory that ZeRO and
 // tensor parallelism divide as they should, communication exposed where it takes the compute's
 // core, canonical mode's exact reductions, the profile's shapes and report, the search's order and
 // rejections, and the cluster file's errors.
@@ -111,7 +111,7 @@ TEST(PlanCostModel, OneGpuComputesTheModelsFlopsAtTheGemmRate) {
   EXPECT_LT(full.memory.activations, p.memory.activations);
 }
 
-TEST(PlanCostModel, OneFOneBIdlesForPMinusOnePassesWhenSendsAreFree) {
+TEST(PlanCostModel, OneFOneBIdlesForTheOtherStagesPassWhenSendsAreFree) {
   const PlanRequest r = request(8, 32);
   Cluster c = cluster(8, 1, 80, 0);
   c.intra.bandwidth = c.inter.bandwidth = 1e30;
@@ -120,8 +120,12 @@ TEST(PlanCostModel, OneFOneBIdlesForPMinusOnePassesWhenSendsAreFree) {
   ASSERT_TRUE(planner.problem(l).empty()) << planner.problem(l).text;
   const Prediction p = planner.predict(l);
   ASSERT_EQ(p.micro_batches, 4);
-  // (m + p − 1)·(F + B) on the busiest rank's passes: the idle part is (p − 1)/m of the busy one.
-  EXPECT_NEAR(p.time.pipeline, (p.time.compute + p.time.tp_comm) / 4, 1e-9 * p.time.pipeline);
+  // Two stages, each timed with its own passes: the busiest rank's m passes plus the other's one
+  // forward (the fill) and one backward (the drain) — at most (p − 1)/m of the busy time, as when
+  // every stage ran at the busiest's pace, and at least half of that for stages balanced by FLOPs.
+  const double uniform = (p.time.compute + p.time.tp_comm) / 4;
+  EXPECT_LE(p.time.pipeline, uniform * (1 + 1e-12));
+  EXPECT_GT(p.time.pipeline, uniform / 2);
 }
 
 TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
