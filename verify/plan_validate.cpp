@@ -42,10 +42,18 @@ CpuTicks cpu_ticks() {
   return t;
 }
 
+// A layout's name as a directory's: "dp2_tp1_pp1_mb4_zero0_recompute-full".
+std::string dir_name(const plan::Layout& l) {
+  std::string name = l.text();
+  std::replace(name.begin(), name.end(), ' ', '_');
+  std::replace(name.begin(), name.end(), '=', '-');
+  return name;
+}
+
 // `lockstep bench ARGS --json=OUT/name.json` under the launcher over opt.ranks ranks; its report.
 nlohmann::json run_bench_report(const ValidateOptions& opt, const std::vector<std::string>& args, const std::string& name) {
-  durable_io::make_dirs(opt.out);
   const std::string json = opt.out + "/" + name + ".json", log = opt.out + "/" + name + ".log";
+  durable_io::make_dirs(std::filesystem::path(json).parent_path().string());
   std::vector<std::string> argv = launcher_words(opt.launcher, opt.ranks, "--launcher");
   argv.insert(argv.end(), {executable(opt), "bench"});
   argv.insert(argv.end(), args.begin(), args.end());
@@ -66,10 +74,17 @@ plan::CollectiveBench run_collective_bench(const ValidateOptions& opt) {
                                           opt.out + "/collectives.json");
 }
 
-plan::ComputeProfile run_pass_profile(const ValidateOptions& opt) {
+plan::ComputeProfile run_pass_profile(const ValidateOptions& opt, const plan::Layout* layout) {
   std::vector<std::string> args = {"--passes", "--config", opt.config};
   for (const auto& [k, v] : opt.overrides) args.push_back("--" + k + "=" + v);
-  return plan::ComputeProfile::from_json(run_bench_report(opt, args, "passes"), opt.out + "/passes.json");
+  if (layout != nullptr) {
+    // Three shapes only: more passes of each for the same time.
+    args.insert(args.end(), {str_cat("--bench.tp=", layout->tp), str_cat("--bench.sp=", layout->sp ? "true" : "false"),
+                             str_cat("--bench.micro=", layout->micro_batch), std::string("--bench.repeats=11")});
+  }
+  // A layout's own shapes beside the other layouts' (not over the whole profile's report).
+  const std::string name = layout != nullptr ? "passes/" + dir_name(*layout) : "passes";
+  return plan::ComputeProfile::from_json(run_bench_report(opt, args, name), opt.out + "/" + name + ".json");
 }
 
 void check_options(const ValidateOptions& opt) {
@@ -79,10 +94,7 @@ void check_options(const ValidateOptions& opt) {
 }
 
 Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
-  std::string name = l.text();
-  std::replace(name.begin(), name.end(), ' ', '_');
-  std::replace(name.begin(), name.end(), '=', '-');
-  const std::string dir = opt.out + "/" + name, log = dir + "/train.log", metrics = dir + "/metrics.jsonl";
+  const std::string dir = opt.out + "/" + dir_name(l), log = dir + "/train.log", metrics = dir + "/metrics.jsonl";
   // No metrics of an earlier run.
   std::filesystem::remove_all(dir);
   durable_io::make_dirs(dir);
@@ -124,25 +136,26 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
   return m;
 }
 
-std::vector<Measurement> measure_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
-                                         plan::ComputeProfile& profile, std::ostream& progress) {
-  std::vector<Measurement> best(layouts.size());
+std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
+                                         plan::ComputeProfile& profile,
+                                         const std::function<plan::Prediction(const plan::Layout&)>& predict,
+                                         std::ostream& progress) {
+  std::vector<Validation> best(layouts.size());
   for (int64_t round = 0; round < opt.rounds; ++round) {
-    if (round > 0) profile.keep_fastest(run_pass_profile(opt));
     for (size_t i = 0; i < layouts.size(); ++i) {
-      const Measurement m = measure_layout(opt, layouts[i]);
+      const plan::ComputeProfile fresh = run_pass_profile(opt, &layouts[i]);
+      for (const auto& [shape, t] : fresh.times()) profile.set(shape, t);
+      const Validation v{predict(layouts[i]), measure_layout(opt, layouts[i])};
       progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
-               << m.layout.text() << ": " << std::fixed << std::setprecision(1) << m.step_s * 1e3 << " ms, "
-               << std::setprecision(0) << m.peak_bytes / (1 << 20) << " MiB, " << std::setprecision(1)
-               << 100 * m.steal << "% stolen\n"
+               << v.measured.layout.text() << ": predicted " << std::fixed << std::setprecision(1)
+               << v.predicted.time.total * 1e3 << " ms, measured " << v.measured.step_s * 1e3 << " ms, "
+               << std::setprecision(0) << v.measured.peak_bytes / (1 << 20) << " MiB, " << std::setprecision(1)
+               << 100 * v.measured.steal << "% stolen\n"
                << std::flush;
-      Measurement& b = best[i];
-      if (round == 0 || m.step_s < b.step_s) {
-        b.step_s = m.step_s;
-        b.steal = m.steal;
-      }
-      b.layout = m.layout;
-      b.peak_bytes = std::max(b.peak_bytes, m.peak_bytes);
+      Validation& b = best[i];
+      const double peak = std::max(b.measured.peak_bytes, v.measured.peak_bytes);
+      if (round == 0 || v.measured.step_s < b.measured.step_s) b = v;
+      b.measured.peak_bytes = peak;
     }
   }
   return best;

@@ -72,18 +72,30 @@ int bench_passes(Args& args) {
   LS_REQUIRE(config.has_value(), "lockstep bench --passes: --config FILE is required");
   const auto json_path = args.take("json");
   const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "5"));
+  // One tensor-parallel shape and micro-batch only (every recomputation of it).
+  const auto only_tp = args.take("bench.tp"), only_sp = args.take("bench.sp"), only_micro = args.take("bench.micro");
   const auto overrides = args.take_dotted();
   args.finish("bench --passes");
+  LS_REQUIRE(!only_sp || *only_sp == "true" || *only_sp == "false", "--bench.sp: expected true or false, got '",
+             *only_sp, "'");
   const RunConfig cfg = load_run_config(*config, overrides, ConfigUse::kBench);
   const comm::JobWorld job = comm::job_world(600);
   comm::Communicator& world = *job.world;
-  // The GEMMs the trainer chooses at start-up (fast mode's), from the same measurement.
+  // The GEMMs the trainer chooses at start-up (fast mode's), measured as it measures them on a
+  // cold kernel cache: every rank at once, which also warms the cores up before the timing.
   const CpuBackend backend({1, cfg.train.isa, cfg.train.fast_gemm});
   backend.choose_gemms(backend.measure_gemm_peak());
   plan::ComputeProfile profile;
   const std::vector<double> runtime = world.all_gather(resident_memory_mib());
   profile.runtime_bytes = *std::max_element(runtime.begin(), runtime.end()) * (1 << 20);
-  for (const plan::PassShape& shape : plan::profile_shapes(cfg, world.size(), cfg.train.batch_size)) {
+  std::vector<plan::PassShape> shapes = plan::profile_shapes(cfg, world.size(), cfg.train.batch_size);
+  std::erase_if(shapes, [&](const plan::PassShape& s) {
+    return (only_tp && s.tp != parse_count("bench.tp", *only_tp)) || (only_sp && s.sp != (*only_sp == "true")) ||
+           (only_micro && s.micro_batch != parse_count("bench.micro", *only_micro));
+  });
+  LS_REQUIRE(!shapes.empty(), "lockstep bench --passes: no shape of ", *config, " on ", world.size(),
+             " ranks is left by --bench.tp, --bench.sp and --bench.micro");
+  for (const plan::PassShape& shape : shapes) {
     world.barrier();  // every rank times the same shape at once
     plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
     // The slowest rank's: a layout's ranks wait for it.
@@ -122,11 +134,12 @@ int cmd_bench(Args& args) {
                  "       mpirun -np N lockstep bench --collectives [--bench.repeats=R] [--json FILE]\n"
                  "  times the all-reduce over 4 KiB to 16 MiB (median of R, default 20) and fits the ring\n"
                  "  model's latency and bandwidth (the planner's: lockstep plan --cluster local).\n"
-                 "       [mpirun -np N] lockstep bench --passes --config FILE [--bench.repeats=R] [--json FILE]\n"
+                 "       [mpirun -np N] lockstep bench --passes --config FILE [--bench.repeats=R] [--bench.tp=T]\n"
+                 "                      [--bench.sp=true|false] [--bench.micro=M] [--json FILE]\n"
                  "  times one rank's forward, backward and update (one thread) for each tensor-parallel shape,\n"
                  "  micro-batch and recomputation the planner searches, on every rank at once (the slowest\n"
-                 "  rank's median of R, default 5); the update: zeroing and rounding the gradients, their\n"
-                 "  norm, AdamW.\n";
+                 "  rank's median of R, default 5), or only those --bench.tp, .sp and .micro name; the update:\n"
+                 "  zeroing and rounding the gradients, their norm, AdamW.\n";
     return 0;
   }
   const auto config = args.take("config");

@@ -43,8 +43,8 @@ constexpr const char* kPlanUsage =
     "  --nodes N: the cluster file's machine with N nodes.\n"
     "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n"
     "  --validate (local): runs each layout that fits (or --layouts) for S steps (default 6) with\n"
-    "  `lockstep train`, R rounds (default 2; the passes timed again before each, the fastest kept),\n"
-    "  and prints predicted against measured step time and peak memory.\n"
+    "  `lockstep train`, R rounds (default 2), each run predicted from its passes timed just before\n"
+    "  it, and prints predicted against measured step time and peak memory (the fastest round).\n"
     "  --launcher: words before the executable for more than one rank, {np} the count\n"
     "  (default 'mpirun --oversubscribe -np {np}'); --out: the runs' directory (default plan-validate).\n"
     "  --section.key=value: overrides of the config, also passed to the runs (e.g. --data.train=...).\n";

@@ -59,20 +59,14 @@ std::vector<plan::Layout> chosen_layouts(const std::vector<plan::Prediction>& ra
   return chosen;
 }
 
-struct Row {
-  plan::Prediction predicted;
-  verify::Measurement measured;
-  double step_error() const { return (predicted.time.total - measured.step_s) / measured.step_s; }
-  double memory_error() const { return (predicted.memory.total() - measured.peak_bytes) / measured.peak_bytes; }
-};
-
 // "59 of 63 within 15%, the largest error 19.8% (dp2 tp1 pp1 mb1 zero2)"
 template <class Error>
-std::string summary(const std::vector<Row>& rows, Error error) {
-  const auto worst = std::max_element(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+std::string summary(const std::vector<verify::Validation>& rows, Error error) {
+  const auto worst = std::max_element(rows.begin(), rows.end(), [&](const verify::Validation& a, const verify::Validation& b) {
     return std::abs(error(a)) < std::abs(error(b));
   });
-  const auto within = std::count_if(rows.begin(), rows.end(), [&](const Row& r) { return std::abs(error(r)) <= 0.15; });
+  const auto within = std::count_if(rows.begin(), rows.end(),
+                                    [&](const verify::Validation& r) { return std::abs(error(r)) <= 0.15; });
   return str_cat(within, " of ", rows.size(), " within 15%, the largest error ", fixed(100 * error(*worst), 1), "% (",
                  worst->predicted.layout.text(), ")");
 }
@@ -83,19 +77,17 @@ nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& 
                              const std::vector<plan::Prediction>& ranked, const std::string& only) {
   const std::vector<plan::Layout> layouts = chosen_layouts(ranked, only);
   std::cout << "validate: " << layouts.size() << " layouts, " << opt.rounds << " rounds of " << opt.steps
-            << " steps each, runs in " << opt.out << "\n";
-  const std::vector<verify::Measurement> measured =
-      verify::measure_layouts(opt, layouts, profile, std::cout);
-  std::vector<Row> rows;
-  for (const verify::Measurement& m : measured) rows.push_back({planner.predict(m.layout), m});
-  std::cout << "validate: predicted (from the passes' fastest over the rounds) against measured (the median step "
+            << " steps each, each run after its passes are timed again, runs in " << opt.out << "\n";
+  const std::vector<verify::Validation> rows = verify::validate_layouts(
+      opt, layouts, profile, [&](const plan::Layout& l) { return planner.predict(l); }, std::cout);
+  std::cout << "validate: predicted (from the passes timed just before the run) against measured (the median step "
                "after the first two, of the fastest round; the fullest rank's peak resident memory; the share of the\n"
-               "machine's CPU the hypervisor gave to others during that round)\n"
+               "machine's CPU the hypervisor gave to others during that run)\n"
             << std::left << std::setw(46) << "layout" << std::right << std::setw(14) << "predicted ms" << std::setw(13)
             << "measured ms" << std::setw(9) << "error" << std::setw(15) << "predicted MiB" << std::setw(14)
             << "measured MiB" << std::setw(9) << "error" << std::setw(9) << "stolen" << "\n";
   nlohmann::json out = nlohmann::json::array();
-  for (const Row& r : rows) {
+  for (const verify::Validation& r : rows) {
     std::cout << std::left << std::setw(46) << r.predicted.layout.text() << std::right << std::setw(14)
               << fixed(r.predicted.time.total * 1e3, 1) << std::setw(13) << fixed(r.measured.step_s * 1e3, 1)
               << std::setw(8) << fixed(100 * r.step_error(), 1) << "%" << std::setw(15)
@@ -111,9 +103,11 @@ nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& 
                    {"memory_error", r.memory_error()}});
   }
   if (!rows.empty()) {
-    const auto disturbed = std::count_if(rows.begin(), rows.end(), [](const Row& r) { return r.measured.steal > 0.05; });
-    std::cout << "validate: step time " << summary(rows, [](const Row& r) { return r.step_error(); })
-              << "; peak memory " << summary(rows, [](const Row& r) { return r.memory_error(); }) << "; "
+    const auto disturbed = std::count_if(rows.begin(), rows.end(),
+                                         [](const verify::Validation& r) { return r.measured.steal > 0.05; });
+    std::cout << "validate: step time " << summary(rows, [](const verify::Validation& r) { return r.step_error(); })
+              << "; peak memory " << summary(rows, [](const verify::Validation& r) { return r.memory_error(); })
+              << "; "
               << disturbed << " of " << rows.size() << " runs had more than 5% of the CPU stolen by the hypervisor\n";
   }
   return out;

@@ -18,8 +18,8 @@ std::string fixed(double x, int digits);
 nlohmann::json to_json(const plan::Prediction& p);
 
 // Runs the layouts that fit (`ranked`; or those `only` names, a comma list, each of which must
-// fit), predicts each again from the passes' fastest over the rounds (`profile`, which the planner
-// reads), prints the table and the errors' summary, and returns them as JSON.
+// fit), each predicted from its passes timed again just before its run (into `profile`, which the
+// planner reads), prints the table and the errors' summary, and returns them as JSON.
 nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& planner, plan::ComputeProfile& profile,
                              const std::vector<plan::Prediction>& ranked, const std::string& only);
 

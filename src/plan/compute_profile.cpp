@@ -1,6 +1,5 @@
 #include "src/plan/compute_profile.hpp"
 
-#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <vector>
@@ -70,8 +69,11 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   }
   const MicroBatch batch{inputs.data(), targets.data(), shape.micro_batch, 0};
   const float dloss = 1.0f / static_cast<float>(shape.micro_batch * T);
+  // Untimed passes first: the first touch their buffers, and a process's first milliseconds run
+  // slower than its steady state.
+  constexpr int64_t kUntimed = 3;
   std::vector<double> forward, backward, optimizer;
-  for (int64_t i = 0; i <= repeats; ++i) {
+  for (int64_t i = 0; i < kUntimed + repeats; ++i) {
     ChunkCombiner loss;
     auto t0 = std::chrono::steady_clock::now();
     model.zero_grad();
@@ -87,7 +89,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     clip_grad_norm(model, static_cast<float>(tc.grad_clip));
     adamw.update(model, tc.lr, i + 1);
     o += seconds_since(t0);
-    if (i == 0) continue;  // the first touches its buffers for the first time
+    if (i < kUntimed) continue;
     forward.push_back(f);
     backward.push_back(b);
     optimizer.push_back(o);
@@ -101,15 +103,6 @@ const PassTimes& ComputeProfile::at(const PassShape& shape) const {
   LS_CHECK(it != times_.end(), "no measured passes for tp ", shape.tp, shape.sp ? " sp" : "", " micro-batch ",
            shape.micro_batch, " recompute ", recompute_name(shape.recompute));
   return it->second;
-}
-
-void ComputeProfile::keep_fastest(const ComputeProfile& other) {
-  for (const auto& [shape, t] : other.times_) {
-    const auto [it, fresh] = times_.emplace(shape, t);
-    if (fresh) continue;
-    it->second = {std::min(it->second.forward, t.forward), std::min(it->second.backward, t.backward),
-                  std::min(it->second.optimizer, t.optimizer)};
-  }
 }
 
 nlohmann::json ComputeProfile::to_json() const {

@@ -45,7 +45,7 @@ struct PassShape {
 // planner's search.
 std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64_t global_batch);
 
-// Times one shape on this process with one thread: `repeats` passes after one untimed, medians.
+// Times one shape on this process with one thread: `repeats` passes after three untimed, medians.
 PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repeats);
 
 class ComputeProfile {
@@ -56,11 +56,9 @@ class ComputeProfile {
   nlohmann::json to_json() const;
 
   void set(const PassShape& shape, const PassTimes& t) { times_[shape] = t; }
-  // Each shape's fastest times of this profile and `other` (the same shapes, measured at another
-  // moment).
-  void keep_fastest(const ComputeProfile& other);
-  // What a rank holds before its model (the binary, MPI, the GEMM library's buffers), the largest
-  // rank's: the local cluster's reserved memory.
+  // What a rank holds before its model after the trainer's start-up (the binary, MPI, the GEMM
+  // peak measurement, whose buffers the allocator keeps), the largest rank's: the local cluster's
+  // reserved memory.
   double runtime_bytes = 0;
   // LogicError where the shape was not measured.
   const PassTimes& at(const PassShape& shape) const;

@@ -3,7 +3,7 @@
 # a ranked table whose rows fit, are sorted and add up, the rejections by reason, the same ranking
 # in the JSON, the breakdowns as bars in the SVG, one layout explained; bad input, once each: a cluster field missing, an unknown
 # precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much); the
-# Llama 3 405B anchor.
+# Llama 3 405B and Megatron-LM 530B and 1T anchors.
 source "$(dirname "$0")/lib.sh"
 plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global-batch 1536 "$@"; }
 
@@ -63,4 +63,20 @@ rank = next(i for i, l in enumerate(ranked) if l.startswith("dp128 tp8 pp16 "))
 assert rank < 10, (rank, ranked[:10])
 print("llama 3 405B: the published dp128 tp8 pp16 ranks", rank + 1, "of", len(ranked), "as", ranked[rank])
 PY
+# Megatron-LM's SC'21 anchors (Table 1): the 530B model on 2,520 A100s as tp 8 x pp 35 (dp 9) and
+# the 1T model on 3,072 as tp 8 x pp 64 (dp 6), both at 52% of peak: among the first five, and
+# the planner's MFU for them within 20% of the published one.
+for anchor in "gpt_530b 315 dp9 tp8 pp35 " "gpt_1t 384 dp6 tp8 pp64 "; do
+  set -- $anchor
+  "$LOCKSTEP" plan --model "$SRC/scripts/configs/$1.toml" --cluster "$SRC/scripts/clusters/a100_1024.toml" --nodes "$2" \
+    --json "$1.json" > "$1.log" || fail "$1: $(tail -3 "$1.log")"
+  python3 - "$1.json" "$3 $4 $5 " <<'PY' || fail "$1 anchor: $(head -8 "$1.log")"
+import json, sys
+ranked = json.load(open(sys.argv[1]))["ranked"]
+rank = next(i for i, r in enumerate(ranked) if r["layout"].startswith(sys.argv[2]))
+assert rank < 5, (rank, [r["layout"] for r in ranked[:5]])
+assert abs(ranked[rank]["mfu"] / 0.522 - 1) < 0.2, ranked[rank]["mfu"]
+print(sys.argv[1][:-5], "the published", sys.argv[2].strip(), "ranks", rank + 1, "of", len(ranked), "at MFU", round(ranked[rank]["mfu"], 3))
+PY
+done
 echo "plan: $(head -3 plan.log | tail -1)"
