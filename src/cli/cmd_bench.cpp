@@ -1,10 +1,11 @@
 // `lockstep bench --config FILE [--json FILE] [--tokens-out FILE] [--bench.steps=N] [--bench.warmup=K]
 //  [--section.key=value ...]`, or under mpirun `lockstep bench --collectives [--bench.repeats=N]
 //  [--json FILE]`
-#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
+#include <span>
 
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_communicator.hpp"
@@ -84,23 +85,31 @@ int bench_passes(Args& args) {
   // The GEMMs the trainer chooses at start-up (fast mode's), measured as it measures them on a
   // cold kernel cache: every rank at once, which also warms the cores up before the timing.
   const CpuBackend backend({1, cfg.train.isa, cfg.train.fast_gemm});
-  backend.choose_gemms(backend.measure_gemm_peak());
+  const GemmPeak peak = backend.measure_gemm_peak();
+  backend.choose_gemms(peak);
+  // The largest rank's memory, the highest rank's peaks.
+  double measured[] = {resident_memory_mib(), peak.gflops, peak.gflops_for(Operands::kBf16)};
+  world.all_reduce(std::span<double>(measured), comm::ReduceOp::kMax);
   plan::ComputeProfile profile;
-  const std::vector<double> runtime = world.all_gather(resident_memory_mib());
-  profile.runtime_bytes = *std::max_element(runtime.begin(), runtime.end()) * (1 << 20);
+  profile.runtime_bytes = measured[0] * (1 << 20);
+  profile.peak_fp32_flops = measured[1] * 1e9;
+  profile.peak_bf16_flops = measured[2] * 1e9;
   std::vector<plan::PassShape> shapes = plan::profile_shapes(cfg, world.size(), cfg.train.batch_size);
+  const std::optional<int64_t> tp = only_tp ? std::optional(parse_count("bench.tp", *only_tp)) : std::nullopt;
+  const std::optional<int64_t> micro =
+      only_micro ? std::optional(parse_count("bench.micro", *only_micro)) : std::nullopt;
   std::erase_if(shapes, [&](const plan::PassShape& s) {
-    return (only_tp && s.tp != parse_count("bench.tp", *only_tp)) || (only_sp && s.sp != (*only_sp == "true")) ||
-           (only_micro && s.micro_batch != parse_count("bench.micro", *only_micro));
+    return (tp && s.tp != *tp) || (only_sp && s.sp != (*only_sp == "true")) || (micro && s.micro_batch != *micro);
   });
   LS_REQUIRE(!shapes.empty(), "lockstep bench --passes: no shape of ", *config, " on ", world.size(),
              " ranks is left by --bench.tp, --bench.sp and --bench.micro");
   for (const plan::PassShape& shape : shapes) {
     world.barrier();  // every rank times the same shape at once
-    plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
+    const plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
     // The slowest rank's: a layout's ranks wait for it.
-    world.all_reduce(std::span<double>(&t.forward, 3), comm::ReduceOp::kMax);
-    profile.set(shape, t);
+    double slowest[] = {t.forward, t.backward, t.optimizer};
+    world.all_reduce(std::span<double>(slowest), comm::ReduceOp::kMax);
+    profile.set(shape, {slowest[0], slowest[1], slowest[2]});
   }
   if (world.rank() != 0) return 0;
   std::cout << "passes: " << *config << ", one thread on each of " << world.size()
@@ -109,8 +118,8 @@ int bench_passes(Args& args) {
             << "  tp  sp  micro-batch  recompute  forward ms  backward ms  optimizer ms\n";
   for (const auto& [s, t] : profile.times()) {
     std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(13) << s.micro_batch
-              << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12) << t.forward * 1e3 << std::setw(13)
-              << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3 << "\n";
+              << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
+              << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3 << "\n";
   }
   if (json_path) write_json(*json_path, profile.to_json());
   return 0;

@@ -15,7 +15,6 @@
 
 #include "src/cli/commands.hpp"
 #include "src/cli/plan_output.hpp"
-#include "kernels/cpu/cpu_backend.hpp"
 #include "src/core/check.hpp"
 #include "src/plan/goodput.hpp"
 #include "src/plan/local_cluster.hpp"
@@ -39,7 +38,7 @@ constexpr const char* kPlanUsage =
     "  --model: a run config (its [model], [train] mode, batch_size and precision, [parallel] bucket_mb);\n"
     "  --global-batch and --precision override its batch and precision; --cluster: scripts/clusters/*.toml,\n"
     "  or local: this machine measured, N ranks of one thread (default: one per core; the all-reduce\n"
-    "  timed by `lockstep bench --collectives` under the launcher, a rank's passes timed here).\n"
+    "  and a rank's passes timed by `lockstep bench --collectives` and `--passes` under the launcher).\n"
     "  --nodes N: the cluster file's machine with N nodes.\n"
     "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n"
     "  --validate (local): runs each layout that fits (or --layouts) for S steps (default 6) with\n"
@@ -153,10 +152,9 @@ int cmd_plan(Args& args) {
   std::optional<plan::ComputeProfile> profile;
   plan::Cluster cluster;
   if (local) {
-    const CpuBackend backend({1, run.train.isa, run.train.fast_gemm});
     profile = verify::run_pass_profile(vopt);
-    cluster = plan::local_cluster(verify::run_collective_bench(vopt), backend.measure_gemm_peak(),
-                                  profile->runtime_bytes, plan::machine_memory_bytes(), plan::online_cores());
+    cluster = plan::local_cluster(verify::run_collective_bench(vopt), *profile, plan::machine_memory_bytes(),
+                                  plan::online_cores());
   } else {
     cluster = plan::load_cluster(*cluster_path);
     if (nodes) {

@@ -43,6 +43,9 @@ nlohmann::json to_json(const plan::Prediction& p) {
 
 namespace {
 
+// The planner's accuracy the issue asks of it, and a run the hypervisor disturbed.
+constexpr double kWithin = 0.15, kDisturbed = 0.05;
+
 std::vector<plan::Layout> chosen_layouts(const std::vector<plan::Prediction>& ranked, const std::string& only) {
   std::vector<plan::Layout> chosen;
   if (only.empty()) {
@@ -53,7 +56,8 @@ std::vector<plan::Layout> chosen_layouts(const std::vector<plan::Prediction>& ra
     const std::string want = plan::parse_layout(std::string(text), "lockstep plan: --layouts").text();
     const auto it = std::find_if(ranked.begin(), ranked.end(),
                                  [&](const plan::Prediction& p) { return p.layout.text() == want; });
-    LS_REQUIRE(it != ranked.end(), "lockstep plan: --layouts: ", want, " is not a layout that fits here (see the ranking)");
+    LS_REQUIRE(it != ranked.end(), "lockstep plan: --layouts: ", want,
+               " is not a layout that fits here (see the ranking)");
     chosen.push_back(it->layout);
   }
   return chosen;
@@ -62,11 +66,12 @@ std::vector<plan::Layout> chosen_layouts(const std::vector<plan::Prediction>& ra
 // "59 of 63 within 15%, the largest error 19.8% (dp2 tp1 pp1 mb1 zero2)"
 template <class Error>
 std::string summary(const std::vector<verify::Validation>& rows, Error error) {
-  const auto worst = std::max_element(rows.begin(), rows.end(), [&](const verify::Validation& a, const verify::Validation& b) {
-    return std::abs(error(a)) < std::abs(error(b));
-  });
+  const auto worst = std::max_element(rows.begin(), rows.end(),
+                                      [&](const verify::Validation& a, const verify::Validation& b) {
+                                        return std::abs(error(a)) < std::abs(error(b));
+                                      });
   const auto within = std::count_if(rows.begin(), rows.end(),
-                                    [&](const verify::Validation& r) { return std::abs(error(r)) <= 0.15; });
+                                    [&](const verify::Validation& r) { return std::abs(error(r)) <= kWithin; });
   return str_cat(within, " of ", rows.size(), " within 15%, the largest error ", fixed(100 * error(*worst), 1), "% (",
                  worst->predicted.layout.text(), ")");
 }
@@ -104,7 +109,7 @@ nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& 
   }
   if (!rows.empty()) {
     const auto disturbed = std::count_if(rows.begin(), rows.end(),
-                                         [](const verify::Validation& r) { return r.measured.steal > 0.05; });
+                                         [](const verify::Validation& r) { return r.measured.steal > kDisturbed; });
     std::cout << "validate: step time " << summary(rows, [](const verify::Validation& r) { return r.step_error(); })
               << "; peak memory " << summary(rows, [](const verify::Validation& r) { return r.memory_error(); })
               << "; "

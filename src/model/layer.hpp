@@ -94,6 +94,7 @@ struct Pass {
 // their (B, NH, T, T) probabilities are most of the activations at long sequences), or every
 // attention and MLP sub-layer (full). The recomputed forward makes the same bits.
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
+inline constexpr Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
 const char* recompute_name(Recompute r);
 // "none" | "selective" | "full"; ConfigError naming `where` otherwise.
 Recompute parse_recompute(const std::string& text, const std::string& where);

@@ -51,7 +51,7 @@ const char* recompute_name(Recompute r) {
 }
 
 Recompute parse_recompute(const std::string& text, const std::string& where) {
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+  for (Recompute r : kRecomputes) {
     if (text == recompute_name(r)) return r;
   }
   throw ConfigError(str_cat(where, ": expected \"none\", \"selective\" or \"full\", got \"", text, "\""));

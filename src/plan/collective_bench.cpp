@@ -86,7 +86,8 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
     r.ranks = j.at("ranks").get<int64_t>();
     for (const auto& s : j.at("all_reduce")) r.all_reduce.push_back({s.at("bytes"), s.at("seconds")});
     for (const auto& s : j.at("exact_all_reduce")) r.exact_all_reduce.push_back({s.at("bytes"), s.at("seconds")});
-    LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where, ": expected ranks >= 1 and, for more than one, two sizes or more");
+    LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where,
+               ": expected ranks >= 1 and, for more than one, two sizes or more");
     r.fit = {j.at("bandwidth_gbs").get<double>() * 1e9, j.at("latency_us").get<double>() * 1e-6};
   } catch (const nlohmann::json::exception& e) {
     throw DataError(str_cat(where, ": not a `lockstep bench --collectives` report (", e.what(), ")"));

@@ -12,6 +12,7 @@
 #include "src/optim/grad_clip.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
+#include "src/plan/layout.hpp"
 #include "src/plan/solo_tp_group.hpp"
 #include "src/train/bench.hpp"
 
@@ -30,14 +31,14 @@ std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64
   for (int64_t tp = 1; tp <= ranks; tp *= 2) {
     for (bool sp : {false, true}) {
       if (sp && tp == 1) continue;
-      for (int64_t mb : {1, 2, 4, 8, 16}) {
+      for (int64_t mb : kSearchedMicroBatches) {
         if (mb > global_batch) continue;
         try {
           parallel::check_tp_layout(run.model, tp, sp, mb * run.model.seq_len, run.train.mode, run.source);
         } catch (const ConfigError&) {
           continue;  // a layout the trainer refuses: never predicted
         }
-        for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) shapes.push_back({tp, sp, mb, rc});
+        for (Recompute rc : kRecomputes) shapes.push_back({tp, sp, mb, rc});
       }
     }
   }
@@ -112,13 +113,18 @@ nlohmann::json ComputeProfile::to_json() const {
                       {"recompute", recompute_name(s.recompute)}, {"forward_s", t.forward},
                       {"backward_s", t.backward}, {"optimizer_s", t.optimizer}});
   }
-  return {{"passes", shapes}, {"runtime_mib", runtime_bytes / (1 << 20)}};
+  return {{"passes", shapes},
+          {"runtime_mib", runtime_bytes / (1 << 20)},
+          {"peak_fp32_gflops", peak_fp32_flops / 1e9},
+          {"peak_bf16_gflops", peak_bf16_flops / 1e9}};
 }
 
 ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::string& where) {
   ComputeProfile p;
   try {
     p.runtime_bytes = j.at("runtime_mib").get<double>() * (1 << 20);
+    p.peak_fp32_flops = j.at("peak_fp32_gflops").get<double>() * 1e9;
+    p.peak_bf16_flops = j.at("peak_bf16_gflops").get<double>() * 1e9;
     for (const auto& s : j.at("passes")) {
       p.set({s.at("tp").get<int64_t>(), s.at("sp").get<bool>(), s.at("micro_batch").get<int64_t>(),
              parse_recompute(s.at("recompute").get<std::string>(), where)},

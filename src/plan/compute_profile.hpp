@@ -60,6 +60,9 @@ class ComputeProfile {
   // peak measurement, whose buffers the allocator keeps), the largest rank's: the local cluster's
   // reserved memory.
   double runtime_bytes = 0;
+  // That GEMM peak on one thread (the highest figure of the ranks, as the trainer agrees on it),
+  // of fp32 and of bf16 operands: the local cluster's peaks.
+  double peak_fp32_flops = 0, peak_bf16_flops = 0;
   // LogicError where the shape was not measured.
   const PassTimes& at(const PassShape& shape) const;
   const std::map<PassShape, PassTimes>& times() const { return times_; }

@@ -12,6 +12,9 @@
 
 namespace lockstep::plan {
 
+// The micro-batch sizes (sequences) the search tries, and the local cluster's profile times.
+inline constexpr int64_t kSearchedMicroBatches[] = {1, 2, 4, 8, 16};
+
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t chunks = 1;  // virtual stages a pipeline rank holds (interleaved)

@@ -6,17 +6,17 @@
 
 namespace lockstep::plan {
 
-Cluster local_cluster(const CollectiveBench& collectives, const GemmPeak& peak, double runtime_bytes,
-                      double memory_bytes, int64_t cores) {
+Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& passes, double memory_bytes,
+                      int64_t cores) {
   Cluster c;
   c.name = "local";
   c.source = "this machine (measured)";
   c.gpus_per_node = collectives.ranks;
   c.nodes = 1;
   c.hbm_bytes = memory_bytes / static_cast<double>(collectives.ranks);
-  c.reserved_bytes = runtime_bytes;
-  c.peak_fp32 = peak.gflops * 1e9;
-  c.peak_bf16 = peak.gflops_for(Operands::kBf16) * 1e9;
+  c.reserved_bytes = passes.runtime_bytes;
+  c.peak_fp32 = passes.peak_fp32_flops;
+  c.peak_bf16 = passes.peak_bf16_flops;
   c.peak_fp8 = 0;  // fp8 products are emulated on the CPU
   c.gemm_efficiency = 1;  // the measured passes (compute_profile.hpp) carry the efficiency
   c.intra = collectives.fit;

@@ -205,7 +205,9 @@ Problem Planner::problem(const Layout& layout) {
 
 parallel::Timeline Planner::timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs) {
   std::vector<double> figures;
-  for (const parallel::PassCosts& c : costs) figures.insert(figures.end(), {c.forward, c.backward_input, c.backward_weight, c.p2p});
+  for (const parallel::PassCosts& c : costs) {
+    figures.insert(figures.end(), {c.forward, c.backward_input, c.backward_weight, c.p2p});
+  }
   const auto key = std::make_pair(std::make_tuple(static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks),
                                   std::move(figures));
   auto it = timelines_.find(key);
@@ -277,19 +279,19 @@ Prediction Planner::predict(const Layout& layout) {
   const bool overlap = cluster_.comm_beside_compute;
   for (size_t i = 0; i < ranks.size(); ++i) {
     const RankCost& r = ranks[i];
+    const double fp32 = r.params * 4;  // the parameters, and the gradients as the reduction sends them
     Memory m;
-    m.params = r.params * 4;
+    m.params = fp32;
     if (request_.precision != Precision::kF32) m.params += r.matmul_params * 2;   // the bf16 copy
     if (request_.precision == Precision::kFp8) m.params += r.matmul_params * 2;   // rowwise and columnwise fp8
-    const double grads = r.params * 4, params32 = r.params * 4;  // fp32, as the reduction sends them
     // Canonical mode's gradients keep exact sums beside the fp32 ones: a double and a flag each.
-    const double held = request_.mode == Mode::kCanonical ? r.params * 13 : grads;
+    const double held = request_.mode == Mode::kCanonical ? r.params * 13 : fp32;
     const bool sharded = layout.dp > 1 && layout.zero >= 2;
-    m.grads = sharded ? held / dp + std::min(grads, request_.bucket_bytes) : held;
+    m.grads = sharded ? held / dp + std::min(fp32, request_.bucket_bytes) : held;
     if (layout.dp > 1 && request_.mode == Mode::kCanonical) {
       // The exact reduction of a bucket receives every rank's doubles of this rank's shard (8
       // bytes an element of the bucket) and sums them exactly into the shard (13 bytes an element).
-      const double elements = std::min(grads, request_.bucket_bytes) / 4;
+      const double elements = std::min(fp32, request_.bucket_bytes) / 4;
       m.grads += elements * 8 + elements / dp * 13;
     }
     m.optimizer = r.params * 8 / (layout.zero >= 1 ? dp : 1);
@@ -305,19 +307,19 @@ Prediction Planner::predict(const Layout& layout) {
     if (layout.dp == 1) continue;
     // Buckets reduced during the backward: exposed, the part longer than the backward it overlaps
     // and at least the last bucket's — or all of it where communication takes the compute's core.
-    const double bucket = std::min(grads, request_.bucket_bytes);
+    const double bucket = std::min(fp32, request_.bucket_bytes);
     const auto after_backward = [&](double sync, double last) {
       return overlap ? std::max(sync - backward, last) : sync;
     };
     double e = 0;
     if (sharded) {
       const auto scatter = [&](double b) { return scatter_time(b, layout.dp, dp_link); };
-      e = static_cast<double>(micro) * after_backward(bucketed(grads, scatter), scatter(bucket)) +
-          all_reduce(params32, layout.dp, dp_link) / 2;
+      e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter), scatter(bucket)) +
+          all_reduce(fp32, layout.dp, dp_link) / 2;
     } else {
       const auto reduce_bucket = [&](double b) { return reduction_time(b, layout.dp, dp_link); };
-      e = after_backward(bucketed(grads, reduce_bucket), reduce_bucket(bucket));
-      if (layout.zero == 1) e += all_reduce(params32, layout.dp, dp_link) / 2;  // the parameters' all-gather
+      e = after_backward(bucketed(fp32, reduce_bucket), reduce_bucket(bucket));
+      if (layout.zero == 1) e += all_reduce(fp32, layout.dp, dp_link) / 2;  // the parameters' all-gather
     }
     exposed = std::max(exposed, e);
   }
@@ -351,12 +353,12 @@ SearchResult Planner::search() {
   for (int64_t tp = 1; tp <= cluster_.gpus_per_node && N % tp == 0; tp *= 2) {
     for (int64_t pp = 1; pp <= N / tp; ++pp) {
       if ((N / tp) % pp != 0) continue;
-      for (int64_t mb : {1, 2, 4, 8, 16}) {
+      for (int64_t mb : kSearchedMicroBatches) {
         // Without data parallelism the ZeRO stages are one layout.
         for (int zero = 0; zero <= (N / (tp * pp) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
           for (bool sp : {false, true}) {
             if (sp && tp == 1) continue;
-            for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+            for (Recompute rc : kRecomputes) {
               const Layout l{
                   .dp = N / (tp * pp), .tp = tp, .pp = pp, .micro_batch = mb, .zero = zero, .sp = sp, .recompute = rc};
               ++out.considered;
