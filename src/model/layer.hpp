@@ -66,6 +66,19 @@ class GradStorage {
   virtual void zero() = 0;
 };
 
+// Where the parameters are when the model does not hold them whole (ModelOptions::sharded_params;
+// ZeRO-3 keeps a shard per data-parallel rank: src/parallel/zero3_params.hpp). Before each layer
+// runs a forward or a backward the model asks for the tensors that layer reads
+// (Model::layer_params) and the layers read them where this says, until the next request; `next`
+// is the layer the model will ask for after this one (SIZE_MAX: none known), whose tensors the
+// storage may start to gather meanwhile.
+class ParamStorage {
+ public:
+  virtual ~ParamStorage() = default;
+  // Where each of Model::layer_params(layer) is, in that order.
+  virtual std::span<float* const> gather(size_t layer, size_t next) = 0;
+};
+
 // Called in every micro-batch each time a contiguous range [first, end) of the flat gradient
 // buffer has received its last contribution of the micro-batch (canonical mode: its exact sums
 // are complete); last_micro: the step's last micro-batch, after which the range is final.
@@ -126,8 +139,11 @@ class LayerContext {
   std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name);
   // The weight linear `name` computes with: the bf16 copy of the master weight, or the parameter
   // itself (fp32, or bf16 already: PrecisionRecipe::bf16_params).
+  // Gathered parameters (a ParamStorage) are rounded to bf16 in place where their layer's linear
+  // runs in bf16: param(t) then gives the copy.
   float* linear_weight(const ParamTensor* t, const std::string& name) {
-    return low_precision(name) && !precision_.bf16_params() ? weight_copies_.data() + t->offset : param(t);
+    const bool copy = low_precision(name) && !precision_.bf16_params() && param_storage_ == nullptr;
+    return copy ? weight_copies_.data() + t->offset : param(t);
   }
   // An activation of n floats that linear `name` reads (or wrote: q, k, v after RoPE): stored in
   // bf16 (rounded in place) where that linear runs in bf16 or fp8.
@@ -138,9 +154,14 @@ class LayerContext {
   Fp8State* fp8() const { return fp8_.get(); }
 
   // The parameter named `name` in this rank's layout (or the tied copy of wte), nullptr if the
-  // model has none.
+  // model has none. A layer's constructor finds every tensor it reads this way.
+  const ParamTensor* find_param(const std::string& name);
   const ParamTensor* find_param(const std::string& name) const;
-  float* param(const ParamTensor* t) { return t ? params_.data() + t->offset : nullptr; }
+  float* param(const ParamTensor* t) {
+    if (t == nullptr) return nullptr;
+    if (param_storage_ == nullptr) return params_.data() + t->offset;
+    return gathered_[static_cast<size_t>(t - layout_.data())];
+  }
   // Where t's gradient goes (empty for nullptr).
   GradSink sink(const ParamTensor* t);
   // Reports [first->offset, last's end) to the grad-ready hook (last: nullptr for first alone).
@@ -185,6 +206,9 @@ class LayerContext {
   void own_grads();
   // The bf16 copies of the weights of bf16 linears, from the master weights.
   void refresh_weight_copies();
+  // With a ParamStorage: layer `layer`'s tensors gathered (their bf16 linears' weights rounded)
+  // before it runs; `next` as ParamStorage::gather's.
+  void gather_layer(size_t layer, size_t next);
 
   Mode mode_;
   const ModelPlan& plan_;
@@ -194,6 +218,14 @@ class LayerContext {
   // Canonical mode only; a pointer so that Model::set_grad_storage can free it (it does not move).
   std::unique_ptr<ExactAccumulator> exact_grads_ = std::make_unique<ExactAccumulator>();
   GradStorage* storage_ = nullptr;  // instead of grads_ and exact_grads_
+  // Instead of params_ (Model::set_param_storage): where each tensor of layout_ was gathered last,
+  // and the tensors each layer reads (recorded from its find_param calls as it is built).
+  ParamStorage* param_storage_ = nullptr;
+  std::vector<float*> gathered_;
+  std::vector<std::vector<const ParamTensor*>> layer_params_;
+  // Per layer, the weights its own bf16 linears read (a tied wte is the head's, not the embedding's).
+  std::vector<std::vector<const ParamTensor*>> layer_copies_;
+  size_t building_ = SIZE_MAX;  // the layer being built
   std::vector<std::pair<std::string, Mode>> op_modes_;
   PrecisionRecipe precision_;
   std::vector<const ParamTensor*> copied_weights_;  // the weights of bf16 linears

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "src/core/check.hpp"
 #include "src/core/det_math.hpp"
@@ -66,6 +67,14 @@ bool LayerContext::recomputed(LayerKind kind) const {
   return false;
 }
 
+const ParamTensor* LayerContext::find_param(const std::string& name) {
+  const ParamTensor* t = std::as_const(*this).find_param(name);
+  if (t == nullptr || building_ == SIZE_MAX) return t;
+  std::vector<const ParamTensor*>& used = layer_params_[building_];
+  if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
+  return t;
+}
+
 const ParamTensor* LayerContext::find_param(const std::string& name) const {
   for (const auto& t : layout_)
     if (t.name == name) return &t;
@@ -95,6 +104,7 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
   if (std::find(copied_weights_.begin(), copied_weights_.end(), &weight) == copied_weights_.end()) {
     copied_weights_.push_back(&weight);
   }
+  if (building_ != SIZE_MAX) layer_copies_[building_].push_back(&weight);
   weight_copies_.resize(params_.size());
   if (precision_.fp8_linear(name)) {
     Fp8WeightCopies& copies = fp8_weights_[&weight];
@@ -106,9 +116,19 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
 }
 
 void LayerContext::refresh_weight_copies() {
+  if (param_storage_ != nullptr) return;  // gather_layer rounds them
   for (const ParamTensor* t : copied_weights_) {
     backend_.round_to_bf16(t->numel, weight_copies_.data() + t->offset, params_.data() + t->offset);
   }
+}
+
+void LayerContext::gather_layer(size_t layer, size_t next) {
+  if (param_storage_ == nullptr) return;
+  const std::vector<const ParamTensor*>& tensors = layer_params_[layer];
+  const std::span<float* const> where = param_storage_->gather(layer, next);
+  for (size_t k = 0; k < tensors.size(); ++k) gathered_[static_cast<size_t>(tensors[k] - layout_.data())] = where[k];
+  // Rounding a gathered bf16 linear's weight again (the storage kept it) changes nothing.
+  for (const ParamTensor* t : layer_copies_[layer]) backend_.round_to_bf16(t->numel, param(t), param(t));
 }
 
 void LayerContext::own_grads() {
@@ -144,7 +164,8 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
   const int64_t base = ctx_.layout_.empty() ? 0 : ctx_.layout_.front().offset;
   for (auto& t : ctx_.layout_) t.offset -= base;
   num_params_ = ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel;
-  ctx_.params_.assign(static_cast<size_t>(num_params_), 0.0f);
+  if (!options_.sharded_params) ctx_.params_.assign(static_cast<size_t>(num_params_), 0.0f);
+  ctx_.gathered_.resize(ctx_.layout_.size());
   // A tied head without its embedding (a later pipeline stage) computes with a copy of wte.
   bool embedding = false, tied_head = false;
   for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
@@ -152,6 +173,7 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     tied_head |= desc_.layers[l].kind == LayerKind::kHead && desc_.layers[l].tied;
   }
   if (tied_head && !embedding) {
+    LS_CHECK(!options_.sharded_params, "sharded parameters with a tied copy of wte");
     ParamTensor copy = all.front();
     LS_CHECK(copy.name == "wte", "the first parameter of the list is ", copy.name, ", not wte");
     copy.offset = num_params_;
@@ -169,13 +191,18 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
       if (ctx_.precision_.fp8_linear(l)) fp8_linears.push_back(l);
     }
     ctx_.fp8_ = std::make_unique<Fp8State>(ctx_.precision_.fp8, fp8_linears);
+    LS_CHECK(!options_.sharded_params, "sharded parameters with fp8 linears");
   }
   const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
   int64_t scratch = 0;
   for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
     const LayerDesc& d = desc_.layers[l];
     const LayerBuild b{ctx_, plan_->local_dims(d), micro_batch, max_stream, options_.slots};
+    ctx_.building_ = layers_.size();
+    ctx_.layer_params_.emplace_back();
+    ctx_.layer_copies_.emplace_back();
     layers_.push_back(layer_type(d.kind).build(d, b));
+    ctx_.building_ = SIZE_MAX;
     scratch = std::max(scratch, layers_.back()->scratch_floats());
   }
   ctx_.scratch_.resize(static_cast<size_t>(scratch));
@@ -229,6 +256,7 @@ const ParamTensor& Model::param(const std::string& name) const {
 }
 
 const float* Model::weight_copy(const ParamTensor& t) const {
+  if (ctx_.param_storage_ != nullptr) return nullptr;
   const auto& copied = ctx_.copied_weights_;
   const bool has = std::any_of(copied.begin(), copied.end(), [&](const ParamTensor* c) { return c->offset == t.offset; });
   return has ? ctx_.weight_copies_.data() + t.offset : nullptr;
@@ -267,24 +295,42 @@ ExactAccumulator& Model::exact_grads() {
   return *ctx_.exact_grads_;
 }
 
-void Model::init_parameters() {
+void Model::init_parameters() { init_parameters(0, num_params(), params()); }
+
+void Model::init_parameters(int64_t first, int64_t end, float* out) const {
   for (const auto& t : ctx_.layout_) {
-    float* w = ctx_.params_.data() + t.offset;
+    const int64_t a = std::max(first, t.offset), b = std::min(end, t.offset + t.numel);
+    if (a >= b) continue;
+    float* w = out + (a - first);
     switch (t.init) {
-      case ParamInit::kOnes: std::fill(w, w + t.numel, 1.0f); break;
-      case ParamInit::kZeros: std::fill(w, w + t.numel, 0.0f); break;
+      case ParamInit::kOnes: std::fill(w, w + (b - a), 1.0f); break;
+      case ParamInit::kZeros: std::fill(w, w + (b - a), 0.0f); break;
       case ParamInit::kNormal: {
         const double stddev = static_cast<double>(desc_.config.init_std) * t.init_scale;
         const uint64_t key = xxh64(t.name.data(), t.name.size(), desc_.config.seed);
-        for (int64_t i = 0; i < t.numel; ++i) {
-          w[i] = static_cast<float>(stddev * normal_at(key, static_cast<uint64_t>(t.global_index(i))));
+        for (int64_t i = a - t.offset; i < b - t.offset; ++i) {
+          w[i - (a - t.offset)] = static_cast<float>(stddev * normal_at(key, static_cast<uint64_t>(t.global_index(i))));
         }
         break;
       }
     }
   }
   // bf16 parameters (precision.hpp) start as the nearest bf16 values of the fp32 initialisation.
-  if (ctx_.precision_.bf16_params()) backend().round_to_bf16(num_params(), params(), params());
+  if (ctx_.precision_.bf16_params()) backend().round_to_bf16(end - first, out, out);
+}
+
+void Model::hold_params(bool hold) {
+  LS_CHECK(options_.sharded_params, "hold_params: the model holds its parameters whole");
+  if (hold) {
+    ctx_.params_.assign(static_cast<size_t>(num_params_), 0.0f);
+  } else {
+    std::vector<float>().swap(ctx_.params_);
+  }
+}
+
+void Model::set_param_storage(ParamStorage* storage) {
+  LS_CHECK(options_.sharded_params, "set_param_storage: the model holds its parameters whole");
+  ctx_.param_storage_ = storage;
 }
 
 void Model::zero_grad() {
@@ -369,9 +415,10 @@ const float* Model::stage_output(int64_t mb) const { return layers_.back()->outp
 void Model::run_forward(Slot& s) {
   ctx_.refresh_weight_copies();
   const float* in = options_.first_layer > 0 ? s.stage_input.data() : nullptr;
-  for (auto& layer : layers_) {
-    layer->forward(ctx_, s.pass, in);
-    in = layer->output(s.pass.slot);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ctx_.gather_layer(i, i + 1 < layers_.size() ? i + 1 : SIZE_MAX);
+    layers_[i]->forward(ctx_, s.pass, in);
+    in = layers_[i]->output(s.pass.slot);
   }
 }
 
@@ -392,6 +439,8 @@ void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last
     Layer& layer = *layers_[i];
     const float* in = i > 0 ? layers_[i - 1]->output(p.slot)
                             : (options_.first_layer > 0 ? s.stage_input.data() : nullptr);
+    // The next pass after the first layer's backward is most often the next micro-batch's forward.
+    ctx_.gather_layer(i, i > 0 ? i - 1 : 0);
     if (ctx_.recomputed(layer.desc().kind)) {
       // Its activations since its forward are another layer's or micro-batch's now: made again.
       ctx_.recomputing_ = true;

@@ -53,6 +53,10 @@ struct ModelOptions {
   size_t first_layer = 0;           // the layers [first_layer, end_layer) of the list (a stage)
   size_t end_layer = SIZE_MAX;
   Recompute recompute = Recompute::kNone;  // layers whose forward runs again before their backward
+  // The parameters are not held whole (ZeRO-3): params() is nullptr until hold_params, and a
+  // ParamStorage (set_param_storage) gives each layer's before it runs. Not for a pipeline stage
+  // with a tied copy of wte, nor with fp8 linears.
+  bool sharded_params = false;
 };
 
 class Model {
@@ -72,8 +76,18 @@ class Model {
   const std::vector<ParamTensor>& param_layout() const { return ctx_.layout_; }
   const ParamTensor& param(const std::string& name) const;
   int64_t num_params() const { return num_params_; }
-  float* params() { return ctx_.params_.data(); }
-  const float* params() const { return ctx_.params_.data(); }
+  // The whole flat buffer; nullptr while the parameters are not held whole (sharded_params).
+  float* params() { return ctx_.params_.empty() ? nullptr : ctx_.params_.data(); }
+  const float* params() const { return ctx_.params_.empty() ? nullptr : ctx_.params_.data(); }
+  // sharded_params: allocates the whole buffer (zeros; the caller fills it) or frees it. Passes
+  // read the ParamStorage either way.
+  void hold_params(bool hold);
+  // Where the passes read the parameters from (sharded_params; it must outlive its use).
+  void set_param_storage(ParamStorage* storage);
+  // The tensors layer `layer` (0: this model's first) reads, in the order of its lookups: its own,
+  // and a tied head's wte.
+  size_t num_layers() const { return layers_.size(); }
+  const std::vector<const ParamTensor*>& layer_params(size_t layer) const { return ctx_.layer_params_[layer]; }
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
   // at each forward; nullptr where no bf16 linear uses t or the parameters are bf16 themselves.
   const float* weight_copy(const ParamTensor& t) const;
@@ -124,6 +138,8 @@ class Model {
   // tensor name, element index in the global tensor) only (GPT-2 scheme: N(0, init_std), residual
   // projections scaled by 1/sqrt(2·n_layers), biases 0, norm weights 1: ParamDecl::init).
   void init_parameters();
+  // The same values for the elements [first, end) of the flat buffer, written to out[0, end - first).
+  void init_parameters(int64_t first, int64_t end, float* out) const;
 
   // Model FLOPs per trained token of the whole model (layer_list.hpp's flops_per_token).
   double flops_per_token() const { return lockstep::flops_per_token(desc_); }

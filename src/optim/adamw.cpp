@@ -28,7 +28,7 @@ float adamw_bias_correction(float beta, int64_t t) {
 }
 
 void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
-                        int64_t end, float* m, float* v, const float* grads) {
+                        int64_t end, float* params, float* m, float* v, const float* grads) {
   const float bc1 = adamw_bias_correction(cfg.beta1, t);
   const float bc2 = adamw_bias_correction(cfg.beta2, t);
   const std::vector<ParamTensor>& layout = model.param_layout();
@@ -38,18 +38,19 @@ void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t 
     if (a >= b) continue;
     const AdamWParams h{lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.decay.decays(p.klass) ? cfg.weight_decay : 0.0f,
                         bc1, bc2};
-    model.backend().adamw_update(b - a, h, model.params() + a, m + (a - first), v + (a - first),
+    model.backend().adamw_update(b - a, h, params + (a - first), m + (a - first), v + (a - first),
                                  grads + (a - first));
     if (!cfg.bf16_params) continue;
     const StochasticKey key{.seed = cfg.seed, .tensor = static_cast<uint32_t>(tensor), .step = static_cast<uint32_t>(t)};
     for (const IndexRun& r : p.global_runs(a - p.offset, b - p.offset)) {
-      float* x = model.params() + p.offset + r.local;
+      float* x = params + (p.offset + r.local - first);
       model.backend().round_to_bf16_stochastic(r.length, key, r.global, x, x);
     }
   }
 }
 
 void AdamW::update(Model& model, float lr, int64_t t) {
-  adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), m_.data(), v_.data(), model.grads());
+  adamw_update_range(model, cfg_, lr, t, 0, model.num_params(), model.params(), m_.data(), v_.data(),
+                     model.grads());
 }
 }  // namespace lockstep

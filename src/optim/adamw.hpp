@@ -41,12 +41,13 @@ struct LrSchedule {
 float adamw_bias_correction(float beta, int64_t t);
 
 // AdamW on the elements [first, end) of the model's flat parameter buffer (a ZeRO shard, or the
-// whole model): m, v and grads hold the moments and gradient of exactly those elements (m[0] is
-// element `first`; grads: the model's own buffer from `first`, or a ZeRO-2 shard).
+// whole model): params, m, v and grads hold exactly those elements (params[0] and m[0] are element
+// `first`; params: the model's buffer from `first`, or a ZeRO-3 shard; grads: the model's own
+// buffer from `first`, or a ZeRO-2 shard).
 // Weight decay follows cfg.decay; a tensor cut by the range is updated in part. With
 // cfg.bf16_params the updated elements are then rounded stochastically, each by its global index.
 void adamw_update_range(Model& model, const AdamWConfig& cfg, float lr, int64_t t, int64_t first,
-                        int64_t end, float* m, float* v, const float* grads);
+                        int64_t end, float* params, float* m, float* v, const float* grads);
 
 class AdamW {
  public:

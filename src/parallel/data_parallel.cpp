@@ -1,4 +1,4 @@
-// Data parallelism with ZeRO-0/1/2 (see data_parallel.hpp).
+// Data parallelism with ZeRO-0/1/2/3 (see data_parallel.hpp).
 #include "src/parallel/data_parallel.hpp"
 
 #include <algorithm>
@@ -35,7 +35,7 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
     : model_(model), dp_(dp), tp_(tp), dp_tp_(dp_tp), zero_(zero), reduce_(reduce), adam_(adam),
       plan_(make_shard_plan(model.param_layout(), dp.size())), sp_(options.sequence_parallel),
       pipeline_(options.pipeline != nullptr && options.pipeline->size() > 1 ? options.pipeline : nullptr) {
-  LS_CHECK(zero >= 0 && zero <= 2, "zero ", zero);
+  LS_CHECK(zero >= 0 && zero <= kMaxZeroStage, "zero ", zero);
   LS_CHECK(options.bucket_bytes >= 1, "bucket_bytes ", options.bucket_bytes);
   if (zero_ == 0 || dp_.size() == 1) {
     replicated_ = std::make_unique<AdamW>(model_, adam_);
@@ -48,8 +48,8 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
   const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
   if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
   bucket_elems_ = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
-  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_, zero_ == 2);
-  if (zero_ == 2) {
+  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_, zero_ >= 2);
+  if (zero_ >= 2) {
     // Budget: the largest bucket and three of the next largest (zero2_grads.hpp).
     std::vector<int64_t> sizes;
     for (const GradBucket& b : buckets) sizes.push_back(b.size());
@@ -62,10 +62,11 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
   } else {
     shard_.assign(static_cast<size_t>(plan_.size(dp_.rank())), 0.0f);
   }
-  // Under zero 2 the staging pool needs every complete bucket reduced during the backward: at once
-  // on this thread when there is no worker.
+  if (zero_ == 3) params_ = std::make_unique<Zero3Params>(model_, dp_, plan_, threaded);
+  // Under zero 2 and 3 the staging pool needs every complete bucket reduced during the backward:
+  // at once on this thread when there is no worker.
   buckets_ = std::make_unique<BucketScheduler>(
-      std::move(buckets), [this](const GradBucket& b) { reduce_bucket(b); }, threaded, zero_ == 2,
+      std::move(buckets), [this](const GradBucket& b) { reduce_bucket(b); }, threaded, zero_ >= 2,
       [this](size_t b) {
         if (staged_) staged_->close(b);
       });
@@ -202,10 +203,14 @@ void DataParallel::reduce_gradients() {
   buckets_->finish();
   if (staged_) staged_->finish_shard();
   if (grad_comm_) dp_.absorb_stats(*grad_comm_);  // the trainer counts bytes on dp
+  if (params_) {
+    params_->absorb_into(dp_);
+    gather_stats_ = params_->take_stats();
+  }
 }
 
 float DataParallel::clip_grad_norm(float max_norm) {
-  const bool sharded = zero_ == 2 && dp_.size() > 1;
+  const bool sharded = zero_ >= 2 && dp_.size() > 1;
   if (!sharded && tp_.size() == 1 && pipeline_ == nullptr) return lockstep::clip_grad_norm(model_, max_norm);
   // This rank's part: its ZeRO-2 shard (else all of its buffer), tensors replicated across tp only
   // on tp rank 0, so that every element of the global gradient counts once. Shard cuts are chunk
@@ -218,7 +223,8 @@ float DataParallel::clip_grad_norm(float max_norm) {
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {
-  adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), m_.data(), v_.data(),
+  float* params = params_ ? params_->shard() : model_.params() + shard_first();
+  adamw_update_range(model_, adam_, lr, t, shard_first(), shard_end(), params, m_.data(), v_.data(),
                      grad_at(shard_first()));
 }
 
@@ -228,7 +234,11 @@ void DataParallel::step(float lr, int64_t t) {
     return;
   }
   adamw_shard(lr, t);
-  all_gather_shards(model_.params());
+  if (params_) {
+    params_->invalidate();
+  } else {
+    all_gather_shards(model_.params());
+  }
 }
 
 uint64_t DataParallel::optimizer_state_bytes() const {

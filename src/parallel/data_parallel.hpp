@@ -1,4 +1,4 @@
-// Data parallelism with ZeRO-0/1/2 over one dp group: gradient reduction (exact or fast), the
+// Data parallelism with ZeRO-0/1/2/3 over one dp group: gradient reduction (exact or fast), the
 // global gradient norm, AdamW (replicated or on this rank's shard) and the parameter all-gather.
 //
 // Every rank runs the single-device model on its own part of the global batch (plan_dp_batch),
@@ -64,11 +64,18 @@
 // trainer's comm_bytes show both). Without a worker thread, buckets are reduced on the main
 // thread as they complete, so that their staging returns to the pool.
 //
+// ZeRO-3 memory: zero 3 is zero 2 whose parameters are sharded too: the model is built without its
+// whole buffer (ModelOptions::sharded_params) and reads each layer's tensors from Zero3Params
+// (zero3_params.hpp), which all-gathers them from every rank's shard before the layer runs, ahead
+// of it on a worker where there is one. AdamW updates the shard in place, and there is no parameter
+// all-gather after the step: the next passes gather what they use. The gathered values are the
+// parameters' bits, so zero 3 computes what zero 2 computes.
+//
 // Under tensor parallelism the model's flat buffer holds this rank's tp shards; every dp member
 // of the group holds the same shards, so all of the above works on that local buffer unchanged
 // (shard cuts on local chunk starts are global chunk starts: tensor_parallel.hpp's alignment).
 //
-// Not here: ZeRO-3; the loop itself (src/train/trainer.cpp).
+// Not here: the loop itself (src/train/trainer.cpp).
 #pragma once
 
 #include <cstdint>
@@ -83,13 +90,14 @@
 #include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/grad_buckets.hpp"
 #include "src/parallel/zero2_grads.hpp"
+#include "src/parallel/zero3_params.hpp"
 
 namespace lockstep::parallel {
 
 enum class ReduceMode : uint8_t { kExact, kFast };
 
-// The highest ZeRO stage DataParallel runs (ZeRO-3, sharded parameters, is not here).
-inline constexpr int kMaxZeroStage = 2;
+// The highest ZeRO stage DataParallel runs.
+inline constexpr int kMaxZeroStage = 3;
 const char* reduce_mode_name(ReduceMode m);
 
 // A rank's share of the global batch.
@@ -137,6 +145,11 @@ class DataParallel {
   int64_t shard_first() const { return plan_.first(dp_.rank()); }
   int64_t shard_end() const { return plan_.end(dp_.rank()); }
 
+  // Zero 3 with dp > 1: where the parameters are (nullptr otherwise: the model holds them whole).
+  Zero3Params* sharded_params() { return params_.get(); }
+  // Zero 3: the last step's parameter gathers (count, time, the main thread's wait).
+  const OverlapStats& gather_stats() const { return gather_stats_; }
+
   // Sequence parallelism: sum_norm_grads over tp, on the model's buffers or (zero 2) on the
   // resident norm gradients. Before reduce_gradients(); collective over tp.
   void sum_norm_grads_over_tp();
@@ -163,7 +176,7 @@ class DataParallel {
   float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_); }
   // Global gradient norm before clipping (same on every rank); clips by grad_clip.hpp.
   float clip_grad_norm(float max_norm);
-  // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather.
+  // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather; zero 3 updates its shard.
   void step(float lr, int64_t t);
 
   // Every rank's shard (`mine`: shard_end() - shard_first() floats) gathered into `out` (num_params
@@ -205,7 +218,9 @@ class DataParallel {
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
   std::vector<float> shard_;           // zero 0/1: reduced gradient shard (scratch; buckets write disjoint parts)
   std::vector<float> part_, rounded_;  // zero 2: a bucket's reduced part, its rounded exact sums
-  std::unique_ptr<Zero2Grads> staged_;             // zero 2 with dp > 1
+  std::unique_ptr<Zero2Grads> staged_;             // zero 2 and 3 with dp > 1
+  std::unique_ptr<Zero3Params> params_;            // zero 3 with dp > 1
+  OverlapStats gather_stats_;
   std::unique_ptr<comm::Communicator> grad_comm_;  // the worker's duplicate of dp (overlap only)
   std::unique_ptr<BucketScheduler> buckets_;       // last: its worker goes first
 };

@@ -138,7 +138,7 @@ void BucketScheduler::finish() {
   } else if (!every_micro_batch_) {
     for (const GradBucket& bucket : buckets_) reduce_(bucket);
   }
-  last_.buckets = static_cast<int>(buckets_.size());
+  last_.transfers = static_cast<int>(buckets_.size());
   last_.exposed_s = seconds_since(t0);
   // Without a worker nothing overlaps: per-micro-batch reductions ran inside the backward, on its thread.
   last_.comm_s = threaded() ? comm_s : (every_micro_batch_ ? comm_s_ : last_.exposed_s);

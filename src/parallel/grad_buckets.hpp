@@ -54,7 +54,7 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout
 
 // Last step's figures (see the header comment).
 struct OverlapStats {
-  int buckets = 0;
+  int transfers = 0;     // buckets reduced (or, for ZeRO-3's gathers, layers gathered)
   double comm_s = 0;     // reductions, summed over buckets
   double exposed_s = 0;  // the main thread's wait for them after the backward
   double hidden_share() const { return comm_s > 0 ? 1.0 - std::min(exposed_s, comm_s) / comm_s : 0.0; }

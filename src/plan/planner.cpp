@@ -165,8 +165,9 @@ Problem Planner::problem(const Layout& layout) {
   if (layout.tp > cluster_.gpus_per_node) {
     return {"tp across nodes", str_cat("tp ", layout.tp, " spans nodes of ", cluster_.gpus_per_node, " GPUs")};
   }
-  if (layout.zero > parallel::kMaxZeroStage) {
-    return {"zero", str_cat("zero ", layout.zero, ": the trainer runs ZeRO stages 0 to ", parallel::kMaxZeroStage)};
+  if (layout.zero > kModelledZeroStage) {
+    return {"zero", str_cat("zero ", layout.zero, ": the cost model covers ZeRO stages 0 to ", kModelledZeroStage,
+                            " (ZeRO-3's per-layer gathers are not in it)")};
   }
   if (layout.pp > 1 && !trainer_runs(layout.schedule)) {
     return {"schedule", str_cat("the trainer runs the gpipe and 1f1b schedules, not ",
@@ -355,7 +356,7 @@ SearchResult Planner::search() {
       if ((N / tp) % pp != 0) continue;
       for (int64_t mb : kSearchedMicroBatches) {
         // Without data parallelism the ZeRO stages are one layout.
-        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
+        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? kModelledZeroStage : 0); ++zero) {
           for (bool sp : {false, true}) {
             if (sp && tp == 1) continue;
             for (Recompute rc : kRecomputes) {

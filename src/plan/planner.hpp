@@ -6,9 +6,9 @@
 // Search: every dp × tp × pp of the cluster's GPUs with tp a power of two within a node, pp any
 // divisor that leaves each stage a layer; micro-batches of 1, 2, 4, 8 or 16 sequences that divide
 // a replica's share of the batch; zero 0, 1, 2; sequence parallelism off and on (tp > 1); no,
-// selective or full recomputation; 1F1B across stages — the trainer's choices (ZeRO-3 and the
-// interleaved and zero-bubble schedules, which the trainer refuses, are problems: --explain names
-// them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
+// selective or full recomputation; 1F1B across stages — the trainer's choices (the interleaved and
+// zero-bubble schedules, which the trainer refuses, and ZeRO-3, which the cost model does not
+// cover, are problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
 // reason; the rest are ranked by predicted step time, then memory, then their text (a
 // deterministic order).
 #pragma once
@@ -23,6 +23,9 @@
 #include "src/plan/cost_model.hpp"
 
 namespace lockstep::plan {
+
+// The highest ZeRO stage the cost model prices.
+inline constexpr int kModelledZeroStage = 2;
 
 // Why a layout is out: a short kind (for counting) and the full sentence.
 struct Problem {

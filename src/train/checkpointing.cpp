@@ -100,21 +100,29 @@ namespace {
 // where it holds them all (zero 0).
 int64_t moments_first(const TrainRun& run) { return run.cfg.parallel.zero > 0 ? run.ddp.shard_first() : 0; }
 
-// What this rank holds, read from a checkpoint: its tensor-parallel slice of the parameters and,
-// of the AdamW moments, its ZeRO shard (or the whole slice without ZeRO) — only those bytes.
+// Where this rank's parameters start in its flat slice: its ZeRO-3 shard's first element, or 0
+// where it holds them all.
+int64_t params_first(const TrainRun& run) { return run.ddp.sharded_params() ? run.ddp.shard_first() : 0; }
+
+// What this rank holds, read from a checkpoint: its tensor-parallel slice of the parameters (under
+// ZeRO-3 its shard of it) and, of the AdamW moments, its ZeRO shard (or the whole slice without
+// ZeRO) — only those bytes.
 struct LocalState {
   std::vector<float> params, m, v;
 };
 
 LocalState read_local(TrainRun& run, ckpt::CheckpointReader& reader) {
   LocalState s;
-  s.params.resize(static_cast<size_t>(run.model.num_params()));
+  s.params.resize(run.held_params().size());
   s.m.resize(run.ddp.moments_m().size());
   s.v.resize(s.m.size());
   const int64_t first = moments_first(run), end = first + static_cast<int64_t>(s.m.size());
+  const int64_t p_first = params_first(run), p_end = p_first + static_cast<int64_t>(s.params.size());
   for (const ParamTensor& p : run.model.param_layout()) {
-    reader.read(ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, slice_place(p, 0, p.numel),
-                s.params.data() + p.offset);
+    if (const int64_t lo = std::max(p_first, p.offset), hi = std::min(p_end, p.offset + p.numel); lo < hi) {
+      reader.read(ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, slice_place(p, lo - p.offset, hi - p.offset),
+                  s.params.data() + (lo - p_first));
+    }
     const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
     if (lo >= hi) continue;
     const ckpt::ShardPlace part = slice_place(p, lo - p.offset, hi - p.offset);
@@ -127,7 +135,8 @@ LocalState read_local(TrainRun& run, ckpt::CheckpointReader& reader) {
 // The shards this rank writes (saved_pieces), pointing into its parameters and moments.
 std::vector<ckpt::ShardRef> own_shards(TrainRun& run) {
   std::vector<ckpt::ShardRef> shards;
-  const int64_t m0 = moments_first(run);
+  const int64_t m0 = moments_first(run), p0 = params_first(run);
+  const float* params = run.held_params().data();
   const float* m = run.ddp.moments_m().data();
   const float* v = run.ddp.moments_v().data();
   for (const SavedPiece& piece : saved_pieces(run.model.param_layout(), run.cfg.parallel.zero, run.dp.size(),
@@ -135,7 +144,7 @@ std::vector<ckpt::ShardRef> own_shards(TrainRun& run) {
     const ParamTensor& p = *piece.tensor;
     const int64_t lo = p.offset + piece.first;
     const ckpt::ShardPlace where = piece.place();
-    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, run.model.params() + lo});
+    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, params + (lo - p0)});
     shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - m0)});
     shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - m0)});
   }
@@ -176,7 +185,8 @@ Resumed resume(TrainRun& run) {
       run.out << "warning: skipping checkpoint " << *dir << ": " << skip << "\n" << std::flush;
       continue;
     }
-    std::copy(state.params.begin(), state.params.end(), run.model.params());
+    std::copy(state.params.begin(), state.params.end(), run.held_params().begin());
+    run.held_params_written();
     std::copy(state.m.begin(), state.m.end(), run.ddp.moments_m().begin());
     std::copy(state.v.begin(), state.v.end(), run.ddp.moments_v().begin());
     const nlohmann::json& saved = reader->state();
@@ -366,8 +376,9 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     s.state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
                {"layout", layout},  {"loss", loss}, {"observers", observers}};
     s.layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}};
-    // Without tensor or pipeline parallelism rank 0 holds every parameter whole and can hash the model.
-    if (!run_.tensor_parallel() && !run_.pipelined()) {
+    // Without tensor or pipeline parallelism or ZeRO-3 rank 0 holds every parameter whole and can
+    // hash the model.
+    if (!run_.tensor_parallel() && !run_.pipelined() && run_.model.params() != nullptr) {
       s.model_hash = hex64(ckpt::model_hash(state_tensors(run_.global_layout, run_.model.params(), nullptr, nullptr)));
     }
   }
@@ -430,8 +441,9 @@ void Checkpointer::report(const Written& w) {
   if (on_saved_) on_saved_(w.dir, w.step);
 }
 
-std::string model_hash(const TrainRun& run) {
-  const std::vector<float> params = run.gather(run.model.params());
+std::string model_hash(TrainRun& run) {
+  std::vector<float> params;
+  run.with_whole_params([&] { params = run.gather(run.model.params()); });
   return hex64(ckpt::model_hash(state_tensors(run.global_layout, params.data(), nullptr, nullptr)));
 }
 

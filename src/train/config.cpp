@@ -439,7 +439,8 @@ void validate(const RunConfig& c, ConfigUse use) {
              ": [eval] every must be >= 0 and batches >= 1");
   const ParallelConfig& p = c.parallel;
   LS_REQUIRE(p.zero >= 0 && p.zero <= parallel::kMaxZeroStage, c.source, ": [parallel] zero (", p.zero,
-             ") must be 0 (replicated), 1 (sharded optimizer state) or 2 (sharded state and gradients)");
+             ") must be 0 (replicated), 1 (sharded optimizer state), 2 (sharded state and gradients) or 3 (sharded "
+             "state, gradients and parameters)");
   LS_REQUIRE(p.reduce == "exact" || p.reduce == "fast", c.source,
              ": [parallel] reduce: expected \"exact\" or \"fast\", got \"", p.reduce, "\"");
   LS_REQUIRE(p.bucket_mb > 0 && p.bucket_mb <= 1 << 20, c.source, ": [parallel] bucket_mb (", p.bucket_mb,

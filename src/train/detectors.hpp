@@ -29,9 +29,9 @@ inline detect::Fp8SentinelRule fp8_sentinel_rule(const VerifyConfig& v) {
 }
 
 // The parameters and AdamW moments (this rank's: all of them, or its ZeRO shard).
-inline std::vector<detect::RestingBuffer> resting_state(const Model& model, std::span<const float> m,
+inline std::vector<detect::RestingBuffer> resting_state(std::span<const float> params, std::span<const float> m,
                                                          std::span<const float> v) {
-  return {{"parameters", {model.params(), static_cast<size_t>(model.num_params())}}, {"optim/m", m}, {"optim/v", v}};
+  return {{"parameters", params}, {"optim/m", m}, {"optim/v", v}};
 }
 
 }  // namespace lockstep

@@ -19,9 +19,13 @@ void Progress::end_step(const StepRecord& r) {
         << std::setprecision(2)
         << (costs_.min_bytes > 0 ? static_cast<double>(r.comm_bytes) / static_cast<double>(costs_.min_bytes) : 0.0)
         << " x the minimum)";
-    if (r.overlap.buckets > 0) {
-      out << "; " << r.overlap.buckets << " gradient buckets, " << std::setprecision(0)
+    if (r.overlap.transfers > 0) {
+      out << "; " << r.overlap.transfers << " gradient buckets, " << std::setprecision(0)
           << 100 * r.overlap.hidden_share() << "% of their communication hidden behind the backward";
+    }
+    if (r.gathers.transfers > 0) {
+      out << "; " << r.gathers.transfers << " ZeRO-3 layer gathers, " << std::setprecision(0)
+          << 100 * r.gathers.hidden_share() << "% of their time hidden behind the passes";
     }
     // After a step: ZeRO-2's staging pool fills as the backward needs it.
     out << "; gradient storage " << run_.ddp.grad_bytes() << " bytes per rank (full buffers: "
@@ -48,10 +52,16 @@ void Progress::end_step(const StepRecord& r) {
     record["comm_bytes"] = r.comm_bytes;
     record["optimizer_state_bytes"] = run_.ddp.optimizer_state_bytes();
     record["grad_bytes"] = run_.ddp.grad_bytes();
-    record["grad_buckets"] = r.overlap.buckets;
+    record["grad_buckets"] = r.overlap.transfers;
     record["grad_comm_ms"] = 1e3 * r.overlap.comm_s;
     record["grad_exposed_ms"] = 1e3 * r.overlap.exposed_s;
     record["grad_hidden"] = r.overlap.hidden_share();
+    if (r.gathers.transfers > 0) {
+      record["param_gathers"] = r.gathers.transfers;
+      record["param_gather_ms"] = 1e3 * r.gathers.comm_s;
+      record["param_gather_exposed_ms"] = 1e3 * r.gathers.exposed_s;
+      record["param_bytes"] = run_.ddp.sharded_params()->bytes();
+    }
   }
   metrics_.write(record);
 }
@@ -60,7 +70,8 @@ Evaluation::Evaluation(TrainRun& run, MetricsWriter& metrics, data::EvalReader* 
     : run_(run), metrics_(metrics), val_(val), inputs_(static_cast<size_t>(run.MBL * run.T)), targets_(inputs_.size()) {}
 
 // The first dp replica evaluates (replicas are equal; its tp ranks together, and its stages one
-// after the other); the same windows as one process, MBL at a time.
+// after the other) — under ZeRO-3 every replica, since each layer's parameters are gathered from
+// all of them; the same windows as one process, MBL at a time.
 float Evaluation::evaluate() {
   const RunConfig& cfg = run_.cfg;
   if (run_.pipelined()) sync_tied_copy(run_.model, *run_.pp);  // the head's copy of wte, as updated
@@ -81,8 +92,10 @@ float Evaluation::evaluate() {
 void Evaluation::end_step(const StepRecord& r) {
   const EvalConfig& e = run_.cfg.eval;
   const bool due = (e.every > 0 && r.done() % e.every == 0) || r.last;
-  if (val_ == nullptr || !due || run_.dp.rank() != 0) return;
+  if (val_ == nullptr || !due) return;
+  if (run_.dp.rank() != 0 && run_.ddp.sharded_params() == nullptr) return;
   last_ = evaluate();
+  if (run_.dp.rank() != 0) return;
   run_.out << "eval step " << r.done() << " | val loss " << std::fixed << std::setprecision(4) << last_ << "\n";
   metrics_.write({{"step", r.done()}, {"val_loss", last_}});
 }
@@ -111,7 +124,7 @@ void DumpSteps::after_reduce(int64_t step, float loss) {
 }
 
 void DumpSteps::after_update(int64_t step) {
-  dump_params(step, "param/", run_.model.params(), false);
+  run_.with_whole_params([&] { dump_params(step, "param/", run_.model.params(), false); });
   dump_.end_step();
 }
 

@@ -9,7 +9,7 @@ namespace lockstep {
 
 uint64_t state_hash(const TrainRun& run) {
   std::vector<uint64_t> h;
-  for (const detect::RestingBuffer& b : resting_state(run.model, run.ddp.moments_m(), run.ddp.moments_v())) {
+  for (const detect::RestingBuffer& b : resting_state(run.held_params(), run.ddp.moments_m(), run.ddp.moments_v())) {
     h.push_back(detect::block_hash(b.data.data(), b.data.size_bytes()));
   }
   return xxh64(h.data(), h.size() * sizeof(uint64_t));

@@ -18,8 +18,7 @@ void copy_state(std::span<const float> from, std::vector<float>& to) {
 }
 
 void StepState::take(const TrainRun& run, const std::vector<StepObserver*>& observers) {
-  const Model& model = run.model;
-  copy_state({model.params(), static_cast<size_t>(model.num_params())}, params_);
+  copy_state(run.held_params(), params_);
   copy_state(run.ddp.moments_m(), m_);
   copy_state(run.ddp.moments_v(), v_);
   sampler_ = run.sampler.state();
@@ -30,7 +29,8 @@ void StepState::take(const TrainRun& run, const std::vector<StepObserver*>& obse
 }
 
 void StepState::put_back(TrainRun& run, const std::vector<StepObserver*>& observers, int64_t step) const {
-  std::copy(params_.begin(), params_.end(), run.model.params());
+  std::copy(params_.begin(), params_.end(), run.held_params().begin());
+  run.held_params_written();
   std::copy(m_.begin(), m_.end(), run.ddp.moments_m().begin());
   std::copy(v_.begin(), v_.end(), run.ddp.moments_v().begin());
   run.sampler.restore(sampler_);

@@ -17,4 +17,26 @@ std::vector<float> TrainRun::gather(const float* local) const {
   return whole;
 }
 
+std::span<float> TrainRun::held_params() const {
+  if (parallel::Zero3Params* z = ddp.sharded_params()) {
+    return {z->shard(), static_cast<size_t>(z->shard_end() - z->shard_first())};
+  }
+  return {model.params(), static_cast<size_t>(model.num_params())};
+}
+
+void TrainRun::held_params_written() {
+  if (parallel::Zero3Params* z = ddp.sharded_params()) z->invalidate();
+}
+
+void TrainRun::with_whole_params(const std::function<void()>& use) {
+  parallel::Zero3Params* z = ddp.sharded_params();
+  if (z == nullptr) {
+    use();
+    return;
+  }
+  z->hold_whole();
+  use();
+  z->release_whole();
+}
+
 }  // namespace lockstep

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <ostream>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "src/comm/communicator.hpp"
@@ -39,6 +41,16 @@ struct TrainRun {
   // This rank's flat buffer (its layout) as whole tensors in global_layout: gathered over tp, and
   // the stages' over pp. Collective over tp and pp.
   std::vector<float> gather(const float* local) const;
+  // The parameters this rank holds: the model's whole buffer, or under ZeRO-3 its shard (of the
+  // flat buffer, from ddp.shard_first()).
+  std::span<float> held_params() const;
+  // After writing held_params() outside an update (a rollback, a resume): what was gathered from
+  // them is stale.
+  void held_params_written();
+  // The whole parameters (model.params()) for a moment under ZeRO-3: gathered from the shards,
+  // and this rank's part written back when `use` returns (collective over dp). Elsewhere `use`
+  // just runs.
+  void with_whole_params(const std::function<void()>& use);
 };
 
 }  // namespace lockstep

@@ -26,6 +26,7 @@ struct StepRecord {
   double wait_seconds = 0;    // of which this rank waited in collectives (comm::thread_wait_seconds)
   uint64_t comm_bytes = 0;    // sent by this rank in the step (dp and tp groups)
   parallel::OverlapStats overlap;
+  parallel::OverlapStats gathers;  // ZeRO-3's parameter gathers (count, time, the passes' wait)
   // Pipeline parallelism: seconds this rank's passes computed, of the seconds they took (the rest
   // waited for a neighbour: the bubble). 0 without.
   double stage_compute_s = 0, stage_s = 0;

@@ -58,6 +58,26 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
+// ZeRO-3 leaves no rank the whole parameters between passes, and each layer's gathered ones move
+// from window to window: what reads them outside the passes, edits them in place, or knows them
+// by their address is refused, one line naming it.
+void check_zero3(const RunConfig& cfg, const std::vector<Injection>& faults) {
+  if (cfg.parallel.zero != 3) return;
+  const auto refuse = [&](bool conflict, const std::string& what, const std::string& why) {
+    LS_REQUIRE(!conflict, cfg.source, ": [parallel] zero = 3 does not run with ", what, " (", why,
+               "); use zero = 2 for it");
+  };
+  refuse(cfg.parallel.pp > 1, "[parallel] pp > 1", "a stage's tied copy of wte is synced from whole parameters");
+  refuse(cfg.train.precision == Precision::kFp8, "[train] precision = \"fp8\"",
+         "fp8 linears keep quantized copies of whole weights");
+  refuse(cfg.verify.abft, "[verify] abft", "its checksums know the weights by their address");
+  refuse(cfg.verify.reference_every > 0, "[verify] reference_every", "the reference reads an op's parameters between passes");
+  refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every", "a buddy's replay is not checked under sharded parameters");
+  for (const Injection& f : faults) {
+    refuse(f.site.starts_with("param/"), "[inject] site " + f.site, "no rank holds the whole parameter to edit");
+  }
+}
+
 std::optional<double> source_entropy(const std::string& train_path) {
   const auto path = std::filesystem::path(train_path).parent_path() / "source.json";
   std::ifstream in(path);
@@ -68,6 +88,14 @@ std::optional<double> source_entropy(const std::string& train_path) {
   } catch (const nlohmann::json::exception&) {
   }
   return std::nullopt;
+}
+
+// Under ZeRO-3, the parameter bytes a rank holds: its shard and the two gather windows.
+std::string held_params_note(const TrainRun& run) {
+  const parallel::Zero3Params* z = run.ddp.sharded_params();
+  if (z == nullptr) return "";
+  return str_cat(" (ZeRO-3 holds ", z->bytes(), " bytes: a shard of ", z->shard_end() - z->shard_first(),
+                 " and two windows for a layer's gathered parameters, instead of ", 4 * run.model.num_params(), ")");
 }
 
 // The start-up lines — the model and its numerics; under a parallel layout what a rank holds and
@@ -110,7 +138,7 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   if (run.world.size() == 1) return costs;
   out << "parallel: " << mesh.describe() << (pc.sp ? ", sequence parallel" : "") << ", zero " << pc.zero
       << ", reduce " << pc.reduce << "; rank batch " << run.BL << " (micro-batch " << run.MBL << "); " << N
-      << " parameters per rank; optimizer state " << run.ddp.optimizer_state_bytes() << " bytes per rank (replicated: "
+      << " parameters per rank" << held_params_note(run) << "; optimizer state " << run.ddp.optimizer_state_bytes() << " bytes per rank (replicated: "
       << 8 * N << "); minimum sent per rank per step " << costs.min_bytes << " bytes (gradient sync " << dp_min_bytes
       << ", tensor parallel " << tp_min_bytes << ")\n";
   // Buckets as large as the model leave zero 2 nothing to save: say so rather than let a user
@@ -179,6 +207,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   if (run.tensor_parallel() && run.cfg.parallel.sp) run.ddp.sum_norm_grads_over_tp();
   run.ddp.reduce_gradients();
   r.overlap = run.ddp.overlap_stats();
+  r.gathers = run.ddp.gather_stats();
   r.loss = run.ddp.reduce_loss(loss_sum) / static_cast<float>(run.B * run.T);
   if (run.pipelined()) run.pp->broadcast(&r.loss, 1, DType::kF32, run.pp->size() - 1);  // the last stage's loss
   for (StepObserver* o : observers) o->after_reduce(step, r.loss);
@@ -239,6 +268,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   comm::Communicator& ppc =
       verified_pp ? static_cast<comm::Communicator&>(*verified_pp) : mesh.group(parallel::Axis::kPp);
   const Pipeline pipeline = plan_pipeline(cfg, ppc.rank(), ppc.size(), part.local_batch / part.local_micro);
+  check_zero3(cfg, faults);
   LS_REQUIRE(cfg.verify.buddy_every == 0 || dp >= 2, cfg.source, ": [verify] buddy_every (", cfg.verify.buddy_every,
              ") needs data parallelism (a buddy is another dp group; this run has dp = ", dp, ")");
 
@@ -271,7 +301,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                .slots = static_cast<int>(pipeline.slots),
                .first_layer = pipeline.stage.first,
                .end_layer = pipeline.stage.end,
-               .recompute = parse_recompute(tc.recompute, cfg.source + ": [train] recompute")});
+               .recompute = parse_recompute(tc.recompute, cfg.source + ": [train] recompute"),
+               .sharded_params = pc.zero == 3 && dp > 1});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // The ranks holding parts of one copy of this stage: dp × tp (the world while pp = 1; ep and cp
@@ -350,8 +381,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const Resumed resumed = resume(run);
   summary.first_step = resumed.step;
   if (summary.first_step == 0) {
-    model.init_parameters();
-    if (!tc.init_from.empty()) out << init_parameters_from(run, tc.init_from) << "\n";
+    if (ddp.sharded_params() != nullptr) {
+      model.init_parameters(ddp.shard_first(), ddp.shard_end(), run.held_params().data());
+    } else {
+      model.init_parameters();
+    }
+    if (!tc.init_from.empty()) run.with_whole_params([&] { out << init_parameters_from(run, tc.init_from) << "\n"; });
   }
   LS_REQUIRE(tc.stop_after < 0 || tc.stop_after >= summary.first_step, cfg.source, ": [train] stop_after (",
              tc.stop_after, ") is a step before the one this run resumes from (", summary.first_step, ", ",
@@ -388,7 +423,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // injected fault stands for a memory error) is found before the next step uses it.
   std::optional<detect::StateAtRestDetector> at_rest;
   if (vc.state_at_rest) {
-    at_rest.emplace(resting_state(model, ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
+    at_rest.emplace(resting_state(run.held_params(), ddp.moments_m(), ddp.moments_v()), world, findings, on_fault);
   }
   if (vc.reference_every > 0) {
     reference.emplace(model, detect::sampled_ops(model, tp, pc.sp), cfg.train.precision_recipe(), vc.reference_every,
@@ -409,7 +444,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                          out);
   }
   std::optional<detect::ReplicaDetector> replicas;
-  if (vc.replicas && world.size() > 1) {
+  // Under ZeRO-3 no parameter is replicated over dp: each rank holds a different shard.
+  if (vc.replicas && world.size() > 1 && ddp.sharded_params() == nullptr) {
     replicas.emplace(model, world, dpc, tpc, findings, on_fault, at_rest ? &*at_rest : nullptr);
   }
   if (at_rest) observers.push_back(&*at_rest);

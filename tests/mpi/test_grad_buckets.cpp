@@ -173,7 +173,7 @@ TEST(GradBucketsMpi, OverlappedBucketsGiveTheBitsOfOneBucketAfterTheBackward) {
         for (int64_t bytes : {int64_t{256}, int64_t{1} << 10, int64_t{128} << 10, kOneBucket}) {
           const StepsResult got = run(cfg, l, {*g_world}, 2 * p, {bytes, true});
           expect_same(got, want, 0, static_cast<int64_t>(want.params.size()), describe(l, bytes));
-          ASSERT_GT(got.stats.back().buckets, bytes == kOneBucket ? 0 : 1) << describe(l, bytes);
+          ASSERT_GT(got.stats.back().transfers, bytes == kOneBucket ? 0 : 1) << describe(l, bytes);
         }
       }
     }
@@ -212,7 +212,7 @@ TEST(GradBucketsMpi, SequenceParallelNormBucketsWaitForTheTpSum) {
     for (int64_t bytes : {int64_t{1} << 10, DpOptions{}.bucket_bytes}) {
       const StepsResult got = run(cfg, l, {*dp, tp.get(), true}, 4, {bytes, true});
       expect_same(got, want, 0, static_cast<int64_t>(want.params.size()), describe(l, bytes) + ", dp 2 x tp 2 sp");
-      ASSERT_GT(got.stats.back().buckets, 1) << "norm tensors are buckets of their own";
+      ASSERT_GT(got.stats.back().transfers, 1) << "norm tensors are buckets of their own";
     }
   }
 }
@@ -230,7 +230,7 @@ TEST(GradBucketsMpi, TinyTomlShapeAtDp2) {
       const OverlapStats& s = got.stats.back();
       std::printf("[ overlap  ] tiny.toml shape, dp 2, %s: %d buckets, step %.1f ms (one bucket after the "
                   "backward: %.1f ms), communication %.1f ms, exposed %.1f ms, hidden %.0f%%\n",
-                  describe(l, bytes).c_str(), s.buckets, 1e3 * got.seconds, 1e3 * want.seconds, 1e3 * s.comm_s,
+                  describe(l, bytes).c_str(), s.transfers, 1e3 * got.seconds, 1e3 * want.seconds, 1e3 * s.comm_s,
                   1e3 * s.exposed_s, 100 * s.hidden_share());
     }
   }

@@ -145,7 +145,7 @@ TEST(BucketScheduler, ReducesEveryBucketOncePerStep) {
       s.mark_ready(5, 10);   // bucket 0 half
       s.finish();            // the rest
       for (size_t b = 0; b < buckets.size(); ++b) EXPECT_EQ(count[b].load(), step) << "bucket " << b;
-      EXPECT_EQ(s.last_step().buckets, 3);
+      EXPECT_EQ(s.last_step().transfers, 3);
     }
     s.mark_ready(0, 10);
     EXPECT_THROW(s.mark_ready(0, 10), InternalError);  // reported twice in one step
