@@ -25,7 +25,11 @@
 //              every micro-batch and the parameters' all-gather; the buckets are reduced during the
 //              backward, so what is exposed is the part longer than the backward it overlaps, and
 //              at least the last bucket's — all of it where a rank's communication has no core of
-//              its own (Cluster::comm_beside_compute);
+//              its own (Cluster::comm_beside_compute); zero 3 instead of the parameters'
+//              all-gather one all-gather per layer the passes run (a forward's every layer but the
+//              first, a backward's every layer but the last), gathered ahead while the passes
+//              compute: exposed, the part longer than the step's passes and at least the first
+//              layer's (the gathering worker mostly waits on its peers, so it needs no core);
 //   update     measured: zeroing and rounding the gradients, their norm and AdamW over the rank's
 //              parameters (over dp with ZeRO 1 and 2); not on a declared cluster.
 // Canonical mode reduces exactly (parallel/exact_reduce.hpp): the exact sums' doubles
@@ -39,7 +43,8 @@
 //   bf16 and fp8, two fp8 copies of them in fp8), fp32 gradients (canonical mode: and the exact
 //   sums, a double and a flag each, and the exact reduction's buffers for one bucket: every
 //   rank's doubles of this rank's shard and their exact sum), AdamW's m and v (zero 1: over dp;
-//   zero 2: gradients too, plus the staging of one bucket), the activations each micro-batch keeps per layer (the trainer's:
+//   zero 2: gradients too, plus the staging of one bucket; zero 3: parameters too, plus two
+//   windows of the largest layer's, without a bf16 copy), the activations each micro-batch keeps per layer (the trainer's:
 //   the residual stream, norm outputs, QKV, the attention probabilities, MLP hidden, logits; 2
 //   bytes in bf16/fp8, 4 in fp32; sequence parallelism splits the stream over tp; recomputed
 //   sub-layers keep their input and one layer's worth is rebuilt at a time) times the micro-batches

@@ -18,6 +18,8 @@ struct Planner::RankCost {
   double recompute_flops = 0;  // forwards run again before their backward
   int64_t forward_reduces = 0, backward_reduces = 0, recompute_reduces = 0;  // tp all-reduces a micro-batch
   double params = 0, matmul_params = 0;  // elements this GPU holds
+  // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these.
+  std::vector<double> layer_params;
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
   double rebuilt_bytes = 0;  // the largest recomputed layer's, rebuilt one at a time
   // The backward's buffers, one micro-batch's: the scratch the layers share (the largest layer's
@@ -58,6 +60,24 @@ double Planner::reduction_time(double fp32_bytes, int64_t n, const Link& link) c
   return all_reduce(fp32_bytes, n, link);
 }
 
+double Planner::gathers_exposed(const std::vector<double>& layer_params, int64_t micro, double busy, const Link& link,
+                                int64_t n) const {
+  // Each micro-batch's forward gathers every layer but the first (the last backward left it in
+  // its window), its backward every layer but the last; the step's first forward its first too.
+  double forward = 0, backward = 0;
+  for (double elements : layer_params) {
+    const double g = all_reduce(elements * 4, n, link) / 2;
+    forward += g;
+    backward += g;
+  }
+  const double first = all_reduce(layer_params.front() * 4, n, link) / 2;
+  const double last = all_reduce(layer_params.back() * 4, n, link) / 2;
+  const double total = static_cast<double>(micro) * (forward - first + backward - last) + first;
+  // The worker gathers the next layer while the passes compute: what the passes cannot hide, and
+  // at least the first layer's gather, which nothing precedes.
+  return std::max(total - busy, first);
+}
+
 double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link) const {
   // Canonical: the exact all-reduce without its all-gather, the doubles' two thirds of its bytes.
   if (request_.mode == Mode::kCanonical) return exact_all_reduce_time(fp32_bytes, n, link, cluster_.measured) * 2 / 3;
@@ -91,12 +111,15 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
       if (l.kind == LayerKind::kEmbedding) flops -= head_flops_;
       if (l.kind == LayerKind::kHead) flops += head_flops_;
       r.forward_flops += flops / 3;
+      double reads = l.kind == LayerKind::kHead && l.tied ? static_cast<double>(l.dims.V * l.dims.C) / t : 0;
       for (const ParamDecl& p : l.params) {
         const auto whole = static_cast<double>(param_numel(p));
         const double n = p.split_dim >= 0 ? whole / t : whole;
         r.params += n;
+        reads += n;
         if (p.matmul) r.matmul_params += n;
       }
+      r.layer_params.push_back(reads);
       double input = 0, inside = 0, scratch = 0;
       bool recomputed = false;
       const double qkv = static_cast<double>(m.qkv_width()) / t, heads_out = static_cast<double>(m.NH * m.HS) / t;
@@ -165,9 +188,13 @@ Problem Planner::problem(const Layout& layout) {
   if (layout.tp > cluster_.gpus_per_node) {
     return {"tp across nodes", str_cat("tp ", layout.tp, " spans nodes of ", cluster_.gpus_per_node, " GPUs")};
   }
-  if (layout.zero > kModelledZeroStage) {
-    return {"zero", str_cat("zero ", layout.zero, ": the cost model covers ZeRO stages 0 to ", kModelledZeroStage,
-                            " (ZeRO-3's per-layer gathers are not in it)")};
+  if (layout.zero > parallel::kMaxZeroStage) {
+    return {"zero", str_cat("zero ", layout.zero, ": the trainer runs ZeRO stages 0 to ", parallel::kMaxZeroStage)};
+  }
+  // What the trainer refuses beside ZeRO-3 (trainer.cpp's check_zero3).
+  if (layout.zero == 3 && layout.pp > 1) return {"zero", "zero 3 with pp > 1: the trainer runs ZeRO-3 without pipelining"};
+  if (layout.zero == 3 && request_.precision == Precision::kFp8) {
+    return {"zero", "zero 3 in fp8: the trainer runs ZeRO-3 with fp32 and bf16 linears"};
   }
   if (layout.pp > 1 && !trainer_runs(layout.schedule)) {
     return {"schedule", str_cat("the trainer runs the gpipe and 1f1b schedules, not ",
@@ -281,10 +308,17 @@ Prediction Planner::predict(const Layout& layout) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     const RankCost& r = ranks[i];
     const double fp32 = r.params * 4;  // the parameters, and the gradients as the reduction sends them
+    const bool zero3 = layout.dp > 1 && layout.zero == 3;
     Memory m;
-    m.params = fp32;
-    if (request_.precision != Precision::kF32) m.params += r.matmul_params * 2;   // the bf16 copy
-    if (request_.precision == Precision::kFp8) m.params += r.matmul_params * 2;   // rowwise and columnwise fp8
+    if (zero3) {
+      // The shard, and two windows of the largest layer's parameters (a bf16 linear's weight is
+      // rounded in its window: no copy).
+      m.params = fp32 / dp + 2 * 4 * *std::max_element(r.layer_params.begin(), r.layer_params.end());
+    } else {
+      m.params = fp32;
+      if (request_.precision != Precision::kF32) m.params += r.matmul_params * 2;  // the bf16 copy
+      if (request_.precision == Precision::kFp8) m.params += r.matmul_params * 2;  // rowwise and columnwise fp8
+    }
     // Canonical mode's gradients keep exact sums beside the fp32 ones: a double and a flag each.
     const double held = request_.mode == Mode::kCanonical ? r.params * 13 : fp32;
     const bool sharded = layout.dp > 1 && layout.zero >= 2;
@@ -315,8 +349,12 @@ Prediction Planner::predict(const Layout& layout) {
     double e = 0;
     if (sharded) {
       const auto scatter = [&](double b) { return scatter_time(b, layout.dp, dp_link); };
-      e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter), scatter(bucket)) +
-          all_reduce(fp32, layout.dp, dp_link) / 2;
+      e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter), scatter(bucket));
+      if (zero3) {
+        e += gathers_exposed(r.layer_params, micro, busy, dp_link, layout.dp);
+      } else {
+        e += all_reduce(fp32, layout.dp, dp_link) / 2;  // the parameters' all-gather
+      }
     } else {
       const auto reduce_bucket = [&](double b) { return reduction_time(b, layout.dp, dp_link); };
       e = after_backward(bucketed(fp32, reduce_bucket), reduce_bucket(bucket));
@@ -356,7 +394,7 @@ SearchResult Planner::search() {
       if ((N / tp) % pp != 0) continue;
       for (int64_t mb : kSearchedMicroBatches) {
         // Without data parallelism the ZeRO stages are one layout.
-        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? kModelledZeroStage : 0); ++zero) {
+        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
           for (bool sp : {false, true}) {
             if (sp && tp == 1) continue;
             for (Recompute rc : kRecomputes) {

@@ -5,10 +5,10 @@
 //
 // Search: every dp × tp × pp of the cluster's GPUs with tp a power of two within a node, pp any
 // divisor that leaves each stage a layer; micro-batches of 1, 2, 4, 8 or 16 sequences that divide
-// a replica's share of the batch; zero 0, 1, 2; sequence parallelism off and on (tp > 1); no,
+// a replica's share of the batch; zero 0 to 3; sequence parallelism off and on (tp > 1); no,
 // selective or full recomputation; 1F1B across stages — the trainer's choices (the interleaved and
-// zero-bubble schedules, which the trainer refuses, and ZeRO-3, which the cost model does not
-// cover, are problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
+// zero-bubble schedules, and ZeRO-3 with pipelining or fp8, which the trainer refuses, are
+// problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
 // reason; the rest are ranked by predicted step time, then memory, then their text (a
 // deterministic order).
 #pragma once
@@ -23,9 +23,6 @@
 #include "src/plan/cost_model.hpp"
 
 namespace lockstep::plan {
-
-// The highest ZeRO stage the cost model prices.
-inline constexpr int kModelledZeroStage = 2;
 
 // Why a layout is out: a short kind (for counting) and the full sentence.
 struct Problem {
@@ -80,6 +77,10 @@ class Planner {
   // one), and the reduce-scatter of ZeRO-2's gradients.
   double reduction_time(double fp32_bytes, int64_t n, const Link& link) const;
   double scatter_time(double fp32_bytes, int64_t n, const Link& link) const;
+  // ZeRO-3: the step's per-layer parameter all-gathers over n ranks (layer_params: each layer's
+  // elements) beyond the `busy` seconds of passes that hide them.
+  double gathers_exposed(const std::vector<double>& layer_params, int64_t micro, double busy, const Link& link,
+                         int64_t n) const;
 
   PlanRequest request_;
   Cluster cluster_;

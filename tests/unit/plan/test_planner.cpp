@@ -183,6 +183,31 @@ TEST(PlanCostModel, MeasuredPassesReplaceTheGemmRate) {
   EXPECT_NEAR(z1.time.optimizer, 0.003 / 2, 1e-15);
 }
 
+TEST(PlanCostModel, ZeroThreeShardsTheParametersAndGathersEachLayer) {
+  const PlanRequest r = request();
+  const Cluster c = cluster(8, 1, 80);
+  Planner planner(r, c);
+  const Prediction z2 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 2});
+  const Prediction z3 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 3});
+  // The shard of the fp32 parameters and two windows of the largest layer, no bf16 copy: less than
+  // zero 2's whole parameters, more than their eighth.
+  EXPECT_LT(z3.memory.params, z2.memory.params / 2);
+  EXPECT_GT(z3.memory.params, z2.memory.params / 8 / 1.5);
+  EXPECT_EQ(z3.memory.grads, z2.memory.grads);
+  EXPECT_EQ(z3.memory.optimizer, z2.memory.optimizer);
+  // Per-layer gathers in every micro-batch instead of one all-gather after the update: at least
+  // the first layer's gather is exposed, and a slow network exposes more than zero 2's all-gather.
+  EXPECT_GT(z3.time.dp_exposed, 0);
+  Cluster slow = c;
+  slow.intra.bandwidth /= 1000;
+  Planner slow_planner(r, slow);
+  const Prediction s2 = slow_planner.predict({.dp = 8, .micro_batch = 2, .zero = 2});
+  const Prediction s3 = slow_planner.predict({.dp = 8, .micro_batch = 2, .zero = 3});
+  EXPECT_GT(s3.time.dp_exposed, s2.time.dp_exposed);
+  // What the trainer refuses with zero 3.
+  EXPECT_EQ(planner.problem({.dp = 4, .pp = 2, .micro_batch = 2, .zero = 3}).kind, "zero");
+}
+
 TEST(PlanCostModel, CommunicationOnTheComputesCoreIsNotHidden) {
   PlanRequest r = request();
   r.bucket_bytes = 1 << 20;
