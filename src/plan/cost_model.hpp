@@ -29,7 +29,7 @@
 //              all-gather one all-gather per layer the passes run (a forward's every layer but the
 //              first, a backward's every layer but the last), gathered ahead while the passes
 //              compute: exposed, the part longer than the step's passes and at least the first
-//              layer's (the gathering worker mostly waits on its peers, so it needs no core);
+//              layer's — all of it, as for the buckets, where communication has no core of its own;
 //   update     measured: zeroing and rounding the gradients, their norm and AdamW over the rank's
 //              parameters (over dp with ZeRO 1 and 2); not on a declared cluster.
 // Canonical mode reduces exactly (parallel/exact_reduce.hpp): the exact sums' doubles

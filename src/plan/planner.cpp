@@ -74,8 +74,9 @@ double Planner::gathers_exposed(const std::vector<double>& layer_params, int64_t
   const double last = all_reduce(layer_params.back() * 4, n, link) / 2;
   const double total = static_cast<double>(micro) * (forward - first + backward - last) + first;
   // The worker gathers the next layer while the passes compute: what the passes cannot hide, and
-  // at least the first layer's gather, which nothing precedes.
-  return std::max(total - busy, first);
+  // at least the first layer's gather, which nothing precedes — all of it where the worker has no
+  // core of its own (its polling then slows the passes as much as it would have waited).
+  return cluster_.comm_beside_compute ? std::max(total - busy, first) : total;
 }
 
 double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link) const {
