@@ -148,29 +148,37 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
       max_batch_(micro_batch) {
   desc_.config.validate();
   LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
-  LS_REQUIRE(options.slots >= 1, "micro-batches in flight (", options.slots, ") must be >= 1");
-  options_.end_layer = std::min(options_.end_layer, desc_.layers.size());
-  LS_CHECK(options_.first_layer < options_.end_layer, "stage of layers [", options_.first_layer, ", ",
-           options_.end_layer, ") of ", desc_.layers.size());
+  LS_CHECK(!options_.chunks.empty(), "a model of no layers");
   const std::vector<ParamTensor> all = plan_->param_layout(desc_);
-  // This stage's parameters: those its layers declare, numbered from 0 (a tied head needs the
-  // embedding in the same stage).
-  size_t before = 0, count = 0;
-  for (size_t l = 0; l < options_.end_layer; ++l) {
-    (l < options_.first_layer ? before : count) += desc_.layers[l].params.size();
+  // The tensors each layer declares start at this index of `all`.
+  std::vector<size_t> first_tensor(desc_.layers.size() + 1, 0);
+  for (size_t l = 0; l < desc_.layers.size(); ++l) first_tensor[l + 1] = first_tensor[l] + desc_.layers[l].params.size();
+  // The chunks' parameters: those their layers declare, in list order, numbered from 0 (a tied
+  // head needs the embedding in the same chunk).
+  std::vector<int64_t> params_first;
+  for (size_t c = 0; c < options_.chunks.size(); ++c) {
+    params_first.push_back(ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel);
+    LayerChunk& range = options_.chunks[c];
+    range.end = std::min(range.end, desc_.layers.size());
+    LS_REQUIRE(range.slots >= 1, "micro-batches in flight (", range.slots, ") must be >= 1");
+    LS_CHECK(range.first < range.end && (c == 0 || options_.chunks[c - 1].end <= range.first), "chunk ", c,
+             " of layers [", range.first, ", ", range.end, ") of ", desc_.layers.size());
+    for (size_t i = first_tensor[range.first]; i < first_tensor[range.end]; ++i) {
+      ParamTensor t = all[i];
+      t.offset = ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel;
+      ctx_.layout_.push_back(std::move(t));
+    }
   }
-  ctx_.layout_.assign(all.begin() + static_cast<std::ptrdiff_t>(before),
-                      all.begin() + static_cast<std::ptrdiff_t>(before + count));
-  const int64_t base = ctx_.layout_.empty() ? 0 : ctx_.layout_.front().offset;
-  for (auto& t : ctx_.layout_) t.offset -= base;
   num_params_ = ctx_.layout_.empty() ? 0 : ctx_.layout_.back().offset + ctx_.layout_.back().numel;
   if (!options_.sharded_params) ctx_.params_.assign(static_cast<size_t>(num_params_), 0.0f);
   ctx_.gathered_.resize(ctx_.layout_.size());
   // A tied head without its embedding (a later pipeline stage) computes with a copy of wte.
   bool embedding = false, tied_head = false;
-  for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
-    embedding |= desc_.layers[l].kind == LayerKind::kEmbedding;
-    tied_head |= desc_.layers[l].kind == LayerKind::kHead && desc_.layers[l].tied;
+  for (const LayerChunk& range : options_.chunks) {
+    for (size_t l = range.first; l < range.end; ++l) {
+      embedding |= desc_.layers[l].kind == LayerKind::kEmbedding;
+      tied_head |= desc_.layers[l].kind == LayerKind::kHead && desc_.layers[l].tied;
+    }
   }
   if (tied_head && !embedding) {
     LS_CHECK(!options_.sharded_params, "sharded parameters with a tied copy of wte");
@@ -194,26 +202,33 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     LS_CHECK(!options_.sharded_params, "sharded parameters with fp8 linears");
   }
   const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
+  const size_t stream = static_cast<size_t>(max_stream * desc_.config.d_model);
   int64_t scratch = 0;
-  for (size_t l = options_.first_layer; l < options_.end_layer; ++l) {
-    const LayerDesc& d = desc_.layers[l];
-    const LayerBuild b{ctx_, plan_->local_dims(d), micro_batch, max_stream, options_.slots};
-    ctx_.building_ = layers_.size();
-    ctx_.layer_params_.emplace_back();
-    ctx_.layer_copies_.emplace_back();
-    layers_.push_back(layer_type(d.kind).build(d, b));
-    ctx_.building_ = SIZE_MAX;
-    scratch = std::max(scratch, layers_.back()->scratch_floats());
+  for (const LayerChunk& range : options_.chunks) {
+    Chunk& c = chunks_.emplace_back();
+    c.range = range;
+    c.params_first = params_first[chunks_.size() - 1];
+    c.layer_begin = layers_.size();
+    for (size_t l = range.first; l < range.end; ++l) {
+      const LayerDesc& d = desc_.layers[l];
+      const LayerBuild b{ctx_, plan_->local_dims(d), micro_batch, max_stream, range.slots};
+      ctx_.building_ = layers_.size();
+      ctx_.layer_params_.emplace_back();
+      ctx_.layer_copies_.emplace_back();
+      layers_.push_back(layer_type(d.kind).build(d, b));
+      ctx_.building_ = SIZE_MAX;
+      scratch = std::max(scratch, layers_.back()->scratch_floats());
+    }
+    c.layer_end = layers_.size();
+    c.slots.resize(static_cast<size_t>(range.slots));
+    for (Slot& s : c.slots) {
+      s.inputs.resize(static_cast<size_t>(micro_batch * T));
+      s.targets.resize(s.inputs.size());
+      if (range.first > 0) s.stage_input.resize(stream);
+    }
   }
   ctx_.scratch_.resize(static_cast<size_t>(scratch));
-  const size_t stream = static_cast<size_t>(max_stream * desc_.config.d_model);
   for (auto& g : stream_grad_) g.resize(stream);
-  slots_.resize(static_cast<size_t>(options_.slots));
-  for (auto& s : slots_) {
-    s.inputs.resize(static_cast<size_t>(micro_batch * T));
-    s.targets.resize(s.inputs.size());
-    if (options_.first_layer > 0) s.stage_input.resize(stream);
-  }
 }
 
 Model::~Model() = default;
@@ -236,7 +251,9 @@ bool Model::holds_site(const std::string& site) const {
       if (h.name != hook) continue;
       any_hook = true;
       const auto index = static_cast<size_t>(&l - desc_.layers.data());
-      if (index >= options_.first_layer && index < options_.end_layer) return true;
+      for (const Chunk& c : chunks_) {
+        if (index >= c.range.first && index < c.range.end) return true;
+      }
     }
   }
   return !any_hook;  // not a tensor site
@@ -358,9 +375,9 @@ void Model::finish_grads(int64_t first, int64_t end) {
   for_param_blocks(first, end, [&](size_t b, size_t e) { ctx_.exact_grads_->round_to(b, e, ctx_.grads_.data() + b); });
 }
 
-Model::Slot& Model::acquire(int64_t mb, const MicroBatch& batch) {
+Model::Slot& Model::acquire(Chunk& c, int64_t mb, const MicroBatch& batch) {
   LS_CHECK(batch.B >= 1 && batch.B <= max_batch_, "micro batch ", batch.B, " exceeds ", max_batch_);
-  Slot& s = reserve(mb);
+  Slot& s = reserve(c, mb);
   LS_CHECK(s.input_only, "micro-batch ", mb, " is already in flight");
   s.input_only = false;
   const int64_t T = desc_.config.seq_len, BT = batch.B * T;
@@ -368,7 +385,7 @@ Model::Slot& Model::acquire(int64_t mb, const MicroBatch& batch) {
   if (batch.targets) std::copy(batch.targets, batch.targets + BT, s.targets.begin());
   Pass& p = s.pass;
   p = Pass{};
-  p.slot = static_cast<int>(&s - slots_.data());
+  p.slot = static_cast<int>(&s - c.slots.data());
   p.B = batch.B;
   p.T = T;
   p.BT = BT;
@@ -383,64 +400,71 @@ Model::Slot& Model::acquire(int64_t mb, const MicroBatch& batch) {
   return s;
 }
 
-Model::Slot& Model::find(int64_t mb) {
-  for (auto& s : slots_)
+Model::Slot& Model::find(Chunk& c, int64_t mb) {
+  for (auto& s : c.slots)
     if (s.mb == mb && !s.input_only) return s;
-  throw InternalError(str_cat("micro-batch ", mb, " has no forward in flight"));
+  throw InternalError(str_cat("micro-batch ", mb, " has no forward in flight in chunk ", &c - chunks_.data()));
 }
 
-const Model::Slot& Model::find(int64_t mb) const { return const_cast<Model*>(this)->find(mb); }
+const Model::Slot& Model::find(const Chunk& c, int64_t mb) const {
+  return const_cast<Model*>(this)->find(const_cast<Chunk&>(c), mb);
+}
 
-Model::Slot& Model::reserve(int64_t mb) {
+Model::Slot& Model::reserve(Chunk& c, int64_t mb) {
   Slot* free = nullptr;
-  for (auto& s : slots_) {
+  for (auto& s : c.slots) {
     if (s.mb == mb) return s;
     if (s.mb < 0 && free == nullptr) free = &s;
   }
-  LS_CHECK(free != nullptr, "more than ", slots_.size(), " micro-batches in flight (ModelOptions::slots)");
+  LS_CHECK(free != nullptr, "more than ", c.slots.size(), " micro-batches in flight (LayerChunk::slots)");
   free->mb = mb;
   free->input_only = true;
   return *free;
 }
 
-float* Model::stage_input(int64_t mb) {
-  LS_CHECK(options_.first_layer > 0, "a stage that starts with the embedding reads tokens");
-  Slot& s = reserve(mb);
+float* Model::stage_input(int64_t mb, size_t chunk) {
+  Chunk& c = chunks_.at(chunk);
+  LS_CHECK(c.range.first > 0, "a chunk that starts with the embedding reads tokens");
+  Slot& s = reserve(c, mb);
   LS_CHECK(s.input_only, "micro-batch ", mb, " is already in flight: its input is in use");
   return s.stage_input.data();
 }
 
-const float* Model::stage_output(int64_t mb) const { return layers_.back()->output(find(mb).pass.slot); }
+const float* Model::stage_output(int64_t mb, size_t chunk) const {
+  const Chunk& c = chunks_.at(chunk);
+  return layers_[c.layer_end - 1]->output(find(c, mb).pass.slot);
+}
 
-void Model::run_forward(Slot& s) {
+void Model::run_forward(Chunk& c, Slot& s) {
   ctx_.refresh_weight_copies();
-  const float* in = options_.first_layer > 0 ? s.stage_input.data() : nullptr;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    ctx_.gather_layer(i, i + 1 < layers_.size() ? i + 1 : SIZE_MAX);
+  const float* in = c.range.first > 0 ? s.stage_input.data() : nullptr;
+  for (size_t i = c.layer_begin; i < c.layer_end; ++i) {
+    ctx_.gather_layer(i, i + 1 < c.layer_end ? i + 1 : SIZE_MAX);
     layers_[i]->forward(ctx_, s.pass, in);
     in = layers_[i]->output(s.pass.slot);
   }
 }
 
-void Model::forward(int64_t mb, const MicroBatch& batch) {
-  Slot& s = acquire(mb, batch);
-  run_forward(s);
+void Model::forward(int64_t mb, const MicroBatch& batch, size_t chunk) {
+  Chunk& c = chunks_.at(chunk);
+  run_forward(c, acquire(c, mb, batch));
 }
 
-void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro) {
-  Slot& s = find(mb);
+void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro, size_t chunk) {
+  Chunk& c = chunks_.at(chunk);
+  Slot& s = find(c, mb);
   Pass& p = s.pass;
   p.dloss = dloss;
   p.loss_sum = &loss_sum;
   p.last_micro = last_micro;
-  const bool has_loss = options_.end_layer == desc_.layers.size();
+  const bool has_loss = c.range.end == desc_.layers.size();
   float* dout = has_loss ? nullptr : stream_grad_[0].data();
-  for (size_t i = layers_.size(); i-- > 0;) {
+  for (size_t i = c.layer_end; i-- > c.layer_begin;) {
     Layer& layer = *layers_[i];
-    const float* in = i > 0 ? layers_[i - 1]->output(p.slot)
-                            : (options_.first_layer > 0 ? s.stage_input.data() : nullptr);
+    const float* in = i > c.layer_begin ? layers_[i - 1]->output(p.slot)
+                                        : (c.range.first > 0 ? s.stage_input.data() : nullptr);
     // The next pass after the first layer's backward is most often the next micro-batch's forward.
-    ctx_.gather_layer(i, i > 0 ? i - 1 : 0);
+    ctx_.gather_layer(i, i > c.layer_begin ? i - 1 : c.layer_begin);
     if (ctx_.recomputed(layer.desc().kind)) {
       // Its activations since its forward are another layer's or micro-batch's now: made again.
       ctx_.recomputing_ = true;
@@ -476,19 +500,21 @@ void Model::forward_backward_batch(const int32_t* inputs, const int32_t* targets
 }
 
 void Model::eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum) {
-  LS_CHECK(options_.end_layer == desc_.layers.size(), "eval_loss needs the loss layer");
+  LS_CHECK(chunks_.size() == 1 && chunks_[0].range.first == 0 && chunks_[0].range.end == desc_.layers.size(),
+           "eval_loss needs every layer in one chunk");
   eval_forward(0, {inputs, targets, B, 0}, loss_sum);
 }
 
-const float* Model::eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombiner& loss_sum) {
-  Slot& s = acquire(mb, batch);
+const float* Model::eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombiner& loss_sum, size_t chunk) {
+  Chunk& c = chunks_.at(chunk);
+  Slot& s = acquire(c, mb, batch);
   s.pass.eval = true;
   s.pass.loss_sum = &loss_sum;
   ctx_.evaluating_ = true;  // evaluation leaves the fp8 statistics alone
-  run_forward(s);
+  run_forward(c, s);
   ctx_.evaluating_ = false;
   s.mb = -1;
-  return layers_.back()->output(s.pass.slot);
+  return layers_[c.layer_end - 1]->output(s.pass.slot);
 }
 
 }  // namespace lockstep

@@ -8,9 +8,12 @@
 //
 // Passes: forward(mb) runs micro-batch mb through the layers, keeping what backward(mb) needs; up
 // to `slots` micro-batches may be between their forward and their backward at once, in any order
-// (a 1F1B pipeline schedule runs forwards ahead of backwards). A model may hold a contiguous range
-// of the layers only (a pipeline stage): it then reads its input from stage_input(mb), and its
-// backward starts from the gradient the caller writes into stage_output_grad().
+// (a 1F1B pipeline schedule runs forwards ahead of backwards). A model may hold contiguous ranges
+// of the layers only — chunks: one pipeline stage, or with an interleaved schedule several stages
+// of one rank — each run on its own (forward(mb, batch, chunk)); a chunk after the embedding reads
+// its input from stage_input(mb, chunk), and a chunk before the loss starts its backward from the
+// gradient the caller writes into stage_output_grad(). The parameters of the chunks are one flat
+// buffer, in list order.
 //
 // Recomputation (ModelOptions::recompute): the recomputed layers' forward runs again just before
 // their backward, their activations shared (layer.hpp, SlotActivations).
@@ -45,13 +48,18 @@ struct MicroBatch {
   int64_t token_offset = 0;          // global index of its first token in the step's batch
 };
 
+// Layers [first, end) of the list that a model holds (a pipeline stage, or one of a rank's
+// interleaved stages), and the micro-batches whose activations may be alive in them at once.
+struct LayerChunk {
+  size_t first = 0, end = SIZE_MAX;
+  int slots = 1;
+};
+
 struct ModelOptions {
   const ModelPlan* plan = nullptr;  // nullptr: one device; it must outlive the model
   Backend* backend = nullptr;       // runs the ops (nullptr: process_backend()); it must outlive the model
   PrecisionRecipe precision = {};   // fp32 unless set (precision.hpp)
-  int slots = 1;                    // micro-batches whose activations may be alive at once
-  size_t first_layer = 0;           // the layers [first_layer, end_layer) of the list (a stage)
-  size_t end_layer = SIZE_MAX;
+  std::vector<LayerChunk> chunks = {LayerChunk{}};  // in list order, disjoint (default: every layer)
   Recompute recompute = Recompute::kNone;  // layers whose forward runs again before their backward
   // The parameters are not held whole (ZeRO-3): params() is nullptr until hold_params, and a
   // ParamStorage (set_param_storage) gives each layer's before it runs. Not for a pipeline stage
@@ -169,21 +177,28 @@ class Model {
   // reported ready — to add the head stage's part.
   void add_to_tied_grad(std::function<void(const GradSink&)> add);
 
-  // Forward of micro-batch `mb` (an id of the caller's: distinct among those in flight); the
-  // tokens are copied, so the caller's buffers may change after the call.
-  void forward(int64_t mb, const MicroBatch& batch);
-  // Backward of micro-batch `mb` (after its forward): the loss layer computes the per-token losses
-  // with their gradient scaled by dloss (1 / tokens in the global batch) and adds them, chunk by
-  // chunk, to loss_sum; parameter gradients accumulate. last_micro: the step's last micro-batch
-  // (grad-ready hook).
-  void backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro);
-  // A stage without the embedding: where the previous stage's output for mb goes before forward(mb).
-  float* stage_input(int64_t mb);
-  // After forward(mb): the last layer's output of mb (the stream, or a loss layer's logits).
-  const float* stage_output(int64_t mb) const;
-  // A stage without the loss: where the gradient of stage_output(mb) goes before backward(mb).
+  // The chunks (ModelOptions::chunks): their count, and each one's layers of the list.
+  size_t num_chunks() const { return chunks_.size(); }
+  const LayerChunk& chunk(size_t c) const { return chunks_[c].range; }
+  // Where chunk c's parameters start in the flat buffer.
+  int64_t chunk_params_first(size_t c) const { return chunks_[c].params_first; }
+
+  // Forward of micro-batch `mb` (an id of the caller's: distinct among those in flight in the
+  // chunk) through chunk `chunk`; the tokens are copied, so the caller's buffers may change after
+  // the call.
+  void forward(int64_t mb, const MicroBatch& batch, size_t chunk = 0);
+  // Backward of micro-batch `mb` through chunk `chunk` (after its forward there): the loss layer
+  // computes the per-token losses with their gradient scaled by dloss (1 / tokens in the global
+  // batch) and adds them, chunk by chunk, to loss_sum; parameter gradients accumulate. last_micro:
+  // the step's last micro-batch in this chunk (grad-ready hook).
+  void backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro, size_t chunk = 0);
+  // A chunk after the embedding: where the previous stage's output for mb goes before forward(mb).
+  float* stage_input(int64_t mb, size_t chunk = 0);
+  // After forward(mb): the chunk's last layer's output of mb (the stream, or a loss layer's logits).
+  const float* stage_output(int64_t mb, size_t chunk = 0) const;
+  // A chunk before the loss: where the gradient of stage_output(mb) goes before backward(mb).
   float* stage_output_grad() { return stream_grad_[0].data(); }
-  // After the last backward: the gradient of its stage input (a stage without the embedding).
+  // After a backward: the gradient of its chunk's input (a chunk after the embedding).
   const float* stage_input_grad() const { return input_grad_; }
   // Stream tokens of a B-sequence micro-batch here (its stage input and output have these rows).
   int64_t stream_tokens(int64_t B) const { return plan_->stream_tokens(B * desc_.config.seq_len); }
@@ -197,10 +212,10 @@ class Model {
                               int64_t B, int64_t MB, int64_t first_token, float dloss, ChunkCombiner& loss_sum);
   // Forward only; adds the per-token losses to loss_sum.
   void eval_loss(const int32_t* inputs, const int32_t* targets, int64_t B, ChunkCombiner& loss_sum);
-  // The same for one stage: a forward of micro-batch mb that keeps nothing for a backward (a stage
-  // without the embedding reads stage_input(mb) first); the loss layer, where the stage has it,
-  // adds the losses to loss_sum. Returns the stage's output, valid until the next pass.
-  const float* eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombiner& loss_sum);
+  // The same for one chunk: a forward of micro-batch mb that keeps nothing for a backward (a chunk
+  // after the embedding reads stage_input(mb, chunk) first); the loss layer, where the chunk has
+  // it, adds the losses to loss_sum. Returns the chunk's output, valid until the next pass.
+  const float* eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombiner& loss_sum, size_t chunk = 0);
 
  private:
   struct Slot {
@@ -210,12 +225,18 @@ class Model {
     std::vector<int32_t> inputs, targets;
     std::vector<float> stage_input;
   };
-  // The slot of mb (stage_input's, or a free one marked input_only).
-  Slot& reserve(int64_t mb);
-  Slot& acquire(int64_t mb, const MicroBatch& batch);
-  Slot& find(int64_t mb);
-  const Slot& find(int64_t mb) const;
-  void run_forward(Slot& s);
+  struct Chunk {
+    LayerChunk range;                       // its end within the list
+    size_t layer_begin = 0, layer_end = 0;  // its layers in layers_
+    int64_t params_first = 0;                // its first parameter in the flat buffer
+    std::vector<Slot> slots;
+  };
+  // The slot of mb in chunk c (stage_input's, or a free one marked input_only).
+  Slot& reserve(Chunk& c, int64_t mb);
+  Slot& acquire(Chunk& c, int64_t mb, const MicroBatch& batch);
+  Slot& find(Chunk& c, int64_t mb);
+  const Slot& find(const Chunk& c, int64_t mb) const;
+  void run_forward(Chunk& c, Slot& s);
 
   ModelDesc desc_;
   ModelOptions options_;
@@ -224,8 +245,8 @@ class Model {
   const ModelPlan* plan_;
   LayerContext ctx_;
   int64_t max_batch_;
-  std::vector<std::unique_ptr<Layer>> layers_;  // [first_layer, end_layer) of desc_.layers
-  std::vector<Slot> slots_;
+  std::vector<std::unique_ptr<Layer>> layers_;  // the chunks' layers of desc_.layers, in order
+  std::vector<Chunk> chunks_;
   std::vector<float> stream_grad_[2];  // the stream's gradient between layers
   const float* input_grad_ = nullptr;
 };

@@ -48,7 +48,10 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
   const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
   if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
   bucket_elems_ = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
-  std::vector<GradBucket> buckets = plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_, zero_ >= 2);
+  std::vector<int64_t> chunk_starts;
+  for (size_t c = 1; c < model_.num_chunks(); ++c) chunk_starts.push_back(model_.chunk_params_first(c));
+  std::vector<GradBucket> buckets =
+      plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_, zero_ >= 2, chunk_starts);
   if (zero_ >= 2) {
     // Budget: the largest bucket and three of the next largest (zero2_grads.hpp).
     std::vector<int64_t> sizes;

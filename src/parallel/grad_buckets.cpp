@@ -18,14 +18,15 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout, int64_t bucket_elems,
-                                          bool split_norms, bool whole_tensors) {
+                                          bool split_norms, bool whole_tensors, std::span<const int64_t> cuts) {
   LS_CHECK(!layout.empty() && bucket_elems >= 1, "bucket of ", bucket_elems, " elements");
   const int64_t n = layout.back().offset + layout.back().numel;
-  // Tensor starts where the buffer passes between norm and other tensors.
-  std::vector<int64_t> forced;
+  // Tensor starts where the buffer passes between norm and other tensors, and the caller's cuts.
+  std::vector<int64_t> forced(cuts.begin(), cuts.end());
   for (size_t i = 1; split_norms && i < layout.size(); ++i) {
     if (layout[i].is_norm() != layout[i - 1].is_norm()) forced.push_back(layout[i].offset);
   }
+  std::sort(forced.begin(), forced.end());
   std::vector<GradBucket> buckets;
   for (int64_t first = 0; first < n;) {
     const int64_t target = std::min(first + bucket_elems, n);

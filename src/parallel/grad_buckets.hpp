@@ -29,6 +29,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -48,9 +49,13 @@ struct GradBucket {
 // and others, so that no bucket mixes them (sequence parallelism finishes norm gradients later).
 // whole_tensors: cut only between tensors (at the first tensor end at or after first +
 // bucket_elems), so that each tensor lies in one bucket (ZeRO-2 stages a bucket as one buffer and
-// the model writes a tensor through one pointer).
+// the model writes a tensor through one pointer). `cuts` (tensor starts) are cut at too: a model's
+// chunk starts, so that a bucket's gradients come from one chunk's backward (ZeRO-2 reduces a
+// bucket once its elements of one micro-batch are all in, and an interleaved pipeline runs the
+// chunks' backwards of different micro-batches in between).
 std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamTensor>& layout, int64_t bucket_elems,
-                                          bool split_norms, bool whole_tensors = false);
+                                          bool split_norms, bool whole_tensors = false,
+                                          std::span<const int64_t> cuts = {});
 
 // Last step's figures (see the header comment).
 struct OverlapStats {

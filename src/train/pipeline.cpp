@@ -17,10 +17,12 @@ namespace lockstep {
 
 namespace {
 
-constexpr int kActivationTag = 21;  // stage s to s + 1
-constexpr int kGradientTag = 22;    // stage s + 1 to s
 constexpr int kTiedGradTag = 23;    // the last stage's head gradient of wte, to the first
 constexpr int kTiedWeightTag = 24;  // wte, from the first stage to the last one's copy
+// Stage s's input from stage s − 1, and the gradient of its output from stage s + 1: a tag per
+// stage, since two ranks exchange messages of several stages pairs when they hold several chunks.
+int activation_tag(int64_t stage) { return 1000 + static_cast<int>(stage); }
+int gradient_tag(int64_t stage) { return 5000 + static_cast<int>(stage); }
 
 bool tied_across_stages(const Model& model, const comm::Communicator& pp) {
   return pp.size() > 1 && model.config().tie_embeddings;
@@ -118,19 +120,20 @@ std::vector<StageLayers> balanced_ranges(const std::vector<double>& cost, int64_
 
 }  // namespace
 
-std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t pp, const std::string& by_hand,
+std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t stages, const std::string& by_hand,
                                      const std::string& where) {
   const size_t n = desc.layers.size();
-  LS_REQUIRE(pp >= 1 && static_cast<size_t>(pp) <= n, where, ": pp (", pp, ") stages need a layer each; the model has ",
-             n, " layers (embedding, ", desc.n_blocks(), " x attention and MLP, final norm, head)");
+  LS_REQUIRE(stages >= 1 && static_cast<size_t>(stages) <= n, where, ": pp x virtual_stages = ", stages,
+             " stages need a layer each; the model has ", n, " layers (embedding, ", desc.n_blocks(),
+             " x attention and MLP, final norm, head)");
   if (by_hand.empty()) {
     std::vector<double> cost;
     for (const LayerDesc& l : desc.layers) cost.push_back(layer_flops_per_token(l));
-    return balanced_ranges(cost, pp);
+    return balanced_ranges(cost, stages);
   }
   const std::vector<std::string_view> items = split_commas(by_hand);
-  LS_REQUIRE(static_cast<int64_t>(items.size()) == pp, where, ": stage_layers \"", by_hand, "\" gives ", items.size(),
-             " stages; pp is ", pp);
+  LS_REQUIRE(static_cast<int64_t>(items.size()) == stages, where, ": stage_layers \"", by_hand, "\" gives ",
+             items.size(), " stages; pp x virtual_stages is ", stages);
   std::vector<StageLayers> out;
   size_t at = 0;
   for (std::string_view item : items) {
@@ -157,27 +160,42 @@ std::string stage_text(const ModelDesc& desc, const StageLayers& s) {
 Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches) {
   const ModelDesc desc = describe_model(cfg.model);
   Pipeline out;
-  out.stage = {0, desc.layers.size()};
+  out.chunks = {LayerChunk{}};
+  out.stages = {{0, desc.layers.size()}};
   if (pp == 1) return out;
   const std::string& src = cfg.source;
   const parallel::ScheduleKind kind = parallel::parse_schedule_kind(cfg.parallel.schedule, src + ": [parallel] schedule");
-  LS_REQUIRE(trainer_runs(kind), src,
-             ": [parallel] schedule \"", cfg.parallel.schedule, "\": the trainer runs \"gpipe\" and \"1f1b\" so far (`lockstep ",
-             "schedule` prints the others)");
+  LS_REQUIRE(trainer_runs(kind), src, ": [parallel] schedule \"", cfg.parallel.schedule,
+             "\": the trainer runs \"gpipe\", \"1f1b\" and \"interleaved\" so far (`lockstep schedule` prints the ",
+             "others)");
   LS_REQUIRE(cfg.verify.buddy_every == 0, src, ": [verify] buddy_every with [parallel] pp > 1: buddy replay names ",
              "a faulty rank by the first tensor whose hashes differ within a dp group, which does not order tensors of ",
              "different pipeline stages; use [verify] replay_every (or pp = 1)");
-  const std::vector<StageLayers> stages = plan_stages(desc, pp, cfg.parallel.stage_layers, src + ": [parallel]");
   const parallel::PipelineSchedule schedule =
       parallel::make_schedule(kind, pp, micro_batches, cfg.parallel.virtual_stages, src + ": [parallel]");
-  out.stage = stages[static_cast<size_t>(rank)];
+  const std::vector<StageLayers> stages =
+      plan_stages(desc, schedule.stages(), cfg.parallel.stage_layers, src + ": [parallel]");
+  out.stages = stages;
   out.passes = schedule.ranks[static_cast<size_t>(rank)];
+  // Each chunk's slots: the most of its micro-batches between their forward and their backward.
+  out.chunks.assign(static_cast<size_t>(schedule.chunks), LayerChunk{});
+  std::vector<int> in_flight(out.chunks.size(), 0);
+  for (const parallel::Pass& p : out.passes) {
+    const auto c = static_cast<size_t>(p.chunk);
+    in_flight[c] += p.kind == parallel::PassKind::kForward ? 1 : -1;
+    out.chunks[c].slots = std::max(out.chunks[c].slots, in_flight[c]);
+  }
+  for (size_t c = 0; c < out.chunks.size(); ++c) {
+    const StageLayers& st = stages[static_cast<size_t>(schedule.stage(rank, static_cast<int>(c)))];
+    out.chunks[c].first = st.first;
+    out.chunks[c].end = st.end;
+  }
   const parallel::Timeline unit = parallel::simulate(schedule, parallel::PassCosts{});
-  out.slots = unit.peak_in_flight[static_cast<size_t>(rank)];
   out.unit_bubble = unit.bubble;
   std::ostringstream line;
-  line << "pipeline: pp " << pp << ", schedule " << parallel::schedule_name(kind) << ", " << micro_batches
-       << " micro-batches a step; stages";
+  line << "pipeline: pp " << pp << ", schedule " << parallel::schedule_name(kind);
+  if (schedule.chunks > 1) line << " (" << schedule.chunks << " stages a rank)";
+  line << ", " << micro_batches << " micro-batches a step; stages";
   for (size_t i = 0; i < stages.size(); ++i) {
     double flops = 0;
     for (size_t l = stages[i].first; l < stages[i].end; ++l) flops += layer_flops_per_token(desc.layers[l]);
@@ -199,37 +217,54 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
     compute();
     times.compute_s += std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  const int64_t p = pp.size(), r = pp.rank();
+  const int64_t stages = p * static_cast<int64_t>(model.num_chunks());
+  const bool first = r == 0, last = r == p - 1;
   const int64_t T = model.config().seq_len;
   const int64_t floats = model.stream_tokens(batch.micro) * model.config().d_model;
   std::deque<std::vector<float>> outbox;  // a deque: the sends' buffers stay where they are
   std::vector<comm::Handle> sends;
-  const auto send = [&](const float* data, int dest, int tag) {
+  const auto send = [&](const float* data, int64_t stage, int tag) {
     outbox.emplace_back(data, data + floats);
-    sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, dest, tag));
+    sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, static_cast<int>(stage % p), tag));
   };
   const bool tied = tied_across_stages(model, pp);
-  size_t last_backward = 0;
+  // Each chunk's last backward: its gradients are final there (grad-ready hook). The rank's very
+  // last pass is chunk 0's: the first rank's embedding, whose wte takes the head's gradient then.
+  std::vector<size_t> last_backward(model.num_chunks(), 0);
+  size_t final_backward = 0;
   for (size_t i = 0; i < passes.size(); ++i) {
-    if (passes[i].kind != parallel::PassKind::kForward) last_backward = i;
+    if (passes[i].kind == parallel::PassKind::kForward) continue;
+    last_backward[static_cast<size_t>(passes[i].chunk)] = i;
+    final_backward = i;
   }
   for (size_t i = 0; i < passes.size(); ++i) {
     const parallel::Pass& pass = passes[i];
-    LS_CHECK(pass.chunk == 0 && pass.micro < batch.count, "pass of chunk ", pass.chunk, ", micro-batch ", pass.micro);
+    LS_CHECK(static_cast<size_t>(pass.chunk) < model.num_chunks() && pass.micro < batch.count, "pass of chunk ",
+             pass.chunk, ", micro-batch ", pass.micro);
+    const auto chunk = static_cast<size_t>(pass.chunk);
+    const int64_t stage = pass.chunk * p + r;
     const int64_t at = pass.micro * batch.micro * T;
     if (pass.kind == parallel::PassKind::kForward) {
-      if (!first) pp.recv(model.stage_input(pass.micro), floats, DType::kF32, pp.rank() - 1, kActivationTag);
-      timed([&] { model.forward(pass.micro, {batch.inputs + at, batch.targets + at, batch.micro, batch.first_token + at}); });
-      if (!last) send(model.stage_output(pass.micro), pp.rank() + 1, kActivationTag);
+      if (stage > 0) {
+        pp.recv(model.stage_input(pass.micro, chunk), floats, DType::kF32, static_cast<int>((stage - 1) % p),
+                activation_tag(stage));
+      }
+      timed([&] {
+        model.forward(pass.micro, {batch.inputs + at, batch.targets + at, batch.micro, batch.first_token + at}, chunk);
+      });
+      if (stage + 1 < stages) send(model.stage_output(pass.micro, chunk), stage + 1, activation_tag(stage + 1));
     } else {
       LS_CHECK(pass.kind == parallel::PassKind::kBackward, "a split backward (", parallel::pass_letter(pass.kind),
                ") in a schedule the trainer runs");
-      if (!last) pp.recv(model.stage_output_grad(), floats, DType::kF32, pp.rank() + 1, kGradientTag);
+      if (stage + 1 < stages) {
+        pp.recv(model.stage_output_grad(), floats, DType::kF32, static_cast<int>((stage + 1) % p), gradient_tag(stage));
+      }
       // The last stage has run all its backwards: its head gradient of wte is complete.
-      if (first && tied && i == last_backward) receive_tied_grad(model, pp, model.param("wte").numel);
-      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_backward); });
-      if (!first) send(model.stage_input_grad(), pp.rank() - 1, kGradientTag);
-      if (last && tied && i == last_backward) send_tied_grad(model, pp);
+      if (first && tied && i == final_backward) receive_tied_grad(model, pp, model.param("wte").numel);
+      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_backward[chunk], chunk); });
+      if (stage > 0) send(model.stage_input_grad(), stage - 1, gradient_tag(stage - 1));
+      if (last && tied && i == final_backward) send_tied_grad(model, pp);
     }
   }
   for (comm::Handle& h : sends) h.wait();
@@ -276,11 +311,16 @@ std::string measured_bubble(comm::Communicator& world, int64_t pp, int64_t tp, d
 }
 
 void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch& batch, ChunkCombiner& loss_sum) {
-  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  const int64_t p = pp.size(), stages = p * static_cast<int64_t>(model.num_chunks());
   const int64_t floats = model.stream_tokens(batch.B) * model.config().d_model;
-  if (!first) pp.recv(model.stage_input(0), floats, DType::kF32, pp.rank() - 1, kActivationTag);
-  const float* out = model.eval_forward(0, batch, loss_sum);
-  if (!last) pp.send(out, floats, DType::kF32, pp.rank() + 1, kActivationTag);
+  for (size_t chunk = 0; chunk < model.num_chunks(); ++chunk) {
+    const int64_t stage = static_cast<int64_t>(chunk) * p + pp.rank();
+    if (stage > 0) {
+      pp.recv(model.stage_input(0, chunk), floats, DType::kF32, static_cast<int>((stage - 1) % p), activation_tag(stage));
+    }
+    const float* out = model.eval_forward(0, batch, loss_sum, chunk);
+    if (stage + 1 < stages) pp.send(out, floats, DType::kF32, static_cast<int>((stage + 1) % p), activation_tag(stage + 1));
+  }
 }
 
 }  // namespace lockstep

@@ -1,7 +1,9 @@
 // Pipeline parallelism on one rank: which layers each stage holds, and a step's (or an
-// evaluation's) passes of this rank's stage, its row of the schedule (src/parallel/
+// evaluation's) passes of this rank's stages, its row of the schedule (src/parallel/
 // pipeline_schedule.hpp), with the activations sent to the next stage and the gradients to the
-// previous one over the pipeline group.
+// previous one over the pipeline group. With the interleaved schedule a rank holds `virtual_stages`
+// stages as model chunks: stage s = chunk · pp + rank, so that a micro-batch goes round the ranks
+// once per chunk (Megatron-LM's interleaving).
 //
 // Canonical bits: a stage is a contiguous range of the layer list, its model accumulates the
 // canonical gradient exactly across micro-batches in any order (src/model/model.hpp), and the
@@ -27,38 +29,40 @@ struct StageLayers {
   size_t first = 0, end = 0;  // layers [first, end) of the list
 };
 
-// The layers of each of pp stages: `by_hand` ("n0,n1,...", the number of layers of each stage in
-// list order — [parallel] stage_layers), or else the contiguous ranges that make the largest
-// stage's FLOPs per token (layer_flops_per_token) the smallest, ties going to the earliest cuts.
-// The embedding is on the first stage, the head and loss on the last. ConfigError naming `where`:
-// more stages than layers, a list that does not add up to the model's layers or leaves a stage
-// empty.
-std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t pp, const std::string& by_hand,
+// The layers of each of `stages` stages (pp × virtual_stages): `by_hand` ("n0,n1,...", the number
+// of layers of each stage in list order — [parallel] stage_layers), or else the contiguous ranges
+// that make the largest stage's FLOPs per token (layer_flops_per_token) the smallest, ties going to
+// the earliest cuts. The embedding is on the first stage, the head and loss on the last.
+// ConfigError naming `where`: more stages than layers, a list that does not add up to the model's
+// layers or leaves a stage empty.
+std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t stages, const std::string& by_hand,
                                      const std::string& where);
 
 // "embedding..layer/1/attn" style: the first and last layer of a stage, for messages.
 std::string stage_text(const ModelDesc& desc, const StageLayers& s);
 
-// This rank's part of the pipeline: its stage, its row of the step's schedule and the
-// micro-batches it holds at once (the schedule's peak on this rank); without pipeline parallelism
-// the whole list, one slot and no passes.
+// This rank's part of the pipeline: its stages as model chunks, each with the micro-batches it
+// holds at once (the schedule's peak of that chunk on this rank), and its row of the step's
+// schedule; every stage of the pipeline; without pipeline parallelism the whole list as one chunk
+// of one slot and no passes.
 struct Pipeline {
-  StageLayers stage;
+  std::vector<LayerChunk> chunks;
+  std::vector<StageLayers> stages;
   std::vector<parallel::Pass> passes;
-  int64_t slots = 1;
   double unit_bubble = 0;   // the schedule's bubble on unit pass costs
   std::string description;  // the start-up line ("" without pipeline parallelism)
 };
 
 // For pp rank `rank` of `pp`, with `micro_batches` micro-batches a step on each rank. ConfigError
-// naming the config for what the trainer's pipeline does not run: the interleaved and zero-bubble
-// schedules (not yet), and with pp > 1 buddy replay.
+// naming the config for what the trainer's pipeline does not run: the zero-bubble schedule (not
+// yet), and with pp > 1 buddy replay.
 Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches);
 
-// Whether run_stage_passes runs `kind`: gpipe and 1f1b (interleaved needs several model chunks a
-// rank, zero-bubble a backward split into its input- and weight-gradient halves).
+// Whether run_stage_passes runs `kind`: gpipe, 1f1b and interleaved (zero-bubble needs a backward
+// split into its input- and weight-gradient halves).
 inline bool trainer_runs(parallel::ScheduleKind kind) {
-  return kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB;
+  return kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB ||
+         kind == parallel::ScheduleKind::kInterleaved;
 }
 
 // One rank's part of a step: micro-batch i reads (micro · T) tokens from inputs and targets at
@@ -71,9 +75,10 @@ struct StageBatch {
   int64_t first_token = 0;  // of the rank's batch, in the step's global batch
 };
 
-// Runs `passes` (this rank's row of the step's schedule) on `model`, this rank's stage. A forward
-// of a stage after the first receives its input from pipeline rank − 1 first; a backward of a
-// stage before the last receives its output's gradient from rank + 1. What a pass sends on is
+// Runs `passes` (this rank's row of the step's schedule) on `model`, this rank's stages as its
+// chunks. A forward of a stage after the first receives its input from the previous stage's rank
+// (rank − 1, or the last rank for the first rank's later chunks) first; a backward of a stage
+// before the last receives its output's gradient from the next stage's. What a pass sends on is
 // copied and sent without waiting (all sends are waited for before returning), so that no rank
 // blocks in a send while its neighbour blocks in another. The last stage's loss layer adds to
 // loss_sum; with tied embeddings its head gradient of wte goes to the first stage (above).
@@ -101,9 +106,9 @@ void sync_tied_copy(Model& model, comm::Communicator& pp);
 std::string measured_bubble(comm::Communicator& world, int64_t pp, int64_t tp, double unit_bubble, double compute_s,
                             double stage_s);
 
-// A forward for evaluation of one micro-batch through every stage (a stage after the first
-// receives its input, one before the last sends its output); the last stage's loss layer adds to
-// loss_sum. Collective over pp.
+// A forward for evaluation of one micro-batch through every stage, chunk by chunk (a stage after
+// the first receives its input, one before the last sends its output); the last stage's loss layer
+// adds to loss_sum. Collective over pp.
 void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch& batch, ChunkCombiner& loss_sum);
 
 }  // namespace lockstep

@@ -8,12 +8,21 @@ std::vector<float> TrainRun::gather(const float* local) const {
   std::vector<float> stage = tensor_parallel() ? parallel::gather_global(cfg.model, model.param_layout(), local, tp)
                                                : std::vector<float>(local, local + model.num_params());
   if (!pipelined()) return stage;
-  // The stages hold consecutive runs of the global layout, in pipeline order.
+  // Every rank's chunks back to back, then stage by stage: the stages hold consecutive runs of the
+  // global layout, in stage order.
   const std::vector<int64_t> counts = pp->all_gather(static_cast<int64_t>(stage.size()));
   std::vector<int64_t> displs(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
-  std::vector<float> whole(static_cast<size_t>(displs.back() + counts.back()));
-  pp->all_gatherv(stage.data(), whole.data(), counts, displs, DType::kF32);
+  std::vector<float> by_rank(static_cast<size_t>(displs.back() + counts.back()));
+  pp->all_gatherv(stage.data(), by_rank.data(), counts, displs, DType::kF32);
+  std::vector<float> whole;
+  whole.reserve(by_rank.size());
+  std::vector<int64_t> read = displs;
+  for (size_t s = 0; s < stage_params.size(); ++s) {
+    int64_t& from = read[s % counts.size()];
+    whole.insert(whole.end(), by_rank.begin() + from, by_rank.begin() + from + stage_params[s]);
+    from += stage_params[s];
+  }
   return whole;
 }
 

@@ -35,11 +35,14 @@ struct TrainRun {
   // rank's row of the step's schedule (src/train/pipeline.hpp).
   comm::Communicator* pp = nullptr;
   std::vector<parallel::Pass> passes;
+  // Every stage's parameters (whole tensors), in stage order: stage s is chunk s / pp of pipeline
+  // rank s % pp.
+  std::vector<int64_t> stage_params;
 
   bool tensor_parallel() const { return tp.size() > 1; }
   bool pipelined() const { return pp != nullptr && pp->size() > 1; }
   // This rank's flat buffer (its layout) as whole tensors in global_layout: gathered over tp, and
-  // the stages' over pp. Collective over tp and pp.
+  // the stages' over pp, put in stage order. Collective over tp and pp.
   std::vector<float> gather(const float* local) const;
   // The parameters this rank holds: the model's whole buffer, or under ZeRO-3 its shard (of the
   // flat buffer, from ddp.shard_first()).

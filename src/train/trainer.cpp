@@ -90,6 +90,17 @@ std::optional<double> source_entropy(const std::string& train_path) {
   return std::nullopt;
 }
 
+// The parameters of each pipeline stage, whole (tp = 1), in stage order.
+std::vector<int64_t> stage_params(const ModelDesc& desc, const std::vector<StageLayers>& stages) {
+  std::vector<int64_t> out;
+  for (const StageLayers& s : stages) {
+    int64_t n = 0;
+    for (const ParamTensor& t : build_param_layout(desc, {}, s.first, s.end)) n += t.numel;
+    out.push_back(n);
+  }
+  return out;
+}
+
 // Under ZeRO-3, the parameter bytes a rank holds: its shard and the two gather windows.
 std::string held_params_note(const TrainRun& run) {
   const parallel::Zero3Params* z = run.ddp.sharded_params();
@@ -298,9 +309,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
               {.plan = tp_plan ? &*tp_plan : nullptr,
                .backend = abft ? static_cast<Backend*>(&*abft) : &backend,
                .precision = tc.precision_recipe(),
-               .slots = static_cast<int>(pipeline.slots),
-               .first_layer = pipeline.stage.first,
-               .end_layer = pipeline.stage.end,
+               .chunks = pipeline.chunks,
                .recompute = parse_recompute(tc.recompute, cfg.source + ": [train] recompute"),
                .sharded_params = pc.zero == 3 && dp > 1});
   if (abft) abft->name_weights(model);
@@ -314,7 +323,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                              parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap,
                                                  tp > 1 && pc.sp, &ppc});
   TrainRun run{cfg,  world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
-               build_param_layout(cfg.model), &ppc, pipeline.passes};
+               build_param_layout(cfg.model), &ppc, pipeline.passes, stage_params(model.desc(), pipeline.stages)};
 
   // Observers, in the order they act at each point of a step. [dump] and [inject] give the model a
   // hook only while one of them is on, so that both cost nothing when off; the injection acts

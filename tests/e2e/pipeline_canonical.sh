@@ -112,11 +112,13 @@ grep -q '^finding: after step 3, detector collectives, site send/recv on pp, ran
 mpi() { mpirun --oversubscribe -np "$1" "${train[@]}" "${@:2}"; }
 expect_mpi_error "\[inject\] site param/wpe on rank 1: no rank holds it" 2 --parallel.pp=2 --inject.site=param/wpe \
   --inject.step=2 --inject.kind=bitflip:bit=30 --inject.rank=1
-expect_mpi_error "pp \(8\) stages need a layer each; the model has 7 layers" 8 --parallel.pp=8
+expect_mpi_error "pp x virtual_stages = 8 stages need a layer each; the model has 7 layers" 8 --parallel.pp=8
+expect_mpi_error "pp x virtual_stages = 8 stages need a layer each; the model has 7 layers" 2 --parallel.pp=2 \
+  --parallel.schedule=interleaved --parallel.virtual_stages=4
 expect_mpi_error "stage_layers \"3,5\" adds up to 8 layers; the model has 7" 2 --parallel.pp=2 --parallel.stage_layers=3,5
 expect_mpi_error "stage_layers \"7,0\": '0' is not a number of layers >= 1" 2 --parallel.pp=2 --parallel.stage_layers=7,0
-expect_mpi_error "schedule \"interleaved\": the trainer runs \"gpipe\" and \"1f1b\" so far" 2 --parallel.pp=2 \
-  --parallel.schedule=interleaved --parallel.virtual_stages=2
+expect_mpi_error "schedule \"zb\": the trainer runs \"gpipe\", \"1f1b\" and \"interleaved\" so far" 2 --parallel.pp=2 \
+  --parallel.schedule=zb
 expect_mpi_error "virtual_stages \(2\) > 1 needs schedule = \"interleaved\"" 2 --parallel.pp=2 --parallel.virtual_stages=2
 expect_mpi_error "\[verify\] buddy_every with \[parallel\] pp > 1: buddy replay names a faulty rank" 4 --parallel.pp=2 \
   --parallel.dp=2 --verify.buddy_every=2

@@ -49,8 +49,8 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
     for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
       SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", stages [0, " << cut << ") and [" << cut
                                       << ", " << desc.layers.size() << ")");
-      Model first(desc, Mode::kCanonical, 1, {.slots = static_cast<int>(kMicro), .end_layer = cut});
-      Model last(desc, Mode::kCanonical, 1, {.first_layer = cut});
+      Model first(desc, Mode::kCanonical, 1, {.chunks = {{.end = cut, .slots = static_cast<int>(kMicro)}}});
+      Model last(desc, Mode::kCanonical, 1, {.chunks = {{.first = cut}}});
       ASSERT_EQ(first.num_params() + last.num_params(), whole.num_params());
       first.init_parameters();
       last.init_parameters();
@@ -105,10 +105,94 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
   }
 }
 
+// Interleaving: four stages of the list on two models, each holding two of them as chunks (stages
+// 0 and 2, 1 and 3: an interleaved pipeline of two ranks and two virtual stages). Every micro-batch
+// goes forward through the stages in order and backward in reverse, the forwards of all first,
+// the backwards in another order; the loss and every gradient are bitwise the whole model's.
+TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    ModelConfig cfg = stage_model();
+    cfg.tie_embeddings = tied;
+    const ModelDesc desc = describe_model(cfg);
+    const int64_t T = cfg.seq_len;
+    const std::vector<int32_t> tok = tokens(cfg);
+    const float dloss = 1.0f / static_cast<float>(kMicro * T);
+    Model whole(desc, Mode::kCanonical, 1);
+    whole.init_parameters();
+    whole.zero_grad();
+    ChunkCombiner whole_loss;
+    whole.forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, whole_loss);
+    whole.finish_grads();
+
+    const size_t n = desc.layers.size();
+    const size_t cuts[5] = {0, 2, n / 2, n - 2, n};  // stage s: layers [cuts[s], cuts[s + 1])
+    const auto chunk = [&](size_t stage) { return LayerChunk{cuts[stage], cuts[stage + 1], static_cast<int>(kMicro)}; };
+    Model r0(desc, Mode::kCanonical, 1, {.chunks = {chunk(0), chunk(2)}});
+    Model r1(desc, Mode::kCanonical, 1, {.chunks = {chunk(1), chunk(3)}});
+    ASSERT_EQ(r0.num_chunks(), 2u);
+    ASSERT_EQ(r0.num_params() + r1.num_params(), whole.num_params());
+    r0.init_parameters();
+    r1.init_parameters();
+    ASSERT_EQ(r1.tied_copy().size(), tied ? static_cast<size_t>(r0.param("wte").numel) : 0u);
+    std::copy(r0.params(), r0.params() + r1.tied_copy().size(), r1.tied_copy().begin());
+    r0.zero_grad();
+    r1.zero_grad();
+    const int64_t rows = r0.stream_tokens(1) * cfg.d_model;
+    // Stage s is chunk s / 2 of model s % 2.
+    Model* holder[2] = {&r0, &r1};
+    ChunkCombiner loss;
+    for (int64_t mb = 0; mb < kMicro; ++mb) {
+      const MicroBatch batch{tok.data() + mb * T, tok.data() + mb * T + 1, 1, mb * T};
+      for (size_t st = 0; st < 4; ++st) {
+        Model& m = *holder[st % 2];
+        if (st > 0) {
+          const float* out = holder[(st - 1) % 2]->stage_output(mb, (st - 1) / 2);
+          std::copy(out, out + rows, m.stage_input(mb, st / 2));
+        }
+        m.forward(mb, batch, st / 2);
+      }
+    }
+    if (tied) {
+      r0.add_to_tied_grad([&](const GradSink& sink) {
+        const ExactAccumulator& head = r1.tied_copy_exact();
+        for (size_t i = 0; i < r1.tied_copy().size(); ++i) {
+          if (head.spilled(i)) {
+            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.spill(i));
+          } else {
+            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.partial_sums()[i]);
+          }
+        }
+      });
+    }
+    for (int64_t mb : {1, 3, 0, 2}) {
+      std::vector<float> grad;
+      for (size_t st = 4; st-- > 0;) {
+        Model& m = *holder[st % 2];
+        if (st < 3) std::copy(grad.begin(), grad.end(), m.stage_output_grad());
+        m.backward(mb, dloss, loss, mb == 2, st / 2);
+        if (st > 0) grad.assign(m.stage_input_grad(), m.stage_input_grad() + rows);
+      }
+    }
+    r0.finish_grads();
+    r1.finish_grads();
+    EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
+    for (const Model* m : {&r0, &r1}) {
+      for (const auto& t : m->param_layout()) {
+        const ParamTensor& w = whole.param(t.name);
+        ASSERT_EQ(t.numel, w.numel) << t.name;
+        for (int64_t i = 0; i < t.numel; ++i) {
+          ASSERT_EQ(f32_bits(m->grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i])) << t.name << " " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(ModelStages, MoreMicroBatchesInFlightThanSlotsAreRefused) {
   const ModelConfig cfg = stage_model();
   const std::vector<int32_t> tok = tokens(cfg);
-  Model model(describe_model(cfg), Mode::kCanonical, 1, {.slots = 2});
+  Model model(describe_model(cfg), Mode::kCanonical, 1, {.chunks = {{.slots = 2}}});
   model.init_parameters();
   const MicroBatch batch{tok.data(), tok.data() + 1, 1, 0};
   model.forward(0, batch);

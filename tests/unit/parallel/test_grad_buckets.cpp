@@ -59,6 +59,20 @@ TEST(GradBuckets, TileTheBufferOnValidCuts) {
   for (const auto& b : plan_grad_buckets(layout, 1, false)) EXPECT_LE(b.size(), kCanonicalChunk);
 }
 
+TEST(GradBuckets, GivenCutsAreBucketEnds) {
+  const auto layout = build_param_layout(small_model(false, PosKind::kLearned));
+  const int64_t cuts[] = {layout[3].offset, layout[7].offset};  // two chunks' starts
+  for (bool whole : {false, true}) {
+    for (int64_t elems : {int64_t{100}, buffer_size(layout)}) {
+      const auto buckets = plan_grad_buckets(layout, elems, false, whole, cuts);
+      expect_tiling(buckets, layout);
+      for (const auto& b : buckets) {
+        for (int64_t c : cuts) EXPECT_FALSE(b.first < c && c < b.end) << "bucket " << b.first << ".." << b.end << " spans " << c;
+      }
+    }
+  }
+}
+
 TEST(GradBuckets, SplitNormsKeepsNormTensorsApart) {
   const auto layout = build_param_layout(small_model(true, PosKind::kRope));
   for (int64_t elems : {int64_t{64}, int64_t{5000}, buffer_size(layout)}) {
