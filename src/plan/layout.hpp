@@ -14,6 +14,8 @@ namespace lockstep::plan {
 
 // The micro-batch sizes (sequences) the search tries, and the local cluster's profile times.
 inline constexpr int64_t kSearchedMicroBatches[] = {1, 2, 4, 8, 16};
+// The stages a pipeline rank holds in the searched interleaved layouts (Megatron-LM's usual two).
+inline constexpr int64_t kSearchedChunks = 2;
 
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;

@@ -399,21 +399,33 @@ SearchResult Planner::search() {
           for (bool sp : {false, true}) {
             if (sp && tp == 1) continue;
             for (Recompute rc : kRecomputes) {
-              const Layout l{
-                  .dp = N / (tp * pp), .tp = tp, .pp = pp, .micro_batch = mb, .zero = zero, .sp = sp, .recompute = rc};
-              ++out.considered;
-              if (Problem why = problem(l); !why.empty()) {
-                reject(l, why);
-                continue;
+              // A pipeline runs 1F1B, or interleaved with each rank holding kSearchedChunks stages.
+              for (int64_t chunks : {int64_t{1}, kSearchedChunks}) {
+                if (chunks > 1 && pp == 1) continue;
+                const Layout l{.dp = N / (tp * pp),
+                               .tp = tp,
+                               .pp = pp,
+                               .chunks = chunks,
+                               .micro_batch = mb,
+                               .zero = zero,
+                               .sp = sp,
+                               .recompute = rc,
+                               .schedule = chunks > 1 ? parallel::ScheduleKind::kInterleaved
+                                                      : parallel::ScheduleKind::kOneFOneB};
+                ++out.considered;
+                if (Problem why = problem(l); !why.empty()) {
+                  reject(l, why);
+                  continue;
+                }
+                const Prediction p = predict(l);
+                if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
+                out.any_predicted = true;
+                if (Problem why = fits(p); !why.empty()) {
+                  reject(l, why);
+                  continue;
+                }
+                out.ranked.push_back(p);
               }
-              const Prediction p = predict(l);
-              if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
-              out.any_predicted = true;
-              if (Problem why = fits(p); !why.empty()) {
-                reject(l, why);
-                continue;
-              }
-              out.ranked.push_back(p);
             }
           }
         }

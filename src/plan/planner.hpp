@@ -6,9 +6,9 @@
 // Search: every dp × tp × pp of the cluster's GPUs with tp a power of two within a node, pp any
 // divisor that leaves each stage a layer; micro-batches of 1, 2, 4, 8 or 16 sequences that divide
 // a replica's share of the batch; zero 0 to 3; sequence parallelism off and on (tp > 1); no,
-// selective or full recomputation; 1F1B across stages — the trainer's choices (the interleaved and
-// zero-bubble schedules, and ZeRO-3 with pipelining or fp8, which the trainer refuses, are
-// problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
+// selective or full recomputation; 1F1B across stages, or interleaved with two stages a rank — the
+// trainer's choices (the zero-bubble schedule, and ZeRO-3 with pipelining or fp8, which the trainer
+// refuses, are problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
 // reason; the rest are ranked by predicted step time, then memory, then their text (a
 // deterministic order).
 #pragma once
