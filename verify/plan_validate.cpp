@@ -105,6 +105,7 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
            str_cat("--parallel.dp=", l.dp), str_cat("--parallel.tp=", l.tp), str_cat("--parallel.pp=", l.pp),
            str_cat("--parallel.zero=", l.zero), str_cat("--parallel.sp=", l.sp ? "true" : "false"),
            str_cat("--parallel.schedule=", parallel::schedule_name(l.schedule)),
+           str_cat("--parallel.virtual_stages=", l.chunks),
            str_cat("--train.micro_batch_size=", l.micro_batch), str_cat("--train.recompute=", recompute_name(l.recompute)),
            std::string("--train.threads=1"), str_cat("--train.steps=", opt.steps),
            // Nothing but the steps and their metrics: no checkpoint (whose copies would add to the

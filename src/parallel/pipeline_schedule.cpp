@@ -4,6 +4,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <tuple>
 
 #include "src/core/check.hpp"
@@ -219,7 +220,24 @@ Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_ra
              " micro-batches) cannot complete: every rank waits for a pass that never comes");
   }
   t.bubble = t.makespan > 0 ? 1 - busy / (static_cast<double>(p) * t.makespan) : 0;
+  for (const std::vector<Pass>& row : s.ranks) {
+    const std::vector<int64_t> peaks = chunk_peaks(row, s.chunks);
+    t.chunk_slots.push_back(std::accumulate(peaks.begin(), peaks.end(), int64_t{0}));
+  }
   return t;
+}
+
+std::vector<int64_t> chunk_peaks(const std::vector<Pass>& row, int64_t chunks) {
+  std::vector<int64_t> peak(static_cast<size_t>(chunks), 0), in_flight(peak.size(), 0);
+  for (const Pass& pass : row) {
+    const auto c = static_cast<size_t>(pass.chunk);
+    if (pass.kind == PassKind::kForward) {
+      peak[c] = std::max(peak[c], ++in_flight[c]);
+    } else if (pass.kind != PassKind::kBackwardWeight) {
+      --in_flight[c];
+    }
+  }
+  return peak;
 }
 
 double bubble_formula(ScheduleKind kind, int64_t pp, int64_t micro, int64_t chunks) {

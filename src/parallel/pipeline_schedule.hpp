@@ -87,7 +87,14 @@ struct Timeline {
   double makespan = 0;
   double bubble = 0;  // idle share of pp × makespan
   std::vector<int64_t> peak_in_flight;  // per rank: (chunk, micro-batch)s between forward and B or Bi at once
+  // Per rank: the sum of its chunks' own peaks (chunk_peaks) — the activation sets a rank allocates
+  // when each chunk keeps its own; peak_in_flight without interleaving.
+  std::vector<int64_t> chunk_slots;
 };
+
+// The most micro-batches of each chunk between their forward and their B or Bi at once in one
+// rank's row of a table with `chunks` chunks a rank.
+std::vector<int64_t> chunk_peaks(const std::vector<Pass>& row, int64_t chunks);
 
 // Runs the table: each rank's passes in its order, each starting when the rank's previous pass
 // has ended and its inputs are there (a forward: the previous stage's forward of its micro-batch;

@@ -48,8 +48,9 @@
 //   the residual stream, norm outputs, QKV, the attention probabilities, MLP hidden, logits; 2
 //   bytes in bf16/fp8, 4 in fp32; sequence parallelism splits the stream over tp; recomputed
 //   sub-layers keep their input and one layer's worth is rebuilt at a time) times the micro-batches
-//   the schedule keeps in flight on that rank, one micro-batch's backward buffers (the layers'
-//   shared scratch and the stream's gradients), and the cluster's reserved memory.
+//   the schedule keeps in flight on that rank (interleaved: each chunk's own peak, since each chunk
+//   keeps its own activation sets), one micro-batch's backward buffers (the layers' shared scratch
+//   and the stream's gradients), and the cluster's reserved memory.
 // Not modelled: on a declared cluster kernels other than GEMMs (norms, softmax, the optimizer);
 //   the data loader, overlap of tp collectives with compute, network contention between groups.
 #pragma once

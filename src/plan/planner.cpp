@@ -289,7 +289,7 @@ Prediction Planner::predict(const Layout& layout) {
   if (layout.pp > 1) {
     const parallel::Timeline tl = timeline(layout, micro, by_rank);
     makespan = tl.makespan;
-    in_flight = tl.peak_in_flight;
+    in_flight = tl.chunk_slots;  // the trainer's activation sets: each chunk its own peak
   }
   p.time.compute = static_cast<double>(micro) * gemm;
   p.time.recompute = static_cast<double>(micro) * recompute;

@@ -178,17 +178,11 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   out.stages = stages;
   out.passes = schedule.ranks[static_cast<size_t>(rank)];
   // Each chunk's slots: the most of its micro-batches between their forward and their backward.
-  out.chunks.assign(static_cast<size_t>(schedule.chunks), LayerChunk{});
-  std::vector<int> in_flight(out.chunks.size(), 0);
-  for (const parallel::Pass& p : out.passes) {
-    const auto c = static_cast<size_t>(p.chunk);
-    in_flight[c] += p.kind == parallel::PassKind::kForward ? 1 : -1;
-    out.chunks[c].slots = std::max(out.chunks[c].slots, in_flight[c]);
-  }
-  for (size_t c = 0; c < out.chunks.size(); ++c) {
+  const std::vector<int64_t> peaks = parallel::chunk_peaks(out.passes, schedule.chunks);
+  out.chunks.clear();
+  for (size_t c = 0; c < peaks.size(); ++c) {
     const StageLayers& st = stages[static_cast<size_t>(schedule.stage(rank, static_cast<int>(c)))];
-    out.chunks[c].first = st.first;
-    out.chunks[c].end = st.end;
+    out.chunks.push_back({st.first, st.end, static_cast<int>(peaks[c])});
   }
   const parallel::Timeline unit = parallel::simulate(schedule, parallel::PassCosts{});
   out.unit_bubble = unit.bubble;

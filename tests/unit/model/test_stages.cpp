@@ -6,6 +6,7 @@
 // every cut.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -30,6 +31,44 @@ std::vector<int32_t> tokens(const ModelConfig& m) {
   return t;
 }
 
+// The whole model's step over kMicro micro-batches of one sequence: its rounded gradients, and
+// its loss in `loss`.
+std::unique_ptr<Model> whole_step(const ModelDesc& desc, const std::vector<int32_t>& tok, float dloss,
+                                  ChunkCombiner& loss) {
+  auto whole = std::make_unique<Model>(desc, Mode::kCanonical, 1);
+  whole->init_parameters();
+  whole->zero_grad();
+  whole->forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, loss);
+  whole->finish_grads();
+  return whole;
+}
+
+// A tied head's exact sums of wte's gradient (on `head`, a copy of wte) join the embedding's in
+// its last micro-batch.
+void add_head_grad(Model& embedding, const Model& head) {
+  embedding.add_to_tied_grad([&head](const GradSink& sink) {
+    const ExactAccumulator& e = head.tied_copy_exact();
+    for (size_t i = 0; i < e.size(); ++i) {
+      if (e.spilled(i)) {
+        sink.exact->add(static_cast<size_t>(sink.offset) + i, e.spill(i));
+      } else {
+        sink.exact->add(static_cast<size_t>(sink.offset) + i, e.partial_sums()[i]);
+      }
+    }
+  });
+}
+
+// Every gradient `part` holds is bitwise the whole model's of the same tensor.
+void expect_whole_grads(const Model& part, const Model& whole) {
+  for (const auto& t : part.param_layout()) {
+    const ParamTensor& w = whole.param(t.name);
+    ASSERT_EQ(t.numel, w.numel) << t.name;
+    for (int64_t i = 0; i < t.numel; ++i) {
+      ASSERT_EQ(f32_bits(part.grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i])) << t.name << " " << i;
+    }
+  }
+}
+
 TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
   for (bool tied : {false, true}) {
     ModelConfig cfg = stage_model();
@@ -39,12 +78,9 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
     const std::vector<int32_t> tok = tokens(cfg);
     const float dloss = 1.0f / static_cast<float>(kMicro * T);
 
-    Model whole(desc, Mode::kCanonical, 1);
-    whole.init_parameters();
-    whole.zero_grad();
     ChunkCombiner whole_loss;
-    whole.forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, whole_loss);
-    whole.finish_grads();
+    const std::unique_ptr<Model> whole_model = whole_step(desc, tok, dloss, whole_loss);
+    const Model& whole = *whole_model;
 
     for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
       SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", stages [0, " << cut << ") and [" << cut
@@ -72,17 +108,7 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
         last.backward(mb, dloss, loss, mb == kMicro - 1);
         grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
       }
-      // The head's exact sums of wte's gradient join the embedding's in the last micro-batch.
-      first.add_to_tied_grad([&](const GradSink& sink) {
-        const ExactAccumulator& head = last.tied_copy_exact();
-        for (size_t i = 0; i < last.tied_copy().size(); ++i) {
-          if (head.spilled(i)) {
-            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.spill(i));
-          } else {
-            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.partial_sums()[i]);
-          }
-        }
-      });
+      add_head_grad(first, last);
       for (int64_t mb : {0, 2, 1, 3}) {
         const auto& g = grads_in[static_cast<size_t>(mb)];
         std::copy(g.begin(), g.end(), first.stage_output_grad());
@@ -91,16 +117,8 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
       first.finish_grads();
       last.finish_grads();
       EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
-      for (const Model* stage : {&first, &last}) {
-        for (const auto& t : stage->param_layout()) {
-          const ParamTensor& w = whole.param(t.name);
-          ASSERT_EQ(t.numel, w.numel) << t.name;
-          for (int64_t i = 0; i < t.numel; ++i) {
-            ASSERT_EQ(f32_bits(stage->grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i]))
-                << t.name << " " << i;
-          }
-        }
-      }
+      expect_whole_grads(first, whole);
+      expect_whole_grads(last, whole);
     }
   }
 }
@@ -118,12 +136,9 @@ TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
     const int64_t T = cfg.seq_len;
     const std::vector<int32_t> tok = tokens(cfg);
     const float dloss = 1.0f / static_cast<float>(kMicro * T);
-    Model whole(desc, Mode::kCanonical, 1);
-    whole.init_parameters();
-    whole.zero_grad();
     ChunkCombiner whole_loss;
-    whole.forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, whole_loss);
-    whole.finish_grads();
+    const std::unique_ptr<Model> whole_model = whole_step(desc, tok, dloss, whole_loss);
+    const Model& whole = *whole_model;
 
     const size_t n = desc.layers.size();
     const size_t cuts[5] = {0, 2, n / 2, n - 2, n};  // stage s: layers [cuts[s], cuts[s + 1])
@@ -153,18 +168,7 @@ TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
         m.forward(mb, batch, st / 2);
       }
     }
-    if (tied) {
-      r0.add_to_tied_grad([&](const GradSink& sink) {
-        const ExactAccumulator& head = r1.tied_copy_exact();
-        for (size_t i = 0; i < r1.tied_copy().size(); ++i) {
-          if (head.spilled(i)) {
-            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.spill(i));
-          } else {
-            sink.exact->add(static_cast<size_t>(sink.offset) + i, head.partial_sums()[i]);
-          }
-        }
-      });
-    }
+    if (tied) add_head_grad(r0, r1);
     for (int64_t mb : {1, 3, 0, 2}) {
       std::vector<float> grad;
       for (size_t st = 4; st-- > 0;) {
@@ -177,15 +181,8 @@ TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
     r0.finish_grads();
     r1.finish_grads();
     EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
-    for (const Model* m : {&r0, &r1}) {
-      for (const auto& t : m->param_layout()) {
-        const ParamTensor& w = whole.param(t.name);
-        ASSERT_EQ(t.numel, w.numel) << t.name;
-        for (int64_t i = 0; i < t.numel; ++i) {
-          ASSERT_EQ(f32_bits(m->grads()[t.offset + i]), f32_bits(whole.grads()[w.offset + i])) << t.name << " " << i;
-        }
-      }
-    }
+    expect_whole_grads(r0, whole);
+    expect_whole_grads(r1, whole);
   }
 }
 
