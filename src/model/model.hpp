@@ -96,6 +96,9 @@ class Model {
   // and a tied head's wte.
   size_t num_layers() const { return layers_.size(); }
   const std::vector<const ParamTensor*>& layer_params(size_t layer) const { return ctx_.layer_params_[layer]; }
+  // Of those, the weights the layer's bf16 linears read as their bf16 rounding (with fp32 master
+  // weights; a tied wte is the head's, not the embedding's).
+  const std::vector<const ParamTensor*>& layer_bf16_weights(size_t layer) const { return ctx_.layer_copies_[layer]; }
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
   // at each forward; nullptr where no bf16 linear uses t or the parameters are bf16 themselves.
   const float* weight_copy(const ParamTensor& t) const;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "src/core/check.hpp"
+#include "src/core/formats.hpp"
 
 namespace lockstep::parallel {
 
@@ -19,20 +20,25 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 Zero3Params::Zero3Params(Model& model, comm::Communicator& dp, const ShardPlan& plan, bool threaded)
     : model_(model), comm_(dp.split(0, dp.rank(), dp.name())), plan_(plan), first_(plan.first(dp.rank())),
       shard_(static_cast<size_t>(plan.size(dp.rank())), 0.0f) {
-  int64_t largest = 0;
+  int64_t largest = 0, largest_bf16 = 0;
   for (size_t l = 0; l < model_.num_layers(); ++l) {
     const std::vector<const ParamTensor*>& tensors = model_.layer_params(l);
+    const std::vector<const ParamTensor*>& rounded = model_.layer_bf16_weights(l);
     std::vector<const ParamTensor*> sorted = tensors;
     std::sort(sorted.begin(), sorted.end(), [](const ParamTensor* a, const ParamTensor* b) { return a->offset < b->offset; });
     LayerGather g;
     int64_t at = 0;
     for (const ParamTensor* t : sorted) {
-      if (!g.runs.empty() && g.runs.back().end == t->offset) {
+      const bool bf16 = std::find(rounded.begin(), rounded.end(), t) != rounded.end();
+      if (!g.runs.empty() && g.runs.back().end == t->offset && g.runs.back().bf16 == bf16) {
         g.runs.back().end += t->numel;
       } else {
-        g.runs.push_back({t->offset, t->offset + t->numel, at});
+        g.runs.push_back({t->offset, t->offset + t->numel, at, bf16});
       }
       at += t->numel;
+    }
+    for (const Run& r : g.runs) {
+      if (r.bf16) largest_bf16 = std::max(largest_bf16, r.end - r.first);
     }
     for (const ParamTensor* t : tensors) {
       const auto run = std::find_if(g.runs.begin(), g.runs.end(),
@@ -43,6 +49,7 @@ Zero3Params::Zero3Params(Model& model, comm::Communicator& dp, const ShardPlan& 
     layers_.push_back(std::move(g));
   }
   for (Window& w : windows_) w.data.resize(static_cast<size_t>(largest));
+  bf16_.resize(static_cast<size_t>(largest_bf16));
   model_.set_param_storage(this);
   if (threaded) worker_ = std::thread([this] { run_worker(); });
 }
@@ -65,9 +72,21 @@ void Zero3Params::fill(Window& w, size_t layer) {
     const ShardPlan part = plan_.window(r.first, r.end);
     const int me = comm_->rank();
     // This rank's part of the run, from its shard (MPI may not send from the receive buffer).
-    const float* send = shard_.data() + std::clamp(r.first + part.first(me) - first_, int64_t{0},
-                                                   static_cast<int64_t>(shard_.size()));
-    comm_->all_gatherv(send, w.data.data() + r.at, part.sizes(), part.firsts(), DType::kF32);
+    const int64_t from = std::clamp(r.first + part.first(me) - first_, int64_t{0}, static_cast<int64_t>(shard_.size()));
+    float* out = w.data.data() + r.at;
+    if (!r.bf16) {
+      comm_->all_gatherv(shard_.data() + from, out, part.sizes(), part.firsts(), DType::kF32);
+      continue;
+    }
+    // Rounded by its owner, sent as bf16, widened here: the bits the model's own rounding of the
+    // gathered fp32 weight would give, for half the bytes. This rank's part is rounded into its
+    // place of the receive buffer first and sent from a copy.
+    uint16_t* bits = bf16_.data();
+    const int64_t mine = part.first(me), n = part.size(me);
+    for (int64_t i = 0; i < n; ++i) bits[mine + i] = bf16_from_f32(shard_[static_cast<size_t>(from + i)]);
+    const std::vector<uint16_t> send(bits + mine, bits + mine + n);
+    comm_->all_gatherv(send.data(), bits, part.sizes(), part.firsts(), DType::kU16);
+    for (int64_t i = 0; i < r.end - r.first; ++i) out[i] = bf16_to_f32(bits[i]);
   }
   w.where.clear();
   for (int64_t at : g.at) w.where.push_back(w.data.data() + at);
@@ -171,7 +190,8 @@ void Zero3Params::release_whole() {
 }
 
 uint64_t Zero3Params::bytes() const {
-  return (shard_.size() + windows_[0].data.size() + windows_[1].data.size()) * sizeof(float);
+  return (shard_.size() + windows_[0].data.size() + windows_[1].data.size()) * sizeof(float) +
+         bf16_.size() * sizeof(uint16_t);
 }
 
 OverlapStats Zero3Params::take_stats() {

@@ -15,10 +15,12 @@
 // collectives progress only inside MPI calls, so merely starting one would not overlap it (as
 // grad_buckets.hpp's worker). Without one, each gather runs on the main thread when asked for.
 //
-// A gather is one fp32 all-gatherv per contiguous run of the layer's tensors in the flat buffer
-// (a block's tensors are one run); every rank sends its shard's part of the run. The gathered
-// values are the parameters bit for bit, so every pass computes what it computes on whole
-// parameters, in either mode.
+// A gather is one all-gatherv per contiguous run of the layer's tensors in the flat buffer (a
+// block's tensors are one run, or a few); every rank sends its shard's part of the run: fp32, or
+// for the weights the layer's bf16 linears read (Model::layer_bf16_weights) bf16, rounded by the
+// owner — half the bytes, the same bits as the model's rounding of the gathered fp32. The gathered
+// values are the parameters (or their bf16 roundings) bit for bit, so every pass computes what it
+// computes on whole parameters, in either mode.
 //
 // The update writes the shard (DataParallel::step), which makes the windows stale: invalidate().
 // Whole parameters, for what reads or writes them outside the passes (checkpoint resume, the final
@@ -68,7 +70,8 @@ class Zero3Params final : public ParamStorage {
   void hold_whole();
   void release_whole();
 
-  // Bytes of parameters a rank holds between whole-parameter uses: its shard and the two windows.
+  // Bytes of parameters a rank holds between whole-parameter uses: its shard, the two windows and
+  // the bf16 gathers' buffer.
   uint64_t bytes() const;
   // The gathers since the last call: the time they took on the worker (or the main thread) and
   // the main thread's wait for them; their bytes are on the group's stats (absorb_into).
@@ -81,6 +84,7 @@ class Zero3Params final : public ParamStorage {
   // The tensors layer l reads, as runs of the flat buffer packed one after another in a window.
   struct Run {
     int64_t first = 0, end = 0, at = 0;  // flat [first, end) at window offset `at`
+    bool bf16 = false;                   // gathered as bf16
   };
   struct LayerGather {
     std::vector<Run> runs;
@@ -104,6 +108,7 @@ class Zero3Params final : public ParamStorage {
   ShardPlan plan_;
   int64_t first_;
   std::vector<float> shard_;
+  std::vector<uint16_t> bf16_;  // a bf16 run's gather (the worker's, or the main thread's without one)
   std::vector<LayerGather> layers_;
   Window windows_[2];
   size_t current_ = 0;  // the window the model reads now
