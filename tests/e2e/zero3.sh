@@ -7,6 +7,7 @@
 #    the same hash; a moment flipped at rest is found and rolled back to the clean hash;
 #  - fast mode: zero 3 ends on zero 2's bits (a gather moves the parameters' bits), and every
 #    dumped tensor is within the single process's op-local bounds;
+#  - bf16 linears' weights are gathered in bf16: fewer bytes a step than fp32;
 #  - memory: with eight layers a rank holds its shard and two layer windows, less than the whole
 #    parameters, and less at dp4 than at dp2;
 #  - bad input: zero 3 with what reads whole parameters by address or between passes, one line each.
@@ -42,6 +43,11 @@ for master in true false; do
     || fail "bf16 zero 3 master weights $master: $(tail -5 bf16_z3_$master.log)"
   same_hash "bf16 dp2 zero 3, master weights $master" bf16_z3_$master.log "$(model_hash bf16_$master.log)"
 done
+
+# bf16 linears' weights are gathered in bf16: a step sends fewer bytes than in fp32.
+sent() { sed -nE 's/^parallel: step 1 sent ([0-9]+) bytes.*/\1/p' "$1"; }
+[ -n "$(sent dp2.log)" ] && [ "$(sent bf16_z3_true.log)" -lt "$(sent dp2.log)" ] ||
+  fail "bf16 zero 3 sent $(sent bf16_z3_true.log) bytes in step 1, fp32 $(sent dp2.log)"
 
 # Checkpoints: a zero 3 run's step-2 checkpoint, resumed under four layouts.
 mpi 2 --parallel.zero=3 --checkpoint.dir=ck --checkpoint.every=2 --train.stop_after=1 > first.log 2>&1 \
