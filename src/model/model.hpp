@@ -99,6 +99,8 @@ class Model {
   // Of those, the weights the layer's bf16 linears read as their bf16 rounding (with fp32 master
   // weights; a tied wte is the head's, not the embedding's).
   const std::vector<const ParamTensor*>& layer_bf16_weights(size_t layer) const { return ctx_.layer_copies_[layer]; }
+  // bf16 parameters (PrecisionRecipe::bf16_params): every parameter is a bf16 value.
+  bool bf16_params() const { return ctx_.precision_.bf16_params(); }
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
   // at each forward; nullptr where no bf16 linear uses t or the parameters are bf16 themselves.
   const float* weight_copy(const ParamTensor& t) const;

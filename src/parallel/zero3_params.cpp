@@ -29,7 +29,7 @@ Zero3Params::Zero3Params(Model& model, comm::Communicator& dp, const ShardPlan& 
     LayerGather g;
     int64_t at = 0;
     for (const ParamTensor* t : sorted) {
-      const bool bf16 = std::find(rounded.begin(), rounded.end(), t) != rounded.end();
+      const bool bf16 = model_.bf16_params() || std::find(rounded.begin(), rounded.end(), t) != rounded.end();
       if (!g.runs.empty() && g.runs.back().end == t->offset && g.runs.back().bf16 == bf16) {
         g.runs.back().end += t->numel;
       } else {

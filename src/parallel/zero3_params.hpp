@@ -18,7 +18,8 @@
 // A gather is one all-gatherv per contiguous run of the layer's tensors in the flat buffer (a
 // block's tensors are one run, or a few); every rank sends its shard's part of the run: fp32, or
 // for the weights the layer's bf16 linears read (Model::layer_bf16_weights) bf16, rounded by the
-// owner — half the bytes, the same bits as the model's rounding of the gathered fp32. The gathered
+// owner — half the bytes, the same bits as the model's rounding of the gathered fp32 — and with
+// bf16 parameters every tensor in bf16 (their values are bf16 already: nothing is lost). The gathered
 // values are the parameters (or their bf16 roundings) bit for bit, so every pass computes what it
 // computes on whole parameters, in either mode.
 //
