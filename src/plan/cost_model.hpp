@@ -26,7 +26,8 @@
 //              backward, so what is exposed is the part longer than the backward it overlaps, and
 //              at least the last bucket's — all of it where a rank's communication has no core of
 //              its own (Cluster::comm_beside_compute); zero 3 instead of the parameters'
-//              all-gather one all-gather per layer the passes run (a forward's every layer but the
+//              all-gather one all-gather per layer the passes run (fp32, the matrices in bf16 in
+//              a bf16 run, as the trainer gathers them; a forward's every layer but the
 //              first, a backward's every layer but the last), gathered ahead while the passes
 //              compute: exposed, the part longer than the step's passes and at least the first
 //              layer's — all of it, as for the buckets, where communication has no core of its own;

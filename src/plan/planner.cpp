@@ -18,8 +18,9 @@ struct Planner::RankCost {
   double recompute_flops = 0;  // forwards run again before their backward
   int64_t forward_reduces = 0, backward_reduces = 0, recompute_reduces = 0;  // tp all-reduces a micro-batch
   double params = 0, matmul_params = 0;  // elements this GPU holds
-  // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these.
-  std::vector<double> layer_params;
+  // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these,
+  // and the bytes of that gather (bf16 for the matrices of a bf16 run, as the trainer sends them).
+  std::vector<double> layer_params, layer_gather_bytes;
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
   double rebuilt_bytes = 0;  // the largest recomputed layer's, rebuilt one at a time
   // The backward's buffers, one micro-batch's: the scratch the layers share (the largest layer's
@@ -60,18 +61,18 @@ double Planner::reduction_time(double fp32_bytes, int64_t n, const Link& link) c
   return all_reduce(fp32_bytes, n, link);
 }
 
-double Planner::gathers_exposed(const std::vector<double>& layer_params, int64_t micro, double busy, const Link& link,
+double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t micro, double busy, const Link& link,
                                 int64_t n) const {
   // Each micro-batch's forward gathers every layer but the first (the last backward left it in
   // its window), its backward every layer but the last; the step's first forward its first too.
   double forward = 0, backward = 0;
-  for (double elements : layer_params) {
-    const double g = all_reduce(elements * 4, n, link) / 2;
+  for (double bytes : layer_bytes) {
+    const double g = all_reduce(bytes, n, link) / 2;
     forward += g;
     backward += g;
   }
-  const double first = all_reduce(layer_params.front() * 4, n, link) / 2;
-  const double last = all_reduce(layer_params.back() * 4, n, link) / 2;
+  const double first = all_reduce(layer_bytes.front(), n, link) / 2;
+  const double last = all_reduce(layer_bytes.back(), n, link) / 2;
   const double total = static_cast<double>(micro) * (forward - first + backward - last) + first;
   // The worker gathers the next layer while the passes compute: what the passes cannot hide, and
   // at least the first layer's gather, which nothing precedes — all of it where the worker has no
@@ -112,15 +113,19 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
       if (l.kind == LayerKind::kEmbedding) flops -= head_flops_;
       if (l.kind == LayerKind::kHead) flops += head_flops_;
       r.forward_flops += flops / 3;
+      const double matrix_bytes = request_.precision == Precision::kF32 ? 4 : 2;
       double reads = l.kind == LayerKind::kHead && l.tied ? static_cast<double>(l.dims.V * l.dims.C) / t : 0;
+      double gather_bytes = reads * matrix_bytes;
       for (const ParamDecl& p : l.params) {
         const auto whole = static_cast<double>(param_numel(p));
         const double n = p.split_dim >= 0 ? whole / t : whole;
         r.params += n;
         reads += n;
+        gather_bytes += n * (p.matmul ? matrix_bytes : 4);
         if (p.matmul) r.matmul_params += n;
       }
       r.layer_params.push_back(reads);
+      r.layer_gather_bytes.push_back(gather_bytes);
       double input = 0, inside = 0, scratch = 0;
       bool recomputed = false;
       const double qkv = static_cast<double>(m.qkv_width()) / t, heads_out = static_cast<double>(m.NH * m.HS) / t;
@@ -352,7 +357,7 @@ Prediction Planner::predict(const Layout& layout) {
       const auto scatter = [&](double b) { return scatter_time(b, layout.dp, dp_link); };
       e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter), scatter(bucket));
       if (zero3) {
-        e += gathers_exposed(r.layer_params, micro, busy, dp_link, layout.dp);
+        e += gathers_exposed(r.layer_gather_bytes, micro, busy, dp_link, layout.dp);
       } else {
         e += all_reduce(fp32, layout.dp, dp_link) / 2;  // the parameters' all-gather
       }

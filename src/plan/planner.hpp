@@ -77,9 +77,9 @@ class Planner {
   // one), and the reduce-scatter of ZeRO-2's gradients.
   double reduction_time(double fp32_bytes, int64_t n, const Link& link) const;
   double scatter_time(double fp32_bytes, int64_t n, const Link& link) const;
-  // ZeRO-3: the step's per-layer parameter all-gathers over n ranks (layer_params: each layer's
-  // elements) beyond the `busy` seconds of passes that hide them.
-  double gathers_exposed(const std::vector<double>& layer_params, int64_t micro, double busy, const Link& link,
+  // ZeRO-3: the step's per-layer parameter all-gathers over n ranks (layer_bytes: each layer's
+  // gather) beyond the `busy` seconds of passes that hide them.
+  double gathers_exposed(const std::vector<double>& layer_bytes, int64_t micro, double busy, const Link& link,
                          int64_t n) const;
 
   PlanRequest request_;
