@@ -31,17 +31,27 @@ std::vector<int32_t> tokens(const ModelConfig& m) {
   return t;
 }
 
-// The whole model's step over kMicro micro-batches of one sequence: its rounded gradients, and
-// its loss in `loss`.
-std::unique_ptr<Model> whole_step(const ModelDesc& desc, const std::vector<int32_t>& tok, float dloss,
-                                  ChunkCombiner& loss) {
-  auto whole = std::make_unique<Model>(desc, Mode::kCanonical, 1);
-  whole->init_parameters();
-  whole->zero_grad();
-  whole->forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, loss);
-  whole->finish_grads();
-  return whole;
-}
+// A test's model (tied or not), its tokens, and the whole model's step over them in kMicro
+// micro-batches of one sequence: its rounded gradients and its loss.
+struct WholeStep {
+  explicit WholeStep(bool tied) {
+    cfg.tie_embeddings = tied;
+    desc = describe_model(cfg);
+    model = std::make_unique<Model>(desc, Mode::kCanonical, 1);
+    model->init_parameters();
+    model->zero_grad();
+    ChunkCombiner sum;
+    model->forward_backward_batch(tok.data(), tok.data() + 1, kMicro, 1, 0, dloss, sum);
+    model->finish_grads();
+    loss = sum.finish();
+  }
+  ModelConfig cfg = stage_model();
+  ModelDesc desc;
+  std::vector<int32_t> tok = tokens(cfg);
+  float dloss = 1.0f / static_cast<float>(kMicro * cfg.seq_len);
+  std::unique_ptr<Model> model = nullptr;
+  float loss = 0;
+};
 
 // A tied head's exact sums of wte's gradient (on `head`, a copy of wte) join the embedding's in
 // its last micro-batch.
@@ -71,16 +81,10 @@ void expect_whole_grads(const Model& part, const Model& whole) {
 
 TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
   for (bool tied : {false, true}) {
-    ModelConfig cfg = stage_model();
-    cfg.tie_embeddings = tied;
-    const ModelDesc desc = describe_model(cfg);
-    const int64_t T = cfg.seq_len;
-    const std::vector<int32_t> tok = tokens(cfg);
-    const float dloss = 1.0f / static_cast<float>(kMicro * T);
-
-    ChunkCombiner whole_loss;
-    const std::unique_ptr<Model> whole_model = whole_step(desc, tok, dloss, whole_loss);
-    const Model& whole = *whole_model;
+    const WholeStep w(tied);
+    const ModelDesc& desc = w.desc;
+    const int64_t T = w.cfg.seq_len;
+    const Model& whole = *w.model;
 
     for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
       SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", stages [0, " << cut << ") and [" << cut
@@ -95,28 +99,28 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
       std::copy(first.params(), first.params() + last.tied_copy().size(), last.tied_copy().begin());
       first.zero_grad();
       last.zero_grad();
-      const int64_t rows = first.stream_tokens(1) * cfg.d_model;
+      const int64_t rows = first.stream_tokens(1) * w.cfg.d_model;
       // All forwards of the first stage, then each micro-batch through the last stage, the first
       // stage's backwards in the order 0, 2, 1, 3.
       std::vector<std::vector<float>> grads_in(kMicro);
       ChunkCombiner loss;
       for (int64_t mb = 0; mb < kMicro; ++mb) {
-        const MicroBatch batch{tok.data() + mb * T, tok.data() + mb * T + 1, 1, mb * T};
+        const MicroBatch batch{w.tok.data() + mb * T, w.tok.data() + mb * T + 1, 1, mb * T};
         first.forward(mb, batch);
         std::copy(first.stage_output(mb), first.stage_output(mb) + rows, last.stage_input(mb));
         last.forward(mb, batch);
-        last.backward(mb, dloss, loss, mb == kMicro - 1);
+        last.backward(mb, w.dloss, loss, mb == kMicro - 1);
         grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
       }
       add_head_grad(first, last);
       for (int64_t mb : {0, 2, 1, 3}) {
         const auto& g = grads_in[static_cast<size_t>(mb)];
         std::copy(g.begin(), g.end(), first.stage_output_grad());
-        first.backward(mb, dloss, loss, mb == 3);
+        first.backward(mb, w.dloss, loss, mb == 3);
       }
       first.finish_grads();
       last.finish_grads();
-      EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
+      EXPECT_EQ(f32_bits(loss.finish()), f32_bits(w.loss));
       expect_whole_grads(first, whole);
       expect_whole_grads(last, whole);
     }
@@ -130,15 +134,10 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
 TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
   for (bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    ModelConfig cfg = stage_model();
-    cfg.tie_embeddings = tied;
-    const ModelDesc desc = describe_model(cfg);
-    const int64_t T = cfg.seq_len;
-    const std::vector<int32_t> tok = tokens(cfg);
-    const float dloss = 1.0f / static_cast<float>(kMicro * T);
-    ChunkCombiner whole_loss;
-    const std::unique_ptr<Model> whole_model = whole_step(desc, tok, dloss, whole_loss);
-    const Model& whole = *whole_model;
+    const WholeStep w(tied);
+    const ModelDesc& desc = w.desc;
+    const int64_t T = w.cfg.seq_len;
+    const Model& whole = *w.model;
 
     const size_t n = desc.layers.size();
     const size_t cuts[5] = {0, 2, n / 2, n - 2, n};  // stage s: layers [cuts[s], cuts[s + 1])
@@ -153,12 +152,12 @@ TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
     std::copy(r0.params(), r0.params() + r1.tied_copy().size(), r1.tied_copy().begin());
     r0.zero_grad();
     r1.zero_grad();
-    const int64_t rows = r0.stream_tokens(1) * cfg.d_model;
+    const int64_t rows = r0.stream_tokens(1) * w.cfg.d_model;
     // Stage s is chunk s / 2 of model s % 2.
     Model* holder[2] = {&r0, &r1};
     ChunkCombiner loss;
     for (int64_t mb = 0; mb < kMicro; ++mb) {
-      const MicroBatch batch{tok.data() + mb * T, tok.data() + mb * T + 1, 1, mb * T};
+      const MicroBatch batch{w.tok.data() + mb * T, w.tok.data() + mb * T + 1, 1, mb * T};
       for (size_t st = 0; st < 4; ++st) {
         Model& m = *holder[st % 2];
         if (st > 0) {
@@ -174,13 +173,13 @@ TEST(ModelStages, InterleavedChunksGiveTheWholeModelsBits) {
       for (size_t st = 4; st-- > 0;) {
         Model& m = *holder[st % 2];
         if (st < 3) std::copy(grad.begin(), grad.end(), m.stage_output_grad());
-        m.backward(mb, dloss, loss, mb == 2, st / 2);
+        m.backward(mb, w.dloss, loss, mb == 2, st / 2);
         if (st > 0) grad.assign(m.stage_input_grad(), m.stage_input_grad() + rows);
       }
     }
     r0.finish_grads();
     r1.finish_grads();
-    EXPECT_EQ(f32_bits(loss.finish()), f32_bits(whole_loss.finish()));
+    EXPECT_EQ(f32_bits(loss.finish()), f32_bits(w.loss));
     expect_whole_grads(r0, whole);
     expect_whole_grads(r1, whole);
   }
