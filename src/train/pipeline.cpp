@@ -281,26 +281,26 @@ std::string measured_bubble(comm::Communicator& world, int64_t pp, int64_t tp, d
                             double stage_s) {
   const std::vector<double> compute = world.all_gather(compute_s), total = world.all_gather(stage_s);
   const std::vector<double> memory = world.all_gather(peak_memory_mib());
-  std::vector<double> stage_compute(static_cast<size_t>(pp), 0), stage_total(static_cast<size_t>(pp), 0),
-      stage_memory(static_cast<size_t>(pp), 0);
+  std::vector<double> rank_compute(static_cast<size_t>(pp), 0), rank_total(static_cast<size_t>(pp), 0),
+      rank_memory(static_cast<size_t>(pp), 0);
   for (size_t w = 0; w < compute.size(); ++w) {
-    const auto stage = static_cast<size_t>((static_cast<int64_t>(w) / tp) % pp);  // mesh order: tp fastest, then pp
-    stage_compute[stage] += compute[w];
-    stage_total[stage] += total[w];
-    stage_memory[stage] = std::max(stage_memory[stage], memory[w]);
+    const auto r = static_cast<size_t>((static_cast<int64_t>(w) / tp) % pp);  // mesh order: tp fastest, then pp
+    rank_compute[r] += compute[w];
+    rank_total[r] += total[w];
+    rank_memory[r] = std::max(rank_memory[r], memory[w]);
   }
   std::ostringstream s;
-  s << std::fixed << std::setprecision(1) << "pipeline: measured bubble by stage";
+  s << std::fixed << std::setprecision(1) << "pipeline: measured bubble by pipeline rank";
   double all_compute = 0, all_total = 0;
-  for (size_t i = 0; i < stage_compute.size(); ++i) {
-    s << (i ? ", " : " ") << 100 * (stage_total[i] > 0 ? 1 - stage_compute[i] / stage_total[i] : 0) << "%";
-    all_compute += stage_compute[i];
-    all_total += stage_total[i];
+  for (size_t i = 0; i < rank_compute.size(); ++i) {
+    s << (i ? ", " : " ") << 100 * (rank_total[i] > 0 ? 1 - rank_compute[i] / rank_total[i] : 0) << "%";
+    all_compute += rank_compute[i];
+    all_total += rank_total[i];
   }
   s << " (mean " << 100 * (all_total > 0 ? 1 - all_compute / all_total : 0)
     << "%: the share of the passes' time spent waiting for a neighbour, steps after the first); the schedule's "
-    << 100 * unit_bubble << "% on unit pass costs; peak memory by stage";
-  for (size_t i = 0; i < stage_memory.size(); ++i) s << (i ? ", " : " ") << std::setprecision(0) << stage_memory[i] << " MiB";
+    << 100 * unit_bubble << "% on unit pass costs; peak memory by pipeline rank";
+  for (size_t i = 0; i < rank_memory.size(); ++i) s << (i ? ", " : " ") << std::setprecision(0) << rank_memory[i] << " MiB";
   return s.str();
 }
 

@@ -99,9 +99,10 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
 // sum, rounded once. No-ops for an untied model or pp = 1. Collective over pp.
 void sync_tied_copy(Model& model, comm::Communicator& pp);
 
-// "pipeline: measured bubble by stage ...": each stage's share of its passes' time spent waiting
-// for a neighbour (compute_s of stage_s, summed over its ranks: the world's ranks in mesh order,
-// tp fastest, then pp), beside the schedule's unit_bubble, and each stage's largest peak resident
+// "pipeline: measured bubble by pipeline rank ...": each pipeline rank's share of its passes' time
+// spent waiting for a neighbour (compute_s of stage_s, summed over the world's ranks at that
+// pipeline rank: mesh order, tp fastest, then pp) — its stage's, or with interleaving its stages'
+// together — beside the schedule's unit_bubble, and each pipeline rank's largest peak resident
 // memory. Collective over `world`.
 std::string measured_bubble(comm::Communicator& world, int64_t pp, int64_t tp, double unit_bubble, double compute_s,
                             double stage_s);

@@ -63,7 +63,7 @@ mpirun --oversubscribe -np 2 "${two[@]}" "${il[@]}" --parallel.pp=2 --parallel.v
 for flags in "--parallel.pp=2" "${il[*]} --parallel.pp=2 --parallel.virtual_stages=2"; do
   # shellcheck disable=SC2086
   mpirun --oversubscribe -np 2 "${train[@]}" $flags > bubble.log 2>&1 || fail "$flags: $(tail -3 bubble.log)"
-  grep -q '^pipeline: measured bubble by stage' bubble.log || fail "$flags: no measured bubble: $(grep '^pipeline' bubble.log)"
+  grep -q '^pipeline: measured bubble by pipeline rank' bubble.log || fail "$flags: no measured bubble: $(grep '^pipeline' bubble.log)"
   echo "$flags: $(grep '^pipeline: measured bubble' bubble.log)"
 done
 
