@@ -11,6 +11,12 @@ namespace lockstep::parallel {
 
 const char* reduce_mode_name(ReduceMode m) { return m == ReduceMode::kExact ? "exact" : "fast"; }
 
+std::string zero3_layout_problem(int64_t pp, Precision linears) {
+  if (pp > 1) return "[parallel] pp > 1 (a stage's tied copy of wte is synced from whole parameters)";
+  if (linears == Precision::kFp8) return "[train] precision = \"fp8\" (fp8 linears keep quantized copies of whole weights)";
+  return "";
+}
+
 DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode,
                       const std::string& source) {
   LS_REQUIRE(batch % dp == 0, source, ": [train] batch_size (", batch, ") must be a multiple of [parallel] dp (",

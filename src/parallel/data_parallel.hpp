@@ -98,6 +98,10 @@ enum class ReduceMode : uint8_t { kExact, kFast };
 
 // The highest ZeRO stage DataParallel runs.
 inline constexpr int kMaxZeroStage = 3;
+// What of a layout ZeRO-3 does not run with, and why ("" where it runs): pipeline stages (a
+// stage's tied copy of wte is synced from whole parameters) and fp8 linears (they keep quantized
+// copies of whole weights). The trainer refuses these, and the planner does not price them.
+std::string zero3_layout_problem(int64_t pp, Precision linears);
 const char* reduce_mode_name(ReduceMode m);
 
 // A rank's share of the global batch.

@@ -50,6 +50,7 @@ Zero3Params::Zero3Params(Model& model, comm::Communicator& dp, const ShardPlan& 
   }
   for (Window& w : windows_) w.data.resize(static_cast<size_t>(largest));
   bf16_.resize(static_cast<size_t>(largest_bf16));
+  bf16_send_.resize(bf16_.size());  // MPI may not send from the receive buffer
   model_.set_param_storage(this);
   if (threaded) worker_ = std::thread([this] { run_worker(); });
 }
@@ -79,14 +80,11 @@ void Zero3Params::fill(Window& w, size_t layer) {
       continue;
     }
     // Rounded by its owner, sent as bf16, widened here: the bits the model's own rounding of the
-    // gathered fp32 weight would give, for half the bytes. This rank's part is rounded into its
-    // place of the receive buffer first and sent from a copy.
-    uint16_t* bits = bf16_.data();
-    const int64_t mine = part.first(me), n = part.size(me);
-    for (int64_t i = 0; i < n; ++i) bits[mine + i] = bf16_from_f32(shard_[static_cast<size_t>(from + i)]);
-    const std::vector<uint16_t> send(bits + mine, bits + mine + n);
-    comm_->all_gatherv(send.data(), bits, part.sizes(), part.firsts(), DType::kU16);
-    for (int64_t i = 0; i < r.end - r.first; ++i) out[i] = bf16_to_f32(bits[i]);
+    // gathered fp32 weight would give, for half the bytes.
+    const int64_t n = part.size(me);
+    for (int64_t i = 0; i < n; ++i) bf16_send_[static_cast<size_t>(i)] = bf16_from_f32(shard_[static_cast<size_t>(from + i)]);
+    comm_->all_gatherv(bf16_send_.data(), bf16_.data(), part.sizes(), part.firsts(), DType::kU16);
+    for (int64_t i = 0; i < r.end - r.first; ++i) out[i] = bf16_to_f32(bf16_[static_cast<size_t>(i)]);
   }
   w.where.clear();
   for (int64_t at : g.at) w.where.push_back(w.data.data() + at);
@@ -191,7 +189,7 @@ void Zero3Params::release_whole() {
 
 uint64_t Zero3Params::bytes() const {
   return (shard_.size() + windows_[0].data.size() + windows_[1].data.size()) * sizeof(float) +
-         bf16_.size() * sizeof(uint16_t);
+         (bf16_.size() + bf16_send_.size()) * sizeof(uint16_t);
 }
 
 OverlapStats Zero3Params::take_stats() {

@@ -24,9 +24,10 @@
 // computes on whole parameters, in either mode.
 //
 // The update writes the shard (DataParallel::step), which makes the windows stale: invalidate().
-// Whole parameters, for what reads or writes them outside the passes (checkpoint resume, the final
-// model hash): hold_whole() all-gathers every shard into the model's whole buffer; release_whole()
-// writes this rank's part of it back into the shard and frees it.
+// Whole parameters, for what writes them outside the passes (initialisation from another model's
+// file): hold_whole() all-gathers every shard into the model's whole buffer; release_whole()
+// writes this rank's part of it back into the shard and frees it. What only reads them gathers the
+// shards (DataParallel::gather_shards).
 //
 // Memory per rank: N/dp for the shard, plus two windows as large as the largest layer's tensors
 // (bytes()) — instead of N.
@@ -72,7 +73,7 @@ class Zero3Params final : public ParamStorage {
   void release_whole();
 
   // Bytes of parameters a rank holds between whole-parameter uses: its shard, the two windows and
-  // the bf16 gathers' buffer.
+  // the bf16 gathers' buffers.
   uint64_t bytes() const;
   // The gathers since the last call: the time they took on the worker (or the main thread) and
   // the main thread's wait for them; their bytes are on the group's stats (absorb_into).
@@ -109,7 +110,8 @@ class Zero3Params final : public ParamStorage {
   ShardPlan plan_;
   int64_t first_;
   std::vector<float> shard_;
-  std::vector<uint16_t> bf16_;  // a bf16 run's gather (the worker's, or the main thread's without one)
+  // A bf16 run's gather and this rank's part of it (the worker's, or the main thread's without one).
+  std::vector<uint16_t> bf16_, bf16_send_;
   std::vector<LayerGather> layers_;
   Window windows_[2];
   size_t current_ = 0;  // the window the model reads now

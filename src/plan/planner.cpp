@@ -65,15 +65,11 @@ double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t 
                                 int64_t n) const {
   // Each micro-batch's forward gathers every layer but the first (the last backward left it in
   // its window), its backward every layer but the last; the step's first forward its first too.
-  double forward = 0, backward = 0;
-  for (double bytes : layer_bytes) {
-    const double g = all_reduce(bytes, n, link) / 2;
-    forward += g;
-    backward += g;
-  }
-  const double first = all_reduce(layer_bytes.front(), n, link) / 2;
-  const double last = all_reduce(layer_bytes.back(), n, link) / 2;
-  const double total = static_cast<double>(micro) * (forward - first + backward - last) + first;
+  const auto gather = [&](double bytes) { return all_reduce(bytes, n, link) / 2; };
+  double every = 0;
+  for (double bytes : layer_bytes) every += gather(bytes);
+  const double first = gather(layer_bytes.front());
+  const double total = static_cast<double>(micro) * (2 * every - first - gather(layer_bytes.back())) + first;
   // The worker gathers the next layer while the passes compute: what the passes cannot hide, and
   // at least the first layer's gather, which nothing precedes — all of it where the worker has no
   // core of its own (its polling then slows the passes as much as it would have waited).
@@ -197,13 +193,12 @@ Problem Planner::problem(const Layout& layout) {
   if (layout.zero > parallel::kMaxZeroStage) {
     return {"zero", str_cat("zero ", layout.zero, ": the trainer runs ZeRO stages 0 to ", parallel::kMaxZeroStage)};
   }
-  // What the trainer refuses beside ZeRO-3 (trainer.cpp's check_zero3).
-  if (layout.zero == 3 && layout.pp > 1) return {"zero", "zero 3 with pp > 1: the trainer runs ZeRO-3 without pipelining"};
-  if (layout.zero == 3 && request_.precision == Precision::kFp8) {
-    return {"zero", "zero 3 in fp8: the trainer runs ZeRO-3 with fp32 and bf16 linears"};
+  if (layout.zero == 3) {
+    const std::string why = parallel::zero3_layout_problem(layout.pp, request_.precision);
+    if (!why.empty()) return {"zero", "zero 3 does not run with " + why};
   }
   if (layout.pp > 1 && !trainer_runs(layout.schedule)) {
-    return {"schedule", str_cat("the trainer runs the gpipe and 1f1b schedules, not ",
+    return {"schedule", str_cat("the trainer runs the gpipe, 1f1b and interleaved schedules, not ",
                                 parallel::schedule_name(layout.schedule))};
   }
   // The trainer's own checks: the batch split, the schedule's shape, tensor parallelism, stages.

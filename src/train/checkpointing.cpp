@@ -441,9 +441,8 @@ void Checkpointer::report(const Written& w) {
   if (on_saved_) on_saved_(w.dir, w.step);
 }
 
-std::string model_hash(TrainRun& run) {
-  std::vector<float> params;
-  run.with_whole_params([&] { params = run.gather(run.model.params()); });
+std::string model_hash(const TrainRun& run) {
+  const std::vector<float> params = run.gather(run.held_params().data(), run.ddp.sharded_params() != nullptr);
   return hex64(ckpt::model_hash(state_tensors(run.global_layout, params.data(), nullptr, nullptr)));
 }
 

@@ -95,7 +95,7 @@ class Checkpointer final : public StepObserver {
 };
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp (and dp under ZeRO-3).
-std::string model_hash(TrainRun& run);
+std::string model_hash(const TrainRun& run);
 
 // A piece of a rank's tensor-parallel slice that the rank writes in a sharded save — the
 // parameters and both AdamW moments alike: the local elements [first, end) of `tensor`.

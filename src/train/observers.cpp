@@ -104,13 +104,7 @@ void DumpSteps::dump_params(int64_t step, const std::string& prefix, const float
   std::vector<std::string> names;
   for (const auto& p : run_.global_layout) names.push_back(prefix + p.name);
   if (!dump_.wants_any(step, names)) return;
-  std::vector<float> replica;
-  if (dp_sharded) {
-    replica.resize(static_cast<size_t>(run_.model.num_params()));
-    run_.ddp.gather_shards(local, replica.data());
-    local = replica.data();
-  }
-  const std::vector<float> global = run_.gather(local);
+  const std::vector<float> global = run_.gather(local, dp_sharded);
   for (size_t i = 0; i < run_.global_layout.size(); ++i) {
     dump_.add(names[i], global.data() + run_.global_layout[i].offset, run_.global_layout[i].shape);
   }
@@ -124,7 +118,8 @@ void DumpSteps::after_reduce(int64_t step, float loss) {
 }
 
 void DumpSteps::after_update(int64_t step) {
-  run_.with_whole_params([&] { dump_params(step, "param/", run_.model.params(), false); });
+  // Under ZeRO-3 the parameters are sharded over dp as a ZeRO-2 gradient is.
+  dump_params(step, "param/", run_.held_params().data(), run_.ddp.sharded_params() != nullptr);
   dump_.end_step();
 }
 

@@ -66,8 +66,8 @@ class DumpSteps final : public StepObserver {
 
  private:
   // Dumps the whole tensors of `local` (this rank's flat buffer) as prefix + name, if `step` dumps
-  // any of them: ZeRO-2's gradient shards (dp_sharded) are gathered over dp first, then the tp
-  // shards over tp. Collective; the decision is the same on every rank.
+  // any of them: dp shards (dp_sharded: ZeRO-2's gradient, ZeRO-3's parameters) are gathered over
+  // dp first, then the tp shards over tp. Collective; the decision is the same on every rank.
   void dump_params(int64_t step, const std::string& prefix, const float* local, bool dp_sharded);
   TrainRun& run_;
   verify::DumpWriter& dump_;

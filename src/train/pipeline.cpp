@@ -23,6 +23,8 @@ constexpr int kTiedWeightTag = 24;  // wte, from the first stage to the last one
 // stage, since two ranks exchange messages of several stages pairs when they hold several chunks.
 int activation_tag(int64_t stage) { return 1000 + static_cast<int>(stage); }
 int gradient_tag(int64_t stage) { return 5000 + static_cast<int>(stage); }
+// The pipeline rank holding stage s of pp ranks' (stage = chunk · pp + rank).
+int stage_rank(int64_t stage, int64_t pp) { return static_cast<int>(stage % pp); }
 
 bool tied_across_stages(const Model& model, const comm::Communicator& pp) {
   return pp.size() > 1 && model.config().tie_embeddings;
@@ -220,7 +222,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
   std::vector<comm::Handle> sends;
   const auto send = [&](const float* data, int64_t stage, int tag) {
     outbox.emplace_back(data, data + floats);
-    sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, static_cast<int>(stage % p), tag));
+    sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, stage_rank(stage, p), tag));
   };
   const bool tied = tied_across_stages(model, pp);
   // Each chunk's last backward: its gradients are final there (grad-ready hook). The rank's very
@@ -241,8 +243,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
     const int64_t at = pass.micro * batch.micro * T;
     if (pass.kind == parallel::PassKind::kForward) {
       if (stage > 0) {
-        pp.recv(model.stage_input(pass.micro, chunk), floats, DType::kF32, static_cast<int>((stage - 1) % p),
-                activation_tag(stage));
+        pp.recv(model.stage_input(pass.micro, chunk), floats, DType::kF32, stage_rank(stage - 1, p), activation_tag(stage));
       }
       timed([&] {
         model.forward(pass.micro, {batch.inputs + at, batch.targets + at, batch.micro, batch.first_token + at}, chunk);
@@ -252,7 +253,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
       LS_CHECK(pass.kind == parallel::PassKind::kBackward, "a split backward (", parallel::pass_letter(pass.kind),
                ") in a schedule the trainer runs");
       if (stage + 1 < stages) {
-        pp.recv(model.stage_output_grad(), floats, DType::kF32, static_cast<int>((stage + 1) % p), gradient_tag(stage));
+        pp.recv(model.stage_output_grad(), floats, DType::kF32, stage_rank(stage + 1, p), gradient_tag(stage));
       }
       // The last stage has run all its backwards: its head gradient of wte is complete.
       if (first && tied && i == final_backward) receive_tied_grad(model, pp, model.param("wte").numel);
@@ -310,10 +311,10 @@ void eval_through_stages(Model& model, comm::Communicator& pp, const MicroBatch&
   for (size_t chunk = 0; chunk < model.num_chunks(); ++chunk) {
     const int64_t stage = static_cast<int64_t>(chunk) * p + pp.rank();
     if (stage > 0) {
-      pp.recv(model.stage_input(0, chunk), floats, DType::kF32, static_cast<int>((stage - 1) % p), activation_tag(stage));
+      pp.recv(model.stage_input(0, chunk), floats, DType::kF32, stage_rank(stage - 1, p), activation_tag(stage));
     }
     const float* out = model.eval_forward(0, batch, loss_sum, chunk);
-    if (stage + 1 < stages) pp.send(out, floats, DType::kF32, static_cast<int>((stage + 1) % p), activation_tag(stage + 1));
+    if (stage + 1 < stages) pp.send(out, floats, DType::kF32, stage_rank(stage + 1, p), activation_tag(stage + 1));
   }
 }
 

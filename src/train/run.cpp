@@ -4,7 +4,13 @@
 
 namespace lockstep {
 
-std::vector<float> TrainRun::gather(const float* local) const {
+std::vector<float> TrainRun::gather(const float* local, bool dp_sharded) const {
+  std::vector<float> replica;
+  if (dp_sharded) {
+    replica.resize(static_cast<size_t>(model.num_params()));
+    ddp.gather_shards(local, replica.data());
+    local = replica.data();
+  }
   std::vector<float> stage = tensor_parallel() ? parallel::gather_global(cfg.model, model.param_layout(), local, tp)
                                                : std::vector<float>(local, local + model.num_params());
   if (!pipelined()) return stage;

@@ -41,9 +41,10 @@ struct TrainRun {
 
   bool tensor_parallel() const { return tp.size() > 1; }
   bool pipelined() const { return pp != nullptr && pp->size() > 1; }
-  // This rank's flat buffer (its layout) as whole tensors in global_layout: gathered over tp, and
-  // the stages' over pp, put in stage order. Collective over tp and pp.
-  std::vector<float> gather(const float* local) const;
+  // This rank's flat buffer (its layout) as whole tensors in global_layout: its dp shard (`local`
+  // then holds ddp's shard only: a ZeRO-2 gradient, ZeRO-3 parameters) gathered over dp first, then
+  // over tp, and the stages' over pp, put in stage order. Collective over tp and pp (and dp).
+  std::vector<float> gather(const float* local, bool dp_sharded = false) const;
   // The parameters this rank holds: the model's whole buffer, or under ZeRO-3 its shard (of the
   // flat buffer, from ddp.shard_first()).
   std::span<float> held_params() const;

@@ -67,9 +67,8 @@ void check_zero3(const RunConfig& cfg, const std::vector<Injection>& faults) {
     LS_REQUIRE(!conflict, cfg.source, ": [parallel] zero = 3 does not run with ", what, " (", why,
                "); use zero = 2 for it");
   };
-  refuse(cfg.parallel.pp > 1, "[parallel] pp > 1", "a stage's tied copy of wte is synced from whole parameters");
-  refuse(cfg.train.precision == Precision::kFp8, "[train] precision = \"fp8\"",
-         "fp8 linears keep quantized copies of whole weights");
+  const std::string layout = parallel::zero3_layout_problem(cfg.parallel.pp, cfg.train.precision);
+  LS_REQUIRE(layout.empty(), cfg.source, ": [parallel] zero = 3 does not run with ", layout, "; use zero = 2 for it");
   refuse(cfg.verify.abft, "[verify] abft", "its checksums know the weights by their address");
   refuse(cfg.verify.reference_every > 0, "[verify] reference_every", "the reference reads an op's parameters between passes");
   refuse(cfg.verify.buddy_every > 0, "[verify] buddy_every", "a buddy's replay is not checked under sharded parameters");

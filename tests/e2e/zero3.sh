@@ -90,8 +90,9 @@ read -r held2 shard2 whole < <(held deep_dp2.log)
 read -r held4 shard4 _ < <(held deep_dp4.log)
 [ -n "$held2" ] && [ -n "$held4" ] || fail "no ZeRO-3 memory in the parallel lines: $(grep '^parallel:' deep_dp2.log)"
 [ "$held2" -lt "$whole" ] && [ "$held4" -lt "$held2" ] || fail "ZeRO-3 holds $held2 (dp2), $held4 (dp4) of $whole bytes"
-# The shard is about N / dp (cuts on 64-element chunks).
-python3 -c "import sys; s2, s4, n = $shard2, $shard4, $whole // 4; sys.exit(not (abs(s2 - n / 2) <= 64 * 16 and abs(s4 - n / 4) <= 64 * 16))" \
+# The shard is N / dp but for its cuts, each moved up to the next 64-element chunk start (and
+# the rounding of r · N / dp).
+python3 -c "import sys; s2, s4, n = $shard2, $shard4, $whole // 4; sys.exit(not (abs(s2 - n / 2) <= 64 + 1 and abs(s4 - n / 4) <= 64 + 1))" \
   || fail "shards $shard2 (dp2), $shard4 (dp4) of $((whole / 4)) parameters"
 
 # Bad input: one line each.
