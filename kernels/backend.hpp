@@ -17,6 +17,7 @@
 #include "kernels/ops/embedding.hpp"
 #include "kernels/ops/linear.hpp"
 #include "kernels/ops/mode.hpp"
+#include "kernels/ops/moe.hpp"
 #include "kernels/ops/norm.hpp"
 #include "kernels/ops/optim.hpp"
 #include "kernels/ops/quantize.hpp"

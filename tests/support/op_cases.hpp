@@ -998,6 +998,12 @@ class ScaleInplace final : public OptimCase {
   std::vector<float> got_;
 };
 
+// ---- moe.hpp (its own file: it relies on the helpers above)
+
+}  // namespace lockstep::test
+#include "tests/support/op_cases_moe.hpp"
+namespace lockstep::test {
+
 // ---- the registry: one maker per line of ops.def.
 
 inline std::unique_ptr<OpCase> make_linear_forward(const CaseSpec& c) { return std::make_unique<LinearForward>(c); }

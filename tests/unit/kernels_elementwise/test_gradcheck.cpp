@@ -11,6 +11,7 @@
 
 #include "reference/activation.hpp"
 #include "reference/embedding.hpp"
+#include "reference/moe.hpp"
 #include "reference/norm.hpp"
 #include "support.hpp"
 #include "verify/core/bounds.hpp"
@@ -163,6 +164,72 @@ TEST(ReferenceGradient, EmbeddingMatchesMpfrFiniteDifferences) {
     reference::embedding_forward<Mp>(B, T, C, V, o.data(), tokens.data(), x.data(), x.data() + V * C);
     return weighted_sum(o, wl);
   }, x0, grad, mag, 2 + B * T * C, 53);
+}
+
+// The router's backward with the balancing loss's gradient, for L = Σ gates·w + the mean over
+// groups of the balancing loss (daux's scale: dloss = 1/N), the choice held at the unperturbed
+// logits (top_k of distinct probabilities: a step of 2^-19 does not reorder them).
+TEST(ReferenceGradient, RouterWithBalancingLossMatchesMpfrFiniteDifferences) {
+  const int64_t N = 6, E = 5, K = 2, group = 3;
+  const float weight = 0.5f, dloss = 1.0f / static_cast<float>(N);
+  for (bool softmax : {true, false}) {
+    for (bool normalize : {false, true}) {
+      const reference::RouterDims s{N, E, K, softmax, normalize, group};
+      const auto wl = random_mp(N * K, 51, -1.0f, 1.0f);
+      const std::vector<Mp> x0 = random_mp(N * E, 52, -3.0f, 3.0f);
+      std::vector<Mp> probs(N * E), gates(N * K);
+      std::vector<int32_t> experts;
+      {
+        std::vector<int32_t> none(N * K, 0);
+        reference::router_forward<Mp>(s, probs.data(), gates.data(), x0.data(), none.data());
+        for (int64_t n = 0; n < N; ++n) {
+          std::vector<float> p(E);
+          for (int64_t e = 0; e < E; ++e) p[e] = probs[n * E + e].convert_to<float>();
+          for (int32_t e : reference::top_k(p.data(), E, K)) experts.push_back(e);
+        }
+      }
+      const auto loss = [&](const std::vector<Mp>& x, Mp* mag) {
+        std::vector<Mp> p(N * E), g(N * K), aux(N / group), daux(N / group * E);
+        reference::router_forward<Mp>(s, p.data(), g.data(), x.data(), experts.data());
+        reference::moe_aux_loss<Mp>(s, weight, dloss, aux.data(), daux.data(), p.data(), experts.data());
+        Mp total = weighted_sum(g, wl, mag);
+        for (const Mp& a : aux) total += a * Mp(group) * Mp(dloss);
+        return total;
+      };
+      Mp mag;
+      loss(x0, &mag);
+      std::vector<Mp> p(N * E), g(N * K), aux(N / group), daux(N / group * E), grad(N * E);
+      reference::router_forward<Mp>(s, p.data(), g.data(), x0.data(), experts.data());
+      reference::moe_aux_loss<Mp>(s, weight, dloss, aux.data(), daux.data(), p.data(), experts.data());
+      reference::router_backward<Mp>(s, grad.data(), p.data(), experts.data(), g.data(), wl.data(), daux.data());
+      const std::string what = std::string("router ") + (softmax ? "softmax" : "sigmoid") +
+                               (normalize ? " normalized" : "");
+      check_directional(what, [&](const std::vector<Mp>& x) { return loss(x, nullptr); }, x0, grad, mag + 1, 16 + 4 * E,
+                        53);
+    }
+  }
+}
+
+// Combine's backward: L = Σ w·out over the experts' rows y and the gates.
+TEST(ReferenceGradient, MoeCombineMatchesMpfrFiniteDifferences) {
+  struct {
+    int64_t N, R, C, K;
+  } const s{4, 6, 9, 2};
+  const std::vector<int32_t> rows = {0, 3, 1, -1, 4, 2, 5, -1};  // two dropped choices
+  const auto wl = random_mp(s.N * s.C, 61, -1.0f, 1.0f);
+  const std::vector<Mp> x0 = random_mp(s.R * s.C + s.N * s.K, 62, -2.0f, 2.0f);
+  const auto forward = [&](const std::vector<Mp>& x) {
+    std::vector<Mp> out(s.N * s.C);
+    reference::moe_combine_forward<Mp>(s.N, s.C, s.K, out.data(), x.data(), rows.data(), x.data() + s.R * s.C);
+    return out;
+  };
+  Mp mag;
+  weighted_sum(forward(x0), wl, &mag);
+  std::vector<Mp> grad(x0.size(), Mp(0));
+  reference::moe_combine_backward<Mp>(s.N, s.C, s.K, grad.data(), grad.data() + s.R * s.C, wl.data(), x0.data(), rows.data(),
+                                      x0.data() + s.R * s.C);
+  check_directional("moe combine", [&](const std::vector<Mp>& x) { return weighted_sum(forward(x), wl); }, x0, grad,
+                    mag, 16 + s.C, 63);
 }
 
 }  // namespace
