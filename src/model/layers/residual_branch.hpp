@@ -1,9 +1,12 @@
-// The frame the two sub-layers of a pre-norm block share: y = x + out(f(in(norm(x)))), with the
-// norm, the linear into the branch (column-parallel under tensor parallelism) and the one back into
-// the stream (row-parallel), their parameters, the slot activations every branch keeps (the norm's
-// output and statistics — shared with the other recomputed branches when recomputed — and the
-// stream after the branch, always its own), and the first and last steps of the forward and the
-// backward. attention.cpp and mlp.cpp fill in f.
+// The frames the sub-layers of a pre-norm block share: y = x + f(norm(x)).
+//   PreNormBranch   the norm, its parameters and slot activations (the norm's output and
+//                   statistics — shared with the other recomputed branches when recomputed), the
+//                   stream after the branch (always its own), and the norm's forward and backward;
+//   ResidualBranch  adds the linear into the branch (column-parallel under tensor parallelism)
+//                   and the one back into the stream (row-parallel): y = x + out(f(in(norm(x)))),
+//                   with the first and last steps of the forward and the backward.
+// attention.cpp and mlp.cpp fill in f of a ResidualBranch, moe.cpp the whole branch of a
+// PreNormBranch.
 // Not here: the declarations (each kind declares its own names), f itself.
 #pragma once
 
@@ -16,27 +19,19 @@
 
 namespace lockstep {
 
-class ResidualBranch : public Layer {
+class PreNormBranch : public Layer {
  public:
   bool residual() const override { return true; }
   const float* output(int slot) const override { return res_[static_cast<size_t>(slot)].data(); }
 
  protected:
-  // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv").
-  ResidualBranch(const LayerDesc& desc, const LayerBuild& b, const char* norm, const char* in, const char* out)
+  // norm: the local name of the norm ("ln1").
+  PreNormBranch(const LayerDesc& desc, const LayerBuild& b, const char* norm)
       : Layer(desc),
         C_(desc.dims.C),
         norm_(b.ctx.plan().norm(this->desc())),
         ln_w_(b.ctx.find_param(name(std::string(norm) + "/weight"))),
         ln_b_(b.ctx.find_param(name(std::string(norm) + "/bias"))),
-        in_w_(b.ctx.find_param(name(std::string(in) + "/weight"))),
-        in_b_(b.ctx.find_param(name(std::string(in) + "/bias"))),
-        out_w_(b.ctx.find_param(name(std::string(out) + "/weight"))),
-        out_b_(b.ctx.find_param(name(std::string(out) + "/bias"))),
-        in_linear_(name(in)),
-        out_linear_(name(out)),
-        in_(b.ctx.linear(this->desc(), *in_w_, in_linear_)),
-        out_(b.ctx.linear(this->desc(), *out_w_, out_linear_)),
         ln_name_(name(std::string(norm) + "/out")),
         grad_ln_name_("grad/" + ln_name_),
         grad_in_name_("grad/" + desc.input),
@@ -53,39 +48,21 @@ class ResidualBranch : public Layer {
     std::vector<float> ln, mean, rstd;  // norm(x) (all tokens) and its statistics
   };
   Norm& slot(const Pass& p) { return norms_[p.slot]; }
+  float* res(const Pass& p) { return res_[static_cast<size_t>(p.slot)].data(); }
 
-  // ln = norm(x), shown as ln1/out or ln2/out.
-  void norm_forward(LayerContext& ctx, const Pass& p, const float* x) {
+  // ln = norm(x), shown as ln1/out or ln2/out; stored for linear `reader` (its precision's
+  // rounding; "" : kept as computed).
+  void norm_forward(LayerContext& ctx, const Pass& p, const float* x, const std::string& reader) {
     Norm& s = slot(p);
     norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), p.BT, s.ln.data(), s.mean.data(), s.rstd.data(), x,
                    ctx.param(ln_w_), ctx.param(ln_b_));
-    ctx.store_for(in_linear_, s.ln.data(), p.BT * C_);
+    if (!reader.empty()) ctx.store_for(reader, s.ln.data(), p.BT * C_);
     ctx.observe(ln_name_, s.ln.data(), {p.B, p.T, C_});
   }
-  // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
-  void out_forward(LayerContext& ctx, const Pass& p, const float* x, const float* branch, int64_t K) {
-    float* res = res_[static_cast<size_t>(p.slot)].data();
-    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, res, branch,
-                  ctx.linear_weight(out_w_, out_linear_), ctx.param(out_b_));
-    ctx.backend().residual_forward(p.RS * C_, res, res, x);
-    ctx.observe(desc().output, res, {p.RB, p.RT, C_});
-  }
-  // dbranch = out's input gradient from dres (the stream's); out's parameter gradients.
-  void out_backward(LayerContext& ctx, const Pass& p, const float* dres, float* dbranch, const float* branch,
-                    int64_t K) {
-    out_->backward(ctx.backend(), ctx.mode(), {p.BT, K, C_}, p.token_offset, dbranch, ctx.sink(out_w_),
-                   ctx.sink(out_b_), dres, branch, ctx.linear_weight(out_w_, out_linear_));
-    ctx.grads_ready(p, out_w_, out_b_);
-  }
-  // The backward's last steps from din (the gradient of in's K outputs): in's input gradient
-  // (dnorm: the stream's tokens), the norm's backward added into dres, their parameter gradients,
-  // and dres shown as the gradient of the layer's input.
-  void in_norm_backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float* dnorm, const float* din,
-                        int64_t K) {
+  // From dnorm (the gradient of the norm's output, the stream's tokens): the norm's backward added
+  // into dres, its parameter gradients, and dres shown as the gradient of the layer's input.
+  void norm_backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float* dnorm) {
     Norm& s = slot(p);
-    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
-                  din, s.ln.data(), ctx.linear_weight(in_w_, in_linear_));
-    ctx.grads_ready(p, in_w_, in_b_);
     ctx.observe(grad_ln_name_, dnorm, {p.RB, p.RT, C_});
     norm_backward_rows(ctx.backend(), desc(), ctx.mode(), p.RS, p.stream_offset, dres, ctx.sink(ln_w_),
                        ctx.sink(ln_b_), dnorm, x, ctx.param(ln_w_), s.mean.data(), s.rstd.data());
@@ -95,12 +72,55 @@ class ResidualBranch : public Layer {
 
   int64_t C_;
   std::unique_ptr<NormOp> norm_;
-  const ParamTensor *ln_w_, *ln_b_, *in_w_, *in_b_, *out_w_, *out_b_;
-  std::string in_linear_, out_linear_;  // the linears' names (precision.hpp)
-  std::unique_ptr<LinearOp> in_, out_;
+  const ParamTensor *ln_w_, *ln_b_;
   std::string ln_name_, grad_ln_name_, grad_in_name_;
   SlotActivations<Norm> norms_;
   std::vector<std::vector<float>> res_;  // per slot: y, the stream (the next layer's input)
+};
+
+class ResidualBranch : public PreNormBranch {
+ protected:
+  // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv").
+  ResidualBranch(const LayerDesc& desc, const LayerBuild& b, const char* norm, const char* in, const char* out)
+      : PreNormBranch(desc, b, norm),
+        in_w_(b.ctx.find_param(name(std::string(in) + "/weight"))),
+        in_b_(b.ctx.find_param(name(std::string(in) + "/bias"))),
+        out_w_(b.ctx.find_param(name(std::string(out) + "/weight"))),
+        out_b_(b.ctx.find_param(name(std::string(out) + "/bias"))),
+        in_linear_(name(in)),
+        out_linear_(name(out)),
+        in_(b.ctx.linear(this->desc(), *in_w_, in_linear_)),
+        out_(b.ctx.linear(this->desc(), *out_w_, out_linear_)) {}
+
+  void norm_forward(LayerContext& ctx, const Pass& p, const float* x) { PreNormBranch::norm_forward(ctx, p, x, in_linear_); }
+  // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
+  void out_forward(LayerContext& ctx, const Pass& p, const float* x, const float* branch, int64_t K) {
+    float* y = res(p);
+    out_->forward(ctx.backend(), ctx.mode_of(desc().output), {p.BT, K, C_}, y, branch,
+                  ctx.linear_weight(out_w_, out_linear_), ctx.param(out_b_));
+    ctx.backend().residual_forward(p.RS * C_, y, y, x);
+    ctx.observe(desc().output, y, {p.RB, p.RT, C_});
+  }
+  // dbranch = out's input gradient from dres (the stream's); out's parameter gradients.
+  void out_backward(LayerContext& ctx, const Pass& p, const float* dres, float* dbranch, const float* branch,
+                    int64_t K) {
+    out_->backward(ctx.backend(), ctx.mode(), {p.BT, K, C_}, p.token_offset, dbranch, ctx.sink(out_w_),
+                   ctx.sink(out_b_), dres, branch, ctx.linear_weight(out_w_, out_linear_));
+    ctx.grads_ready(p, out_w_, out_b_);
+  }
+  // The backward's last steps from din (the gradient of in's K outputs): in's input gradient
+  // (dnorm: the stream's tokens), then the norm's backward (PreNormBranch::norm_backward).
+  void in_norm_backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float* dnorm, const float* din,
+                        int64_t K) {
+    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
+                  din, slot(p).ln.data(), ctx.linear_weight(in_w_, in_linear_));
+    ctx.grads_ready(p, in_w_, in_b_);
+    norm_backward(ctx, p, x, dres, dnorm);
+  }
+
+  const ParamTensor *in_w_, *in_b_, *out_w_, *out_b_;
+  std::string in_linear_, out_linear_;  // the linears' names (precision.hpp)
+  std::unique_ptr<LinearOp> in_, out_;
 };
 
 }  // namespace lockstep
