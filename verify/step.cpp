@@ -237,6 +237,10 @@ std::map<std::string, float> fp8_scales(const StepState& s) {
 }
 
 StepSetup step_setup(const StepState& s) {
+  for (const LayerDesc& l : s.model.layers) {
+    LS_REQUIRE(l.kind != LayerKind::kMoe, "the reference has no mixture-of-experts layer yet (", l.prefix,
+               "moe): verify step and diff --bounds take dense models");
+  }
   const TrainConfig& tc = s.cfg.train;
   StepSetup u;
   u.B = tc.batch_size;
@@ -290,12 +294,8 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   }
   const nlohmann::json now = cfg.to_json();
   const nlohmann::json& then = ck->state.at("config");
-  for (const auto& [key, value] : now["model"].items()) {
-    LS_REQUIRE(then["model"].contains(key) && then["model"][key] == value, ck->dir,
-               ": was written with [model] ", key, " = ",
-               then["model"].value(key, nlohmann::json()).dump(), ", the config has ", value.dump(),
-               " (verify with the config the run used)");
-  }
+  const std::string model = model_config_difference(then, now, "the config");
+  LS_REQUIRE(model.empty(), ck->dir, ": was written with [model] ", model, " (verify with the config the run used)");
   StepState s;
   s.cfg = cfg;
   s.model = describe_model(cfg.model);

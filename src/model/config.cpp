@@ -11,6 +11,8 @@ int64_t ModelConfig::ffn_width() const {
   return (f + 63) / 64 * 64;
 }
 
+int64_t ModelConfig::moe_ffn_width() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_width(); }
+
 void ModelConfig::validate() const {
   // Token files hold uint16 ids (src/data/token_file.hpp); the model's ids are int32, so a larger
   // vocabulary (Llama 3's 128,256, for the planner) is a model, whose ids above 65535 no file feeds.
@@ -29,6 +31,14 @@ void ModelConfig::validate() const {
   LS_REQUIRE(norm_eps > 0, "[model] norm_eps (", norm_eps, ") must be > 0");
   LS_REQUIRE(init_std > 0, "[model] init_std (", init_std, ") must be > 0");
   LS_REQUIRE(rope_theta > 1, "[model] rope_theta (", rope_theta, ") must be > 1");
+  LS_REQUIRE(moe_experts >= 0, "[model] moe_experts (", moe_experts, ") must be >= 0 (0 = dense)");
+  if (moe_experts == 0) return;
+  LS_REQUIRE(moe_top_k >= 1 && moe_top_k <= moe_experts, "[model] moe_top_k (", moe_top_k,
+             ") must be in [1, moe_experts = ", moe_experts, "]: each token chooses that many of the experts");
+  LS_REQUIRE(moe_every >= 1, "[model] moe_every (", moe_every, ") must be >= 1");
+  LS_REQUIRE(moe_ffn_hidden >= 0, "[model] moe_ffn_hidden (", moe_ffn_hidden, ") must be >= 0 (0 = ffn_hidden)");
+  LS_REQUIRE(moe_capacity_factor >= 0, "[model] moe_capacity_factor (", moe_capacity_factor, ") must be >= 0 (0 = dropless)");
+  LS_REQUIRE(moe_aux_weight >= 0, "[model] moe_aux_weight (", moe_aux_weight, ") must be >= 0");
 }
 
 std::string ffn_name(FfnKind k) { return k == FfnKind::kGelu ? "gelu" : "swiglu"; }
@@ -49,6 +59,13 @@ PosKind pos_from_name(const std::string& s) {
   if (s == "learned") return PosKind::kLearned;
   if (s == "rope") return PosKind::kRope;
   throw ConfigError(str_cat("[model] pos: expected \"learned\" or \"rope\", got \"", s, "\""));
+}
+
+std::string router_name(RouterKind k) { return k == RouterKind::kSoftmax ? "softmax" : "sigmoid"; }
+RouterKind router_from_name(const std::string& s) {
+  if (s == "softmax") return RouterKind::kSoftmax;
+  if (s == "sigmoid") return RouterKind::kSigmoid;
+  throw ConfigError(str_cat("[model] moe_router: expected \"softmax\" or \"sigmoid\", got \"", s, "\""));
 }
 
 }  // namespace lockstep

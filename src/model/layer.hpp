@@ -33,6 +33,7 @@
 #include "src/model/layer_list.hpp"
 #include "src/model/fp8_state.hpp"
 #include "src/model/modules.hpp"
+#include "src/model/moe_stats.hpp"
 #include "src/model/param_layout.hpp"
 #include "src/model/precision.hpp"
 
@@ -150,6 +151,7 @@ class LayerContext {
   void store_for(const std::string& name, float* data, int64_t n) {
     if (low_precision(name)) backend_.round_to_bf16(n, data, data);
   }
+  int64_t weight_grad_chunk(const std::string& linear) const { return precision_.weight_grad_chunk(linear); }
   // The fp8 recipe's state (fp8_state.hpp); nullptr unless the model has fp8 linears.
   Fp8State* fp8() const { return fp8_.get(); }
 
@@ -177,6 +179,17 @@ class LayerContext {
     tied_partial_(sink(wte));
     tied_partial_ = nullptr;
   }
+
+  // Whether this pass counts for the step's statistics: a training pass, not an evaluation nor a
+  // recomputed forward.
+  bool recording() const { return !recomputing_ && !evaluating_; }
+  // A MoE layer's statistics (moe_stats.hpp): registered as it is built, by index.
+  size_t add_moe_stats(const std::string& layer, int64_t experts) {
+    moe_stats_.push_back({.layer = layer, .routed = std::vector<double>(static_cast<size_t>(experts)),
+                          .kept = std::vector<double>(static_cast<size_t>(experts))});
+    return moe_stats_.size() - 1;
+  }
+  MoeLayerStats& moe_stats(size_t index) { return moe_stats_[index]; }
 
   // Observers see each tensor once: not again when a recomputed forward makes it a second time.
   bool observing() const { return static_cast<bool>(hook_) && !recomputing_; }
@@ -242,6 +255,7 @@ class LayerContext {
   bool recomputing_ = false;  // a recomputed forward is running
   bool evaluating_ = false;   // an evaluation's forward is running
   std::map<std::string, std::shared_ptr<void>> shared_activations_;
+  std::vector<MoeLayerStats> moe_stats_;
   // A pipeline stage with a tied head but not the embedding holds a copy of wte: at the end of
   // params_, outside layout_ (so nothing updates, reduces or saves it), its gradient in tied_grad_
   // (fast) or tied_exact_ (canonical), never in a GradStorage (src/train/pipeline.hpp sends it to

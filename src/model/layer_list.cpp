@@ -52,7 +52,19 @@ ModelDesc describe_model(const ModelConfig& cfg) {
   add(LayerKind::kEmbedding, -1);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     add(LayerKind::kAttention, l);
-    add(LayerKind::kMlp, l);
+    if (!cfg.moe_block(l)) {
+      add(LayerKind::kMlp, l);
+      continue;
+    }
+    add(LayerKind::kMoe, l);
+    LayerDesc& moe = desc.layers.back();
+    moe.dims.F = cfg.moe_ffn_width();
+    moe.experts = cfg.moe_experts;
+    moe.top_k = cfg.moe_top_k;
+    moe.router = cfg.moe_router;
+    moe.normalize_gates = cfg.moe_normalize;
+    moe.capacity_factor = cfg.moe_capacity_factor;
+    moe.aux_weight = cfg.moe_aux_weight;
   }
   add(LayerKind::kFinalNorm, -1);
   add(LayerKind::kHead, -1);
@@ -128,7 +140,7 @@ int64_t param_numel(const ParamDecl& p) {
 double layer_flops_per_token(const LayerDesc& l) {
   double matmul_params = 0;
   for (const auto& p : l.params) {
-    if (p.matmul) matmul_params += static_cast<double>(param_numel(p));
+    if (p.matmul) matmul_params += static_cast<double>(param_numel(p)) * p.token_share;
   }
   return 6.0 * matmul_params + l.activation_flops;
 }

@@ -26,7 +26,7 @@
 
 namespace lockstep {
 
-enum class LayerKind : uint8_t { kEmbedding, kAttention, kMlp, kFinalNorm, kHead };
+enum class LayerKind : uint8_t { kEmbedding, kAttention, kMlp, kFinalNorm, kHead, kMoe };
 
 std::string_view layer_kind_name(LayerKind k);
 
@@ -68,6 +68,9 @@ struct ParamDecl {
   DType dtype = DType::kF32;
   ParamClass klass = ParamClass::kMatrix;
   bool matmul = false;         // multiplies activations: 6 FLOPs per element per trained token
+  double token_share = 1.0;    // of the tokens a matmul multiplies (an expert's: top_k / experts)
+  bool fp32_only = false;      // a linear the precision recipe leaves in fp32 (a MoE router: its
+                               // scores choose the experts)
   ParamInit init = ParamInit::kNormal;
   float init_scale = 1.0f;     // GPT-2: 1/sqrt(2·n_layers) for projections into the residual stream
   // Tensor parallelism: the dim split over the tp ranks (-1: every rank holds the whole tensor),
@@ -118,6 +121,12 @@ struct LayerDesc {
   bool tied = true;        // head: its weight is the embedding's wte
   float residual_scale = 1.0f;  // init_scale of the projections into the residual stream
   double activation_flops = 0;  // FLOPs per token between activations (attention: scores, values)
+  // A MoE layer (ModelConfig's moe_*): its experts are MLPs of dims.F features.
+  int64_t experts = 0, top_k = 0;
+  RouterKind router = RouterKind::kSoftmax;
+  bool normalize_gates = true;
+  double capacity_factor = 0;
+  float aux_weight = 0;
 
   // What it declares (filled by declare_layers from its kind's file in src/model/layers/).
   std::vector<ParamDecl> params;
@@ -133,8 +142,8 @@ struct ModelDesc {
   int64_t n_blocks() const;  // transformer blocks (attention sub-layers)
 };
 
-// GPT's list for a [model] section: embedding, n_layers × (attention, MLP), final norm, head;
-// declared. The config is validated.
+// GPT's list for a [model] section: embedding, n_layers × (attention, MLP or MoE), final norm,
+// head; declared. The config is validated.
 ModelDesc describe_model(const ModelConfig& cfg);
 
 // (Re)fills every layer's params, hooks and ops from its kind and dims, and links each layer's

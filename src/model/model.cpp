@@ -62,7 +62,7 @@ bool LayerContext::recomputed(LayerKind kind) const {
   switch (recompute_) {
     case Recompute::kNone: return false;
     case Recompute::kSelective: return kind == LayerKind::kAttention;
-    case Recompute::kFull: return kind == LayerKind::kAttention || kind == LayerKind::kMlp;
+    case Recompute::kFull: return kind == LayerKind::kAttention || kind == LayerKind::kMlp || kind == LayerKind::kMoe;
   }
   return false;
 }
@@ -110,7 +110,7 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
     Fp8WeightCopies& copies = fp8_weights_[&weight];
     copies.rowwise.resize(static_cast<size_t>(weight.numel));
     if (precision_.fp8.scaling == Fp8Scaling::kMxfp8) copies.columnwise.resize(static_cast<size_t>(weight.numel));
-    return fp8_linear(std::move(op), {plan_, *fp8_, [this] { return !recomputing_ && !evaluating_; }, fp8_scratch_, &fp8_tap_}, name, row_parallel, copies);
+    return fp8_linear(std::move(op), {plan_, *fp8_, [this] { return recording(); }, fp8_scratch_, &fp8_tap_}, name, row_parallel, copies);
   }
   return bf16_linear(std::move(op), plan_, row_parallel, cast_scratch_);
 }
@@ -352,6 +352,7 @@ void Model::set_param_storage(ParamStorage* storage) {
 
 void Model::zero_grad() {
   ctx_.own_grads();
+  for (MoeLayerStats& m : ctx_.moe_stats_) m.reset();
   if (ctx_.tied_copy_) {
     std::fill(ctx_.tied_grad_.begin(), ctx_.tied_grad_.end(), 0.0f);
     if (mode() == Mode::kCanonical) ctx_.tied_exact_.zero();

@@ -112,6 +112,8 @@ class Model {
   // operands. Without one, fp8 linears pay one branch per GEMM.
   void set_fp8_tap(Fp8GemmTap tap) { ctx_.fp8_tap_ = std::move(tap); }
   // The fp8 recipe's state (src/model/fp8_state.hpp): nullptr unless the model has fp8 linears.
+  // The MoE layers' statistics of the step so far (this rank's layers, its tokens).
+  const std::vector<MoeLayerStats>& moe_stats() const { return ctx_.moe_stats_; }
   Fp8State* fp8() { return ctx_.fp8(); }
   const Fp8State* fp8() const { return ctx_.fp8(); }
   // The model's own gradient buffers (zero until a backward adds to them), allocated at their

@@ -30,7 +30,7 @@ std::vector<std::string> linear_names(const ModelDesc& desc) {
       continue;
     }
     for (const ParamDecl& p : l.params) {
-      if (p.matmul && p.name.ends_with("/weight")) out.push_back(p.name.substr(0, p.name.size() - 7));
+      if (p.matmul && !p.fp32_only && p.name.ends_with("/weight")) out.push_back(p.name.substr(0, p.name.size() - 7));
     }
   }
   return out;

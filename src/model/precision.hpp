@@ -46,7 +46,8 @@ std::string_view precision_name(Precision p);  // "fp32" | "bf16" | "fp8"
 // Throws ConfigError naming the expected values.
 Precision precision_from_name(const std::string& name);
 
-// The model's linear layers, by the names above, in layer order.
+// The model's linear layers whose precision the recipe sets (all but ParamDecl::fp32_only ones), by
+// the names above, in layer order.
 std::vector<std::string> linear_names(const ModelDesc& desc);
 
 struct PrecisionRecipe {
@@ -66,6 +67,12 @@ struct PrecisionRecipe {
   Precision of_linear(std::string_view name) const;
   bool low_precision(std::string_view name) const { return of_linear(name) != Precision::kF32; }
   bool fp8_linear(std::string_view name) const { return of_linear(name) == Precision::kFp8; }
+  // The tokens of one chunk of linear `name`'s canonical weight gradient: a promotion interval
+  // where its wgrad runs the Hopper accumulator, else the canonical chunk.
+  int64_t weight_grad_chunk(std::string_view name) const {
+    const bool hopper = fp8_linear(name) && fp8.wgrad && fp8.accumulation == Accumulation::kHopperFp8;
+    return hopper ? kFp8PromotionInterval : kCanonicalChunk;
+  }
   // An entry of a list of linears (fp32_linears, fp8.bf16_linears) that names no linear of `desc`
   // ("": none).
   static std::string unmatched(std::span<const std::string> entries, const ModelDesc& desc);

@@ -27,6 +27,8 @@ void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, int64_t micro_to
   LS_REQUIRE(!sp || tp > 1, source, ": [parallel] sp = true needs tp > 1 (sequence parallelism splits the tokens of "
              "the norm and residual regions over the tensor-parallel ranks)");
   if (tp == 1) return;
+  LS_REQUIRE(m.moe_experts == 0 || !sp, source, ": [parallel] sp = true with mixture-of-experts layers is not built "
+             "yet (the experts compute on rows gathered from every token of the micro-batch); use sp = false");
   if (sp) {
     LS_REQUIRE(micro_tokens % tp == 0, source, ": sequence parallelism needs a rank's micro-batch of ", micro_tokens,
                " tokens to be a multiple of [parallel] tp (", tp, ")");
@@ -43,6 +45,9 @@ void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, int64_t micro_to
   divides("n_heads", m.n_heads, "each rank computes n_heads / tp whole attention heads");
   divides("n_kv_heads", m.n_kv_heads, "each rank holds the key/value heads of its query heads");
   divides("ffn_hidden", m.ffn_width(), "each rank holds ffn_hidden / tp hidden features of the MLP");
+  if (m.moe_experts > 0) {
+    divides("moe_ffn_hidden", m.moe_ffn_width(), "each rank holds moe_ffn_hidden / tp hidden features of every expert");
+  }
   divides("vocab_size", m.vocab_size,
           "each rank holds vocab_size / tp rows of the embedding and the head; pad the vocabulary "
           "(e.g. to a multiple of 64·tp: the extra rows are never inputs or targets)");
@@ -57,6 +62,7 @@ void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, int64_t micro_to
   aligned("d_model", m.d_model, "the attention-output projection's input");
   aligned("the key/value width n_kv_heads·head_size", m.n_kv_heads * m.head_size(), "the QKV input gradient");
   aligned("ffn_hidden", m.ffn_width(), "the MLP output projection's input");
+  if (m.moe_experts > 0) aligned("moe_ffn_hidden", m.moe_ffn_width(), "an expert's output projection's input");
   aligned("vocab_size", m.vocab_size, "the softmax over the vocabulary");
 }
 

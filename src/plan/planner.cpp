@@ -30,6 +30,10 @@ struct Planner::RankCost {
 
 Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile)
     : request_(std::move(request)), cluster_(std::move(cluster)), profile_(profile) {
+  for (const LayerDesc& l : request_.model.layers) {
+    LS_REQUIRE(l.kind != LayerKind::kMoe, "lockstep plan: the cost model has no mixture-of-experts layers yet (",
+               l.prefix, "moe); plan the dense model ([model] moe_experts = 0)");
+  }
   const LayerDesc& last = request_.model.layers.back();
   if (last.kind == LayerKind::kHead && last.tied) {
     head_flops_ = 6.0 * static_cast<double>(last.dims.V) * static_cast<double>(last.dims.C);
@@ -152,6 +156,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           input = C * stream;
           inside = C;
           break;
+        case LayerKind::kMoe: break;  // refused by the constructor
         case LayerKind::kHead:
           ++r.backward_reduces;
           // fp32 logits of this rank's vocabulary share, and (tied, on a stage of its own) the copy of wte

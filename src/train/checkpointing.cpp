@@ -40,12 +40,9 @@ std::vector<ckpt::TensorRef> state_tensors(const std::vector<ParamTensor>& layou
 void check_resumable(const std::string& dir, const nlohmann::json& state, const RunConfig& cfg) {
   const nlohmann::json now = cfg.to_json();
   const nlohmann::json& then = state.at("config");
-  for (const auto& [key, value] : now["model"].items()) {
-    LS_REQUIRE(then["model"].contains(key) && then["model"][key] == value, dir,
-               ": cannot resume: it was written with [model] ", key, " = ",
-               then["model"].value(key, nlohmann::json()).dump(), ", this run has ", value.dump(),
-               " (use another [checkpoint] dir, or the same config)");
-  }
+  const std::string model = model_config_difference(then, now, "this run");
+  LS_REQUIRE(model.empty(), dir, ": cannot resume: it was written with [model] ", model,
+             " (use another [checkpoint] dir, or the same config)");
   // A key a checkpoint predates had its default then (fp32 throughout).
   const nlohmann::json defaults = RunConfig{}.to_json()["train"];
   for (const char* key : {"batch_size", "mode", "seed", "precision", "fp32_linears", "master_weights"}) {

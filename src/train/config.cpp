@@ -197,6 +197,14 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   m.field("rope_theta", c.model.rope_theta);
   m.field("init_std", c.model.init_std);
   m.field("seed", c.model.seed);
+  m.field("moe_experts", c.model.moe_experts);
+  m.field("moe_top_k", c.model.moe_top_k);
+  m.field("moe_every", c.model.moe_every);
+  m.field("moe_ffn_hidden", c.model.moe_ffn_hidden);
+  enum_field(m, "moe_router", c.model.moe_router, router_name, router_from_name);
+  m.field("moe_normalize", c.model.moe_normalize);
+  m.field("moe_capacity_factor", c.model.moe_capacity_factor);
+  m.field("moe_aux_weight", c.model.moe_aux_weight);
   m.finish();
 
   Section d = section("data");
@@ -256,6 +264,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   Section l = section("log");
   l.field("metrics", c.log.metrics);
   l.field("every", c.log.every);
+  l.field("moe", c.log.moe);
   l.finish();
 
   Section e = section("eval");
@@ -559,6 +568,15 @@ RunConfig run_config_of_json(const nlohmann::json& config, const std::string& so
                              const std::vector<std::pair<std::string, std::string>>& overrides, ConfigUse use) {
   LS_REQUIRE(config.is_object(), source, ": the configuration is not a JSON object");
   return read_run_config(source, toml_of(config), overrides, use);
+}
+
+std::string model_config_difference(const nlohmann::json& then, const nlohmann::json& now, const std::string& now_name) {
+  const nlohmann::json defaults = RunConfig{}.to_json()["model"];
+  for (const auto& [key, value] : now["model"].items()) {
+    const nlohmann::json was = then["model"].contains(key) ? then["model"][key] : defaults.value(key, nlohmann::json());
+    if (was != value) return str_cat(key, " = ", was.dump(), ", ", now_name, " has ", value.dump());
+  }
+  return {};
 }
 
 }  // namespace lockstep

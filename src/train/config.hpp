@@ -98,6 +98,7 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string metrics;  // JSONL file ("" = none)
   int64_t every = 1;    // console line every N steps
+  bool moe = true;      // a MoE model's per-expert statistics (src/train/moe_statistics.hpp)
 };
 
 struct EvalConfig {
@@ -208,5 +209,10 @@ RunConfig load_run_config(const std::string& path,
 RunConfig run_config_of_json(const nlohmann::json& config, const std::string& source,
                              const std::vector<std::pair<std::string, std::string>>& overrides = {},
                              ConfigUse use = ConfigUse::kTrain);
+
+// The first [model] key whose value in `then` (a checkpoint's configuration, as to_json wrote it;
+// a key it predates had its default) differs from `now`'s, as "KEY = THEN, ... has NOW" with
+// `now_name` for the second ("this run"); empty when the models are the same.
+std::string model_config_difference(const nlohmann::json& then, const nlohmann::json& now, const std::string& now_name);
 
 }  // namespace lockstep

@@ -32,6 +32,7 @@
 #include "src/train/inject.hpp"
 #include "src/train/kernel_cache.hpp"
 #include "src/train/fp8_statistics.hpp"
+#include "src/train/moe_statistics.hpp"
 #include "src/train/metrics.hpp"
 #include "src/train/observers.hpp"
 #include "src/train/pipeline.hpp"
@@ -488,6 +489,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   observers.push_back(&progress);
   Fp8Statistics fp8_statistics(run, metrics);
   if (model.fp8() != nullptr) observers.push_back(&fp8_statistics);
+  MoeStatistics moe_statistics(run, metrics);
+  if (cfg.model.moe_experts > 0 && cfg.log.moe) observers.push_back(&moe_statistics);
   observers.push_back(&nonfinite);
   if (spikes) observers.push_back(&*spikes);
   if (collective_detector) observers.push_back(&*collective_detector);

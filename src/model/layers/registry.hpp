@@ -26,5 +26,6 @@ extern const LayerType kAttentionLayer;  // attention.cpp
 extern const LayerType kMlpLayer;        // mlp.cpp
 extern const LayerType kFinalNormLayer;  // final_norm.cpp
 extern const LayerType kHeadLayer;       // head.cpp
+extern const LayerType kMoeLayer;        // moe.cpp
 
 }  // namespace lockstep

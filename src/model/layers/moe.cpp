@@ -1,0 +1,280 @@
+// The mixture-of-experts sub-layer of a pre-norm block: x2 = x1 + Σ_j gate_j · expert_j(norm2(x1)).
+//   ln2/out      norm of the stream                                   (B, T, C)
+//   moe/router   the router's logits (fp32, whatever the precision)   (B, T, E)
+//   moe/res      the stream plus the experts' combined outputs        (B, T, C)
+// Each token's top_k experts (kernels/ops/moe.hpp: scores, choice, gates) compute it: its norm
+// output is dispatched to rows of the experts' buffer (moe_routing.hpp: expert-major, token order,
+// the capacity's drops), every expert runs its MLP (fc, GELU or SwiGLU, proj; linears of the
+// recipe's precision) on its rows, and the rows combine back weighted by the gates. The
+// load-balancing loss (per sequence) adds its gradient to the router's in the backward.
+// Canonical bits: an expert's weight gradient sums its rows chunk by chunk of the step's batch (64
+// tokens; 128 under fp8's Hopper accumulation), one linear backward per chunk's rows with
+// token_offset at the chunk's start, so each chunk partial is the chain over that chunk's tokens
+// routed to the expert, in token order, whatever the micro-batches or data-parallel ranks.
+// Tensor parallelism (without sequence parallelism) splits every expert's hidden features as the
+// MLP's; the router is replicated (each tp rank routes the same way).
+// Not here: expert parallelism (to come), sequence parallelism (refused: check_tp_layout).
+#include <string>
+#include <vector>
+
+#include "src/model/layers/registry.hpp"
+#include "src/model/layers/residual_branch.hpp"
+#include "src/model/moe_routing.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// fc's outputs for F hidden features (SwiGLU: [gate | up]).
+int64_t fc_width(const LayerDesc& d, int64_t F) { return d.ffn == FfnKind::kSwiglu ? 2 * F : F; }
+std::string expert_prefix(const LayerDesc& d, int64_t e) { return d.prefix + "moe/expert/" + std::to_string(e) + "/"; }
+
+void declare(LayerDesc& d) {
+  const LayerDims& m = d.dims;
+  const std::string& pre = d.prefix;
+  const std::vector<int64_t> fc_segments =
+      d.ffn == FfnKind::kSwiglu ? std::vector<int64_t>{m.F, m.F} : std::vector<int64_t>{m.F};
+  const double share = static_cast<double>(d.top_k) / static_cast<double>(d.experts);
+  d.output = pre + "moe/res";
+  d.params.push_back({.name = pre + "ln2/weight", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
+  if (d.norm == NormKind::kLayerNorm) {
+    d.params.push_back({.name = pre + "ln2/bias", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kZeros});
+  }
+  d.params.push_back({.name = pre + "moe/router/weight", .shape = {d.experts, m.C}, .klass = ParamClass::kMatrix,
+                      .matmul = true, .fp32_only = true});
+  for (int64_t e = 0; e < d.experts; ++e) {
+    const std::string x = expert_prefix(d, e);
+    d.params.push_back({.name = x + "fc/weight", .shape = {fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix,
+                        .matmul = true, .token_share = share, .split_dim = 0, .segments = fc_segments});
+    if (d.bias) {
+      d.params.push_back({.name = x + "fc/bias", .shape = {fc_width(d, m.F)}, .klass = ParamClass::kBias,
+                          .init = ParamInit::kZeros, .split_dim = 0, .segments = fc_segments});
+    }
+    d.params.push_back({.name = x + "proj/weight", .shape = {m.C, m.F}, .klass = ParamClass::kMatrix, .matmul = true,
+                        .token_share = share, .init_scale = d.residual_scale, .split_dim = 1, .segments = {m.F}});
+    if (d.bias) {
+      d.params.push_back({.name = x + "proj/bias", .shape = {m.C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros});
+    }
+  }
+
+  const std::string ln = pre + "ln2/out", router = pre + "moe/router";
+  d.hooks.push_back({.name = ln, .region = HookRegion::kNormOut, .op_site = true});
+  d.hooks.push_back({.name = router, .region = HookRegion::kWhole, .op_site = true});
+  d.hooks.push_back({.name = d.output, .region = HookRegion::kStream, .op_site = true});
+
+  const std::string g = "grad/";
+  d.ops = {
+      {ln, "norm (ln2)", {d.input}, "ln2 weights"},
+      {router, "linear (moe router)", {ln}, "router weight"},
+      {d.output, "moe (route, dispatch, expert MLPs, combine) + residual", {ln, router, d.input}, "experts' weights"},
+      {g + ln, "moe backward (combine, experts, router with the balancing loss, dispatch)", {g + d.output, ln, router},
+       "experts' and router weights"},
+      {g + d.input, "norm backward (ln2) + residual", {g + ln, d.input, g + d.output}, "ln2 weights"},
+  };
+}
+
+class Moe final : public PreNormBranch {
+ public:
+  Moe(const LayerDesc& desc, const LayerBuild& b)
+      : PreNormBranch(desc, b, "ln2"),
+        E_(desc.experts),
+        K_(desc.top_k),
+        F_(b.local.F),
+        fc_out_(fc_width(desc, F_)),
+        capacity_(moe_capacity(desc.capacity_factor, desc.dims.T, K_, E_)),
+        router_name_(name("moe/router")),
+        router_w_(b.ctx.find_param(router_name_ + "/weight")),
+        router_(b.ctx.plan().linear(desc, *router_w_)),
+        stats_(b.ctx.add_moe_stats(name("moe"), E_)),
+        acts_(b.ctx, LayerKind::kMoe, "moe", b.slots, [&](Acts& a) {
+          const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_;
+          grow_to(a.logits, BT * E_);
+          grow_to(a.probs, BT * E_);
+          grow_to(a.gates, BT * K_);
+          if (static_cast<int64_t>(a.experts.size()) < BT * K_) a.experts.resize(static_cast<size_t>(BT * K_));
+          a.routing.size_for(BT, K_, E_);
+          grow_to(a.xe, R * C_);
+          grow_to(a.fc, R * fc_out_);
+          grow_to(a.act, R * F_);
+          grow_to(a.ye, R * C_);
+        }) {
+    for (int64_t e = 0; e < E_; ++e) {
+      Expert& x = experts_.emplace_back();
+      const std::string pre = expert_prefix(desc, e);
+      x.fc_name = pre + "fc";
+      x.proj_name = pre + "proj";
+      x.fc_w = b.ctx.find_param(x.fc_name + "/weight");
+      x.fc_b = b.ctx.find_param(x.fc_name + "/bias");
+      x.proj_w = b.ctx.find_param(x.proj_name + "/weight");
+      x.proj_b = b.ctx.find_param(x.proj_name + "/bias");
+      x.fc = b.ctx.linear(desc, *x.fc_w, x.fc_name);
+      x.proj = b.ctx.linear(desc, *x.proj_w, x.proj_name);
+    }
+    const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_, G = b.max_batch;
+    scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + G * E_;
+  }
+
+  int64_t scratch_floats() const override { return scratch_; }
+
+  void forward(LayerContext& ctx, const Pass& p, const float* x) override {
+    Acts& a = acts_[p.slot];
+    Backend& be = ctx.backend();
+    norm_forward(ctx, p, x, "");
+    const float* ln = slot(p).ln.data();
+    router_->forward(be, ctx.mode_of(router_name_), {p.BT, C_, E_}, a.logits.data(), ln, ctx.param(router_w_), nullptr);
+    ctx.observe(router_name_, a.logits.data(), {p.B, p.T, E_});
+    be.router_forward(router_shape(p), a.probs.data(), a.experts.data(), a.gates.data(), a.logits.data());
+    MoeRouting& r = a.routing;
+    r.assign(a.experts.data(), p.BT, K_, p.T, capacity_);
+    if (ctx.recording()) record(ctx.moe_stats(stats_), a, p);
+    const MoeRowsShape rows{p.BT, r.R, C_, K_};
+    be.moe_dispatch(rows, a.xe.data(), ln, r.token_of_row.data());
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t f = r.expert_first[e], n = r.kept(e);
+      if (n == 0) continue;
+      Expert& xp = experts_[e];
+      float* xe = a.xe.data() + f * C_;
+      float* fc = a.fc.data() + f * fc_out_;
+      float* act = a.act.data() + f * F_;
+      ctx.store_for(xp.fc_name, xe, n * C_);
+      xp.fc->forward(be, ctx.mode(), {n, C_, fc_out_}, fc, xe, ctx.linear_weight(xp.fc_w, xp.fc_name), ctx.param(xp.fc_b));
+      if (desc().ffn == FfnKind::kGelu) {
+        be.gelu_forward(ctx.mode(), n * F_, act, fc);
+      } else {
+        be.swiglu_forward(ctx.mode(), n, F_, act, fc);
+      }
+      ctx.store_for(xp.proj_name, act, n * F_);
+      xp.proj->forward(be, ctx.mode(), {n, F_, C_}, a.ye.data() + f * C_, act,
+                       ctx.linear_weight(xp.proj_w, xp.proj_name), ctx.param(xp.proj_b));
+    }
+    float* y = res(p);
+    be.moe_combine_forward(rows, y, a.ye.data(), r.rows.data(), a.gates.data());
+    be.residual_forward(p.RS * C_, y, y, x);
+    ctx.observe(desc().output, y, {p.RB, p.RT, C_});
+  }
+
+  // dres: d(x2) in, d(x1) out (the stream gradient, in place).
+  void backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float*) override {
+    Acts& a = acts_[p.slot];
+    Backend& be = ctx.backend();
+    const MoeRouting& r = a.routing;
+    const int64_t R = r.R, G = p.BT / p.T;
+    float* dnorm = ctx.scratch();           // (BT, C)
+    float* dye = dnorm + p.BT * C_;         // (R, C)
+    float* dact = dye + R * C_;             // (R, F)
+    float* dfc = dact + R * F_;             // (R, fc_out)
+    float* dxe = dfc + R * fc_out_;         // (R, C)
+    float* dgates = dxe + R * C_;           // (BT, K)
+    float* dlogits = dgates + p.BT * K_;    // (BT, E)
+    float* aux_loss = dlogits + p.BT * E_;  // (G)
+    float* daux = aux_loss + G;             // (G, E)
+    const MoeRowsShape rows{p.BT, R, C_, K_};
+    be.moe_combine_backward(rows, dye, dgates, dres, a.ye.data(), r.rows.data(), a.gates.data());
+    // Last expert first: gradients become ready from the end of the layer's parameters.
+    for (int64_t e = E_ - 1; e >= 0; --e) expert_backward(ctx, p, a, e, dye, dact, dfc, dxe);
+    const RouterShape rs = router_shape(p);
+    if (desc().aux_weight > 0) {
+      be.moe_aux_loss(rs, desc().aux_weight, p.dloss, aux_loss, daux, a.probs.data(), a.experts.data());
+      if (ctx.recording()) {
+        MoeLayerStats& s = ctx.moe_stats(stats_);
+        for (int64_t g = 0; g < G; ++g) s.aux_loss += aux_loss[g];
+        s.sequences += static_cast<double>(G);
+      }
+    }
+    be.router_backward(rs, dlogits, a.probs.data(), a.experts.data(), a.gates.data(), dgates,
+                       desc().aux_weight > 0 ? daux : nullptr);
+    router_->backward(be, ctx.mode(), {p.BT, C_, E_}, p.token_offset, dnorm, ctx.sink(router_w_), GradSink{}, dlogits,
+                      slot(p).ln.data(), ctx.param(router_w_));
+    ctx.grads_ready(p, router_w_);
+    be.moe_dispatch_backward(rows, dnorm, dxe, r.rows.data());
+    norm_backward(ctx, p, x, dres, dnorm);
+  }
+
+ private:
+  struct Acts {
+    std::vector<float> logits, probs, gates, xe, fc, act, ye;
+    std::vector<int32_t> experts;
+    MoeRouting routing;
+  };
+  struct Expert {
+    std::string fc_name, proj_name;
+    const ParamTensor *fc_w, *fc_b, *proj_w, *proj_b;
+    std::unique_ptr<LinearOp> fc, proj;
+  };
+
+  RouterShape router_shape(const Pass& p) const {
+    return {.N = p.BT, .E = E_, .K = K_,
+            .score = desc().router == RouterKind::kSoftmax ? RouterScore::kSoftmax : RouterScore::kSigmoid,
+            .normalize = desc().normalize_gates, .group = p.T};
+  }
+
+  void record(MoeLayerStats& s, const Acts& a, const Pass& p) const {
+    for (int64_t e = 0; e < E_; ++e) {
+      s.routed[e] += static_cast<double>(a.routing.routed[e]);
+      s.kept[e] += static_cast<double>(a.routing.kept(e));
+    }
+    s.add_entropy(a.probs.data(), p.BT, E_);
+  }
+
+  // Expert e's backward from dye (its rows' output gradient) to dxe (its rows' input gradient),
+  // and its parameter gradients.
+  void expert_backward(LayerContext& ctx, const Pass& p, Acts& a, int64_t e, const float* dye, float* dact, float* dfc,
+                       float* dxe) {
+    Expert& xp = experts_[e];
+    Backend& be = ctx.backend();
+    const MoeRouting& r = a.routing;
+    // Asked even when no row chose it: the storage then holds this micro-batch's zeros.
+    const GradSink fc_w = ctx.sink(xp.fc_w), fc_b = ctx.sink(xp.fc_b);
+    const GradSink proj_w = ctx.sink(xp.proj_w), proj_b = ctx.sink(xp.proj_b);
+    const int64_t first = r.expert_first[e], end = r.expert_first[e + 1];
+    if (end > first) {
+      const float* Wfc = ctx.linear_weight(xp.fc_w, xp.fc_name);
+      const float* Wproj = ctx.linear_weight(xp.proj_w, xp.proj_name);
+      // Canonical: one call per chunk of the step's tokens that holds rows of the expert
+      // (contiguous: its rows are in token order), at the chunk's start.
+      const auto runs = [&](const std::string& linear, auto&& run) {
+        if (ctx.mode() != Mode::kCanonical) return run(first, end, p.token_offset);
+        const int64_t unit = ctx.weight_grad_chunk(linear);
+        for (int64_t s = first; s < end;) {
+          const int64_t chunk = (p.token_offset + r.token_of_row[s]) / unit;
+          int64_t t = s + 1;
+          while (t < end && (p.token_offset + r.token_of_row[t]) / unit == chunk) ++t;
+          run(s, t, chunk * unit);
+          s = t;
+        }
+      };
+      runs(xp.proj_name, [&](int64_t s, int64_t t, int64_t offset) {
+        xp.proj->backward(be, ctx.mode(), {t - s, F_, C_}, offset, dact + s * F_, proj_w, proj_b, dye + s * C_,
+                          a.act.data() + s * F_, Wproj);
+      });
+      const int64_t n = end - first;
+      if (desc().ffn == FfnKind::kGelu) {
+        be.gelu_backward(ctx.mode(), n * F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_, dact + first * F_);
+      } else {
+        be.swiglu_backward(ctx.mode(), n, F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_, dact + first * F_);
+      }
+      runs(xp.fc_name, [&](int64_t s, int64_t t, int64_t offset) {
+        xp.fc->backward(be, ctx.mode(), {t - s, C_, fc_out_}, offset, dxe + s * C_, fc_w, fc_b, dfc + s * fc_out_,
+                        a.xe.data() + s * C_, Wfc);
+      });
+    }
+    ctx.grads_ready(p, xp.fc_w, xp.proj_b != nullptr ? xp.proj_b : xp.proj_w);
+  }
+
+  int64_t E_, K_, F_, fc_out_, capacity_;
+  std::string router_name_;
+  const ParamTensor* router_w_;
+  std::unique_ptr<LinearOp> router_;
+  size_t stats_;
+  std::vector<Expert> experts_;
+  SlotActivations<Acts> acts_;
+  int64_t scratch_ = 0;
+};
+
+std::unique_ptr<Layer> build(const LayerDesc& desc, const LayerBuild& b) { return std::make_unique<Moe>(desc, b); }
+
+}  // namespace
+
+const LayerType kMoeLayer = {LayerKind::kMoe, "moe", declare, build};
+
+}  // namespace lockstep

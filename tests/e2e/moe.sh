@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Mixture of experts: MoE layers (4 experts, top-2) in place of the MLPs, trained from the CLI.
+#  - canonical mode: one model hash for 1, 2 and 3 threads, AVX2, micro-batches of 1 and 4
+#    sequences, full recomputation, dp2 (zero 0 and 2), dp4 zero 1, tp2, dp2 x tp2, pp2, dp2 zero 3
+#    and a resume from a checkpoint; with a capacity that drops tokens (SwiGLU experts, sigmoid
+#    router), with bf16 linears, and with fp8 linears under Hopper accumulation, one hash each over
+#    their layouts;
+#  - the metrics JSONL has each MoE layer's per-expert counts every step: every token's two
+#    choices counted, the kept ones within the capacity; a dropping run drops some;
+#  - the model learns (the loss falls);
+#  - bad input: top_k above the experts, sequence parallelism, the reference tools — one line each.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make_data
+write_config
+base=(--config cfg.toml --model.seq_len=128 --model.vocab_size=512 --model.d_model=128 --model.moe_experts=4
+      --model.moe_top_k=2 --model.moe_ffn_hidden=128 --parallel.timeout_s=60)
+common=("${base[@]}" --train.steps=4)
+run() { "$LOCKSTEP" train "${common[@]}" "$@"; }
+mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "${common[@]}" "$@"; }
+# layouts NAME ARGS...: the run with ARGS under several layouts, each on the one-process hash.
+layouts() {
+  local name=$1
+  shift
+  run "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  local want
+  want=$(model_hash "$name.log")
+  [ -n "$want" ] || fail "$name: no model hash"
+  run "$@" --train.micro_batch_size=1 > "${name}_mb1.log" 2>&1
+  same_hash "$name, micro-batches of one sequence" "${name}_mb1.log" "$want"
+  mpi 2 "$@" --parallel.dp=2 > "${name}_dp2.log" 2>&1 || fail "$name dp2: $(tail -5 "${name}_dp2.log")"
+  same_hash "$name, dp2" "${name}_dp2.log" "$want"
+}
+
+run --log.metrics=m.jsonl > single.log 2>&1 || fail "single: $(tail -5 single.log)"
+want=$(model_hash single.log)
+[ -n "$want" ] || fail "no model hash in single.log"
+grep -Eq "^moe: load max/mean [0-9.]+ \(layer/[01]/moe\), dropped 0.00%" single.log \
+  || fail "no moe line: $(grep -E '^moe' single.log)"
+for t in 1 3; do
+  run --train.threads=$t > t$t.log 2>&1
+  same_hash "$t threads" t$t.log
+done
+run --train.isa=avx2 > avx2.log 2>&1
+same_hash "AVX2" avx2.log
+run --train.micro_batch_size=1 > mb1.log 2>&1
+same_hash "micro-batches of one sequence" mb1.log
+run --train.recompute=full > recompute.log 2>&1
+same_hash "full recomputation" recompute.log
+for zero in 0 2; do
+  mpi 2 --parallel.dp=2 --parallel.zero=$zero > dp2_z$zero.log 2>&1 || fail "dp2 zero $zero: $(tail -5 dp2_z$zero.log)"
+  same_hash "dp2 zero $zero" dp2_z$zero.log
+done
+mpi 4 --parallel.dp=4 --parallel.zero=1 --train.micro_batch_size=1 > dp4.log 2>&1 || fail "dp4: $(tail -5 dp4.log)"
+same_hash "dp4 zero 1" dp4.log
+mpi 2 --parallel.tp=2 > tp2.log 2>&1 || fail "tp2: $(tail -5 tp2.log)"
+same_hash "tp2" tp2.log
+mpi 4 --parallel.tp=2 --parallel.dp=2 --parallel.zero=1 > dp2tp2.log 2>&1 || fail "dp2 x tp2: $(tail -5 dp2tp2.log)"
+same_hash "dp2 x tp2" dp2tp2.log
+mpi 2 --parallel.pp=2 > pp2.log 2>&1 || fail "pp2: $(tail -5 pp2.log)"
+same_hash "pp2" pp2.log
+mpi 2 --parallel.dp=2 --parallel.zero=3 > z3.log 2>&1 || fail "zero 3: $(tail -5 z3.log)"
+same_hash "dp2 zero 3" z3.log
+run --checkpoint.dir=ck --checkpoint.every=2 --train.stop_after=1 > first.log 2>&1
+run --checkpoint.dir=ck --checkpoint.every=2 > resumed.log 2>&1
+grep -q "^resumed from ck/step_00000002" resumed.log || fail "did not resume: $(head -5 resumed.log)"
+same_hash "resumed" resumed.log
+
+drop=(--model.moe_capacity_factor=1 --model.ffn=swiglu --model.moe_router=sigmoid)
+layouts capacity "${drop[@]}" --log.metrics=drop.jsonl
+[ "$(model_hash capacity.log)" != "$want" ] || fail "the capacity run ended on the dropless hash"
+layouts bf16 --train.precision=bf16
+layouts fp8 --train.precision=fp8 --fp8.accumulate=hopper
+
+# Every step's record: each layer's choices are its tokens x top_k; kept within routed; drops
+# only with a capacity.
+python3 - m.jsonl drop.jsonl <<'PY'
+import json, sys
+def records(path):
+    return [r["moe"] for r in map(json.loads, open(path)) if "moe" in r]
+for path, dropping in ((sys.argv[1], False), (sys.argv[2], True)):
+    steps = records(path)
+    assert len(steps) == 4, (path, len(steps))
+    dropped = 0
+    for step in steps:
+        assert sorted(step) == ["layer/0/moe", "layer/1/moe"], sorted(step)
+        for name, layer in step.items():
+            assert sum(layer["routed"]) == 8 * 128 * 2, (path, name, layer["routed"])
+            assert all(0 <= k <= r for k, r in zip(layer["kept"], layer["routed"])), (path, name, layer)
+            assert 1 <= layer["load"] <= 4 and 0 < layer["entropy"] and layer["aux_loss"] > 0, (path, name, layer)
+            dropped += layer["dropped"]
+    assert (dropped > 0) == dropping, (path, dropped)
+PY
+
+# The model learns: the loss falls over 40 steps.
+"$LOCKSTEP" train "${base[@]}" --train.steps=40 --log.every=1 > learn.log 2>&1
+first=$(sed -nE 's/^step +1\/40 \| loss ([0-9.]+).*/\1/p' learn.log)
+last=$(sed -nE 's/^step +40\/40 \| loss ([0-9.]+).*/\1/p' learn.log)
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1) }' || fail "loss did not fall: $first -> $last"
+
+expect_error "moe_top_k \(5\) must be in \[1, moe_experts = 4\]" \
+  "$LOCKSTEP" train --config cfg.toml --model.moe_experts=4 --model.moe_top_k=5
+expect_mpi_error "sp = true with mixture-of-experts layers is not built yet" 2 --parallel.tp=2 --parallel.sp=true
+run --checkpoint.dir=vck --checkpoint.every=2 > vck.log 2>&1
+expect_error "the reference has no mixture-of-experts layer yet \(layer/0/moe\)" \
+  "$LOCKSTEP" verify step "${common[@]}" --checkpoint vck/step_00000004
+echo "moe: ok"
