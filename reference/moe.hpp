@@ -23,7 +23,7 @@ struct RouterDims {
   int64_t group = 0;            // tokens per balancing-loss group
 };
 
-// The K experts the rule of kernels/ops/moe.hpp chooses from one token's fp32 probabilities.
+// The K experts the rule of kernels/ops/moe.hpp chooses from one token's fp32 selection scores.
 inline std::vector<int32_t> top_k(const float* p, int64_t E, int64_t K) {
   const auto before = [&](int64_t a, int64_t b) {
     if (std::isnan(p[a]) || std::isnan(p[b])) return std::isnan(p[a]) == std::isnan(p[b]) ? a < b : !std::isnan(p[a]);

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iomanip>
 
 #include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
+#include "verify/metrics_records.hpp"
 #include "verify/svg_plot.hpp"
 
 namespace lockstep::verify {
@@ -59,27 +59,17 @@ const Fp8Series& series_of(const std::map<std::string, Fp8Series>& m, const std:
 }  // namespace
 
 Fp8Report read_fp8_report(const std::string& metrics_path) {
-  std::ifstream in(metrics_path);
-  LS_REQUIRE_DATA(in.good(), metrics_path, ": cannot read the metrics file");
   Fp8Report r;
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError(str_cat(metrics_path, ":", n, ": not a JSON object (", e.what(), ")"));
-    }
+  for_each_metrics_record(metrics_path, [&](const nlohmann::json& j, int64_t n) {
     if (j.contains("finding") && j["finding"].value("detector", "") == "fp8") {
       const nlohmann::json& f = j["finding"];
       r.findings.push_back(str_cat("after step ", f.value("step", int64_t{0}), ": ", f.value("site", ""), " ",
                                    f.value("classification", ""), " ", number_or_nan(f["magnitude"]), " > ",
                                    number_or_nan(f["bound"]), " (", f.value("unit", ""), ")"));
-      continue;
+      return;
     }
     const bool stats = j.contains("fp8"), checks = j.contains("fp8_sentinel");
-    if (!stats && !checks) continue;
+    if (!stats && !checks) return;
     LS_REQUIRE_DATA(j.contains("step") && j["step"].is_number_integer(), metrics_path, ":", n,
                     ": an fp8 record without an integer \"step\"");
     const auto step = static_cast<double>(j["step"].get<int64_t>());
@@ -95,7 +85,7 @@ Fp8Report read_fp8_report(const std::string& metrics_path) {
       }
     }
     (stats ? r.steps : r.checks) += 1;
-  }
+  });
   LS_REQUIRE_DATA(r.steps > 0 || r.checks > 0, metrics_path,
                   ": no fp8 records (a run with [train] precision = \"fp8\" and [log] metrics writes them)");
   return r;

@@ -27,7 +27,8 @@ void check_router(RouterShape s) {
 
 }  // namespace
 
-void router_forward(RouterShape s, float* probs, int32_t* experts, float* gates, const float* logits) {
+void router_forward(RouterShape s, float* probs, int32_t* experts, float* gates, const float* logits,
+                    const float* bias) {
   check_router(s);
   const int64_t E = s.E, K = s.K;
 #pragma omp parallel for schedule(static)
@@ -44,13 +45,14 @@ void router_forward(RouterShape s, float* probs, int32_t* experts, float* gates,
       for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + ls_expf(-x[e]));
     }
     int32_t* chosen = experts + n * K;
+    const auto score = [&](int64_t e) { return bias != nullptr ? p[e] + bias[e] : p[e]; };
     // Selection of the K best by repeated scans: K is small, and a scan's order is the rule's.
     for (int64_t j = 0; j < K; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
         for (int64_t i = 0; i < j; ++i) taken |= chosen[i] == e;
-        if (!taken && (best < 0 || ranks_before(p[e], e, p[best], best))) best = e;
+        if (!taken && (best < 0 || ranks_before(score(e), e, score(best), best))) best = e;
       }
       chosen[j] = static_cast<int32_t>(best);
     }

@@ -5,9 +5,11 @@
 //   softmax  m = max_e logits[e] (NaN skipped, as crossentropy.hpp's max);
 //            z[e] = ls_expf(logits[e] − m);  Z = canonical_sum over e of z;  probs[e] = z[e] / Z
 //   sigmoid  probs[e] = 1 / (1 + ls_expf(−logits[e]))
-//   experts[n, 0..K): the K largest probs, largest first; equal values go to the lower index; NaN
-//            ranks below every number (and among NaN the lower index first): the choice depends
-//            on the values alone, never on the order a machine compared them in.
+//   experts[n, 0..K): the K largest selection scores, largest first; equal values go to the lower
+//            index; NaN ranks below every number (and among NaN the lower index first): the choice
+//            depends on the values alone, never on the order a machine compared them in. The
+//            selection score is probs[e], or probs[e] + bias[e] (one fp32 add) with a bias (the
+//            aux-loss-free balancing of DeepSeek-V3: it steers the choice, not the gates).
 //   gates[n, j] = probs[experts[n, j]], or with `normalize` that divided by S = the fp32 chain
 //            ((p_0 + p_1) + ...) over j of the chosen probs (Mixtral / Qwen's norm_topk_prob).
 // Router backward, from dgates (N, K) and the auxiliary loss's daux (G, E) (may be nullptr):
@@ -68,7 +70,8 @@ void router_forward(RouterShape s,
                     float* probs,                                 // (N, E)
                     int32_t* experts,                             // (N, K)
                     float* gates,                                 // (N, K)
-                    const float* logits);                         // (N, E)
+                    const float* logits,                          // (N, E)
+                    const float* bias);                           // (E) or nullptr
 
 void router_backward(RouterShape s,
                      float* dlogits,                              // (N, E) overwritten

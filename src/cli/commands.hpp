@@ -16,6 +16,7 @@ int cmd_bench(Args& args);  // lockstep bench --config FILE [--json FILE]
 int cmd_faultcampaign(Args& args);  // lockstep faultcampaign --config FILE [--np N] [--faults N] [--out DIR]
 int cmd_schedule(Args& args);       // lockstep schedule --pp P --microbatches M [--schedule K] [...]
 int cmd_fp8(Args& args);            // lockstep fp8 report METRICS.jsonl [--out FILE.svg] [--top N]
+int cmd_moe(Args& args);            // lockstep moe report METRICS.jsonl [--out FILE.svg]
 int cmd_plan(Args& args);           // lockstep plan --model FILE --cluster FILE|local [--validate] [...]
 int cmd_launch(int argc, char** argv);  // lockstep launch [options] -- COMMAND... (its own `--`)
 

@@ -35,6 +35,7 @@ commands:
   launch [--np N] [--max-restarts R] -- COMMAND...  supervise a job: restart it from its checkpoint
   schedule --pp P --microbatches M [--schedule K]   a pipeline schedule: passes, timeline, bubble
   fp8 report METRICS.jsonl [--out FILE.svg]         an fp8 run's quantization: worst layers, findings
+  moe report METRICS.jsonl [--out FILE.svg]         a MoE run's routing: expert load, drops, entropy
   plan --model F --cluster F --global-batch B       rank parallel layouts of a run on a cluster
 
 Run `lockstep <command> --help` for the options of one command.
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
     if (command == "schedule") return cli::cmd_schedule(args);
     if (command == "plan") return cli::cmd_plan(args);
     if (command == "fp8") return cli::cmd_fp8(args);
+    if (command == "moe") return cli::cmd_moe(args);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const detect::FaultStop& e) {

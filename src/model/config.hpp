@@ -44,6 +44,9 @@ struct ModelConfig {
   double moe_capacity_factor = 0;    // 0: dropless; else each expert takes at most
                                      // ceil(factor · T · top_k / experts) tokens of a sequence
   float moe_aux_weight = 0.01f;      // the load-balancing loss's weight (0: none)
+  float moe_bias_update = 0;         // aux-loss-free balancing (DeepSeek-V3): after each step an
+                                     // expert's selection bias moves by this towards the mean load
+                                     // (0: no bias)
 
   int64_t head_size() const { return d_model / n_heads; }
   int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_size(); }

@@ -190,6 +190,12 @@ class LayerContext {
     return moe_stats_.size() - 1;
   }
   MoeLayerStats& moe_stats(size_t index) { return moe_stats_[index]; }
+  // The selection bias of MoE layer `layer` ("layer/3/moe"; Model::moe_selection_bias), nullptr
+  // where its layer has none.
+  const float* moe_selection_bias(const std::string& layer) const {
+    const auto it = moe_bias_.find(layer);
+    return it == moe_bias_.end() ? nullptr : it->second.data();
+  }
 
   // Observers see each tensor once: not again when a recomputed forward makes it a second time.
   bool observing() const { return static_cast<bool>(hook_) && !recomputing_; }
@@ -256,6 +262,7 @@ class LayerContext {
   bool evaluating_ = false;   // an evaluation's forward is running
   std::map<std::string, std::shared_ptr<void>> shared_activations_;
   std::vector<MoeLayerStats> moe_stats_;
+  std::map<std::string, std::vector<float>> moe_bias_;  // every MoE layer of the list with one
   // A pipeline stage with a tied head but not the embedding holds a copy of wte: at the end of
   // params_, outside layout_ (so nothing updates, reduces or saves it), its gradient in tied_grad_
   // (fast) or tied_exact_ (canonical), never in a GradStorage (src/train/pipeline.hpp sends it to

@@ -65,6 +65,7 @@ ModelDesc describe_model(const ModelConfig& cfg) {
     moe.normalize_gates = cfg.moe_normalize;
     moe.capacity_factor = cfg.moe_capacity_factor;
     moe.aux_weight = cfg.moe_aux_weight;
+    moe.selection_bias = cfg.moe_bias_update > 0;
   }
   add(LayerKind::kFinalNorm, -1);
   add(LayerKind::kHead, -1);

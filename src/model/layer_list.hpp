@@ -127,6 +127,7 @@ struct LayerDesc {
   bool normalize_gates = true;
   double capacity_factor = 0;
   float aux_weight = 0;
+  bool selection_bias = false;  // experts chosen by score + a bias the trainer moves (moe_bias_update)
 
   // What it declares (filled by declare_layers from its kind's file in src/model/layers/).
   std::vector<ParamDecl> params;

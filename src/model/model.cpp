@@ -192,6 +192,9 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
   }
 
   ctx_.recompute_ = options_.recompute;
+  for (const LayerDesc& l : desc_.layers) {
+    if (l.kind == LayerKind::kMoe && l.selection_bias) ctx_.moe_bias_[l.prefix + "moe"].assign(static_cast<size_t>(l.experts), 0.0f);
+  }
   // Every fp8 linear of the whole list has its entries, whichever stage this is.
   if (ctx_.precision_.linears == Precision::kFp8) {
     std::vector<std::string> fp8_linears;

@@ -114,6 +114,10 @@ class Model {
   // The fp8 recipe's state (src/model/fp8_state.hpp): nullptr unless the model has fp8 linears.
   // The MoE layers' statistics of the step so far (this rank's layers, its tokens).
   const std::vector<MoeLayerStats>& moe_stats() const { return ctx_.moe_stats_; }
+  // The selection biases (E each) of the list's MoE layers that have one ("layer/3/moe" -> bias),
+  // every such layer whichever stage this is; the trainer moves them after each step, and keeps
+  // them in checkpoints.
+  std::map<std::string, std::vector<float>>& moe_selection_biases() { return ctx_.moe_bias_; }
   Fp8State* fp8() { return ctx_.fp8(); }
   const Fp8State* fp8() const { return ctx_.fp8(); }
   // The model's own gradient buffers (zero until a backward adds to them), allocated at their

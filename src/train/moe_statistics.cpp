@@ -5,6 +5,8 @@
 #include <iomanip>
 #include <numeric>
 
+#include "src/core/check.hpp"
+
 namespace lockstep {
 
 std::vector<MoeLayerStats> combine_moe_statistics(const TrainRun& run) {
@@ -68,6 +70,19 @@ double dropped_fraction(const MoeLayerStats& s) {
 
 }  // namespace
 
+void update_selection_biases(const std::vector<MoeLayerStats>& layers, float rate,
+                             std::map<std::string, std::vector<float>>& biases) {
+  for (const MoeLayerStats& s : layers) {
+    const auto it = biases.find(s.layer);
+    if (it == biases.end()) continue;
+    const double mean = std::accumulate(s.routed.begin(), s.routed.end(), 0.0) / static_cast<double>(s.routed.size());
+    for (size_t e = 0; e < s.routed.size(); ++e) {
+      const float sign = s.routed[e] < mean ? 1.0f : (s.routed[e] > mean ? -1.0f : 0.0f);
+      it->second[e] = it->second[e] + rate * sign;
+    }
+  }
+}
+
 nlohmann::json moe_step_record(const std::vector<MoeLayerStats>& layers) {
   nlohmann::json out = nlohmann::json::object();
   for (const MoeLayerStats& s : layers) {
@@ -82,9 +97,17 @@ nlohmann::json moe_step_record(const std::vector<MoeLayerStats>& layers) {
 }
 
 void MoeStatistics::end_step(const StepRecord& r) {
+  auto& biases = run_.model.moe_selection_biases();
+  if (!run_.cfg.log.moe && biases.empty()) return;  // the same on every rank
   const std::vector<MoeLayerStats> layers = combine_moe_statistics(run_);
   if (layers.empty()) return;
-  if (metrics_.enabled()) metrics_.write({{"step", r.done()}, {"moe", moe_step_record(layers)}});
+  update_selection_biases(layers, run_.cfg.model.moe_bias_update, biases);
+  if (!run_.cfg.log.moe) return;
+  if (metrics_.enabled()) {
+    nlohmann::json record = moe_step_record(layers);
+    for (const auto& [layer, bias] : biases) record[layer]["bias"] = bias;
+    metrics_.write({{"step", r.done()}, {"moe", std::move(record)}});
+  }
   if (r.done() % run_.cfg.log.every != 0 && !r.last) return;
   // The layer furthest from balance, and the totals over layers.
   const MoeLayerStats* worst = &layers.front();
@@ -101,6 +124,24 @@ void MoeStatistics::end_step(const StepRecord& r) {
            << std::setprecision(4) << aux / n << ", router entropy " << std::setprecision(3) << entropy / n
            << " nats (uniform " << std::log(static_cast<double>(worst->kept.size())) << ")\n"
            << std::defaultfloat;
+}
+
+nlohmann::json MoeStatistics::save_state() const {
+  const auto& biases = run_.model.moe_selection_biases();
+  return biases.empty() ? nlohmann::json(nullptr) : nlohmann::json(biases);
+}
+
+void MoeStatistics::restore_state(const nlohmann::json& state) {
+  auto& biases = run_.model.moe_selection_biases();
+  if (state.is_null()) {
+    LS_REQUIRE(biases.empty(), "the saved state has no MoE selection biases, which this run ([model] moe_bias_update) moves");
+    return;
+  }
+  for (auto& [layer, bias] : biases) {
+    LS_REQUIRE(state.contains(layer) && state[layer].size() == bias.size(), "the saved MoE selection biases do not fit ",
+               layer, " of this run");
+    bias = state[layer].get<std::vector<float>>();
+  }
 }
 
 }  // namespace lockstep

@@ -7,11 +7,18 @@
 //                           expert chosen most over the mean: the router's balance, before the
 //                           capacity), the balancing loss (mean over sequences)
 //                           and the router's entropy (mean over tokens, nats);
-//   MoeStatistics           the observer that writes it every step and prints a line every [log]
-//                           every steps.
+//   update_selection_biases with [model] moe_bias_update = γ (DeepSeek-V3's aux-loss-free
+//                           balancing): each expert's bias moves by γ towards the mean load,
+//                           b += γ·sign(mean − routed), from the step's counts over all ranks (every
+//                           rank moves every layer's bias alike);
+//   MoeStatistics           the observer that does both after each step, writes the record every
+//                           step and a console line every [log] every steps ([log] moe), and keeps
+//                           the biases in checkpoints and rollback snapshots (state_key "moe").
 // Not here: what is recorded (src/model/layers/moe.cpp).
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,13 +38,19 @@ nlohmann::json moe_step_record(const std::vector<MoeLayerStats>& layers);
 // The most chosen expert's choices over the mean (1: balanced; `experts` at worst).
 double moe_load_imbalance(const MoeLayerStats& s);
 
+void update_selection_biases(const std::vector<MoeLayerStats>& layers, float rate,
+                             std::map<std::string, std::vector<float>>& biases);
+
 class MoeStatistics final : public StepObserver {
  public:
-  MoeStatistics(const TrainRun& run, MetricsWriter& metrics) : run_(run), metrics_(metrics) {}
+  MoeStatistics(TrainRun& run, MetricsWriter& metrics) : run_(run), metrics_(metrics) {}
   void end_step(const StepRecord& r) override;
+  std::string state_key() const override { return "moe"; }
+  nlohmann::json save_state() const override;
+  void restore_state(const nlohmann::json& state) override;
 
  private:
-  const TrainRun& run_;
+  TrainRun& run_;
   MetricsWriter& metrics_;
 };
 

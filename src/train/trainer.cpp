@@ -490,7 +490,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   Fp8Statistics fp8_statistics(run, metrics);
   if (model.fp8() != nullptr) observers.push_back(&fp8_statistics);
   MoeStatistics moe_statistics(run, metrics);
-  if (cfg.model.moe_experts > 0 && cfg.log.moe) observers.push_back(&moe_statistics);
+  if (cfg.model.moe_experts > 0) observers.push_back(&moe_statistics);
   observers.push_back(&nonfinite);
   if (spikes) observers.push_back(&*spikes);
   if (collective_detector) observers.push_back(&*collective_detector);

@@ -3,10 +3,11 @@
 #  - canonical mode: one model hash for 1, 2 and 3 threads, AVX2, micro-batches of 1 and 4
 #    sequences, full recomputation, dp2 (zero 0 and 2), dp4 zero 1, tp2, dp2 x tp2, pp2, dp2 zero 3
 #    and a resume from a checkpoint; with a capacity that drops tokens (SwiGLU experts, sigmoid
-#    router), with bf16 linears, and with fp8 linears under Hopper accumulation, one hash each over
-#    their layouts;
+#    router), with aux-loss-free balancing (selection biases moved each step; resumed bitwise), with
+#    bf16 linears, and with fp8 linears under Hopper accumulation, one hash each over their layouts;
 #  - the metrics JSONL has each MoE layer's per-expert counts every step: every token's two
 #    choices counted, the kept ones within the capacity; a dropping run drops some;
+#  - `lockstep moe report` prints each layer's load and drops and draws them;
 #  - the model learns (the loss falls);
 #  - bad input: top_k above the experts, sequence parallelism, the reference tools — one line each.
 source "$(dirname "$0")/lib.sh"
@@ -69,12 +70,18 @@ same_hash "resumed" resumed.log
 drop=(--model.moe_capacity_factor=1 --model.ffn=swiglu --model.moe_router=sigmoid)
 layouts capacity "${drop[@]}" --log.metrics=drop.jsonl
 [ "$(model_hash capacity.log)" != "$want" ] || fail "the capacity run ended on the dropless hash"
+bias=(--model.moe_bias_update=0.01 --model.moe_aux_weight=0)
+layouts bias "${bias[@]}" --log.metrics=bias.jsonl
+run "${bias[@]}" --checkpoint.dir=ckb --checkpoint.every=2 --train.stop_after=1 > bias_first.log 2>&1
+run "${bias[@]}" --checkpoint.dir=ckb --checkpoint.every=2 > bias_resumed.log 2>&1
+grep -q "^resumed from ckb/step_00000002" bias_resumed.log || fail "bias run did not resume"
+same_hash "selection biases resumed" bias_resumed.log "$(model_hash bias.log)"
 layouts bf16 --train.precision=bf16
 layouts fp8 --train.precision=fp8 --fp8.accumulate=hopper
 
 # Every step's record: each layer's choices are its tokens x top_k; kept within routed; drops
 # only with a capacity.
-python3 - m.jsonl drop.jsonl <<'PY'
+python3 - m.jsonl drop.jsonl bias.jsonl <<'PY'
 import json, sys
 def records(path):
     return [r["moe"] for r in map(json.loads, open(path)) if "moe" in r]
@@ -90,7 +97,23 @@ for path, dropping in ((sys.argv[1], False), (sys.argv[2], True)):
             assert 1 <= layer["load"] <= 4 and 0 < layer["entropy"] and layer["aux_loss"] > 0, (path, name, layer)
             dropped += layer["dropped"]
     assert (dropped > 0) == dropping, (path, dropped)
+# The selection biases move by 0.01 a step towards the mean load, from zero.
+steps = records(sys.argv[3])
+for step, record in enumerate(steps, 1):
+    for name, layer in record.items():
+        assert len(layer["bias"]) == 4 and all(abs(b) <= 0.01 * step + 1e-6 for b in layer["bias"]), (name, layer)
+assert any(b != 0 for layer in steps[-1].values() for b in layer["bias"]), steps[-1]
+assert all("bias" not in layer for record in records(sys.argv[1]) for layer in record.values())
 PY
+
+# The report: every layer's line, the drops of the capacity run, an SVG; a dense run's metrics have none.
+"$LOCKSTEP" moe report drop.jsonl --out load.svg > report.txt || fail "moe report: $(cat report.txt)"
+grep -q "^moe report: 2 MoE layers, 4 steps, 4 experts each" report.txt || fail "report header: $(head -2 report.txt)"
+[ "$(grep -cE '^  layer/[01]/moe +load [0-9.]+ -> [0-9.]+ \(worst [0-9.]+\) +dropped [0-9.]+% -> [0-9.]+%' report.txt)" = 2 ] \
+  || fail "report lines: $(cat report.txt)"
+grep -q "dropped share of the choices" load.svg && head -c 5 load.svg | grep -q "<svg" || fail "no drop plot in load.svg"
+"$LOCKSTEP" train --config cfg.toml --train.steps=2 --log.metrics=dense.jsonl > dense.log 2>&1
+expect_error "dense.jsonl: no moe records" "$LOCKSTEP" moe report dense.jsonl
 
 # The model learns: the loss falls over 40 steps.
 "$LOCKSTEP" train "${base[@]}" --train.steps=40 --log.every=1 > learn.log 2>&1

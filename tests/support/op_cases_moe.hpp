@@ -36,23 +36,33 @@ inline std::string router_text(const RouterShape& s) {
 struct RouterOutputs {
   std::vector<float> probs, gates;
   std::vector<int32_t> experts;
-  void run(Backend& be, const RouterShape& s, const std::vector<float>& logits) {
+  // With a bias of E values, the choice is by probs + bias.
+  void run(Backend& be, const RouterShape& s, const std::vector<float>& logits, const std::vector<float>& bias = {}) {
     probs.assign(static_cast<size_t>(s.N * s.E), -1.0f);
     gates.assign(static_cast<size_t>(s.N * s.K), -1.0f);
     experts.assign(static_cast<size_t>(s.N * s.K), -1);
-    be.router_forward(s, probs.data(), experts.data(), gates.data(), logits.data());
+    be.router_forward(s, probs.data(), experts.data(), gates.data(), logits.data(), bias.empty() ? nullptr : bias.data());
   }
 };
 
+// Every other four seeds with a selection bias (values of the probabilities' size).
 class RouterForward final : public OpCase {
  public:
-  explicit RouterForward(const CaseSpec& c) : s_(router_shape(c)) { logits_ = Draw(c).values(s_.N * s_.E, 6, true); }
-  std::string shape() const override { return router_text(s_); }
-  void run(Backend& be, Mode) override { out_.run(be, s_, logits_); }
+  explicit RouterForward(const CaseSpec& c) : s_(router_shape(c)) {
+    Draw d(c);
+    logits_ = d.values(s_.N * s_.E, 6, true);
+    if (c.seed / 4 % 2 == 1) {
+      for (float x : d.values(s_.E)) bias_.push_back(x / 16);
+    }
+  }
+  std::string shape() const override { return router_text(s_) + (bias_.empty() ? "" : " biased"); }
+  void run(Backend& be, Mode) override { out_.run(be, s_, logits_, bias_); }
   std::vector<Check> checks(Mode mode) const override {
     std::vector<float> chosen, want;
     for (int64_t n = 0; n < s_.N; ++n) {
-      for (int32_t e : reference::top_k(out_.probs.data() + n * s_.E, s_.E, s_.K)) want.push_back(static_cast<float>(e));
+      std::vector<float> score(out_.probs.begin() + n * s_.E, out_.probs.begin() + (n + 1) * s_.E);
+      for (size_t e = 0; e < bias_.size(); ++e) score[e] = score[e] + bias_[e];
+      for (int32_t e : reference::top_k(score.data(), s_.E, s_.K)) want.push_back(static_cast<float>(e));
     }
     for (int32_t e : out_.experts) chosen.push_back(static_cast<float>(e));
     return {check_of("probs", out_.probs, ref<Bd>()[0], mode, [&] { return floats(ref<Cf>()[0]); }),
@@ -69,7 +79,7 @@ class RouterForward final : public OpCase {
     return {probs, gates};
   }
   RouterShape s_;
-  std::vector<float> logits_;
+  std::vector<float> logits_, bias_;
   RouterOutputs out_;
 };
 

@@ -6,7 +6,8 @@
 // output is dispatched to rows of the experts' buffer (moe_routing.hpp: expert-major, token order,
 // the capacity's drops), every expert runs its MLP (fc, GELU or SwiGLU, proj; linears of the
 // recipe's precision) on its rows, and the rows combine back weighted by the gates. The
-// load-balancing loss (per sequence) adds its gradient to the router's in the backward.
+// load-balancing loss (per sequence) adds its gradient to the router's in the backward; with
+// aux-loss-free balancing, a selection bias the trainer moves between steps steers the choice.
 // Canonical bits: an expert's weight gradient sums its rows chunk by chunk of the step's batch (64
 // tokens; 128 under fp8's Hopper accumulation), one linear backward per chunk's rows with
 // token_offset at the chunk's start, so each chunk partial is the chain over that chunk's tokens
@@ -85,7 +86,8 @@ class Moe final : public PreNormBranch {
         router_name_(name("moe/router")),
         router_w_(b.ctx.find_param(router_name_ + "/weight")),
         router_(b.ctx.plan().linear(desc, *router_w_)),
-        stats_(b.ctx.add_moe_stats(name("moe"), E_)),
+        stats_name_(name("moe")),
+        stats_(b.ctx.add_moe_stats(stats_name_, E_)),
         acts_(b.ctx, LayerKind::kMoe, "moe", b.slots, [&](Acts& a) {
           const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_;
           grow_to(a.logits, BT * E_);
@@ -123,7 +125,8 @@ class Moe final : public PreNormBranch {
     const float* ln = slot(p).ln.data();
     router_->forward(be, ctx.mode_of(router_name_), {p.BT, C_, E_}, a.logits.data(), ln, ctx.param(router_w_), nullptr);
     ctx.observe(router_name_, a.logits.data(), {p.B, p.T, E_});
-    be.router_forward(router_shape(p), a.probs.data(), a.experts.data(), a.gates.data(), a.logits.data());
+    be.router_forward(router_shape(p), a.probs.data(), a.experts.data(), a.gates.data(), a.logits.data(),
+                      ctx.moe_selection_bias(stats_name_));
     MoeRouting& r = a.routing;
     r.assign(a.experts.data(), p.BT, K_, p.T, capacity_);
     if (ctx.recording()) record(ctx.moe_stats(stats_), a, p);
@@ -265,6 +268,7 @@ class Moe final : public PreNormBranch {
   std::string router_name_;
   const ParamTensor* router_w_;
   std::unique_ptr<LinearOp> router_;
+  std::string stats_name_;  // "layer/3/moe": its statistics' and selection bias's key
   size_t stats_;
   std::vector<Expert> experts_;
   SlotActivations<Acts> acts_;
