@@ -233,35 +233,45 @@ class Moe final : public PreNormBranch {
     if (end > first) {
       const float* Wfc = ctx.linear_weight(xp.fc_w, xp.fc_name);
       const float* Wproj = ctx.linear_weight(xp.proj_w, xp.proj_name);
-      // Canonical: one call per chunk of the step's tokens that holds rows of the expert
-      // (contiguous: its rows are in token order), at the chunk's start.
-      const auto runs = [&](const std::string& linear, auto&& run) {
-        if (ctx.mode() != Mode::kCanonical) return run(first, end, p.token_offset);
-        const int64_t unit = ctx.weight_grad_chunk(linear);
-        for (int64_t s = first; s < end;) {
-          const int64_t chunk = (p.token_offset + r.token_of_row[s]) / unit;
-          int64_t t = s + 1;
-          while (t < end && (p.token_offset + r.token_of_row[t]) / unit == chunk) ++t;
-          run(s, t, chunk * unit);
-          s = t;
-        }
-      };
-      runs(xp.proj_name, [&](int64_t s, int64_t t, int64_t offset) {
-        xp.proj->backward(be, ctx.mode(), {t - s, F_, C_}, offset, dact + s * F_, proj_w, proj_b, dye + s * C_,
-                          a.act.data() + s * F_, Wproj);
-      });
+      rows_backward(ctx, p, r, first, end, *xp.proj, xp.proj_name, {end - first, F_, C_}, dact + first * F_, proj_w,
+                    proj_b, dye + first * C_, a.act.data() + first * F_, Wproj);
       const int64_t n = end - first;
       if (desc().ffn == FfnKind::kGelu) {
         be.gelu_backward(ctx.mode(), n * F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_, dact + first * F_);
       } else {
         be.swiglu_backward(ctx.mode(), n, F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_, dact + first * F_);
       }
-      runs(xp.fc_name, [&](int64_t s, int64_t t, int64_t offset) {
-        xp.fc->backward(be, ctx.mode(), {t - s, C_, fc_out_}, offset, dxe + s * C_, fc_w, fc_b, dfc + s * fc_out_,
-                        a.xe.data() + s * C_, Wfc);
-      });
+      rows_backward(ctx, p, r, first, end, *xp.fc, xp.fc_name, {end - first, C_, fc_out_}, dxe + first * C_, fc_w, fc_b,
+                    dfc + first * fc_out_, a.xe.data() + first * C_, Wfc);
     }
     ctx.grads_ready(p, xp.fc_w, xp.proj_b != nullptr ? xp.proj_b : xp.proj_w);
+  }
+
+  // One expert linear's backward over its rows [first, end) of the buffer (s: their shape; the
+  // pointers at row `first`). Fast: one call. Canonical: the input gradient in one call (each
+  // row's is a dot product of its own), the parameter gradients in one call per chunk of the step's
+  // tokens that holds rows of the expert (they are contiguous: its rows are in token order), with
+  // token_offset at the chunk's start.
+  static void rows_backward(LayerContext& ctx, const Pass& p, const MoeRouting& r, int64_t first, int64_t end,
+                            LinearOp& op, const std::string& linear, LinearShape s, float* dinp, const GradSink& dw,
+                            const GradSink& db, const float* dout, const float* inp, const float* w) {
+    Backend& be = ctx.backend();
+    if (ctx.mode() != Mode::kCanonical) {
+      op.backward(be, ctx.mode(), s, p.token_offset, dinp, dw, db, dout, inp, w);
+      return;
+    }
+    op.backward(be, ctx.mode(), s, p.token_offset, dinp, {}, {}, dout, inp, w);
+    const int64_t unit = ctx.weight_grad_chunk(linear);
+    for (int64_t i = first; i < end;) {
+      const int64_t chunk = (p.token_offset + r.token_of_row[i]) / unit;
+      int64_t j = i + 1;
+      while (j < end && (p.token_offset + r.token_of_row[j]) / unit == chunk) ++j;
+      LinearShape part = s;
+      part.N = j - i;
+      op.backward(be, ctx.mode(), part, chunk * unit, nullptr, dw, db, dout + (i - first) * s.OC,
+                  inp + (i - first) * s.IC, w);
+      i = j;
+    }
   }
 
   int64_t E_, K_, F_, fc_out_, capacity_;
