@@ -24,10 +24,12 @@
 
 #include "reference/activation.hpp"
 #include "reference/attention.hpp"
+#include "reference/canonical_f32.hpp"
 #include "reference/cast.hpp"
 #include "reference/crossentropy.hpp"
 #include "reference/embedding.hpp"
 #include "reference/linear.hpp"
+#include "reference/moe.hpp"
 #include "reference/norm.hpp"
 #include "reference/quantize.hpp"
 #include "reference/reduce.hpp"
@@ -437,6 +439,175 @@ class RefHead final : public RefLayer<Real> {
   std::vector<Real> logits_, losses_;
 };
 
+// x2 = x1 + Σ_j gate_j · expert_j(norm2(x1)) (src/model/layers/moe.cpp). The choice of experts is
+// made in fp32 from the logits as the layer has them (the trainer's own values where verify step
+// anchors the reference on them): the router op's contract is the same in both modes, so
+// CanonicalF32 on those logits reproduces the trainer's choice. Rows as src/model/moe_routing.hpp
+// assigns them (capacity per sequence, token order); an expert's linears run once per 64-token
+// chunk of the step that holds rows of it, as the layer's canonical backward does.
+template <class Real>
+class RefMoe final : public RefLayer<Real> {
+ public:
+  RefMoe(const LayerDesc& d, int64_t B) : RefLayer<Real>(d) {
+    const LayerDims& m = d.dims;
+    const int64_t BT = B * m.T;
+    ln_.resize(BT * m.C);
+    res_.resize(BT * m.C);
+    mean_.resize(BT);
+    rstd_.resize(BT);
+    logits_.resize(BT * d.experts);
+    probs_.resize(BT * d.experts);
+    gates_.resize(BT * d.top_k);
+  }
+  bool residual() const override { return true; }
+  Real* output() override { return res_.data(); }
+
+  void forward(RefStep<Real>& s, const Real* x) override {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT(), E = this->d_.experts, K = this->d_.top_k;
+    this->norm_forward(s, ln_.data(), mean_.data(), rstd_.data(), x, param(s, "ln2/weight"), param(s, "ln2/bias"));
+    s.observe(this->n("ln2/out"), ln_, {s.B, s.T, m.C});
+    linear_forward(BT, m.C, E, logits_.data(), ln_.data(), s.p(param(s, "moe/router/weight")), static_cast<Real*>(nullptr));
+    s.observe(this->n("moe/router"), logits_, {s.B, s.T, E});
+    route(s);
+    router_forward(dims(s), probs_.data(), gates_.data(), logits_.data(), experts_.data());
+    // Each expert's rows (its tokens in order), through its MLP.
+    xe_.assign(static_cast<size_t>(rows_total_ * m.C), Real(0));
+    fc_.assign(static_cast<size_t>(rows_total_ * fc_out()), Real(0));
+    act_.assign(static_cast<size_t>(rows_total_ * m.F), Real(0));
+    y_.assign(static_cast<size_t>(rows_total_ * m.C), Real(0));
+    for (int64_t r = 0; r < rows_total_; ++r)
+      for (int64_t c = 0; c < m.C; ++c) xe_[r * m.C + c] = ln_[token_of_row_[r] * m.C + c];
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t f = first_[e], n = first_[e + 1] - f;
+      if (n == 0) continue;
+      const std::string fc = expert(e, "fc"), proj = expert(e, "proj");
+      s.store_for(fc, xe_.data() + f * m.C, n * m.C);
+      this->linear_fwd(s, fc, n, m.C, fc_out(), fc_.data() + f * fc_out(), xe_.data() + f * m.C, s.find(fc + "/weight"),
+                       s.p(s.find(fc + "/bias")));
+      if (this->d_.ffn == FfnKind::kSwiglu) {
+        swiglu_forward(n, m.F, act_.data() + f * m.F, fc_.data() + f * fc_out());
+      } else {
+        gelu_forward(n * m.F, act_.data() + f * m.F, fc_.data() + f * fc_out());
+      }
+      s.store_for(proj, act_.data() + f * m.F, n * m.F);
+      this->linear_fwd(s, proj, n, m.F, m.C, y_.data() + f * m.C, act_.data() + f * m.F, s.find(proj + "/weight"),
+                       s.p(s.find(proj + "/bias")));
+    }
+    moe_combine_forward(BT, m.C, K, res_.data(), y_.data(), rows_.data(), gates_.data());
+    residual_forward(BT * m.C, res_.data(), res_.data(), x);
+    s.observe(this->d_.output, res_, {s.B, s.T, m.C});
+  }
+
+  void backward(RefStep<Real>& s, const Real* x, Real* dres, Real*) override {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT(), E = this->d_.experts, K = this->d_.top_k;
+    std::vector<Real> dy(y_.size(), Real(0)), dgates(gates_.size()), dact(act_.size()), dfc(fc_.size()),
+        dxe(xe_.size()), dlogits(logits_.size()), dnorm(BT * m.C);
+    moe_combine_backward(BT, m.C, K, dy.data(), dgates.data(), dres, y_.data(), rows_.data(), gates_.data());
+    for (int64_t e = E - 1; e >= 0; --e) {
+      const std::string fc = expert(e, "fc"), proj = expert(e, "proj");
+      chunks(e, [&](int64_t r0, int64_t n) {
+        this->linear_bwd(s, proj, n, m.F, m.C, dact.data() + r0 * m.F, s.find(proj + "/weight"),
+                         s.sink(s.find(proj + "/bias")), dy.data() + r0 * m.C, act_.data() + r0 * m.F);
+      });
+      const int64_t f = first_[e], n = first_[e + 1] - f;
+      if (this->d_.ffn == FfnKind::kSwiglu) {
+        swiglu_backward(n, m.F, dfc.data() + f * fc_out(), fc_.data() + f * fc_out(), dact.data() + f * m.F);
+      } else {
+        gelu_backward(n * m.F, dfc.data() + f * fc_out(), fc_.data() + f * fc_out(), dact.data() + f * m.F);
+      }
+      chunks(e, [&](int64_t r0, int64_t n) {
+        this->linear_bwd(s, fc, n, m.C, fc_out(), dxe.data() + r0 * m.C, s.find(fc + "/weight"),
+                         s.sink(s.find(fc + "/bias")), dfc.data() + r0 * fc_out(), xe_.data() + r0 * m.C);
+      });
+    }
+    std::vector<Real> aux(static_cast<size_t>(s.B)), daux(static_cast<size_t>(s.B * E));
+    const bool balancing = this->d_.aux_weight > 0;
+    if (balancing) {
+      moe_aux_loss(dims(s), this->d_.aux_weight, value_f32(s.dloss), aux.data(), daux.data(), probs_.data(),
+                   experts_.data());
+    }
+    router_backward(dims(s), dlogits.data(), probs_.data(), experts_.data(), gates_.data(), dgates.data(),
+                    balancing ? daux.data() : static_cast<Real*>(nullptr));
+    linear_backward(BT, m.C, E, dnorm.data(), s.sink(param(s, "moe/router/weight")), GradOut<Real>{}, dlogits.data(),
+                    ln_.data(), s.p(param(s, "moe/router/weight")));
+    moe_dispatch_backward(BT, m.C, K, dnorm.data(), dxe.data(), rows_.data());
+    s.observe("grad/" + this->n("ln2/out"), dnorm, {s.B, s.T, m.C});
+    this->norm_backward(s, dres, dnorm.data(), x, mean_.data(), rstd_.data(), param(s, "ln2/weight"),
+                        param(s, "ln2/bias"));
+    s.observe("grad/" + this->d_.input, dres, {s.B, s.T, m.C});
+  }
+
+ private:
+  int64_t fc_out() const { return this->d_.ffn == FfnKind::kSwiglu ? 2 * this->d_.dims.F : this->d_.dims.F; }
+  const ParamInfo* param(const RefStep<Real>& s, const char* local) const { return s.find(this->n(local)); }
+  std::string expert(int64_t e, const char* linear) const {
+    return this->n("moe/expert/" + std::to_string(e) + "/" + linear);
+  }
+  RouterDims dims(const RefStep<Real>& s) const {
+    return {s.BT(), this->d_.experts, this->d_.top_k, this->d_.router == RouterKind::kSoftmax, this->d_.normalize_gates,
+            s.T};
+  }
+  static float value_f32(const Real& x) { return static_cast<float>(value_of(x)); }
+
+  // The choice (from the fp32 logits), then the rows: per sequence each expert keeps its first
+  // `capacity` choices in token order (all when dropless), expert-major in token order.
+  void route(const RefStep<Real>& s) {
+    const int64_t BT = s.BT(), E = this->d_.experts, K = this->d_.top_k, T = s.T;
+    std::vector<CanonicalF32> logits(logits_.size()), probs(logits_.size()), gates(gates_.size());
+    for (size_t i = 0; i < logits_.size(); ++i) logits[i] = value_f32(logits_[i]);
+    const std::vector<int32_t> none(gates_.size(), 0);
+    router_forward(dims(s), probs.data(), gates.data(), logits.data(), none.data());
+    experts_.clear();
+    for (int64_t n = 0; n < BT; ++n) {
+      std::vector<float> p(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) p[e] = probs[n * E + e].v;
+      for (int32_t e : top_k(p.data(), E, K)) experts_.push_back(e);
+    }
+    const double factor = this->d_.capacity_factor;
+    const int64_t capacity =
+        factor == 0 ? 0 : static_cast<int64_t>(std::ceil(factor * static_cast<double>(T * K) / static_cast<double>(E)));
+    rows_.assign(static_cast<size_t>(BT * K), -1);
+    std::vector<std::vector<int64_t>> kept(static_cast<size_t>(E));  // each expert's choices (n·K + j)
+    for (int64_t g = 0; g < BT; g += T) {
+      std::vector<int64_t> in_group(static_cast<size_t>(E), 0);
+      for (int64_t i = g * K; i < (g + T) * K; ++i) {
+        const int32_t e = experts_[i];
+        if (capacity > 0 && in_group[e] >= capacity) continue;
+        ++in_group[e];
+        kept[e].push_back(i);
+      }
+    }
+    first_.assign(static_cast<size_t>(E + 1), 0);
+    token_of_row_.clear();
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t i : kept[e]) {
+        rows_[i] = static_cast<int32_t>(token_of_row_.size());
+        token_of_row_.push_back(i / K);
+      }
+      first_[e + 1] = static_cast<int64_t>(token_of_row_.size());
+    }
+    rows_total_ = static_cast<int64_t>(token_of_row_.size());
+  }
+  // f(first row, rows) for each run of expert e's rows within one 64-token chunk of the step.
+  template <class F>
+  void chunks(int64_t e, F&& f) const {
+    for (int64_t r = first_[e]; r < first_[e + 1];) {
+      const int64_t chunk = token_of_row_[r] / kCanonicalChunk;
+      int64_t t = r + 1;
+      while (t < first_[e + 1] && token_of_row_[t] / kCanonicalChunk == chunk) ++t;
+      f(r, t - r);
+      r = t;
+    }
+  }
+
+  std::vector<Real> ln_, mean_, rstd_, logits_, probs_, gates_, xe_, fc_, act_, y_, res_;
+  std::vector<int32_t> experts_, rows_;
+  std::vector<int64_t> token_of_row_, first_;
+  int64_t rows_total_ = 0;
+};
+
 // The reference layer of a description entry. A new layer kind adds its class above and a case here.
 template <class Real>
 std::unique_ptr<RefLayer<Real>> make_ref_layer(const LayerDesc& d, int64_t B) {
@@ -446,7 +617,7 @@ std::unique_ptr<RefLayer<Real>> make_ref_layer(const LayerDesc& d, int64_t B) {
     case LayerKind::kMlp: return std::make_unique<RefMlp<Real>>(d, B);
     case LayerKind::kFinalNorm: return std::make_unique<RefFinalNorm<Real>>(d, B);
     case LayerKind::kHead: return std::make_unique<RefHead<Real>>(d, B);
-    case LayerKind::kMoe: break;  // no reference MoE layer yet: its callers refuse such models
+    case LayerKind::kMoe: return std::make_unique<RefMoe<Real>>(d, B);
   }
   return nullptr;
 }

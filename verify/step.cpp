@@ -238,8 +238,11 @@ std::map<std::string, float> fp8_scales(const StepState& s) {
 
 StepSetup step_setup(const StepState& s) {
   for (const LayerDesc& l : s.model.layers) {
-    LS_REQUIRE(l.kind != LayerKind::kMoe, "the reference has no mixture-of-experts layer yet (", l.prefix,
-               "moe): verify step and diff --bounds take dense models");
+    if (l.kind != LayerKind::kMoe) continue;
+    LS_REQUIRE(!l.selection_bias, "the reference does not read a run's MoE selection biases yet (", l.prefix,
+               "moe, [model] moe_bias_update): verify step and diff --bounds take MoE models without them");
+    LS_REQUIRE(s.cfg.train.precision != Precision::kFp8, "the reference's MoE layer has no fp8 experts yet (", l.prefix,
+               "moe): verify step and diff --bounds take MoE models in fp32 and bf16");
   }
   const TrainConfig& tc = s.cfg.train;
   StepSetup u;
