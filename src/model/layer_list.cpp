@@ -132,6 +132,12 @@ std::string op_sites_text(const ModelDesc& desc) {
   return text;
 }
 
+int64_t ffn_fc_width(const LayerDesc& layer, int64_t F) { return layer.ffn == FfnKind::kSwiglu ? 2 * F : F; }
+
+std::vector<int64_t> ffn_fc_segments(const LayerDesc& layer, int64_t F) {
+  return layer.ffn == FfnKind::kSwiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
+}
+
 int64_t param_numel(const ParamDecl& p) {
   int64_t n = 1;
   for (int64_t s : p.shape) n *= s;

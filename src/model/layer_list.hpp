@@ -152,6 +152,12 @@ ModelDesc describe_model(const ModelConfig& cfg);
 // layer added), call it again.
 void declare_layers(ModelDesc& desc);
 
+// An MLP's (or expert's) fc outputs for F hidden features, and their segments along the features
+// tensor parallelism splits: SwiGLU's fc rows are [gate | up] (a rank holds the same features of
+// both), GELU's one block.
+int64_t ffn_fc_width(const LayerDesc& layer, int64_t F);
+std::vector<int64_t> ffn_fc_segments(const LayerDesc& layer, int64_t F);
+
 // A parameter's elements (the global tensor's).
 int64_t param_numel(const ParamDecl& p);
 

@@ -3,6 +3,24 @@
 
 namespace lockstep {
 
+void activation_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t F, float* out,
+                             const float* fc) {
+  if (layer.ffn == FfnKind::kGelu) {
+    be.gelu_forward(mode, rows * F, out, fc);
+  } else {
+    be.swiglu_forward(mode, rows, F, out, fc);
+  }
+}
+
+void activation_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t F, float* dfc,
+                              const float* fc, const float* dout) {
+  if (layer.ffn == FfnKind::kGelu) {
+    be.gelu_backward(mode, rows * F, dfc, fc, dout);
+  } else {
+    be.swiglu_backward(mode, rows, F, dfc, fc, dout);
+  }
+}
+
 void norm_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
                        const float* inp, const float* w, const float* b) {
   const NormShape s{rows, layer.dims.C, layer.norm_eps};

@@ -36,6 +36,13 @@ void norm_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t 
                         GradSink dw, GradSink db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd);
 
+// The MLP activation of a layer's kind (GELU, or SwiGLU on [gate | up]) over `rows` rows of F
+// hidden features: fc's outputs (ffn_fc_width of them a row) in, the activation out; and back.
+void activation_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t F, float* out,
+                             const float* fc);
+void activation_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t F, float* dfc,
+                              const float* fc, const float* dout);
+
 class NormOp {
  public:
   virtual ~NormOp() = default;

@@ -14,23 +14,19 @@ namespace lockstep {
 
 namespace {
 
-int64_t fc_width(const LayerDesc& d, int64_t F) { return d.ffn == FfnKind::kSwiglu ? 2 * F : F; }
-
 void declare(LayerDesc& d) {
   const LayerDims& m = d.dims;
   const std::string& pre = d.prefix;
-  // SwiGLU's fc rows are [gate | up]: a rank holds the same features of both.
-  const std::vector<int64_t> fc_segments =
-      d.ffn == FfnKind::kSwiglu ? std::vector<int64_t>{m.F, m.F} : std::vector<int64_t>{m.F};
+  const std::vector<int64_t> fc_segments = ffn_fc_segments(d, m.F);
   d.output = pre + "mlp/res";
   d.params.push_back({.name = pre + "ln2/weight", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
   if (d.norm == NormKind::kLayerNorm) {
     d.params.push_back({.name = pre + "ln2/bias", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kZeros});
   }
-  d.params.push_back({.name = pre + "mlp/fc/weight", .shape = {fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix, .matmul = true, .split_dim = 0,
+  d.params.push_back({.name = pre + "mlp/fc/weight", .shape = {ffn_fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix, .matmul = true, .split_dim = 0,
                       .segments = fc_segments});
   if (d.bias) {
-    d.params.push_back({.name = pre + "mlp/fc/bias", .shape = {fc_width(d, m.F)}, .klass = ParamClass::kBias, .init = ParamInit::kZeros,
+    d.params.push_back({.name = pre + "mlp/fc/bias", .shape = {ffn_fc_width(d, m.F)}, .klass = ParamClass::kBias, .init = ParamInit::kZeros,
                         .split_dim = 0, .segments = fc_segments});
   }
   d.params.push_back({.name = pre + "mlp/proj/weight", .shape = {m.C, m.F}, .klass = ParamClass::kMatrix, .matmul = true,
@@ -61,7 +57,7 @@ class Mlp final : public ResidualBranch {
   Mlp(const LayerDesc& desc, const LayerBuild& b)
       : ResidualBranch(desc, b, "ln2", "mlp/fc", "mlp/proj"),
         F_(b.local.F),
-        fc_out_(fc_width(desc, F_)),
+        fc_out_(ffn_fc_width(desc, F_)),
         fc_name_(name("mlp/fc")),
         act_name_(name("mlp/act")),
         grad_fc_name_("grad/" + fc_name_),
@@ -84,11 +80,7 @@ class Mlp final : public ResidualBranch {
     in_->forward(be, ctx.mode_of(fc_name_), {p.BT, C_, fc_out_}, a.fc.data(), slot(p).ln.data(),
                  ctx.linear_weight(in_w_, in_linear_), ctx.param(in_b_));
     ctx.observe(fc_name_, a.fc.data(), {p.B, p.T, fc_out_});
-    if (desc().ffn == FfnKind::kGelu) {
-      be.gelu_forward(ctx.mode_of(act_name_), p.BT * F_, a.act.data(), a.fc.data());
-    } else {
-      be.swiglu_forward(ctx.mode_of(act_name_), p.BT, F_, a.act.data(), a.fc.data());
-    }
+    activation_forward_rows(be, desc(), ctx.mode_of(act_name_), p.BT, F_, a.act.data(), a.fc.data());
     ctx.store_for(out_linear_, a.act.data(), p.BT * F_);
     ctx.observe(act_name_, a.act.data(), {p.B, p.T, F_});
     out_forward(ctx, p, x, a.act.data(), F_);
@@ -103,11 +95,7 @@ class Mlp final : public ResidualBranch {
     float* dact = dfc + p.BT * fc_out_;  // (BT, F)
     out_backward(ctx, p, dres, dact, a.act.data(), F_);
     ctx.observe(grad_act_name_, dact, {p.B, p.T, F_});
-    if (desc().ffn == FfnKind::kGelu) {
-      be.gelu_backward(ctx.mode(), p.BT * F_, dfc, a.fc.data(), dact);
-    } else {
-      be.swiglu_backward(ctx.mode(), p.BT, F_, dfc, a.fc.data(), dact);
-    }
+    activation_backward_rows(be, desc(), ctx.mode(), p.BT, F_, dfc, a.fc.data(), dact);
     ctx.observe(grad_fc_name_, dfc, {p.B, p.T, fc_out_});
     in_norm_backward(ctx, p, x, dres, dnorm, dfc, fc_out_);
   }

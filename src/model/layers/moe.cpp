@@ -26,15 +26,12 @@ namespace lockstep {
 
 namespace {
 
-// fc's outputs for F hidden features (SwiGLU: [gate | up]).
-int64_t fc_width(const LayerDesc& d, int64_t F) { return d.ffn == FfnKind::kSwiglu ? 2 * F : F; }
 std::string expert_prefix(const LayerDesc& d, int64_t e) { return d.prefix + "moe/expert/" + std::to_string(e) + "/"; }
 
 void declare(LayerDesc& d) {
   const LayerDims& m = d.dims;
   const std::string& pre = d.prefix;
-  const std::vector<int64_t> fc_segments =
-      d.ffn == FfnKind::kSwiglu ? std::vector<int64_t>{m.F, m.F} : std::vector<int64_t>{m.F};
+  const std::vector<int64_t> fc_segments = ffn_fc_segments(d, m.F);
   const double share = static_cast<double>(d.top_k) / static_cast<double>(d.experts);
   d.output = pre + "moe/res";
   d.params.push_back({.name = pre + "ln2/weight", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
@@ -45,10 +42,10 @@ void declare(LayerDesc& d) {
                       .matmul = true, .fp32_only = true});
   for (int64_t e = 0; e < d.experts; ++e) {
     const std::string x = expert_prefix(d, e);
-    d.params.push_back({.name = x + "fc/weight", .shape = {fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix,
+    d.params.push_back({.name = x + "fc/weight", .shape = {ffn_fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix,
                         .matmul = true, .token_share = share, .split_dim = 0, .segments = fc_segments});
     if (d.bias) {
-      d.params.push_back({.name = x + "fc/bias", .shape = {fc_width(d, m.F)}, .klass = ParamClass::kBias,
+      d.params.push_back({.name = x + "fc/bias", .shape = {ffn_fc_width(d, m.F)}, .klass = ParamClass::kBias,
                           .init = ParamInit::kZeros, .split_dim = 0, .segments = fc_segments});
     }
     d.params.push_back({.name = x + "proj/weight", .shape = {m.C, m.F}, .klass = ParamClass::kMatrix, .matmul = true,
@@ -81,7 +78,7 @@ class Moe final : public PreNormBranch {
         E_(desc.experts),
         K_(desc.top_k),
         F_(b.local.F),
-        fc_out_(fc_width(desc, F_)),
+        fc_out_(ffn_fc_width(desc, F_)),
         capacity_(moe_capacity(desc.capacity_factor, desc.dims.T, K_, E_)),
         router_name_(name("moe/router")),
         router_w_(b.ctx.find_param(router_name_ + "/weight")),
@@ -141,11 +138,7 @@ class Moe final : public PreNormBranch {
       float* act = a.act.data() + f * F_;
       ctx.store_for(xp.fc_name, xe, n * C_);
       xp.fc->forward(be, ctx.mode(), {n, C_, fc_out_}, fc, xe, ctx.linear_weight(xp.fc_w, xp.fc_name), ctx.param(xp.fc_b));
-      if (desc().ffn == FfnKind::kGelu) {
-        be.gelu_forward(ctx.mode(), n * F_, act, fc);
-      } else {
-        be.swiglu_forward(ctx.mode(), n, F_, act, fc);
-      }
+      activation_forward_rows(be, desc(), ctx.mode(), n, F_, act, fc);
       ctx.store_for(xp.proj_name, act, n * F_);
       xp.proj->forward(be, ctx.mode(), {n, F_, C_}, a.ye.data() + f * C_, act,
                        ctx.linear_weight(xp.proj_w, xp.proj_name), ctx.param(xp.proj_b));
@@ -236,11 +229,8 @@ class Moe final : public PreNormBranch {
       rows_backward(ctx, p, r, first, end, *xp.proj, xp.proj_name, {end - first, F_, C_}, dact + first * F_, proj_w,
                     proj_b, dye + first * C_, a.act.data() + first * F_, Wproj);
       const int64_t n = end - first;
-      if (desc().ffn == FfnKind::kGelu) {
-        be.gelu_backward(ctx.mode(), n * F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_, dact + first * F_);
-      } else {
-        be.swiglu_backward(ctx.mode(), n, F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_, dact + first * F_);
-      }
+      activation_backward_rows(be, desc(), ctx.mode(), n, F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_,
+                               dact + first * F_);
       rows_backward(ctx, p, r, first, end, *xp.fc, xp.fc_name, {end - first, C_, fc_out_}, dxe + first * C_, fc_w, fc_b,
                     dfc + first * fc_out_, a.xe.data() + first * C_, Wfc);
     }
