@@ -9,7 +9,8 @@
 #    choices counted, the kept ones within the capacity; a dropping run drops some;
 #  - `lockstep moe report` prints each layer's load and drops and draws them;
 #  - the model learns (the loss falls);
-#  - verify step passes a MoE run's step bitwise against the reference's emulation;
+#  - verify step passes a MoE run's step bitwise against the reference's emulation; sampled reference
+#    checks while training pass a clean run and name a corrupted router;
 #  - bad input: top_k above the experts, sequence parallelism, verify step of a run with selection
 #    biases — one line each.
 source "$(dirname "$0")/lib.sh"
@@ -116,6 +117,19 @@ grep -q "^moe report: 2 MoE layers, 4 steps, 4 experts each" report.txt || fail 
 grep -q "dropped share of the choices" load.svg && head -c 5 load.svg | grep -q "<svg" || fail "no drop plot in load.svg"
 "$LOCKSTEP" train --config cfg.toml --train.steps=2 --log.metrics=dense.jsonl > dense.log 2>&1
 expect_error "dense.jsonl: no moe records" "$LOCKSTEP" moe report dense.jsonl
+
+# Sampled reference checks ([verify] reference_every) take the MoE layers' norm and router in turn:
+# a clean run has no finding; a router whose logits are corrupted in every step is named.
+"$LOCKSTEP" train "${base[@]}" --train.steps=20 --verify.reference_every=1 > refcheck.log 2>&1 \
+  || fail "reference checks: $(tail -3 refcheck.log)"
+if grep -q '^finding' refcheck.log; then fail "reference checks: $(grep '^finding' refcheck.log)"; fi
+grep -q '^reference checks: 20 ops re-checked on rank 0' refcheck.log || fail "reference checks: $(tail -3 refcheck.log)"
+status=0
+"$LOCKSTEP" train "${base[@]}" --train.steps=20 --verify.reference_every=1 --inject.site=layer/1/moe/router \
+  --inject.step=0 --inject.persistent=true --inject.kind=bitflip:bit=27,index=3 > reffault.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "router fault: expected exit 6, got $status: $(tail -3 reffault.log)"
+grep -q "^finding: after step [0-9]*, detector reference, site layer/1/moe/router " reffault.log \
+  || fail "router fault not named: $(grep -E '^(finding|error)' reffault.log)"
 
 # The model learns: the loss falls over 40 steps.
 "$LOCKSTEP" train "${base[@]}" --train.steps=40 --log.every=1 > learn.log 2>&1

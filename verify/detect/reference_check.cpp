@@ -78,7 +78,11 @@ std::vector<SampledOp> sampled_ops(const Model& model, int64_t tp, bool sp) {
                        .weight = l.tied ? "wte" : p + "lm_head/weight", .linear = std::string(kHeadLinear)});
         break;
       case LayerKind::kEmbedding: break;
-      case LayerKind::kMoe: break;  // its ops are not sampled yet (the reference has no MoE layer)
+      case LayerKind::kMoe:  // the norm and the router, both fp32 whatever the recipe (the experts' rows are no hook)
+        norm("ln2", l.input, "");
+        ops.push_back({.kind = Kind::kLinear, .output = p + "moe/router", .inputs = {p + "ln2/out"},
+                       .weight = p + "moe/router/weight"});
+        break;
     }
   }
   // Current fp8 scaling takes a split weight's amax over the tp group, which this check does not see.
@@ -160,7 +164,7 @@ void ReferenceCheck::check(const TensorView& out) {
   };
   // A bf16 linear reads its weight's bf16 copy and rounds its product; a norm or the activation
   // that a bf16 linear reads rounds its output.
-  const bool bf16 = recipe_.low_precision(op_->linear);
+  const bool bf16 = !op_->linear.empty() && recipe_.low_precision(op_->linear);
   const bool product = op_->kind == Kind::kLinear || op_->kind == Kind::kLinearResidual;
   std::vector<Real> x = to_real(inputs_.at(op_->inputs[0]));
   std::vector<Real> w = param(op_->weight);
@@ -172,7 +176,7 @@ void ReferenceCheck::check(const TensorView& out) {
   // An fp8 linear's fprop reads its input and weight quantized (src/model/fp8_linear.cpp) and
   // accumulates as the recipe says.
   Accumulation accumulation = Accumulation::kFp32;
-  if (product && recipe_.fp8_linear(op_->linear) && recipe_.fp8.fprop) {
+  if (product && !op_->linear.empty() && recipe_.fp8_linear(op_->linear) && recipe_.fp8.fprop) {
     accumulation = recipe_.fp8.accumulation;
     double w_amax = 0;
     for (const Real& v : w) w_amax = std::max(w_amax, std::fabs(v.value));

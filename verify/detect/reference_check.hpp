@@ -8,8 +8,9 @@
 // and its buddies; only a reference sees it.
 //
 // The ops: the norms, the linear layers (qkv where positions are learned: RoPE's rotation is not
-// re-checked), the activation (GELU or SwiGLU), the projections with their residual add, the head.
-// Not attention, the embedding or the loss. Each pipeline stage checks its own ops in turn (the
+// re-checked), the activation (GELU or SwiGLU), the projections with their residual add, the head,
+// a MoE layer's router. Not attention, the embedding, the loss or a MoE layer's experts (their rows
+// are no hook). Each pipeline stage checks its own ops in turn (the
 // first op of a stage, whose input is the previous stage's, is left out). Under tensor parallelism each rank checks its own
 // shard's ops (a column-parallel product, the activation, the head's vocabulary rows, the norms
 // without sequence parallelism); the row-parallel projections, whose result is a sum over the tp
@@ -46,7 +47,8 @@ struct SampledOp {
   float eps = 0;
   FfnKind ffn = FfnKind::kGelu;
   // The linear (precision.hpp's name) in whose precision the output is computed (a linear, a
-  // projection) or stored (a norm or the activation: the linear that reads it).
+  // projection) or stored (a norm or the activation: the linear that reads it); "": fp32 whatever
+  // the recipe (a MoE router, and the norm it reads).
   std::string linear{};
 };
 
