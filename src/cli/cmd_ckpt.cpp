@@ -80,22 +80,32 @@ void print_info(const ckpt::Checkpoint& c, std::ostream& out) {
 
 // The [model] fields a reader needs to rebuild the model, as safetensors metadata (string values).
 std::map<std::string, std::string> model_metadata(const ModelConfig& m) {
-  return {{"format", "pt"},
-          {"producer", "lockstep"},
-          {"vocab_size", std::to_string(m.vocab_size)},
-          {"seq_len", std::to_string(m.seq_len)},
-          {"d_model", std::to_string(m.d_model)},
-          {"n_layers", std::to_string(m.n_layers)},
-          {"n_heads", std::to_string(m.n_heads)},
-          {"n_kv_heads", std::to_string(m.n_kv_heads)},
-          {"ffn_hidden", std::to_string(m.ffn_width())},
-          {"ffn", ffn_name(m.ffn)},
-          {"norm", norm_name(m.norm)},
-          {"pos", pos_name(m.pos)},
-          {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
-          {"bias", m.bias ? "true" : "false"},
-          {"norm_eps", str_cat(std::setprecision(9), m.norm_eps)},
-          {"seed", std::to_string(m.seed)}};
+  std::map<std::string, std::string> meta = {
+      {"format", "pt"},
+      {"producer", "lockstep"},
+      {"vocab_size", std::to_string(m.vocab_size)},
+      {"seq_len", std::to_string(m.seq_len)},
+      {"d_model", std::to_string(m.d_model)},
+      {"n_layers", std::to_string(m.n_layers)},
+      {"n_heads", std::to_string(m.n_heads)},
+      {"n_kv_heads", std::to_string(m.n_kv_heads)},
+      {"ffn_hidden", std::to_string(m.ffn_width())},
+      {"ffn", ffn_name(m.ffn)},
+      {"norm", norm_name(m.norm)},
+      {"pos", pos_name(m.pos)},
+      {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
+      {"bias", m.bias ? "true" : "false"},
+      {"norm_eps", str_cat(std::setprecision(9), m.norm_eps)},
+      {"seed", std::to_string(m.seed)}};
+  if (m.moe_experts > 0) {
+    meta.insert({{"moe_experts", std::to_string(m.moe_experts)},
+                 {"moe_top_k", std::to_string(m.moe_top_k)},
+                 {"moe_every", std::to_string(m.moe_every)},
+                 {"moe_ffn_hidden", std::to_string(m.moe_ffn_width())},
+                 {"moe_router", router_name(m.moe_router)},
+                 {"moe_normalize", m.moe_normalize ? "true" : "false"}});
+  }
+  return meta;
 }
 
 // Every checkpoint under root `dir` (or `dir` itself when it is one), verified; true when all load.
