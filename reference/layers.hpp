@@ -494,7 +494,9 @@ class RefMoe final : public RefLayer<Real> {
       this->linear_fwd(s, proj, n, m.F, m.C, y_.data() + f * m.C, act_.data() + f * m.F, s.find(proj + "/weight"),
                        s.p(s.find(proj + "/bias")));
     }
+    if (this->d_.shared_F > 0) shared_forward(s);
     moe_combine_forward(BT, m.C, K, res_.data(), y_.data(), rows_.data(), gates_.data());
+    if (this->d_.shared_F > 0) residual_forward(BT * m.C, res_.data(), res_.data(), shared_y_.data());
     residual_forward(BT * m.C, res_.data(), res_.data(), x);
     s.observe(this->d_.output, res_, {s.B, s.T, m.C});
   }
@@ -503,7 +505,8 @@ class RefMoe final : public RefLayer<Real> {
     const LayerDims& m = this->d_.dims;
     const int64_t BT = s.BT(), E = this->d_.experts, K = this->d_.top_k;
     std::vector<Real> dy(y_.size(), Real(0)), dgates(gates_.size()), dact(act_.size()), dfc(fc_.size()),
-        dxe(xe_.size()), dlogits(logits_.size()), dnorm(BT * m.C);
+        dxe(xe_.size()), dlogits(logits_.size()), dnorm(BT * m.C), dshared(BT * m.C);
+    if (this->d_.shared_F > 0) shared_backward(s, dres, dshared.data());
     moe_combine_backward(BT, m.C, K, dy.data(), dgates.data(), dres, y_.data(), rows_.data(), gates_.data());
     for (int64_t e = E - 1; e >= 0; --e) {
       const std::string fc = expert(e, "fc"), proj = expert(e, "proj");
@@ -533,6 +536,7 @@ class RefMoe final : public RefLayer<Real> {
     linear_backward(BT, m.C, E, dnorm.data(), s.sink(param(s, "moe/router/weight")), GradOut<Real>{}, dlogits.data(),
                     ln_.data(), s.p(param(s, "moe/router/weight")));
     moe_dispatch_backward(BT, m.C, K, dnorm.data(), dxe.data(), rows_.data());
+    if (this->d_.shared_F > 0) residual_forward(BT * m.C, dnorm.data(), dnorm.data(), dshared.data());
     s.observe("grad/" + this->n("ln2/out"), dnorm, {s.B, s.T, m.C});
     this->norm_backward(s, dres, dnorm.data(), x, mean_.data(), rstd_.data(), param(s, "ln2/weight"),
                         param(s, "ln2/bias"));
@@ -540,7 +544,8 @@ class RefMoe final : public RefLayer<Real> {
   }
 
  private:
-  int64_t fc_out() const { return this->d_.ffn == FfnKind::kSwiglu ? 2 * this->d_.dims.F : this->d_.dims.F; }
+  int64_t ffn_width(int64_t F) const { return this->d_.ffn == FfnKind::kSwiglu ? 2 * F : F; }
+  int64_t fc_out() const { return ffn_width(this->d_.dims.F); }
   const ParamInfo* param(const RefStep<Real>& s, const char* local) const { return s.find(this->n(local)); }
   std::string expert(int64_t e, const char* linear) const {
     return this->n("moe/expert/" + std::to_string(e) + "/" + linear);
@@ -550,6 +555,44 @@ class RefMoe final : public RefLayer<Real> {
             s.T};
   }
   static float value_f32(const Real& x) { return static_cast<float>(value_of(x)); }
+
+  // The shared experts: one MLP of shared_F features over every token (its fc reads the norm's
+  // output in its own precision; the router the fp32 one).
+  void shared_forward(RefStep<Real>& s) {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT(), FS = this->d_.shared_F, fc_out = ffn_width(FS);
+    const std::string fc = this->n("moe/shared/fc"), proj = this->n("moe/shared/proj");
+    shared_in_ = ln_;
+    s.store_for(fc, shared_in_.data(), BT * m.C);
+    shared_fc_.assign(static_cast<size_t>(BT * fc_out), Real(0));
+    shared_act_.assign(static_cast<size_t>(BT * FS), Real(0));
+    shared_y_.assign(static_cast<size_t>(BT * m.C), Real(0));
+    this->linear_fwd(s, fc, BT, m.C, fc_out, shared_fc_.data(), shared_in_.data(), s.find(fc + "/weight"),
+                     s.p(s.find(fc + "/bias")));
+    if (this->d_.ffn == FfnKind::kSwiglu) {
+      swiglu_forward(BT, FS, shared_act_.data(), shared_fc_.data());
+    } else {
+      gelu_forward(BT * FS, shared_act_.data(), shared_fc_.data());
+    }
+    s.store_for(proj, shared_act_.data(), BT * FS);
+    this->linear_fwd(s, proj, BT, FS, m.C, shared_y_.data(), shared_act_.data(), s.find(proj + "/weight"),
+                     s.p(s.find(proj + "/bias")));
+  }
+  void shared_backward(RefStep<Real>& s, const Real* dres, Real* dshared) {
+    const LayerDims& m = this->d_.dims;
+    const int64_t BT = s.BT(), FS = this->d_.shared_F, fc_out = ffn_width(FS);
+    const std::string fc = this->n("moe/shared/fc"), proj = this->n("moe/shared/proj");
+    std::vector<Real> dact(static_cast<size_t>(BT * FS)), dfc(static_cast<size_t>(BT * fc_out));
+    this->linear_bwd(s, proj, BT, FS, m.C, dact.data(), s.find(proj + "/weight"), s.sink(s.find(proj + "/bias")), dres,
+                     shared_act_.data());
+    if (this->d_.ffn == FfnKind::kSwiglu) {
+      swiglu_backward(BT, FS, dfc.data(), shared_fc_.data(), dact.data());
+    } else {
+      gelu_backward(BT * FS, dfc.data(), shared_fc_.data(), dact.data());
+    }
+    this->linear_bwd(s, fc, BT, m.C, fc_out, dshared, s.find(fc + "/weight"), s.sink(s.find(fc + "/bias")), dfc.data(),
+                     shared_in_.data());
+  }
 
   // The choice (from the fp32 logits), then the rows: per sequence each expert keeps its first
   // `capacity` choices in token order (all when dropless), expert-major in token order.
@@ -603,6 +646,7 @@ class RefMoe final : public RefLayer<Real> {
   }
 
   std::vector<Real> ln_, mean_, rstd_, logits_, probs_, gates_, xe_, fc_, act_, y_, res_;
+  std::vector<Real> shared_in_, shared_fc_, shared_act_, shared_y_;
   std::vector<int32_t> experts_, rows_;
   std::vector<int64_t> token_of_row_, first_;
   int64_t rows_total_ = 0;

@@ -39,6 +39,7 @@ void ModelConfig::validate() const {
   LS_REQUIRE(moe_ffn_hidden >= 0, "[model] moe_ffn_hidden (", moe_ffn_hidden, ") must be >= 0 (0 = ffn_hidden)");
   LS_REQUIRE(moe_capacity_factor >= 0, "[model] moe_capacity_factor (", moe_capacity_factor, ") must be >= 0 (0 = dropless)");
   LS_REQUIRE(moe_aux_weight >= 0, "[model] moe_aux_weight (", moe_aux_weight, ") must be >= 0");
+  LS_REQUIRE(moe_shared_experts >= 0, "[model] moe_shared_experts (", moe_shared_experts, ") must be >= 0");
   LS_REQUIRE(moe_bias_update >= 0, "[model] moe_bias_update (", moe_bias_update, ") must be >= 0 (0 = no bias)");
 }
 

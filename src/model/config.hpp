@@ -44,6 +44,8 @@ struct ModelConfig {
   double moe_capacity_factor = 0;    // 0: dropless; else each expert takes at most
                                      // ceil(factor · T · top_k / experts) tokens of a sequence
   float moe_aux_weight = 0.01f;      // the load-balancing loss's weight (0: none)
+  int64_t moe_shared_experts = 0;    // experts every token uses besides its top_k (DeepSeek): one
+                                     // MLP of moe_shared_experts x moe_ffn_hidden features
   float moe_bias_update = 0;         // aux-loss-free balancing (DeepSeek-V3): after each step an
                                      // expert's selection bias moves by this towards the mean load
                                      // (0: no bias)

@@ -66,6 +66,7 @@ ModelDesc describe_model(const ModelConfig& cfg) {
     moe.capacity_factor = cfg.moe_capacity_factor;
     moe.aux_weight = cfg.moe_aux_weight;
     moe.selection_bias = cfg.moe_bias_update > 0;
+    moe.shared_F = cfg.moe_shared_experts * cfg.moe_ffn_width();
   }
   add(LayerKind::kFinalNorm, -1);
   add(LayerKind::kHead, -1);

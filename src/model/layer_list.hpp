@@ -128,6 +128,7 @@ struct LayerDesc {
   double capacity_factor = 0;
   float aux_weight = 0;
   bool selection_bias = false;  // experts chosen by score + a bias the trainer moves (moe_bias_update)
+  int64_t shared_F = 0;         // hidden features of the shared experts' MLP (0: none)
 
   // What it declares (filled by declare_layers from its kind's file in src/model/layers/).
   std::vector<ParamDecl> params;

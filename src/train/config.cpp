@@ -205,6 +205,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   m.field("moe_normalize", c.model.moe_normalize);
   m.field("moe_capacity_factor", c.model.moe_capacity_factor);
   m.field("moe_aux_weight", c.model.moe_aux_weight);
+  m.field("moe_shared_experts", c.model.moe_shared_experts);
   m.field("moe_bias_update", c.model.moe_bias_update);
   m.finish();
 

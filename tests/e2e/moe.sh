@@ -4,6 +4,7 @@
 #    sequences, full recomputation, dp2 (zero 0 and 2), dp4 zero 1, tp2, dp2 x tp2, pp2, dp2 zero 3
 #    and a resume from a checkpoint; with a capacity that drops tokens (SwiGLU experts, sigmoid
 #    router), with aux-loss-free balancing (selection biases moved each step; resumed bitwise), with
+#    two shared experts (also tp2), with
 #    bf16 linears, and with fp8 linears under Hopper accumulation, one hash each over their layouts;
 #  - the metrics JSONL has each MoE layer's per-expert counts every step: every token's two
 #    choices counted, the kept ones within the capacity; a dropping run drops some;
@@ -79,6 +80,9 @@ run "${bias[@]}" --checkpoint.dir=ckb --checkpoint.every=2 --train.stop_after=1 
 run "${bias[@]}" --checkpoint.dir=ckb --checkpoint.every=2 > bias_resumed.log 2>&1
 grep -q "^resumed from ckb/step_00000002" bias_resumed.log || fail "bias run did not resume"
 same_hash "selection biases resumed" bias_resumed.log "$(model_hash bias.log)"
+layouts shared --model.moe_shared_experts=2
+mpi 2 --model.moe_shared_experts=2 --parallel.tp=2 > shared_tp2.log 2>&1 || fail "shared tp2: $(tail -5 shared_tp2.log)"
+same_hash "shared experts, tp2" shared_tp2.log "$(model_hash shared.log)"
 layouts bf16 --train.precision=bf16
 layouts fp8 --train.precision=fp8 --fp8.accumulate=hopper
 

@@ -8,6 +8,7 @@
 // recipe's precision) on its rows, and the rows combine back weighted by the gates. The
 // load-balancing loss (per sequence) adds its gradient to the router's in the backward; with
 // aux-loss-free balancing, a selection bias the trainer moves between steps steers the choice.
+// Shared experts (DeepSeek) are one more MLP over every token: x2 = (combine + shared(norm2(x1))) + x1.
 // Canonical bits: an expert's weight gradient sums its rows chunk by chunk of the step's batch (64
 // tokens; 128 under fp8's Hopper accumulation), one linear backward per chunk's rows with
 // token_offset at the chunk's start, so each chunk partial is the chain over that chunk's tokens
@@ -15,6 +16,7 @@
 // Tensor parallelism (without sequence parallelism) splits every expert's hidden features as the
 // MLP's; the router is replicated (each tp rank routes the same way).
 // Not here: expert parallelism (to come), sequence parallelism (refused: check_tp_layout).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,10 +30,27 @@ namespace {
 
 std::string expert_prefix(const LayerDesc& d, int64_t e) { return d.prefix + "moe/expert/" + std::to_string(e) + "/"; }
 
+// An expert's parameters (x: "layer/3/moe/expert/5/"): an MLP of F hidden features that a `share`
+// of the tokens multiply.
+void declare_mlp(LayerDesc& d, const std::string& x, int64_t F, double share) {
+  const int64_t C = d.dims.C;
+  const std::vector<int64_t> segments = ffn_fc_segments(d, F);
+  d.params.push_back({.name = x + "fc/weight", .shape = {ffn_fc_width(d, F), C}, .klass = ParamClass::kMatrix,
+                      .matmul = true, .token_share = share, .split_dim = 0, .segments = segments});
+  if (d.bias) {
+    d.params.push_back({.name = x + "fc/bias", .shape = {ffn_fc_width(d, F)}, .klass = ParamClass::kBias,
+                        .init = ParamInit::kZeros, .split_dim = 0, .segments = segments});
+  }
+  d.params.push_back({.name = x + "proj/weight", .shape = {C, F}, .klass = ParamClass::kMatrix, .matmul = true,
+                      .token_share = share, .init_scale = d.residual_scale, .split_dim = 1, .segments = {F}});
+  if (d.bias) {
+    d.params.push_back({.name = x + "proj/bias", .shape = {C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros});
+  }
+}
+
 void declare(LayerDesc& d) {
   const LayerDims& m = d.dims;
   const std::string& pre = d.prefix;
-  const std::vector<int64_t> fc_segments = ffn_fc_segments(d, m.F);
   const double share = static_cast<double>(d.top_k) / static_cast<double>(d.experts);
   d.output = pre + "moe/res";
   d.params.push_back({.name = pre + "ln2/weight", .shape = {m.C}, .klass = ParamClass::kNorm, .init = ParamInit::kOnes});
@@ -40,20 +59,8 @@ void declare(LayerDesc& d) {
   }
   d.params.push_back({.name = pre + "moe/router/weight", .shape = {d.experts, m.C}, .klass = ParamClass::kMatrix,
                       .matmul = true, .fp32_only = true});
-  for (int64_t e = 0; e < d.experts; ++e) {
-    const std::string x = expert_prefix(d, e);
-    d.params.push_back({.name = x + "fc/weight", .shape = {ffn_fc_width(d, m.F), m.C}, .klass = ParamClass::kMatrix,
-                        .matmul = true, .token_share = share, .split_dim = 0, .segments = fc_segments});
-    if (d.bias) {
-      d.params.push_back({.name = x + "fc/bias", .shape = {ffn_fc_width(d, m.F)}, .klass = ParamClass::kBias,
-                          .init = ParamInit::kZeros, .split_dim = 0, .segments = fc_segments});
-    }
-    d.params.push_back({.name = x + "proj/weight", .shape = {m.C, m.F}, .klass = ParamClass::kMatrix, .matmul = true,
-                        .token_share = share, .init_scale = d.residual_scale, .split_dim = 1, .segments = {m.F}});
-    if (d.bias) {
-      d.params.push_back({.name = x + "proj/bias", .shape = {m.C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros});
-    }
-  }
+  for (int64_t e = 0; e < d.experts; ++e) declare_mlp(d, expert_prefix(d, e), m.F, share);
+  if (d.shared_F > 0) declare_mlp(d, pre + "moe/shared/", d.shared_F, 1.0);
 
   const std::string ln = pre + "ln2/out", router = pre + "moe/router";
   d.hooks.push_back({.name = ln, .region = HookRegion::kNormOut, .op_site = true});
@@ -64,7 +71,8 @@ void declare(LayerDesc& d) {
   d.ops = {
       {ln, "norm (ln2)", {d.input}, "ln2 weights"},
       {router, "linear (moe router)", {ln}, "router weight"},
-      {d.output, "moe (route, dispatch, expert MLPs, combine) + residual", {ln, router, d.input}, "experts' weights"},
+      {d.output, "moe (route, dispatch, expert MLPs, combine; shared experts) + residual", {ln, router, d.input},
+       "experts' weights"},
       {g + ln, "moe backward (combine, experts, router with the balancing loss, dispatch)", {g + d.output, ln, router},
        "experts' and router weights"},
       {g + d.input, "norm backward (ln2) + residual", {g + ln, d.input, g + d.output}, "ln2 weights"},
@@ -85,6 +93,9 @@ class Moe final : public PreNormBranch {
         router_(b.ctx.plan().linear(desc, *router_w_)),
         stats_name_(name("moe")),
         stats_(b.ctx.add_moe_stats(stats_name_, E_)),
+        // This rank's share of the shared experts' features (tensor parallelism splits them).
+        shared_F_(desc.shared_F > 0 ? b.ctx.find_param(name("moe/shared/proj/weight"))->shape[1] : 0),
+        shared_fc_out_(ffn_fc_width(desc, shared_F_)),
         acts_(b.ctx, LayerKind::kMoe, "moe", b.slots, [&](Acts& a) {
           const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_;
           grow_to(a.logits, BT * E_);
@@ -96,21 +107,19 @@ class Moe final : public PreNormBranch {
           grow_to(a.fc, R * fc_out_);
           grow_to(a.act, R * F_);
           grow_to(a.ye, R * C_);
+          if (shared_F_ == 0) return;
+          grow_to(a.shared_in, BT * C_);
+          grow_to(a.shared_fc, BT * shared_fc_out_);
+          grow_to(a.shared_act, BT * shared_F_);
+          grow_to(a.shared_y, BT * C_);
         }) {
-    for (int64_t e = 0; e < E_; ++e) {
-      Expert& x = experts_.emplace_back();
-      const std::string pre = expert_prefix(desc, e);
-      x.fc_name = pre + "fc";
-      x.proj_name = pre + "proj";
-      x.fc_w = b.ctx.find_param(x.fc_name + "/weight");
-      x.fc_b = b.ctx.find_param(x.fc_name + "/bias");
-      x.proj_w = b.ctx.find_param(x.proj_name + "/weight");
-      x.proj_b = b.ctx.find_param(x.proj_name + "/bias");
-      x.fc = b.ctx.linear(desc, *x.fc_w, x.fc_name);
-      x.proj = b.ctx.linear(desc, *x.proj_w, x.proj_name);
-    }
+    for (int64_t e = 0; e < E_; ++e) experts_.push_back(make_expert(desc, b, expert_prefix(desc, e)));
     const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_, G = b.max_batch;
     scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + G * E_;
+    if (shared_F_ > 0) {
+      shared_ = make_expert(desc, b, name("moe/shared/"));
+      scratch_ += BT * (shared_F_ + shared_fc_out_ + C_);
+    }
   }
 
   int64_t scratch_floats() const override { return scratch_; }
@@ -143,8 +152,10 @@ class Moe final : public PreNormBranch {
       xp.proj->forward(be, ctx.mode(), {n, F_, C_}, a.ye.data() + f * C_, act,
                        ctx.linear_weight(xp.proj_w, xp.proj_name), ctx.param(xp.proj_b));
     }
+    if (shared_) shared_forward(ctx, p, a, ln);
     float* y = res(p);
     be.moe_combine_forward(rows, y, a.ye.data(), r.rows.data(), a.gates.data());
+    if (shared_) be.residual_forward(p.BT * C_, y, y, a.shared_y.data());
     be.residual_forward(p.RS * C_, y, y, x);
     ctx.observe(desc().output, y, {p.RB, p.RT, C_});
   }
@@ -164,7 +175,10 @@ class Moe final : public PreNormBranch {
     float* dlogits = dgates + p.BT * K_;    // (BT, E)
     float* aux_loss = dlogits + p.BT * E_;  // (G)
     float* daux = aux_loss + G;             // (G, E)
+    float* dshared = daux + G * E_;         // (BT, C): the shared experts' input gradient
     const MoeRowsShape rows{p.BT, R, C_, K_};
+    // The shared experts' parameters come last: their gradients first.
+    if (shared_) shared_backward(ctx, p, a, dres, dshared);
     be.moe_combine_backward(rows, dye, dgates, dres, a.ye.data(), r.rows.data(), a.gates.data());
     // Last expert first: gradients become ready from the end of the layer's parameters.
     for (int64_t e = E_ - 1; e >= 0; --e) expert_backward(ctx, p, a, e, dye, dact, dfc, dxe);
@@ -183,12 +197,14 @@ class Moe final : public PreNormBranch {
                       slot(p).ln.data(), ctx.param(router_w_));
     ctx.grads_ready(p, router_w_);
     be.moe_dispatch_backward(rows, dnorm, dxe, r.rows.data());
+    if (shared_) be.residual_forward(p.BT * C_, dnorm, dnorm, dshared);
     norm_backward(ctx, p, x, dres, dnorm);
   }
 
  private:
   struct Acts {
     std::vector<float> logits, probs, gates, xe, fc, act, ye;
+    std::vector<float> shared_in, shared_fc, shared_act, shared_y;  // the shared experts' (all tokens)
     std::vector<int32_t> experts;
     MoeRouting routing;
   };
@@ -197,11 +213,55 @@ class Moe final : public PreNormBranch {
     const ParamTensor *fc_w, *fc_b, *proj_w, *proj_b;
     std::unique_ptr<LinearOp> fc, proj;
   };
+  // The linears and parameters of the MLP under `prefix` ("layer/3/moe/expert/5/").
+  static Expert make_expert(const LayerDesc& desc, const LayerBuild& b, const std::string& prefix) {
+    Expert x;
+    x.fc_name = prefix + "fc";
+    x.proj_name = prefix + "proj";
+    x.fc_w = b.ctx.find_param(x.fc_name + "/weight");
+    x.fc_b = b.ctx.find_param(x.fc_name + "/bias");
+    x.proj_w = b.ctx.find_param(x.proj_name + "/weight");
+    x.proj_b = b.ctx.find_param(x.proj_name + "/bias");
+    x.fc = b.ctx.linear(desc, *x.fc_w, x.fc_name);
+    x.proj = b.ctx.linear(desc, *x.proj_w, x.proj_name);
+    return x;
+  }
 
   RouterShape router_shape(const Pass& p) const {
     return {.N = p.BT, .E = E_, .K = K_,
             .score = desc().router == RouterKind::kSoftmax ? RouterScore::kSoftmax : RouterScore::kSigmoid,
             .normalize = desc().normalize_gates, .group = p.T};
+  }
+
+  // What the shared experts' fc reads: the norm's output, or its bf16 copy where fc runs in bf16
+  // (the router reads the fp32 one).
+  const float* shared_input(LayerContext& ctx, Acts& a, const float* ln) const {
+    return ctx.low_precision(shared_->fc_name) ? a.shared_in.data() : ln;
+  }
+  void shared_forward(LayerContext& ctx, const Pass& p, Acts& a, const float* ln) {
+    Backend& be = ctx.backend();
+    Expert& s = *shared_;
+    if (ctx.low_precision(s.fc_name)) be.round_to_bf16(p.BT * C_, a.shared_in.data(), ln);
+    s.fc->forward(be, ctx.mode(), {p.BT, C_, shared_fc_out_}, a.shared_fc.data(), shared_input(ctx, a, ln),
+                  ctx.linear_weight(s.fc_w, s.fc_name), ctx.param(s.fc_b));
+    activation_forward_rows(be, desc(), ctx.mode(), p.BT, shared_F_, a.shared_act.data(), a.shared_fc.data());
+    ctx.store_for(s.proj_name, a.shared_act.data(), p.BT * shared_F_);
+    s.proj->forward(be, ctx.mode(), {p.BT, shared_F_, C_}, a.shared_y.data(), a.shared_act.data(),
+                    ctx.linear_weight(s.proj_w, s.proj_name), ctx.param(s.proj_b));
+  }
+  // From dres (the layer's output gradient: the shared experts' too) to dshared (their input
+  // gradient), with their parameter gradients: a dense MLP's backward over every token.
+  void shared_backward(LayerContext& ctx, const Pass& p, Acts& a, const float* dres, float* dshared) {
+    Backend& be = ctx.backend();
+    Expert& s = *shared_;
+    float* dact = dshared + p.BT * C_;          // (BT, shared F)
+    float* dfc = dact + p.BT * shared_F_;       // (BT, shared fc out)
+    s.proj->backward(be, ctx.mode(), {p.BT, shared_F_, C_}, p.token_offset, dact, ctx.sink(s.proj_w),
+                     ctx.sink(s.proj_b), dres, a.shared_act.data(), ctx.linear_weight(s.proj_w, s.proj_name));
+    activation_backward_rows(be, desc(), ctx.mode(), p.BT, shared_F_, dfc, a.shared_fc.data(), dact);
+    s.fc->backward(be, ctx.mode(), {p.BT, C_, shared_fc_out_}, p.token_offset, dshared, ctx.sink(s.fc_w),
+                   ctx.sink(s.fc_b), dfc, shared_input(ctx, a, slot(p).ln.data()), ctx.linear_weight(s.fc_w, s.fc_name));
+    ctx.grads_ready(p, s.fc_w, s.proj_b != nullptr ? s.proj_b : s.proj_w);
   }
 
   void record(MoeLayerStats& s, const Acts& a, const Pass& p) const {
@@ -270,7 +330,9 @@ class Moe final : public PreNormBranch {
   std::unique_ptr<LinearOp> router_;
   std::string stats_name_;  // "layer/3/moe": its statistics' and selection bias's key
   size_t stats_;
+  int64_t shared_F_, shared_fc_out_;  // 0: no shared experts
   std::vector<Expert> experts_;
+  std::optional<Expert> shared_;
   SlotActivations<Acts> acts_;
   int64_t scratch_ = 0;
 };
