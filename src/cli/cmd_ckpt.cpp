@@ -103,7 +103,8 @@ std::map<std::string, std::string> model_metadata(const ModelConfig& m) {
                  {"moe_every", std::to_string(m.moe_every)},
                  {"moe_ffn_hidden", std::to_string(m.moe_ffn_width())},
                  {"moe_router", router_name(m.moe_router)},
-                 {"moe_normalize", m.moe_normalize ? "true" : "false"}});
+                 {"moe_normalize", m.moe_normalize ? "true" : "false"},
+                 {"moe_shared_experts", std::to_string(m.moe_shared_experts)}});
   }
   return meta;
 }
