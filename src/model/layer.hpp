@@ -106,7 +106,7 @@ struct Pass {
 // Activation recomputation: which layers keep only their output between forward and backward and
 // run their forward again just before their backward — none, the attention sub-layers (selective:
 // their (B, NH, T, T) probabilities are most of the activations at long sequences), or every
-// attention and MLP sub-layer (full). The recomputed forward makes the same bits.
+// attention, MLP and MoE sub-layer (full). The recomputed forward makes the same bits.
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
 inline constexpr Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
 const char* recompute_name(Recompute r);
@@ -190,7 +190,7 @@ class LayerContext {
     return moe_stats_.size() - 1;
   }
   MoeLayerStats& moe_stats(size_t index) { return moe_stats_[index]; }
-  // The selection bias of MoE layer `layer` ("layer/3/moe"; Model::moe_selection_bias), nullptr
+  // The selection bias of MoE layer `layer` ("layer/3/moe"; Model::moe_selection_biases), nullptr
   // where its layer has none.
   const float* moe_selection_bias(const std::string& layer) const {
     const auto it = moe_bias_.find(layer);
