@@ -525,11 +525,11 @@ class RefMoe final : public RefLayer<Real> {
                          s.sink(s.find(fc + "/bias")), dfc.data() + r0 * fc_out(), xe_.data() + r0 * m.C);
       });
     }
-    std::vector<Real> aux(static_cast<size_t>(s.B)), daux(static_cast<size_t>(s.B * E));
+    std::vector<Real> aux(static_cast<size_t>(s.B)), daux(static_cast<size_t>(s.B * E)), mean_probs(daux.size());
     const bool balancing = this->d_.aux_weight > 0;
     if (balancing) {
-      moe_aux_loss(dims(s), this->d_.aux_weight, value_f32(s.dloss), aux.data(), daux.data(), probs_.data(),
-                   experts_.data());
+      moe_aux_loss(dims(s), this->d_.aux_weight, value_f32(s.dloss), aux.data(), daux.data(), mean_probs.data(),
+                   probs_.data(), experts_.data());
     }
     router_backward(dims(s), dlogits.data(), probs_.data(), experts_.data(), gates_.data(), dgates.data(),
                     balancing ? daux.data() : static_cast<Real*>(nullptr));

@@ -96,19 +96,20 @@ void router_backward(const RouterDims& s, Real* dlogits, const Real* probs, cons
 }
 
 template <class Real>
-void moe_aux_loss(const RouterDims& s, float weight, float dloss, Real* loss, Real* daux, const Real* probs,
-                  const int32_t* experts) {
+void moe_aux_loss(const RouterDims& s, float weight, float dloss, Real* loss, Real* daux, Real* mean_probs,
+                  const Real* probs, const int32_t* experts) {
   const Real scale = Real(weight) * Real(static_cast<float>(s.E));
   for (int64_t g = 0; g < s.N / s.group; ++g) {
-    std::vector<Real> f(static_cast<size_t>(s.E)), P(static_cast<size_t>(s.E));
+    std::vector<Real> f(static_cast<size_t>(s.E));
     std::vector<int64_t> count(static_cast<size_t>(s.E), 0);
+    Real* P = mean_probs + g * s.E;
     for (int64_t i = 0; i < s.group * s.K; ++i) ++count[static_cast<size_t>(experts[g * s.group * s.K + i])];
     for (int64_t e = 0; e < s.E; ++e) {
       f[e] = Real(static_cast<float>(count[e])) / Real(static_cast<float>(s.group * s.K));
       P[e] = sum(probs + g * s.group * s.E + e, s.E, s.group) / Real(static_cast<float>(s.group));
       daux[g * s.E + e] = (scale * f[e]) * Real(dloss);
     }
-    loss[g] = scale * dot(f.data(), 1, P.data(), 1, s.E);
+    loss[g] = scale * dot(f.data(), 1, P, 1, s.E);
   }
 }
 

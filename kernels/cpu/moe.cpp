@@ -96,33 +96,25 @@ void router_backward(RouterShape s, float* dlogits, const float* probs, const in
   }
 }
 
-void moe_aux_loss(RouterShape s, float weight, float dloss, float* loss, float* daux, const float* probs,
-                  const int32_t* experts) {
+void moe_aux_loss(RouterShape s, float weight, float dloss, float* loss, float* daux, float* mean_probs,
+                  const float* probs, const int32_t* experts) {
   check_router(s);
   LS_REQUIRE(s.group >= 1, "moe_aux_loss: group must be >= 1");
   const int64_t E = s.E, K = s.K, G = s.N / s.group;
   const float scale = weight * static_cast<float>(E);
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < G; ++g) {
-    float* d = daux + g * E;  // f[e] first, then daux
-    for (int64_t e = 0; e < E; ++e) d[e] = 0.0f;
+    float* f = daux + g * E;  // f first, then daux in place
+    float* P = mean_probs + g * E;
+    for (int64_t e = 0; e < E; ++e) f[e] = 0.0f;
     const int32_t* chosen = experts + g * s.group * K;
-    for (int64_t i = 0; i < s.group * K; ++i) d[chosen[i]] += 1.0f;  // counts: exact below 2^24
-    ChunkCombiner dot;
-    float P_chunk = 0.0f;  // P·f over the experts' chunks
-    int64_t in_chunk = 0;
+    for (int64_t i = 0; i < s.group * K; ++i) f[chosen[i]] += 1.0f;  // counts: exact below 2^24
     for (int64_t e = 0; e < E; ++e) {
-      const float f = d[e] / static_cast<float>(s.group * K);
-      const float P = canonical_sum(probs + g * s.group * E + e, E, s.group) / static_cast<float>(s.group);
-      P_chunk = std::fma(f, P, P_chunk);
-      if (++in_chunk == kCanonicalChunk || e == E - 1) {
-        dot.add(P_chunk);
-        P_chunk = 0.0f;
-        in_chunk = 0;
-      }
-      d[e] = (scale * f) * dloss;
+      f[e] = f[e] / static_cast<float>(s.group * K);
+      P[e] = canonical_sum(probs + g * s.group * E + e, E, s.group) / static_cast<float>(s.group);
     }
-    loss[g] = scale * dot.finish();
+    loss[g] = scale * canonical_dot(f, 1, P, 1, E);
+    for (int64_t e = 0; e < E; ++e) f[e] = (scale * f[e]) * dloss;
   }
 }
 

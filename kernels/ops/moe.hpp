@@ -21,7 +21,7 @@
 //   sigmoid  dlogits[e] = dp[e]·(probs[e]·(1 − probs[e]))
 // Auxiliary loss (Switch / GShard form), per group of `group` tokens (a sequence: the same groups
 // whatever the micro-batches or ranks, so layouts do not change it), G = N / group:
-//   P[g, e] = canonical_sum over the group's tokens of probs[., e] / group
+//   P[g, e] = canonical_sum over the group's tokens of probs[., e] / group      (mean_probs)
 //   f[g, e] = count[g, e] / (group·K), count = the group's tokens that chose e (before any drop)
 //   loss[g] = (weight·E)·canonical_dot over e of f[g, e]·P[g, e]
 //   daux[g, e] = ((weight·E)·f[g, e])·dloss      (f is a count: no gradient flows through it; with
@@ -82,6 +82,7 @@ void router_backward(RouterShape s,
 void moe_aux_loss(RouterShape s, float weight, float dloss,
                   float* loss,                                    // (N / group)
                   float* daux,                                    // (N / group, E)
+                  float* mean_probs,                              // (N / group, E): P
                   const float* probs, const int32_t* experts);    // (N, E) (N, K)
 
 void moe_dispatch(MoeRowsShape s,

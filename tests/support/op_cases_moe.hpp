@@ -123,11 +123,14 @@ class AuxLoss final : public OpCase {
     fwd_.run(be, s_, logits_);
     loss_.assign(static_cast<size_t>(s_.N / s_.group), -1.0f);
     daux_.assign(static_cast<size_t>(s_.N / s_.group * s_.E), -1.0f);
-    be.moe_aux_loss(s_, kWeight, dloss(), loss_.data(), daux_.data(), fwd_.probs.data(), fwd_.experts.data());
+    mean_.assign(daux_.size(), -1.0f);
+    be.moe_aux_loss(s_, kWeight, dloss(), loss_.data(), daux_.data(), mean_.data(), fwd_.probs.data(),
+                    fwd_.experts.data());
   }
   std::vector<Check> checks(Mode mode) const override {
     return {check_of("loss", loss_, ref<Bd>()[0], mode, [&] { return floats(ref<Cf>()[0]); }),
-            check_of("daux", daux_, ref<Bd>()[1], mode, [&] { return floats(ref<Cf>()[1]); })};
+            check_of("daux", daux_, ref<Bd>()[1], mode, [&] { return floats(ref<Cf>()[1]); }),
+            check_of("mean_probs", mean_, ref<Bd>()[2], mode, [&] { return floats(ref<Cf>()[2]); })};
   }
 
  private:
@@ -135,13 +138,14 @@ class AuxLoss final : public OpCase {
   float dloss() const { return 1.0f / static_cast<float>(s_.N); }
   template <class Real>
   std::vector<std::vector<Real>> ref() const {
-    std::vector<Real> loss(loss_.size()), daux(daux_.size());
+    std::vector<Real> loss(loss_.size()), daux(daux_.size()), mean(mean_.size());
     const auto p = as<Real>(fwd_.probs);
-    reference::moe_aux_loss(router_dims(s_), kWeight, dloss(), loss.data(), daux.data(), p.data(), fwd_.experts.data());
-    return {loss, daux};
+    reference::moe_aux_loss(router_dims(s_), kWeight, dloss(), loss.data(), daux.data(), mean.data(), p.data(),
+                            fwd_.experts.data());
+    return {loss, daux, mean};
   }
   RouterShape s_;
-  std::vector<float> logits_, loss_, daux_;
+  std::vector<float> logits_, loss_, daux_, mean_;
   RouterOutputs fwd_;
 };
 

@@ -115,7 +115,7 @@ class Moe final : public PreNormBranch {
         }) {
     for (int64_t e = 0; e < E_; ++e) experts_.push_back(make_expert(desc, b, expert_prefix(desc, e)));
     const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_, G = b.max_batch;
-    scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + G * E_;
+    scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + 2 * G * E_;
     if (shared_F_ > 0) {
       shared_ = make_expert(desc, b, name("moe/shared/"));
       scratch_ += BT * (shared_F_ + shared_fc_out_ + C_);
@@ -175,7 +175,8 @@ class Moe final : public PreNormBranch {
     float* dlogits = dgates + p.BT * K_;    // (BT, E)
     float* aux_loss = dlogits + p.BT * E_;  // (G)
     float* daux = aux_loss + G;             // (G, E)
-    float* dshared = daux + G * E_;         // (BT, C): the shared experts' input gradient
+    float* mean_probs = daux + G * E_;      // (G, E)
+    float* dshared = mean_probs + G * E_;   // (BT, C): the shared experts' input gradient
     const MoeRowsShape rows{p.BT, R, C_, K_};
     // The shared experts' parameters come last: their gradients first.
     if (shared_) shared_backward(ctx, p, a, dres, dshared);
@@ -184,7 +185,7 @@ class Moe final : public PreNormBranch {
     for (int64_t e = E_ - 1; e >= 0; --e) expert_backward(ctx, p, a, e, dye, dact, dfc, dxe);
     const RouterShape rs = router_shape(p);
     if (desc().aux_weight > 0) {
-      be.moe_aux_loss(rs, desc().aux_weight, p.dloss, aux_loss, daux, a.probs.data(), a.experts.data());
+      be.moe_aux_loss(rs, desc().aux_weight, p.dloss, aux_loss, daux, mean_probs, a.probs.data(), a.experts.data());
       if (ctx.recording()) {
         MoeLayerStats& s = ctx.moe_stats(stats_);
         for (int64_t g = 0; g < G; ++g) s.aux_loss += aux_loss[g];

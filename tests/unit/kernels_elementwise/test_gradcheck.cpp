@@ -189,18 +189,18 @@ TEST(ReferenceGradient, RouterWithBalancingLossMatchesMpfrFiniteDifferences) {
         }
       }
       const auto loss = [&](const std::vector<Mp>& x, Mp* mag) {
-        std::vector<Mp> p(N * E), g(N * K), aux(N / group), daux(N / group * E);
+        std::vector<Mp> p(N * E), g(N * K), aux(N / group), daux(N / group * E), mean(daux.size());
         reference::router_forward<Mp>(s, p.data(), g.data(), x.data(), experts.data());
-        reference::moe_aux_loss<Mp>(s, weight, dloss, aux.data(), daux.data(), p.data(), experts.data());
+        reference::moe_aux_loss<Mp>(s, weight, dloss, aux.data(), daux.data(), mean.data(), p.data(), experts.data());
         Mp total = weighted_sum(g, wl, mag);
         for (const Mp& a : aux) total += a * Mp(group) * Mp(dloss);
         return total;
       };
       Mp mag;
       loss(x0, &mag);
-      std::vector<Mp> p(N * E), g(N * K), aux(N / group), daux(N / group * E), grad(N * E);
+      std::vector<Mp> p(N * E), g(N * K), aux(N / group), daux(N / group * E), mean(daux.size()), grad(N * E);
       reference::router_forward<Mp>(s, p.data(), g.data(), x0.data(), experts.data());
-      reference::moe_aux_loss<Mp>(s, weight, dloss, aux.data(), daux.data(), p.data(), experts.data());
+      reference::moe_aux_loss<Mp>(s, weight, dloss, aux.data(), daux.data(), mean.data(), p.data(), experts.data());
       reference::router_backward<Mp>(s, grad.data(), p.data(), experts.data(), g.data(), wl.data(), daux.data());
       const std::string what = std::string("router ") + (softmax ? "softmax" : "sigmoid") +
                                (normalize ? " normalized" : "");
