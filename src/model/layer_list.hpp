@@ -78,6 +78,9 @@ struct ParamDecl {
   // holds part r of every segment, concatenated. One segment unless the tensor fuses several.
   int split_dim = -1;
   std::vector<int64_t> segments;
+  // Expert parallelism: the routed expert (of `experts` in its layer) whose parameter this is; -1
+  // for every other tensor (every ep rank holds those).
+  int64_t expert = -1, experts = 0;
 };
 
 // Where a tp rank's hook tensor lies in the one-device tensor of the same name (hook_layout.hpp).

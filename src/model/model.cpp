@@ -150,9 +150,15 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
   LS_REQUIRE(micro_batch >= 1, "micro batch size (", micro_batch, ") must be >= 1");
   LS_CHECK(!options_.chunks.empty(), "a model of no layers");
   const std::vector<ParamTensor> all = plan_->param_layout(desc_);
-  // The tensors each layer declares start at this index of `all`.
+  // Layer l's tensors are [first_tensor[l], first_tensor[l + 1]) of `all`: those it declares, in
+  // order, less any the plan leaves to other ranks (expert parallelism's other experts).
   std::vector<size_t> first_tensor(desc_.layers.size() + 1, 0);
-  for (size_t l = 0; l < desc_.layers.size(); ++l) first_tensor[l + 1] = first_tensor[l] + desc_.layers[l].params.size();
+  size_t held = 0;
+  for (size_t l = 0; l < desc_.layers.size(); ++l) {
+    for (const ParamDecl& d : desc_.layers[l].params) held += held < all.size() && all[held].name == d.name ? 1 : 0;
+    first_tensor[l + 1] = held;
+  }
+  LS_CHECK(held == all.size(), "the plan's layout holds ", all.size() - held, " tensors no layer declares");
   // The chunks' parameters: those their layers declare, in list order, numbered from 0 (a tied
   // head needs the embedding in the same chunk).
   std::vector<int64_t> params_first;

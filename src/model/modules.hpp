@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "src/model/expert_exchange.hpp"
 #include "src/model/layer_list.hpp"
 #include "src/model/param_layout.hpp"
 
@@ -83,6 +84,13 @@ class LossOp {
                        bool backward) = 0;
 };
 
+// A MoE layer's routed experts held here, [first, first + count) of its E, and the exchange that
+// brings the rows of the others' tokens routed to them (nullptr: every expert is here).
+struct ExpertShard {
+  int64_t first = 0, count = 0;
+  ExpertExchange* exchange = nullptr;
+};
+
 // How the layers run on this rank. The base class is one device.
 class ModelPlan {
  public:
@@ -102,6 +110,8 @@ class ModelPlan {
   // x[i] = the maximum over the ranks that hold parts of one tensor (tensor parallelism): a
   // per-tensor statistic of a split tensor. One device: x as it is.
   virtual void max_over_shards(float* x, int64_t n) const {}
+  // The routed experts of MoE layer `layer` held here.
+  virtual ExpertShard experts(const LayerDesc& layer) const { return {0, layer.experts, nullptr}; }
 };
 
 // `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output

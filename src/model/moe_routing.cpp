@@ -53,4 +53,54 @@ void MoeRouting::assign(const int32_t* experts, int64_t N, int64_t K, int64_t gr
   }
 }
 
+void ExpertRows::plan_sends(const MoeRouting& r, int64_t token_offset) {
+  LS_CHECK(static_cast<int64_t>(r.routed.size()) == peers * experts, "expert rows: ", r.routed.size(), " experts over ",
+           peers, " peers of ", experts);
+  send_rows.assign(static_cast<size_t>(peers), 0);
+  send_counts.resize(static_cast<size_t>(peers * experts));
+  for (int64_t e = 0; e < peers * experts; ++e) {
+    send_counts[e] = r.kept(e);
+    send_rows[e / experts] += r.kept(e);
+  }
+  sent_tokens.resize(static_cast<size_t>(r.R));
+  for (int64_t i = 0; i < r.R; ++i) sent_tokens[i] = token_offset + r.token_of_row[i];
+  recv_counts.resize(send_counts.size());
+}
+
+void ExpertRows::plan_receives() {
+  recv_rows.assign(static_cast<size_t>(peers), 0);
+  expert_first.assign(static_cast<size_t>(experts + 1), 0);
+  for (int64_t q = 0; q < peers; ++q) {
+    for (int64_t k = 0; k < experts; ++k) {
+      recv_rows[q] += recv_counts[q * experts + k];
+      expert_first[k + 1] += recv_counts[q * experts + k];
+    }
+  }
+  for (int64_t k = 0; k < experts; ++k) expert_first[k + 1] += expert_first[k];
+  rows = expert_first[experts];
+  if (static_cast<int64_t>(received_row.size()) < rows) received_row.resize(static_cast<size_t>(rows));
+  if (static_cast<int64_t>(token.size()) < rows) token.resize(static_cast<size_t>(rows));
+  // Received rows come peer by peer, each peer's expert by expert: walk them in that order and
+  // place each at its expert's next free row.
+  next_.assign(expert_first.begin(), expert_first.end() - 1);
+  int64_t from = 0;
+  for (int64_t q = 0; q < peers; ++q) {
+    for (int64_t k = 0; k < experts; ++k) {
+      for (int64_t j = 0; j < recv_counts[q * experts + k]; ++j) received_row[next_[k]++] = from++;
+    }
+  }
+}
+
+void ExpertRows::order_tokens() {
+  for (int64_t i = 0; i < rows; ++i) token[i] = received_tokens[received_row[i]];
+}
+
+void ExpertRows::to_expert_major(const float* received, float* out, int64_t width) const {
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(received + received_row[i] * width, width, out + i * width);
+}
+
+void ExpertRows::to_received_order(const float* rows_in, float* out, int64_t width) const {
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(rows_in + i * width, width, out + received_row[i] * width);
+}
+
 }  // namespace lockstep

@@ -6,6 +6,12 @@
 // and data-parallel ranks do not change it), expert e keeps the first `capacity` choices of it in
 // token order (a token's choices in rank order); later ones are dropped — their gate counts for
 // nothing and the token's residual stream passes that expert by. capacity 0: dropless.
+//
+// Expert parallelism (ExpertRows): the rows a rank's experts compute come from every ep peer —
+// received peer by peer (each peer's rows of the rank's first expert, then its second, ...) and
+// computed expert by expert (expert k: peer 0's rows of it, then peer 1's, ...; each peer's in its
+// token order). The peers are data ranks in order, whose tokens follow one another in the step's
+// batch, so an expert's rows are in global token order as on one process.
 // Not here: the router's choice (kernels/ops/moe.hpp), the experts' products (layers/moe.cpp).
 #pragma once
 
@@ -34,6 +40,33 @@ struct MoeRouting {
 
  private:
   std::vector<int64_t> in_group_;  // (E): kept in the current group, then the next free row
+};
+
+// One micro-batch's rows of this rank's experts under expert parallelism (sized on demand: vectors
+// only grow).
+struct ExpertRows {
+  int64_t peers = 1, experts = 0;               // ep ranks, experts held by each
+  std::vector<int64_t> send_rows, recv_rows;    // (peers): rows to and from each peer
+  std::vector<int64_t> send_counts, recv_counts;  // (peers · experts): of each expert, to / from each peer
+  std::vector<int64_t> expert_first;            // (experts + 1): expert k's rows [first[k], first[k + 1])
+  std::vector<int64_t> sent_tokens, received_tokens;  // global token index of each row as sent / received
+  std::vector<int64_t> token;                   // (rows) of each expert-major row
+  std::vector<int64_t> received_row;            // (rows) expert-major row i is received row received_row[i]
+  int64_t rows = 0;
+
+  // The sends of routing r over peers · experts experts (peer q holds [q·experts, (q+1)·experts)),
+  // its rows' global token indices token_offset + token_of_row.
+  void plan_sends(const MoeRouting& r, int64_t token_offset);
+  // Once recv_counts are in: recv_rows, expert_first, rows and the expert-major order.
+  void plan_receives();
+  // Once received_tokens are in: token.
+  void order_tokens();
+  // Received rows (width values each) in expert-major order, and back.
+  void to_expert_major(const float* received, float* out, int64_t width) const;
+  void to_received_order(const float* rows_in, float* out, int64_t width) const;
+
+ private:
+  std::vector<int64_t> next_;  // plan_receives: each expert's next free row
 };
 
 }  // namespace lockstep

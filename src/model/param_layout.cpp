@@ -78,7 +78,8 @@ std::vector<ParamTensor> build_param_layout(const ModelDesc& desc, TpCoord tp, s
   int64_t offset = 0;
   for (size_t l = first_layer; l < std::min(end_layer, desc.layers.size()); ++l) {
     for (const ParamDecl& d : desc.layers[l].params) {
-      ParamTensor t{d.name, d.shape, offset, 0, d.klass, d.dtype, d.init, d.init_scale, d.shape, -1, {}};
+      ParamTensor t{d.name, d.shape, offset, 0, d.klass, d.dtype, d.init, d.init_scale, d.shape, -1, {},
+                    d.expert, d.experts};
       if (p > 1 && d.split_dim >= 0) {
         t.split_dim = d.split_dim;
         int64_t base = 0, held = 0;
@@ -104,6 +105,19 @@ std::vector<ParamTensor> build_param_layout(const ModelDesc& desc, TpCoord tp, s
 
 std::vector<ParamTensor> build_param_layout(const ModelConfig& cfg, TpCoord tp) {
   return build_param_layout(describe_model(cfg), tp);
+}
+
+std::vector<ParamTensor> hold_experts(std::vector<ParamTensor> layout, EpCoord ep) {
+  if (ep.size == 1) return layout;
+  std::vector<ParamTensor> held;
+  int64_t offset = 0;
+  for (ParamTensor& t : layout) {
+    if (t.is_expert() && ep.owner(t) != ep.rank) continue;
+    t.offset = offset;
+    offset += t.numel;
+    held.push_back(std::move(t));
+  }
+  return held;
 }
 
 }  // namespace lockstep

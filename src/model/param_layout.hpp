@@ -49,8 +49,12 @@ struct ParamTensor {
   std::vector<int64_t> global_shape;
   int split_dim = -1;
   std::vector<std::pair<int64_t, int64_t>> ranges;
+  // Expert parallelism: the routed expert this tensor belongs to, of `experts` in its layer (-1:
+  // not an expert's; every ep rank holds it).
+  int64_t expert = -1, experts = 0;
 
   bool replicated() const { return split_dim < 0; }
+  bool is_expert() const { return expert >= 0; }
   // A norm's weight or bias: under sequence parallelism each tp rank applies it to its own tokens,
   // so its gradient covers only those.
   bool is_norm() const { return klass == ParamClass::kNorm; }
@@ -66,6 +70,14 @@ struct TpCoord {
   int64_t rank = 0;
 };
 
+// Expert parallelism: ep rank `rank` of `size` holds experts [rank·E/size, (rank+1)·E/size) of
+// every MoE layer of E routed experts (size divides E).
+struct EpCoord {
+  int64_t size = 1;
+  int64_t rank = 0;
+  int64_t owner(const ParamTensor& t) const { return t.expert * size / t.experts; }
+};
+
 // The tensors of tp rank tp.rank, in the canonical order (that of the forward pass): every layer's
 // declared parameters, or those of layers [first_layer, end_layer) (a pipeline stage). The split
 // segments must divide by tp.size (src/parallel/tensor_parallel.hpp checks a config's).
@@ -73,5 +85,9 @@ std::vector<ParamTensor> build_param_layout(const ModelDesc& desc, TpCoord tp = 
                                             size_t end_layer = SIZE_MAX);
 // The same for the layer list of a [model] section.
 std::vector<ParamTensor> build_param_layout(const ModelConfig& cfg, TpCoord tp = {});
+
+// `layout` without the routed experts' tensors that ep rank ep.rank does not hold, offsets packed
+// again (the order of the rest kept). ep rank layouts then have the same shapes in the same order.
+std::vector<ParamTensor> hold_experts(std::vector<ParamTensor> layout, EpCoord ep);
 
 }  // namespace lockstep

@@ -15,7 +15,12 @@
 // routed to the expert, in token order, whatever the micro-batches or data-parallel ranks.
 // Tensor parallelism (without sequence parallelism) splits every expert's hidden features as the
 // MLP's; the router is replicated (each tp rank routes the same way).
-// Not here: expert parallelism (to come), sequence parallelism (refused: check_tp_layout).
+// Expert parallelism (the plan's ExpertShard): this rank holds experts [first, first + count); its
+// tokens' rows of the others go to their ep peers and the outputs come back (ExpertRows: the
+// expert-major order, each row with its global token index, so that the weight gradients' chunks
+// are those of one process); the backward sends the output gradients and brings back the input
+// gradients the same way. The router, the combine and the balancing loss stay on the token's rank.
+// Not here: sequence parallelism (refused: check_tp_layout).
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,19 +37,25 @@ std::string expert_prefix(const LayerDesc& d, int64_t e) { return d.prefix + "mo
 
 // An expert's parameters (x: "layer/3/moe/expert/5/"): an MLP of F hidden features that a `share`
 // of the tokens multiply.
-void declare_mlp(LayerDesc& d, const std::string& x, int64_t F, double share) {
+// `expert`: the routed expert's index (expert parallelism places it), -1 for a shared one.
+void declare_mlp(LayerDesc& d, const std::string& x, int64_t F, double share, int64_t expert) {
   const int64_t C = d.dims.C;
   const std::vector<int64_t> segments = ffn_fc_segments(d, F);
+  const int64_t experts = expert >= 0 ? d.experts : 0;
   d.params.push_back({.name = x + "fc/weight", .shape = {ffn_fc_width(d, F), C}, .klass = ParamClass::kMatrix,
-                      .matmul = true, .token_share = share, .split_dim = 0, .segments = segments});
+                      .matmul = true, .token_share = share, .split_dim = 0, .segments = segments,
+                      .expert = expert, .experts = experts});
   if (d.bias) {
     d.params.push_back({.name = x + "fc/bias", .shape = {ffn_fc_width(d, F)}, .klass = ParamClass::kBias,
-                        .init = ParamInit::kZeros, .split_dim = 0, .segments = segments});
+                        .init = ParamInit::kZeros, .split_dim = 0, .segments = segments, .expert = expert,
+                        .experts = experts});
   }
   d.params.push_back({.name = x + "proj/weight", .shape = {C, F}, .klass = ParamClass::kMatrix, .matmul = true,
-                      .token_share = share, .init_scale = d.residual_scale, .split_dim = 1, .segments = {F}});
+                      .token_share = share, .init_scale = d.residual_scale, .split_dim = 1, .segments = {F},
+                      .expert = expert, .experts = experts});
   if (d.bias) {
-    d.params.push_back({.name = x + "proj/bias", .shape = {C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros});
+    d.params.push_back({.name = x + "proj/bias", .shape = {C}, .klass = ParamClass::kBias, .init = ParamInit::kZeros,
+                        .expert = expert, .experts = experts});
   }
 }
 
@@ -59,8 +70,8 @@ void declare(LayerDesc& d) {
   }
   d.params.push_back({.name = pre + "moe/router/weight", .shape = {d.experts, m.C}, .klass = ParamClass::kMatrix,
                       .matmul = true, .fp32_only = true});
-  for (int64_t e = 0; e < d.experts; ++e) declare_mlp(d, expert_prefix(d, e), m.F, share);
-  if (d.shared_F > 0) declare_mlp(d, pre + "moe/shared/", d.shared_F, 1.0);
+  for (int64_t e = 0; e < d.experts; ++e) declare_mlp(d, expert_prefix(d, e), m.F, share, e);
+  if (d.shared_F > 0) declare_mlp(d, pre + "moe/shared/", d.shared_F, 1.0, -1);
 
   const std::string ln = pre + "ln2/out", router = pre + "moe/router";
   d.hooks.push_back({.name = ln, .region = HookRegion::kNormOut, .op_site = true});
@@ -88,6 +99,7 @@ class Moe final : public PreNormBranch {
         F_(b.local.F),
         fc_out_(ffn_fc_width(desc, F_)),
         capacity_(moe_capacity(desc.capacity_factor, desc.dims.T, K_, E_)),
+        held_(b.ctx.plan().experts(desc)),
         router_name_(name("moe/router")),
         router_w_(b.ctx.find_param(router_name_ + "/weight")),
         router_(b.ctx.plan().linear(desc, *router_w_)),
@@ -104,16 +116,24 @@ class Moe final : public PreNormBranch {
           if (static_cast<int64_t>(a.experts.size()) < BT * K_) a.experts.resize(static_cast<size_t>(BT * K_));
           a.routing.size_for(BT, K_, E_);
           grow_to(a.xe, R * C_);
-          grow_to(a.fc, R * fc_out_);
-          grow_to(a.act, R * F_);
           grow_to(a.ye, R * C_);
+          if (held_.exchange == nullptr) {  // the experts' rows are this rank's own
+            grow_to(a.fc, R * fc_out_);
+            grow_to(a.act, R * F_);
+            if (static_cast<int64_t>(a.row_token.size()) < R) a.row_token.resize(static_cast<size_t>(R));
+          } else {
+            a.exchanged.peers = held_.exchange->size();
+            a.exchanged.experts = held_.count;
+          }
           if (shared_F_ == 0) return;
           grow_to(a.shared_in, BT * C_);
           grow_to(a.shared_fc, BT * shared_fc_out_);
           grow_to(a.shared_act, BT * shared_F_);
           grow_to(a.shared_y, BT * C_);
         }) {
-    for (int64_t e = 0; e < E_; ++e) experts_.push_back(make_expert(desc, b, expert_prefix(desc, e)));
+    for (int64_t k = 0; k < held_.count; ++k) {
+      experts_.push_back(make_expert(desc, b, expert_prefix(desc, held_.first + k)));
+    }
     const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_, G = b.max_batch;
     scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + 2 * G * E_;
     if (shared_F_ > 0) {
@@ -138,20 +158,22 @@ class Moe final : public PreNormBranch {
     if (ctx.recording()) record(ctx.moe_stats(stats_), a, p);
     const MoeRowsShape rows{p.BT, r.R, C_, K_};
     be.moe_dispatch(rows, a.xe.data(), ln, r.token_of_row.data());
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t f = r.expert_first[e], n = r.kept(e);
+    const ExpertSide side = held_.exchange ? receive_rows(p, a) : own_rows(p, a);
+    for (int64_t k = 0; k < held_.count; ++k) {
+      const int64_t f = side.first[k], n = side.first[k + 1] - f;
       if (n == 0) continue;
-      Expert& xp = experts_[e];
-      float* xe = a.xe.data() + f * C_;
+      Expert& xp = experts_[k];
+      float* xe = side.x + f * C_;
       float* fc = a.fc.data() + f * fc_out_;
       float* act = a.act.data() + f * F_;
       ctx.store_for(xp.fc_name, xe, n * C_);
       xp.fc->forward(be, ctx.mode(), {n, C_, fc_out_}, fc, xe, ctx.linear_weight(xp.fc_w, xp.fc_name), ctx.param(xp.fc_b));
       activation_forward_rows(be, desc(), ctx.mode(), n, F_, act, fc);
       ctx.store_for(xp.proj_name, act, n * F_);
-      xp.proj->forward(be, ctx.mode(), {n, F_, C_}, a.ye.data() + f * C_, act,
-                       ctx.linear_weight(xp.proj_w, xp.proj_name), ctx.param(xp.proj_b));
+      xp.proj->forward(be, ctx.mode(), {n, F_, C_}, side.y + f * C_, act, ctx.linear_weight(xp.proj_w, xp.proj_name),
+                       ctx.param(xp.proj_b));
     }
+    if (held_.exchange) send_back(a.exchanged, a.yr.data(), a.ye.data(), a.staging);
     if (shared_) shared_forward(ctx, p, a, ln);
     float* y = res(p);
     be.moe_combine_forward(rows, y, a.ye.data(), r.rows.data(), a.gates.data());
@@ -181,8 +203,27 @@ class Moe final : public PreNormBranch {
     // The shared experts' parameters come last: their gradients first.
     if (shared_) shared_backward(ctx, p, a, dres, dshared);
     be.moe_combine_backward(rows, dye, dgates, dres, a.ye.data(), r.rows.data(), a.gates.data());
+    // The experts' rows: this rank's own, or (expert parallelism) its experts' rows from every
+    // peer, their output gradients sent here as the inputs were.
+    ExpertSide side{.x = a.xe.data(), .first = r.expert_first.data(), .token = a.row_token.data()};
+    float* dy = dye;
+    float* dx = dxe;
+    if (held_.exchange) {
+      const ExpertRows& ex = a.exchanged;
+      side = {.x = a.xr.data(), .first = ex.expert_first.data(), .token = ex.token.data()};
+      const int64_t n = ex.rows;
+      grow_to(back_, n * (2 * C_ + F_ + fc_out_));
+      dy = back_.data();
+      dact = dy + n * C_;
+      dfc = dact + n * F_;
+      dx = dfc + n * fc_out_;
+      grow_to(a.staging, std::max(n, R) * C_);
+      held_.exchange->all_to_all_rows(dye, ex.send_rows.data(), a.staging.data(), ex.recv_rows.data(), C_);
+      ex.to_expert_major(a.staging.data(), dy, C_);
+    }
     // Last expert first: gradients become ready from the end of the layer's parameters.
-    for (int64_t e = E_ - 1; e >= 0; --e) expert_backward(ctx, p, a, e, dye, dact, dfc, dxe);
+    for (int64_t k = held_.count - 1; k >= 0; --k) expert_backward(ctx, p, a, side, k, dy, dact, dfc, dx);
+    if (held_.exchange) send_back(a.exchanged, dx, dxe, a.staging);
     const RouterShape rs = router_shape(p);
     if (desc().aux_weight > 0) {
       be.moe_aux_loss(rs, desc().aux_weight, p.dloss, aux_loss, daux, mean_probs, a.probs.data(), a.experts.data());
@@ -208,6 +249,19 @@ class Moe final : public PreNormBranch {
     std::vector<float> shared_in, shared_fc, shared_act, shared_y;  // the shared experts' (all tokens)
     std::vector<int32_t> experts;
     MoeRouting routing;
+    std::vector<int64_t> row_token;  // the global token index of each row (this rank's own rows)
+    // Expert parallelism: the rows exchanged, the held experts' rows (input, output) and the
+    // received order's staging.
+    ExpertRows exchanged;
+    std::vector<float> xr, yr, staging;
+  };
+  // The rows the held experts compute (expert-major; expert k's rows [first[k], first[k + 1])),
+  // their outputs, and the global token index of each.
+  struct ExpertSide {
+    float* x = nullptr;
+    float* y = nullptr;
+    const int64_t* first = nullptr;
+    const int64_t* token = nullptr;
   };
   struct Expert {
     std::string fc_name, proj_name;
@@ -273,38 +327,71 @@ class Moe final : public PreNormBranch {
     s.add_entropy(a.probs.data(), p.BT, E_);
   }
 
-  // Expert e's backward from dye (its rows' output gradient) to dxe (its rows' input gradient),
-  // and its parameter gradients.
-  void expert_backward(LayerContext& ctx, const Pass& p, Acts& a, int64_t e, const float* dye, float* dact, float* dfc,
-                       float* dxe) {
-    Expert& xp = experts_[e];
-    Backend& be = ctx.backend();
+  // Every expert here: the rows of this rank's tokens.
+  ExpertSide own_rows(const Pass& p, Acts& a) const {
     const MoeRouting& r = a.routing;
+    for (int64_t i = 0; i < r.R; ++i) a.row_token[i] = p.token_offset + r.token_of_row[i];
+    return {a.xe.data(), a.ye.data(), r.expert_first.data(), a.row_token.data()};
+  }
+  // Expert parallelism: every peer's rows of the experts held here (with their global token
+  // indices), in expert-major order; the expert-side buffers grown to hold them.
+  ExpertSide receive_rows(const Pass& p, Acts& a) {
+    ExpertRows& ex = a.exchanged;
+    ExpertExchange& xc = *held_.exchange;
+    ex.plan_sends(a.routing, p.token_offset);
+    xc.all_to_all(ex.send_counts.data(), ex.recv_counts.data(), held_.count);
+    ex.plan_receives();
+    const int64_t n = ex.rows;
+    if (static_cast<int64_t>(ex.received_tokens.size()) < n) ex.received_tokens.resize(static_cast<size_t>(n));
+    xc.all_to_all_rows(ex.sent_tokens.data(), ex.send_rows.data(), ex.received_tokens.data(), ex.recv_rows.data(), 1);
+    ex.order_tokens();
+    grow_to(a.staging, std::max(n, a.routing.R) * C_);
+    grow_to(a.xr, n * C_);
+    grow_to(a.yr, n * C_);
+    grow_to(a.fc, n * fc_out_);
+    grow_to(a.act, n * F_);
+    xc.all_to_all_rows(a.xe.data(), ex.send_rows.data(), a.staging.data(), ex.recv_rows.data(), C_);
+    ex.to_expert_major(a.staging.data(), a.xr.data(), C_);
+    return {a.xr.data(), a.yr.data(), ex.expert_first.data(), ex.token.data()};
+  }
+  // Expert parallelism: rows (expert-major, C wide) back to the peers whose tokens they are, into
+  // out (this rank's rows, in its order).
+  void send_back(const ExpertRows& ex, const float* rows, float* out, std::vector<float>& staging) const {
+    ex.to_received_order(rows, staging.data(), C_);
+    held_.exchange->all_to_all_rows(staging.data(), ex.recv_rows.data(), out, ex.send_rows.data(), C_);
+  }
+
+  // Held expert k's backward from dye (the expert rows' output gradient) to dxe (their input
+  // gradient), and its parameter gradients.
+  void expert_backward(LayerContext& ctx, const Pass& p, Acts& a, const ExpertSide& side, int64_t k, const float* dye,
+                       float* dact, float* dfc, float* dxe) {
+    Expert& xp = experts_[k];
+    Backend& be = ctx.backend();
     // Asked even when no row chose it: the storage then holds this micro-batch's zeros.
     const GradSink fc_w = ctx.sink(xp.fc_w), fc_b = ctx.sink(xp.fc_b);
     const GradSink proj_w = ctx.sink(xp.proj_w), proj_b = ctx.sink(xp.proj_b);
-    const int64_t first = r.expert_first[e], end = r.expert_first[e + 1];
-    if (end > first) {
+    const int64_t first = side.first[k], end = side.first[k + 1], n = end - first;
+    if (n > 0) {
       const float* Wfc = ctx.linear_weight(xp.fc_w, xp.fc_name);
       const float* Wproj = ctx.linear_weight(xp.proj_w, xp.proj_name);
-      rows_backward(ctx, p, r, first, end, *xp.proj, xp.proj_name, {end - first, F_, C_}, dact + first * F_, proj_w,
-                    proj_b, dye + first * C_, a.act.data() + first * F_, Wproj);
-      const int64_t n = end - first;
+      const int64_t* token = side.token + first;
+      rows_backward(ctx, p, token, *xp.proj, xp.proj_name, {n, F_, C_}, dact + first * F_, proj_w, proj_b,
+                    dye + first * C_, a.act.data() + first * F_, Wproj);
       activation_backward_rows(be, desc(), ctx.mode(), n, F_, dfc + first * fc_out_, a.fc.data() + first * fc_out_,
                                dact + first * F_);
-      rows_backward(ctx, p, r, first, end, *xp.fc, xp.fc_name, {end - first, C_, fc_out_}, dxe + first * C_, fc_w, fc_b,
-                    dfc + first * fc_out_, a.xe.data() + first * C_, Wfc);
+      rows_backward(ctx, p, token, *xp.fc, xp.fc_name, {n, C_, fc_out_}, dxe + first * C_, fc_w, fc_b,
+                    dfc + first * fc_out_, side.x + first * C_, Wfc);
     }
     ctx.grads_ready(p, xp.fc_w, xp.proj_b != nullptr ? xp.proj_b : xp.proj_w);
   }
 
-  // One expert linear's backward over its rows [first, end) of the buffer (s: their shape; the
-  // pointers at row `first`). Fast: one call. Canonical: the input gradient in one call (each
-  // row's is a dot product of its own), the parameter gradients in one call per chunk of the step's
-  // tokens that holds rows of the expert (they are contiguous: its rows are in token order), with
-  // token_offset at the chunk's start.
-  static void rows_backward(LayerContext& ctx, const Pass& p, const MoeRouting& r, int64_t first, int64_t end,
-                            LinearOp& op, const std::string& linear, LinearShape s, float* dinp, const GradSink& dw,
+  // One expert linear's backward over s.N of its rows (token: their global token indices, in
+  // order). Fast: one call. Canonical: the input gradient in one call (each row's is a dot product
+  // of its own), the parameter gradients in one call per chunk of the step's tokens that holds rows
+  // of the expert (they are contiguous: its rows are in token order), with token_offset at the
+  // chunk's start.
+  static void rows_backward(LayerContext& ctx, const Pass& p, const int64_t* token, LinearOp& op,
+                            const std::string& linear, LinearShape s, float* dinp, const GradSink& dw,
                             const GradSink& db, const float* dout, const float* inp, const float* w) {
     Backend& be = ctx.backend();
     if (ctx.mode() != Mode::kCanonical) {
@@ -313,28 +400,29 @@ class Moe final : public PreNormBranch {
     }
     op.backward(be, ctx.mode(), s, p.token_offset, dinp, {}, {}, dout, inp, w);
     const int64_t unit = ctx.weight_grad_chunk(linear);
-    for (int64_t i = first; i < end;) {
-      const int64_t chunk = (p.token_offset + r.token_of_row[i]) / unit;
+    for (int64_t i = 0; i < s.N;) {
+      const int64_t chunk = token[i] / unit;
       int64_t j = i + 1;
-      while (j < end && (p.token_offset + r.token_of_row[j]) / unit == chunk) ++j;
+      while (j < s.N && token[j] / unit == chunk) ++j;
       LinearShape part = s;
       part.N = j - i;
-      op.backward(be, ctx.mode(), part, chunk * unit, nullptr, dw, db, dout + (i - first) * s.OC,
-                  inp + (i - first) * s.IC, w);
+      op.backward(be, ctx.mode(), part, chunk * unit, nullptr, dw, db, dout + i * s.OC, inp + i * s.IC, w);
       i = j;
     }
   }
 
   int64_t E_, K_, F_, fc_out_, capacity_;
+  ExpertShard held_;  // the routed experts here
   std::string router_name_;
   const ParamTensor* router_w_;
   std::unique_ptr<LinearOp> router_;
   std::string stats_name_;  // "layer/3/moe": its statistics' and selection bias's key
   size_t stats_;
   int64_t shared_F_, shared_fc_out_;  // 0: no shared experts
-  std::vector<Expert> experts_;
+  std::vector<Expert> experts_;       // the held ones
   std::optional<Expert> shared_;
   SlotActivations<Acts> acts_;
+  std::vector<float> back_;  // expert parallelism: the held experts' rows' gradients in the backward
   int64_t scratch_ = 0;
 };
 
