@@ -16,7 +16,7 @@ float clip_grad_norm(const Model& model, const GradPart& part, float max_norm,
                      const std::function<float(const ChunkCombiner&)>& total) {
   ChunkCombiner sumsq;
   for (const auto& p : model.param_layout()) {
-    if (part.skip_replicated && p.replicated()) continue;
+    if ((part.skip_replicated && p.replicated()) || (part.skip_shared && !p.is_expert())) continue;
     const int64_t a = std::max(p.offset, part.first), b = std::min(p.offset + p.numel, part.end);
     if (a < b) model.backend().grad_sumsq_accumulate(model.mode(), b - a, sumsq, part.grads + (a - part.first));
   }

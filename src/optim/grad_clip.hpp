@@ -23,6 +23,7 @@ struct GradPart {
   int64_t first = 0, end = 0;    // elements [first, end) of the flat buffer
   float* grads = nullptr;        // the gradient of element `first`
   bool skip_replicated = false;  // tensors not split by tp: counted by tp rank 0 only
+  bool skip_shared = false;      // tensors not split by ep (not a routed expert's): counted by ep rank 0 only
 };
 
 // Sum of squares of the part, tensor piece by tensor piece, `total` of it over the processes that

@@ -17,21 +17,21 @@ std::string zero3_layout_problem(int64_t pp, Precision linears) {
   return "";
 }
 
-DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode,
-                      const std::string& source) {
-  LS_REQUIRE(batch % dp == 0, source, ": [train] batch_size (", batch, ") must be a multiple of [parallel] dp (",
-             dp, "): every rank reads batch_size / dp sequences of the global batch");
+DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode, const std::string& source,
+                      const std::string& ranks) {
+  LS_REQUIRE(batch % dp == 0, source, ": [train] batch_size (", batch, ") must be a multiple of ", ranks, " (", dp,
+             "): every rank reads batch_size / ", dp, " sequences of the global batch");
   DpBatch b;
   b.local_batch = batch / dp;
   b.local_micro = std::min(micro, b.local_batch);
   LS_REQUIRE(b.local_batch % b.local_micro == 0, source, ": [train] micro_batch_size (", micro,
-             ") must divide batch_size / dp (", batch, " / ", dp, " = ", b.local_batch, ")");
+             ") must divide batch_size / ", ranks, " (", batch, " / ", dp, " = ", b.local_batch, ")");
   // Canonical mode: every rank's micro-batch must end on a 64-token chunk boundary of the global
   // batch, or the weight-gradient chunks would be cut differently from the single-process run.
   LS_REQUIRE(mode != Mode::kCanonical || dp == 1 || (b.local_micro * seq_len) % kCanonicalChunk == 0, source,
              ": a rank's micro-batch of ", b.local_micro, " sequences x seq_len ", seq_len, " = ",
              b.local_micro * seq_len, " tokens is not a multiple of ", kCanonicalChunk,
-             " in canonical mode (batch_size ", batch, " / dp ", dp,
+             " in canonical mode (batch_size ", batch, " / ", ranks, " ", dp,
              "): gradient chunks would straddle ranks; choose a batch_size, micro_batch_size or dp that makes it one");
   return b;
 }
@@ -40,8 +40,10 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
                            int zero, ReduceMode reduce, AdamWConfig adam, DpOptions options)
     : model_(model), dp_(dp), tp_(tp), dp_tp_(dp_tp), zero_(zero), reduce_(reduce), adam_(adam),
       plan_(make_shard_plan(model.param_layout(), dp.size())), sp_(options.sequence_parallel),
-      pipeline_(options.pipeline != nullptr && options.pipeline->size() > 1 ? options.pipeline : nullptr) {
+      pipeline_(options.pipeline != nullptr && options.pipeline->size() > 1 ? options.pipeline : nullptr),
+      ep_(options.expert != nullptr && options.expert->size() > 1 ? options.expert : nullptr) {
   LS_CHECK(zero >= 0 && zero <= kMaxZeroStage, "zero ", zero);
+  LS_CHECK(ep_ == nullptr || zero <= 1, "expert parallelism with zero ", zero);
   LS_CHECK(options.bucket_bytes >= 1, "bucket_bytes ", options.bucket_bytes);
   if (zero_ == 0 || dp_.size() == 1) {
     replicated_ = std::make_unique<AdamW>(model_, adam_);
@@ -118,14 +120,23 @@ void DataParallel::all_gather_shards(float* buf) {
 
 void DataParallel::on_grads_ready(int64_t first, int64_t end, bool last) {
   if (!staged_ && !last) return;  // zero 0/1 reduce the step's sum: only the last micro-batch's
-  if (!sp_) {
+  if (!sp_ && !ep_) {
     buckets_->mark_ready(first, end);
     return;
   }
   for (const auto& t : model_.param_layout()) {
     const int64_t a = std::max(first, t.offset), b = std::min(end, t.offset + t.numel);
-    if (a < b && !t.is_norm()) buckets_->mark_ready(a, b);
+    if (a < b && !waits_for_step_end(t)) buckets_->mark_ready(a, b);
   }
+}
+
+void DataParallel::sum_replicated_over_ep() {
+  std::vector<size_t> idx;  // the replicated tensors' elements, in buffer order (the same on every ep rank)
+  for (const auto& t : model_.param_layout()) {
+    for (int64_t i = 0; !t.is_expert() && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
+  }
+  const bool canonical = model_.mode() == Mode::kCanonical;
+  sum_over_tp(canonical ? GradSink{nullptr, &model_.exact_grads(), 0} : GradSink{model_.grads(), nullptr, 0}, idx, *ep_);
 }
 
 void DataParallel::reduce_staged(const GradBucket& bucket) {
@@ -205,6 +216,7 @@ void DataParallel::sum_norm_grads_over_tp() {
 }
 
 void DataParallel::reduce_gradients() {
+  if (ep_) sum_replicated_over_ep();
   if (dp_.size() == 1) {
     model_.finish_grads();
     return;
@@ -220,15 +232,20 @@ void DataParallel::reduce_gradients() {
 
 float DataParallel::clip_grad_norm(float max_norm) {
   const bool sharded = zero_ >= 2 && dp_.size() > 1;
-  if (!sharded && tp_.size() == 1 && pipeline_ == nullptr) return lockstep::clip_grad_norm(model_, max_norm);
+  if (!sharded && tp_.size() == 1 && pipeline_ == nullptr && ep_ == nullptr) {
+    return lockstep::clip_grad_norm(model_, max_norm);
+  }
   // This rank's part: its ZeRO-2 shard (else all of its buffer), tensors replicated across tp only
-  // on tp rank 0, so that every element of the global gradient counts once. Shard cuts are chunk
-  // starts of their tensor (make_shard_plan) and tp shards are runs of global chunks, so each
-  // piece's chunks are those of one process.
+  // on tp rank 0 and (expert parallelism) those replicated across ep only on ep rank 0, so that
+  // every element of the global gradient counts once. Shard cuts are chunk starts of their tensor
+  // (make_shard_plan) and tp shards are runs of global chunks, so each piece's chunks are those of
+  // one process.
   const int64_t first = sharded ? shard_first() : 0, end = sharded ? shard_end() : model_.num_params();
   comm::Communicator& group = sharded ? dp_tp_ : tp_;
-  return lockstep::clip_grad_norm(model_, {first, end, grad_at(first), tp_.rank() != 0}, max_norm,
-                                  [&](const ChunkCombiner& own) { return combine_exact(own, group, pipeline_); });
+  comm::Communicator* outer = ep_ ? ep_ : pipeline_;  // expert parallelism runs without stages
+  const GradPart part{first, end, grad_at(first), tp_.rank() != 0, ep_ != nullptr && ep_->rank() != 0};
+  return lockstep::clip_grad_norm(model_, part, max_norm,
+                                  [&](const ChunkCombiner& own) { return combine_exact(own, group, outer); });
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {

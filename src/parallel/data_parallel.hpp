@@ -110,12 +110,13 @@ struct DpBatch {
   int64_t local_micro = 0;  // sequences per forward_backward on a rank
 };
 
-// batch sequences of seq_len tokens, micro-batches of `micro` sequences, split over dp ranks.
-// ConfigError (naming `source`) if dp does not divide the batch, if the local micro-batch does not
-// divide the local batch, or, in canonical mode, if a rank's micro-batch is not a whole number of
-// 64-token chunks (the gradient would then depend on the split).
-DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode,
-                      const std::string& source);
+// batch sequences of seq_len tokens, micro-batches of `micro` sequences, split over dp ranks
+// (`ranks` names them in messages: "[parallel] dp", or "[parallel] dp x ep" where expert
+// parallelism adds data ranks). ConfigError (naming `source`) if dp does not divide the batch, if
+// the local micro-batch does not divide the local batch, or, in canonical mode, if a rank's
+// micro-batch is not a whole number of 64-token chunks (the gradient would then depend on the split).
+DpBatch plan_dp_batch(int64_t batch, int64_t micro, int64_t seq_len, int64_t dp, Mode mode, const std::string& source,
+                      const std::string& ranks = "[parallel] dp");
 
 struct DpOptions {
   // Gradient bytes (fp32) per bucket; PyTorch DDP's default. The exact reduction sends twice as
@@ -130,6 +131,12 @@ struct DpOptions {
   // The pipeline group when the model is one stage of several: the gradient norm then sums every
   // stage's part (exactly, as it sums dp and tp parts).
   comm::Communicator* pipeline = nullptr;
+  // The ep group under expert parallelism (expert_parallel.hpp): the model holds its ep rank's
+  // routed experts, and dp is the group of the ranks holding the same ones. The other tensors'
+  // gradients are summed over ep first (exactly in canonical mode, still unrounded), then reduced
+  // over dp with the experts'; the loss sums over dp and ep, the gradient norm counts the
+  // replicated tensors on ep rank 0. ZeRO 0 and 1 only.
+  comm::Communicator* expert = nullptr;
 };
 
 class DataParallel {
@@ -176,8 +183,8 @@ class DataParallel {
   bool overlapped() const { return buckets_ && buckets_->threaded(); }
   // The last reduce_gradients()'s reduction time, exposed wait and hidden share (zeros without dp).
   OverlapStats overlap_stats() const { return buckets_ ? buckets_->last_step() : OverlapStats{}; }
-  // The global loss sum over the group (exact; same bits as one process's combiner).
-  float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_); }
+  // The global loss sum over the data ranks (exact; same bits as one process's combiner).
+  float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_, ep_); }
   // Global gradient norm before clipping (same on every rank); clips by grad_clip.hpp.
   float clip_grad_norm(float max_norm);
   // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather; zero 3 updates its shard.
@@ -196,8 +203,13 @@ class DataParallel {
   void adamw_shard(float lr, int64_t t);
   void all_gather_shards(float* buf);
   // The model reports [first, end) final: under sequence parallelism its norm tensors wait for
-  // reduce_gradients() (sum_norm_grads finishes them after the backward).
+  // reduce_gradients() (sum_norm_grads finishes them after the backward), under expert
+  // parallelism every tensor but the experts' (summed over ep there).
   void on_grads_ready(int64_t first, int64_t end, bool last_micro);
+  // Whether tensor t's bucket waits for reduce_gradients().
+  bool waits_for_step_end(const ParamTensor& t) const { return (sp_ && t.is_norm()) || (ep_ && !t.is_expert()); }
+  // Expert parallelism: the replicated tensors' gradients summed over ep.
+  void sum_replicated_over_ep();
   // One bucket's part of the reduce-scatter (and all-gather, zero 0/1), on the worker's group.
   void reduce_bucket(const GradBucket& bucket);
   // Zero 2: one micro-batch's bucket from its staging, reduce-scattered and added to the shard.
@@ -218,6 +230,7 @@ class DataParallel {
   int64_t bucket_elems_ = 0;  // DpOptions::bucket_bytes in fp32 elements
   bool sp_ = false;           // DpOptions::sequence_parallel
   comm::Communicator* pipeline_ = nullptr;  // DpOptions::pipeline
+  comm::Communicator* ep_ = nullptr;        // DpOptions::expert (ep > 1 only)
   std::unique_ptr<AdamW> replicated_;  // zero 0
   std::vector<float> m_, v_;           // zero 1/2: this rank's shard
   std::vector<float> shard_;           // zero 0/1: reduced gradient shard (scratch; buckets write disjoint parts)

@@ -21,11 +21,8 @@ Mesh::Mesh(MeshShape shape, comm::Communicator& world, const std::string& source
   for (auto [name, v] : {std::pair{"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}}) {
     LS_REQUIRE(v >= 1, source, ": [parallel] ", name, " (", v, ") must be >= 1");
   }
-  for (auto [name, v] : {std::pair{"ep", shape.ep}, {"cp", shape.cp}}) {
-    LS_REQUIRE(v == 1, source, ": [parallel] ", name, " = ", v,
-               ": only data, tensor and pipeline parallelism are implemented so far (expert and context "
-               "parallelism are not); use ", name, " = 1");
-  }
+  LS_REQUIRE(shape.cp == 1, source, ": [parallel] cp = ", shape.cp,
+             ": context parallelism is not implemented yet; use cp = 1");
   const int64_t others = shape.tp * shape.cp * shape.ep * shape.pp;
   LS_REQUIRE(shape.dp >= 0, source, ": [parallel] dp (", shape.dp, ") must be >= 1 (or 0: all ranks)");
   const int64_t dp = shape.dp == 0 ? world_size / others : shape.dp;
@@ -48,6 +45,12 @@ Mesh::Mesh(MeshShape shape, comm::Communicator& world, const std::string& source
         world.split(static_cast<int>(color), static_cast<int>(coords_[static_cast<size_t>(a)]),
                     axis_name(static_cast<Axis>(a)));
     stride *= sizes_[static_cast<size_t>(a)];
+  }
+  if (size(Axis::kEp) > 1) {
+    // Same tp, cp and pp coordinates; ordered by dp, then ep.
+    const int64_t tp_cp = size(Axis::kTp) * size(Axis::kCp);
+    const int64_t color = world.rank() % tp_cp + tp_cp * coord(Axis::kPp);
+    data_ = world.split(static_cast<int>(color), static_cast<int>(data_rank()), "data");
   }
 }
 

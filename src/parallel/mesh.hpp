@@ -7,9 +7,12 @@
 // and a data-parallel group strides over everything else. The sub-communicator of axis a holds
 // the ranks that differ only in their coordinate along a, ordered by it.
 //
-// Data, tensor and pipeline parallelism are implemented so far: ep and cp greater than 1 are
-// refused with a ConfigError saying so. Not here: what runs on each axis (data_parallel.hpp,
-// tensor_parallel.hpp).
+// The data ranks — those that train on different parts of the batch — are dp × ep (expert
+// parallelism splits the experts, not the batch: expert_parallel.hpp); data() is their group,
+// ordered by data_rank() = dp coordinate · ep + ep coordinate.
+// Context parallelism is not implemented yet: cp greater than 1 is refused with a ConfigError
+// saying so. Not here: what runs on each axis (data_parallel.hpp, tensor_parallel.hpp,
+// expert_parallel.hpp).
 #pragma once
 
 #include <array>
@@ -32,7 +35,7 @@ struct MeshShape {
 
 class Mesh {
  public:
-  // Checks the shape against the world (sizes >= 1, product == world size, ep = cp = 1 for now);
+  // Checks the shape against the world (sizes >= 1, product == world size, cp = 1 for now);
   // ConfigError naming `source`, the sizes and the world size otherwise. Collective over world.
   Mesh(MeshShape shape, comm::Communicator& world, const std::string& source);
 
@@ -41,6 +44,9 @@ class Mesh {
   comm::Communicator& group(Axis a) { return *groups_[static_cast<size_t>(a)]; }
   comm::Communicator& world() { return world_; }
   comm::Communicator& dp() { return group(Axis::kDp); }
+  // The data ranks' group (dp's without expert parallelism).
+  comm::Communicator& data() { return data_ ? *data_ : dp(); }
+  int64_t data_rank() const { return coord(Axis::kDp) * size(Axis::kEp) + coord(Axis::kEp); }
   // "dp 2 x tp 1 x cp 1 x ep 1 x pp 1 (world 2)".
   std::string describe() const;
 
@@ -48,6 +54,7 @@ class Mesh {
   comm::Communicator& world_;
   std::array<int64_t, kAxes> sizes_{}, coords_{};
   std::array<std::unique_ptr<comm::Communicator>, kAxes> groups_;
+  std::unique_ptr<comm::Communicator> data_;  // with ep > 1
 };
 
 }  // namespace lockstep::parallel

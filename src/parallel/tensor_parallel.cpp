@@ -166,9 +166,11 @@ void CommTpGroup::reduce_scatter_sum(const float* full, float* local, int64_t n)
 namespace {
 
 // The global layout's tensors that `local` holds (a contiguous run of them: all, or a pipeline
-// stage's), with offsets counted from the run's first; and where the run starts in the list.
-std::pair<std::vector<ParamTensor>, size_t> global_run(const ModelConfig& model, const std::vector<ParamTensor>& local) {
-  const std::vector<ParamTensor> all = build_param_layout(model);
+// stage's; of ep rank ep.rank's tensors), with offsets counted from the run's first; and where the
+// run starts in the list.
+std::pair<std::vector<ParamTensor>, size_t> global_run(const ModelConfig& model, const std::vector<ParamTensor>& local,
+                                                       EpCoord ep) {
+  const std::vector<ParamTensor> all = hold_experts(build_param_layout(model), ep);
   size_t first = 0;
   while (first < all.size() && all[first].name != local.front().name) ++first;
   LS_CHECK(first + local.size() <= all.size(), "tensors from ", local.front().name, " are not the model's");
@@ -182,15 +184,15 @@ std::pair<std::vector<ParamTensor>, size_t> global_run(const ModelConfig& model,
 }  // namespace
 
 std::vector<float> gather_global(const ModelConfig& model, const std::vector<ParamTensor>& local,
-                                 const float* local_data, comm::Communicator& tp) {
-  const auto [global, first] = global_run(model, local);
+                                 const float* local_data, comm::Communicator& tp, EpCoord ep) {
+  const auto [global, first] = global_run(model, local, ep);
   const int p = tp.size();
   const int64_t n = local.back().offset + local.back().numel;  // the same on every tp rank
   std::vector<float> all(static_cast<size_t>(n) * static_cast<size_t>(p));
   tp.all_gather(local_data, all.data(), n, DType::kF32);
   std::vector<float> out(static_cast<size_t>(global.back().offset + global.back().numel));
   for (int q = 0; q < p; ++q) {
-    const std::vector<ParamTensor> theirs = build_param_layout(model, {p, q});
+    const std::vector<ParamTensor> theirs = hold_experts(build_param_layout(model, {p, q}), ep);
     const float* data = all.data() + static_cast<size_t>(q) * static_cast<size_t>(n);
     const int64_t base = theirs[first].offset;
     for (size_t t = 0; t < global.size(); ++t) {
@@ -206,7 +208,7 @@ std::vector<float> gather_global(const ModelConfig& model, const std::vector<Par
 
 void take_local(const ModelConfig& model, const std::vector<ParamTensor>& local, const float* global_data,
                 float* local_data) {
-  const std::vector<ParamTensor> global = global_run(model, local).first;
+  const std::vector<ParamTensor> global = global_run(model, local, {}).first;
   for (size_t t = 0; t < global.size(); ++t) {
     const ParamTensor& s = local[t];
     for (int64_t i = 0; i < s.numel; ++i) local_data[s.offset + i] = global_data[global[t].offset + s.global_index(i)];

@@ -76,9 +76,10 @@ class CommTpGroup final : public TpGroup {
 
 // The global flat buffer (the tp = 1 layout of `model`) from every tp rank's local buffer laid out
 // as `local` (this rank's layout). Collective over tp; every rank gets the whole buffer. `local`
-// may be a pipeline stage's run of the tensors: the buffer is then those tensors whole, packed.
+// may be a pipeline stage's run of the tensors: the buffer is then those tensors whole, packed;
+// or (expert parallelism) ep rank ep.rank's tensors: then those, whole.
 std::vector<float> gather_global(const ModelConfig& model, const std::vector<ParamTensor>& local,
-                                 const float* local_data, comm::Communicator& tp);
+                                 const float* local_data, comm::Communicator& tp, EpCoord ep = {});
 
 // This rank's local buffer (layout `local`) taken from a global flat buffer (the tp = 1 layout;
 // for a stage's run of the tensors, those tensors whole, packed).

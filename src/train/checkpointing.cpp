@@ -72,7 +72,7 @@ ckpt::ShardPlace slice_place(const ParamTensor& p, int64_t first, int64_t end) {
 ckpt::ShardPlace SavedPiece::place() const { return slice_place(*tensor, first, end); }
 
 std::vector<SavedPiece> saved_pieces(const std::vector<ParamTensor>& layout, int64_t zero, int64_t dp,
-                                     int64_t dp_rank, TpCoord tp) {
+                                     int64_t dp_rank, TpCoord tp, EpCoord ep) {
   const int64_t n = layout.empty() ? 0 : layout.back().offset + layout.back().numel;
   int64_t first = dp_rank * n / dp, end = (dp_rank + 1) * n / dp;
   if (zero > 0) {
@@ -83,8 +83,13 @@ std::vector<SavedPiece> saved_pieces(const std::vector<ParamTensor>& layout, int
   std::vector<SavedPiece> pieces;
   for (const ParamTensor& p : layout) {
     int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.numel);
-    if (p.replicated() && lo < hi) {
-      std::tie(lo, hi) = std::pair{lo + tp.rank * (hi - lo) / tp.size, lo + (tp.rank + 1) * (hi - lo) / tp.size};
+    // The ranks holding the same piece (over tp where it is replicated, over ep where it is not
+    // an expert's) write one part each.
+    const int64_t tp_size = p.replicated() ? tp.size : 1, tp_rank = p.replicated() ? tp.rank : 0;
+    const int64_t holders = tp_size * (p.is_expert() ? 1 : ep.size);
+    const int64_t me = (p.is_expert() ? 0 : ep.rank) * tp_size + tp_rank;
+    if (holders > 1 && lo < hi) {
+      std::tie(lo, hi) = std::pair{lo + me * (hi - lo) / holders, lo + (me + 1) * (hi - lo) / holders};
     }
     if (lo < hi) pieces.push_back({&p, lo - p.offset, hi - p.offset});
   }
@@ -136,8 +141,9 @@ std::vector<ckpt::ShardRef> own_shards(TrainRun& run) {
   const float* params = run.held_params().data();
   const float* m = run.ddp.moments_m().data();
   const float* v = run.ddp.moments_v().data();
+  const EpCoord ep = run.expert_parallel() ? EpCoord{run.ep->size(), run.ep->rank()} : EpCoord{};
   for (const SavedPiece& piece : saved_pieces(run.model.param_layout(), run.cfg.parallel.zero, run.dp.size(),
-                                              run.dp.rank(), {run.tp.size(), run.tp.rank()})) {
+                                              run.dp.rank(), {run.tp.size(), run.tp.rank()}, ep)) {
     const ParamTensor& p = *piece.tensor;
     const int64_t lo = p.offset + piece.first;
     const ckpt::ShardPlace where = piece.place();
@@ -365,6 +371,7 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     const int pp = run_.pipelined() ? run_.pp->size() : 1;
     nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}, {"sp", pc.sp},
                              {"zero", pc.zero}, {"reduce", pc.reduce}};
+    if (run_.expert_parallel()) layout["ep"] = run_.ep->size();
     if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
     nlohmann::json observers = nlohmann::json::object();
     for (const StepObserver* o : observers_) {
@@ -373,9 +380,10 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     s.state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
                {"layout", layout},  {"loss", loss}, {"observers", observers}};
     s.layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}};
-    // Without tensor or pipeline parallelism or ZeRO-3 rank 0 holds every parameter whole and can
-    // hash the model.
-    if (!run_.tensor_parallel() && !run_.pipelined() && run_.model.params() != nullptr) {
+    if (run_.expert_parallel()) s.layout["ep"] = run_.ep->size();
+    // Without tensor, pipeline or expert parallelism or ZeRO-3 rank 0 holds every parameter whole
+    // and can hash the model.
+    if (!run_.tensor_parallel() && !run_.pipelined() && !run_.expert_parallel() && run_.model.params() != nullptr) {
       s.model_hash = hex64(ckpt::model_hash(state_tensors(run_.global_layout, run_.model.params(), nullptr, nullptr)));
     }
   }

@@ -105,13 +105,13 @@ struct SavedPiece {
   ckpt::ShardPlace place() const;  // where they lie in the global tensor
 };
 
-// What the rank at dp rank `dp_rank` of `dp` and tp.rank of tp.size writes, given its slice
-// `layout` (build_param_layout for its tp rank): of the flat slice, its ZeRO shard (zero > 0:
-// make_shard_plan's) or without ZeRO an equal split between the replicas; of a tensor every tp rank
-// holds whole, its tp rank's equal part of that. Every rank writes its share; together the ranks of
-// a layout cover every element once. A pure function of the layout, for saves and offline
-// conversion alike.
+// What the rank at dp rank `dp_rank` of `dp`, tp.rank of tp.size and ep.rank of ep.size writes,
+// given its slice `layout` (build_param_layout for its tp rank, its ep rank's experts): of the flat
+// slice, its ZeRO shard (zero > 0: make_shard_plan's) or without ZeRO an equal split between the
+// replicas; of a tensor several tp or ep ranks hold whole (not split by tp; not a routed expert's),
+// its equal part of that. Every rank writes its share; together the ranks of a layout cover every
+// element once. A pure function of the layout, for saves and offline conversion alike.
 std::vector<SavedPiece> saved_pieces(const std::vector<ParamTensor>& layout, int64_t zero, int64_t dp,
-                                     int64_t dp_rank, TpCoord tp);
+                                     int64_t dp_rank, TpCoord tp, EpCoord ep = {});
 
 }  // namespace lockstep

@@ -1,5 +1,6 @@
 #include "src/train/run.hpp"
 
+#include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 
 namespace lockstep {
@@ -11,8 +12,11 @@ std::vector<float> TrainRun::gather(const float* local, bool dp_sharded) const {
     ddp.gather_shards(local, replica.data());
     local = replica.data();
   }
-  std::vector<float> stage = tensor_parallel() ? parallel::gather_global(cfg.model, model.param_layout(), local, tp)
-                                               : std::vector<float>(local, local + model.num_params());
+  const EpCoord experts = expert_parallel() ? EpCoord{ep->size(), ep->rank()} : EpCoord{};
+  std::vector<float> stage = tensor_parallel()
+                                 ? parallel::gather_global(cfg.model, model.param_layout(), local, tp, experts)
+                                 : std::vector<float>(local, local + model.num_params());
+  if (expert_parallel()) return parallel::gather_experts(cfg.model, stage, *ep);
   if (!pipelined()) return stage;
   // Every rank's chunks back to back, then stage by stage: the stages hold consecutive runs of the
   // global layout, in stage order.

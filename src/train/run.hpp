@@ -38,12 +38,18 @@ struct TrainRun {
   // Every stage's parameters (whole tensors), in stage order: stage s is chunk s / pp of pipeline
   // rank s % pp.
   std::vector<int64_t> stage_params;
+  // Expert parallelism: the ep group (nullptr or a group of one without); the data ranks are dp x
+  // ep, this one's part of the batch is data_rank's.
+  comm::Communicator* ep = nullptr;
+  int64_t data_rank = 0;
 
   bool tensor_parallel() const { return tp.size() > 1; }
   bool pipelined() const { return pp != nullptr && pp->size() > 1; }
+  bool expert_parallel() const { return ep != nullptr && ep->size() > 1; }
   // This rank's flat buffer (its layout) as whole tensors in global_layout: its dp shard (`local`
   // then holds ddp's shard only: a ZeRO-2 gradient, ZeRO-3 parameters) gathered over dp first, then
-  // over tp, and the stages' over pp, put in stage order. Collective over tp and pp (and dp).
+  // over tp, the experts over ep, and the stages' over pp, put in stage order. Collective over tp,
+  // ep and pp (and dp).
   std::vector<float> gather(const float* local, bool dp_sharded = false) const;
   // The parameters this rank holds: the model's whole buffer, or under ZeRO-3 its shard (of the
   // flat buffer, from ddp.shard_first()).

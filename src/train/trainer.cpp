@@ -21,6 +21,7 @@
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/parallel/data_parallel.hpp"
+#include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/mesh.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
@@ -142,7 +143,11 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   const auto dp = static_cast<uint64_t>(run.dp.size());
   const uint64_t dp_min_bytes = N * 8 * (dp - 1) / dp;
   const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, run.tp.size(), pc.sp, run.BL * run.T);
-  costs.min_bytes = dp_min_bytes + tp_min_bytes;
+  int64_t replicated = 0;  // of this rank's parameters, those every ep rank holds
+  for (const ParamTensor& t : run.model.param_layout()) replicated += t.is_expert() ? 0 : t.numel;
+  const uint64_t ep_min_bytes =
+      parallel::ep_min_bytes(cfg.model, run.expert_parallel() ? run.ep->size() : 1, run.BL * run.T, replicated);
+  costs.min_bytes = dp_min_bytes + tp_min_bytes + ep_min_bytes;
   // The model's own gradient buffers: fp32, and in canonical mode the exact sums (a double and a
   // spill flag per element).
   costs.full_grad_bytes = N * (tc.mode == Mode::kCanonical ? sizeof(float) + sizeof(double) + 1 : sizeof(float));
@@ -151,7 +156,8 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
       << ", reduce " << pc.reduce << "; rank batch " << run.BL << " (micro-batch " << run.MBL << "); " << N
       << " parameters per rank" << held_params_note(run) << "; optimizer state " << run.ddp.optimizer_state_bytes() << " bytes per rank (replicated: "
       << 8 * N << "); minimum sent per rank per step " << costs.min_bytes << " bytes (gradient sync " << dp_min_bytes
-      << ", tensor parallel " << tp_min_bytes << ")\n";
+      << ", tensor parallel " << tp_min_bytes << (run.expert_parallel() ? str_cat(", expert parallel ", ep_min_bytes) : "")
+      << ")\n";
   // Buckets as large as the model leave zero 2 nothing to save: say so rather than let a user
   // believe the gradient is sharded in memory.
   const uint64_t staging = run.ddp.staging_budget_bytes();
@@ -191,7 +197,10 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
                     int64_t step, int64_t batch_group, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   const auto t0 = std::chrono::steady_clock::now();
   const double waited_before = comm::thread_wait_seconds();
-  auto bytes = [&] { return run.dp.stats().total() + (run.tensor_parallel() ? run.tp.stats().total() : 0); };
+  auto bytes = [&] {
+    return run.dp.stats().total() + (run.tensor_parallel() ? run.tp.stats().total() : 0) +
+           (run.expert_parallel() ? run.ep->stats().total() : 0);
+  };
   const uint64_t bytes_before = bytes();
   StepRecord r;
   r.step = step;
@@ -269,7 +278,14 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
       verified_tp ? static_cast<comm::Communicator&>(*verified_tp) : mesh.group(parallel::Axis::kTp);
   const int64_t tp = tpc.size(), dp = dpc.size();
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
-  const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp, tc.mode, cfg.source);
+  // Expert parallelism: the batch splits over the data ranks, dp x ep.
+  comm::Communicator& epc = mesh.group(parallel::Axis::kEp);
+  parallel::check_ep_layout(cfg.model, epc.size(),
+                            {.zero = pc.zero, .pp = pc.pp, .fp8 = tc.precision_recipe().linears == Precision::kFp8,
+                             .buddy = cfg.verify.buddy_every > 0},
+                            cfg.source);
+  const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,
+                                                         epc.size() > 1 ? "[parallel] dp x ep" : "[parallel] dp");
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
   const std::string fp8_problem =
       tc.precision_recipe().fp8_layout_problem(describe_model(cfg.model), tp, pc.sp, part.local_micro * T,
@@ -301,12 +317,21 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     tp_group.emplace(tpc);
     tp_plan.emplace(*tp_group, pc.sp);
   }
+  // Expert parallelism: this rank's routed experts, and the exchange of their rows over ep.
+  const ModelPlan one_device;
+  std::optional<parallel::CommExpertExchange> expert_exchange;
+  std::optional<parallel::ExpertParallelPlan> ep_plan;
+  if (epc.size() > 1) {
+    expert_exchange.emplace(epc);
+    ep_plan.emplace(tp_plan ? static_cast<const ModelPlan&>(*tp_plan) : one_device, *expert_exchange);
+  }
+  const ModelPlan* plan = ep_plan ? static_cast<const ModelPlan*>(&*ep_plan) : tp_plan ? &*tp_plan : nullptr;
   // [verify] abft, or an injection at a GEMM product: the ops run through the backend that watches
   // the linear layers' products (verify/detect/abft.hpp); it changes no bit of them.
   std::optional<detect::AbftBackend> abft;
   if (cfg.verify.abft || any_fault(is_gemm_site)) abft.emplace(backend, cfg.verify.abft);
   Model model(cfg.model, tc.mode, part.local_micro,
-              {.plan = tp_plan ? &*tp_plan : nullptr,
+              {.plan = plan,
                .backend = abft ? static_cast<Backend*>(&*abft) : &backend,
                .precision = tc.precision_recipe(),
                .chunks = pipeline.chunks,
@@ -314,16 +339,17 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                .sharded_params = pc.zero == 3 && dp > 1});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
-  // The ranks holding parts of one copy of this stage: dp × tp (the world while pp = 1; ep and cp
-  // are 1, the mesh refuses more).
+  // The ranks holding parts of one copy of this stage: dp × tp (the world while pp = 1), what
+  // ZeRO-2 and 3 shard over (expert parallelism does not run with them).
   std::unique_ptr<comm::Communicator> stage_group;
   if (ppc.size() > 1) stage_group = world.split(ppc.rank(), world.rank(), "dp_tp");
   parallel::DataParallel ddp(model, dpc, tpc, stage_group ? *stage_group : world, static_cast<int>(pc.zero), reduce,
                              tc.adamw(),
                              parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap,
-                                                 tp > 1 && pc.sp, &ppc});
+                                                 tp > 1 && pc.sp, &ppc, &epc});
   TrainRun run{cfg,  world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
-               build_param_layout(cfg.model), &ppc, pipeline.passes, stage_params(model.desc(), pipeline.stages)};
+               build_param_layout(cfg.model), &ppc, pipeline.passes, stage_params(model.desc(), pipeline.stages),
+               &epc, mesh.data_rank()};
 
   // Observers, in the order they act at each point of a step. [dump] and [inject] give the model a
   // hook only while one of them is on, so that both cost nothing when off; the injection acts
@@ -354,14 +380,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   }
   std::optional<verify::DumpWriter> dump;
   if (!cfg.dump.dir.empty()) {
-    // Batch tensors are gathered over tp (the hooks see shards) and then over dp to the rank that
-    // is rank 0 of both, and each pipeline stage's listed by the first, so a dump compares
-    // directly with a single process's.
+    // Batch tensors are gathered over tp (the hooks see shards) and then over the data ranks (dp,
+    // or dp x ep) to the rank that is rank 0 of both, and each pipeline stage's listed by the
+    // first, so a dump compares directly with a single process's.
     dump.emplace(cfg.dump.dir, cfg.dump.tensors, cfg.dump.steps, cfg.to_json(),
                  nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"sp", pc.sp}, {"zero", pc.zero}, {"pp", pc.pp},
                                 {"ep", pc.ep}, {"cp", pc.cp}, {"mode", mode_name(tc.mode)},
                                 {"micro_batch", part.local_micro}},
-                 &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp}, &ppc);
+                 epc.size() > 1 ? &mesh.data() : &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp},
+                 &ppc);
   }
   if (injector.watches_messages()) {
     on_received = [&](std::string_view group, std::string_view op, std::span<const detect::ReceivedBytes> blocks) {
@@ -524,7 +551,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   for (; step < tc.steps; ++step) {
     StepRecord r;
     try {
-      const int64_t own_group = run.dp.rank();
+      const int64_t own_group = run.data_rank;
       r = run_step(run, schedule, observers, step, own_group, inputs, targets);
       if (replay && replay->due(step)) {
         replay->check(step, [&] { r = run_step(run, schedule, replay_observers, step, own_group, inputs, targets); });

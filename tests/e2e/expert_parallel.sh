@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Expert parallelism: the routed experts of MoE layers (4 experts, top-2) split over ep ranks, every
+# rank training on its own part of the batch.
+#  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 1, micro-batches of
+#    one sequence), ep2 x tp2 and ep2 with full recomputation; a dropping capacity (SwiGLU, sigmoid
+#    router), aux-loss-free selection biases, shared experts (ep2 x tp2) and bf16 linears each on
+#    their own one-process hash;
+#  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
+#  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
+#    manifest's model hash is the tensors';
+#  - fast mode: ep2 and ep2 x dp2 dump every tensor of 2 steps as global tensors, and `lockstep diff
+#    --bounds` finds each within its op-local bound of the one-process fast run;
+#  - bad input: ep that does not divide the experts, ep of a dense model, ep with ZeRO-2 — one line
+#    each.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make_data
+write_config
+common=(--config cfg.toml --model.seq_len=128 --model.vocab_size=512 --model.d_model=128 --model.moe_experts=4
+        --model.moe_top_k=2 --model.moe_ffn_hidden=128 --parallel.timeout_s=60 --train.steps=4 --train.threads=1)
+run() { "$LOCKSTEP" train "${common[@]}" "$@"; }
+mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "${common[@]}" "$@"; }
+# on_hash NAME WANT NP ARGS...: the run on NP ranks with ARGS ends on WANT.
+on_hash() {
+  local name=$1 hash=$2 np=$3
+  shift 3
+  mpi "$np" "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  same_hash "$name" "$name.log" "$hash"
+}
+# one_process NAME ARGS...: the one-process run's hash.
+one_process() {
+  local name=$1
+  shift
+  run "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  model_hash "$name.log"
+}
+
+want=$(one_process single)
+[ -n "$want" ] || fail "no model hash in single.log"
+on_hash ep2 "$want" 2 --parallel.ep=2
+on_hash ep4 "$want" 4 --parallel.ep=4
+on_hash ep2_dp2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
+on_hash ep2_tp2 "$want" 4 --parallel.ep=2 --parallel.tp=2
+on_hash ep2_recompute "$want" 2 --parallel.ep=2 --train.recompute=full
+
+# What a rank holds and sends: its two experts of four per layer, and the exchanges counted.
+grep -q "ep 2 x pp 1 (world 2)" ep2.log || fail "no ep in the layout line: $(grep '^parallel' ep2.log)"
+total=$(sed -nE 's/^model: ([0-9]+) parameters.*/\1/p' ep2.log)
+held=$(sed -nE 's/.* ([0-9]+) parameters per rank.*/\1/p' ep2.log)
+[ -n "$held" ] && [ "$held" -lt "$total" ] || fail "ep2 rank holds $held of $total parameters"
+grep -Eq "expert parallel [1-9][0-9]*\)" ep2.log || fail "no expert-parallel bytes: $(grep '^parallel' ep2.log)"
+grep -Eq "^parallel: step 1 sent [1-9][0-9]* bytes" ep2.log || fail "nothing sent: $(grep '^parallel' ep2.log)"
+
+drop=(--model.moe_capacity_factor=1 --model.ffn=swiglu --model.moe_router=sigmoid)
+hash=$(one_process capacity "${drop[@]}")
+[ "$hash" != "$want" ] || fail "the capacity run ended on the dropless hash"
+on_hash capacity_ep2 "$hash" 2 --parallel.ep=2 "${drop[@]}"
+on_hash capacity_ep4 "$hash" 4 --parallel.ep=4 "${drop[@]}"
+bias=(--model.moe_bias_update=0.01 --model.moe_aux_weight=0)
+on_hash bias_ep2 "$(one_process bias "${bias[@]}")" 2 --parallel.ep=2 "${bias[@]}"
+on_hash shared_ep2_tp2 "$(one_process shared --model.moe_shared_experts=2)" 4 --parallel.ep=2 --parallel.tp=2 \
+  --model.moe_shared_experts=2
+on_hash bf16_ep2 "$(one_process bf16 --train.precision=bf16)" 2 --parallel.ep=2 --train.precision=bf16
+
+# An ep2 checkpoint (step 2) resumes under ep4 and on one process, bitwise.
+mpi 2 --parallel.ep=2 --checkpoint.dir=ck --checkpoint.every=2 --train.stop_after=1 > ck_first.log 2>&1 \
+  || fail "ep2 checkpoint: $(tail -5 ck_first.log)"
+"$LOCKSTEP" ckpt info ck/step_00000002 > info.log 2>&1 || fail "ckpt info: $(cat info.log)"
+grep -q "^layout dp=1 ep=2 pp=1 tp=1" info.log || fail "ckpt info layout: $(cat info.log)"
+cp -r ck ck_one
+on_hash resumed_ep4 "$want" 4 --parallel.ep=4 --checkpoint.dir=ck --checkpoint.every=2
+grep -q "^resumed from ck/step_00000002" resumed_ep4.log || fail "ep4 did not resume: $(head -5 resumed_ep4.log)"
+run --checkpoint.dir=ck_one --checkpoint.every=2 > resumed_one.log 2>&1
+grep -q "^resumed from ck_one/step_00000002" resumed_one.log || fail "one process did not resume"
+same_hash "ep2 checkpoint resumed on one process" resumed_one.log
+
+# Fast mode: within the one-process run's op-local bounds, tensor by tensor.
+fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1)
+run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
+  || fail "fast single: $(tail -5 fast_single.log)"
+for layout in "2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1"; do
+  read -r np name flags <<< "$layout"
+  # shellcheck disable=SC2086
+  mpi "$np" "${fast[@]}" --checkpoint.dir="ck_fast_$name" --dump.dir="fast_$name" $flags > "fast_$name.log" 2>&1 \
+    || fail "fast $name: $(tail -5 "fast_$name.log")"
+  "$LOCKSTEP" diff fast_single "fast_$name" --bounds --ckpt-a=ck_fast --ckpt-b="ck_fast_$name" > "fast_$name.txt" \
+    || fail "fast $name outside its op-local bounds: $(head -1 "fast_$name.txt"); $(awk '$3 != 0' "fast_$name.txt" | head -4)"
+done
+
+expect_mpi_error "\[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" 3 --parallel.ep=3 --train.batch_size=6 \
+  --train.micro_batch_size=2
+(
+  common=(--config cfg.toml --parallel.timeout_s=60)  # write_config's dense model
+  expect_mpi_error "\[parallel\] ep = 2 splits the routed experts of MoE layers, and this model has none" 2 \
+    --parallel.ep=2
+)
+expect_mpi_error "\[parallel\] ep = 2 does not run with \[parallel\] zero >= 2 yet" 4 --parallel.ep=2 --parallel.dp=2 \
+  --parallel.zero=2
+echo "expert_parallel: ok"
