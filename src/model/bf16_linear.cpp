@@ -14,8 +14,8 @@ namespace {
 
 class Bf16Linear final : public LinearOp {
  public:
-  Bf16Linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool row_parallel, std::vector<float>& scratch)
-      : inner_(std::move(inner)), plan_(plan), row_parallel_(row_parallel), scratch_(scratch) {}
+  Bf16Linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool stream_output, std::vector<float>& scratch)
+      : inner_(std::move(inner)), plan_(plan), stream_output_(stream_output), scratch_(scratch) {}
 
   void forward(Backend& be, Mode mode, LinearShape s, float* out, const float* inp, const float* w,
                const float* b) override {
@@ -26,7 +26,7 @@ class Bf16Linear final : public LinearOp {
 
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
-    const int64_t dout_n = (row_parallel_ ? plan_.stream_tokens(s.N) : s.N) * s.OC;
+    const int64_t dout_n = (stream_output_ ? plan_.stream_tokens(s.N) : s.N) * s.OC;
     if (scratch_.size() < static_cast<size_t>(dout_n)) scratch_.resize(static_cast<size_t>(dout_n));
     be.round_to_bf16(dout_n, scratch_.data(), dout);
     s.operands = Operands::kBf16;
@@ -37,15 +37,15 @@ class Bf16Linear final : public LinearOp {
  private:
   std::unique_ptr<LinearOp> inner_;
   const ModelPlan& plan_;
-  bool row_parallel_;
+  bool stream_output_;
   std::vector<float>& scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool row_parallel,
+std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool stream_output,
                                       std::vector<float>& scratch) {
-  return std::make_unique<Bf16Linear>(std::move(inner), plan, row_parallel, scratch);
+  return std::make_unique<Bf16Linear>(std::move(inner), plan, stream_output, scratch);
 }
 
 }  // namespace lockstep

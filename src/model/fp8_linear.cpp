@@ -20,14 +20,14 @@ namespace {
 
 class Fp8Linear final : public LinearOp {
  public:
-  Fp8Linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup, const std::string& name, bool row_parallel,
+  Fp8Linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup, const std::string& name, bool stream_output,
             Fp8WeightCopies& weights)
       : inner_(std::move(inner)),
         setup_(setup),
         name_(name),
         weights_(weights),
         recipe_(setup.state.recipe()),
-        row_parallel_(row_parallel),
+        stream_output_(stream_output),
         // Power-of-two scales keep every dequantized value a bf16 value (kernels may take them so).
         operands_(recipe_.scaling == Fp8Scaling::kMxfp8 || recipe_.power_of_two ? Operands::kBf16 : Operands::kFp32) {
     for (Fp8Role r : kFp8Roles) index_[static_cast<size_t>(r)] = setup.state.index(name, r);
@@ -52,8 +52,9 @@ class Fp8Linear final : public LinearOp {
 
   void backward(Backend& be, Mode mode, LinearShape s, int64_t token_offset, float* dinp, GradSink dw, GradSink db,
                 const float* dout, const float* inp, const float* w) override {
-    // A row-parallel op reads its stream tokens' output gradient under sequence parallelism.
-    const int64_t rows = row_parallel_ ? setup_.plan.stream_tokens(s.N) : s.N;
+    // A row-parallel op on the stream reads its stream tokens' output gradient under sequence
+    // parallelism.
+    const int64_t rows = stream_output_ ? setup_.plan.stream_tokens(s.N) : s.N;
     float* dy = grown(setup_.scratch.dy, rows * s.OC);
     be.round_to_bf16(rows * s.OC, dy, dout);
     LinearShape bf16 = s, fp8 = s;
@@ -169,7 +170,7 @@ class Fp8Linear final : public LinearOp {
   QuantizeShape dy_row_shape_;
   Fp8WeightCopies& weights_;
   const Fp8Recipe& recipe_;
-  bool row_parallel_;
+  bool stream_output_;
   Operands operands_;
   std::array<size_t, 3> index_{};
   Cached cached_[2];  // rowwise, columnwise
@@ -187,8 +188,8 @@ const char* fp8_gemm_name(Fp8Gemm g) {
 }
 
 std::unique_ptr<LinearOp> fp8_linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup,
-                                     const std::string& name, bool row_parallel, Fp8WeightCopies& weights) {
-  return std::make_unique<Fp8Linear>(std::move(inner), setup, name, row_parallel, weights);
+                                     const std::string& name, bool stream_output, Fp8WeightCopies& weights) {
+  return std::make_unique<Fp8Linear>(std::move(inner), setup, name, stream_output, weights);
 }
 
 }  // namespace lockstep

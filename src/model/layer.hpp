@@ -137,7 +137,8 @@ class LayerContext {
   // names the linears).
   bool low_precision(const std::string& linear) const { return precision_.low_precision(linear); }
   // The op of linear `name` (weight: this rank's tensor): the plan's, in the recipe's precision.
-  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name);
+  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name,
+                                   LinearRows rows = LinearRows::kStream);
   // The weight linear `name` computes with: the bf16 copy of the master weight, or the parameter
   // itself (fp32, or bf16 already: PrecisionRecipe::bf16_params).
   // Gathered parameters (a ParamStorage) are rounded to bf16 in place where their layer's linear

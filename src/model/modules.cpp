@@ -1,6 +1,8 @@
 // The one-device ops of modules.hpp: each one backend call.
 #include "src/model/modules.hpp"
 
+#include <algorithm>
+
 namespace lockstep {
 
 void activation_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t F, float* out,
@@ -103,8 +105,12 @@ class CrossEntropy final : public LossOp {
 
 std::unique_ptr<NormOp> ModelPlan::norm(const LayerDesc& layer) const { return std::make_unique<Norm>(layer); }
 
-std::unique_ptr<LinearOp> ModelPlan::linear(const LayerDesc&, const ParamTensor&) const {
+std::unique_ptr<LinearOp> ModelPlan::linear(const LayerDesc&, const ParamTensor&, LinearRows) const {
   return std::make_unique<Linear>();
+}
+
+void ModelPlan::gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const {
+  std::copy_n(stream, BT * C, all);
 }
 
 std::unique_ptr<EmbeddingOp> ModelPlan::embedding(const LayerDesc& layer) const {

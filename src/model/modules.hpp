@@ -84,6 +84,12 @@ class LossOp {
                        bool backward) = 0;
 };
 
+// The rows a linear runs on: the residual stream's tokens — under sequence parallelism a
+// row-parallel op then keeps this rank's stream rows of its output, and reads those rows of its
+// output gradient — or rows that every tensor-parallel rank holds whole (a MoE layer's expert
+// rows and shared experts: its router and combine see every token).
+enum class LinearRows : uint8_t { kStream, kWhole };
+
 // A MoE layer's routed experts held here, [first, first + count) of its E, and the exchange that
 // brings the rows of the others' tokens routed to them (nullptr: every expert is here).
 struct ExpertShard {
@@ -103,8 +109,12 @@ class ModelPlan {
   virtual int64_t stream_tokens(int64_t BT) const { return BT; }
   virtual int64_t stream_first(int64_t BT) const { return 0; }
   virtual std::unique_ptr<NormOp> norm(const LayerDesc& layer) const;
-  // The linear whose weight is `weight` (this rank's tensor: its split_dim says how it is split).
-  virtual std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight) const;
+  // The linear whose weight is `weight` (this rank's tensor: its split_dim says how it is split)
+  // on `rows`.
+  virtual std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const;
+  // all (BT, C) = the stream rows of every rank (this rank's: `stream`), in token order: the
+  // stream itself without sequence parallelism.
+  virtual void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const;
   virtual std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const;
   virtual std::unique_ptr<LossOp> loss(const LayerDesc& layer) const;
   // x[i] = the maximum over the ranks that hold parts of one tensor (tensor parallelism): a
@@ -116,9 +126,9 @@ class ModelPlan {
 
 // `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output
 // gradient read through a bf16 copy in `scratch` (grown as needed, shared by the model's bf16
-// linears), its product and input gradient rounded to bf16. row_parallel: its weight is split
-// along the input features (split_dim 1).
-std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool row_parallel,
+// linears), its product and input gradient rounded to bf16. stream_output: its output and output
+// gradient hold this rank's stream rows only (a row-parallel op on the stream: LinearRows).
+std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool stream_output,
                                       std::vector<float>& scratch);
 
 class Fp8State;
@@ -163,9 +173,9 @@ struct Fp8LinearSetup {
   const Fp8GemmTap* tap;  // called with every fp8 GEMM of a recording pass while set
 };
 
-// `inner`, the plan's op of linear `name`, in fp8 (fp8_recipe.hpp; fp8_linear.cpp). row_parallel:
-// its weight is split along the input features (split_dim 1). `weights` must outlive the op.
+// `inner`, the plan's op of linear `name`, in fp8 (fp8_recipe.hpp; fp8_linear.cpp). stream_output:
+// as bf16_linear's. `weights` must outlive the op.
 std::unique_ptr<LinearOp> fp8_linear(std::unique_ptr<LinearOp> inner, const Fp8LinearSetup& setup,
-                                     const std::string& name, bool row_parallel, Fp8WeightCopies& weights);
+                                     const std::string& name, bool stream_output, Fp8WeightCopies& weights);
 
 }  // namespace lockstep

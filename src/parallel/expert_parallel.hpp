@@ -72,8 +72,11 @@ class ExpertParallelPlan final : public ModelPlan {
   int64_t stream_tokens(int64_t BT) const override { return inner_.stream_tokens(BT); }
   int64_t stream_first(int64_t BT) const override { return inner_.stream_first(BT); }
   std::unique_ptr<NormOp> norm(const LayerDesc& layer) const override { return inner_.norm(layer); }
-  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight) const override {
-    return inner_.linear(layer, weight);
+  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const override {
+    return inner_.linear(layer, weight, rows);
+  }
+  void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override {
+    inner_.gather_stream(stream, all, BT, C);
   }
   std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
   std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override { return inner_.loss(layer); }

@@ -27,8 +27,6 @@ void check_tp_layout(const ModelConfig& m, int64_t tp, bool sp, int64_t micro_to
   LS_REQUIRE(!sp || tp > 1, source, ": [parallel] sp = true needs tp > 1 (sequence parallelism splits the tokens of "
              "the norm and residual regions over the tensor-parallel ranks)");
   if (tp == 1) return;
-  LS_REQUIRE(m.moe_experts == 0 || !sp, source, ": [parallel] sp = true with mixture-of-experts layers is not built "
-             "yet (the experts compute on rows gathered from every token of the micro-batch); use sp = false");
   if (sp) {
     LS_REQUIRE(micro_tokens % tp == 0, source, ": sequence parallelism needs a rank's micro-batch of ", micro_tokens,
                " tokens to be a multiple of [parallel] tp (", tp, ")");

@@ -225,11 +225,21 @@ std::unique_ptr<NormOp> TensorParallelPlan::norm(const LayerDesc& layer) const {
   return std::make_unique<SequenceParallelNorm>(layer, Group{group_, sp_, *scratch_});
 }
 
-std::unique_ptr<LinearOp> TensorParallelPlan::linear(const LayerDesc& layer, const ParamTensor& weight) const {
-  const Group g{group_, sp_, *scratch_};
+std::unique_ptr<LinearOp> TensorParallelPlan::linear(const LayerDesc& layer, const ParamTensor& weight,
+                                                     LinearRows rows) const {
+  // Rows every rank holds whole combine like the stream without sequence parallelism.
+  const Group g{group_, sp_ && rows == LinearRows::kStream, *scratch_};
   if (weight.split_dim == 0) return std::make_unique<ColumnParallelLinear>(g);
   if (weight.split_dim == 1) return std::make_unique<RowParallelLinear>(g);
-  return ModelPlan::linear(layer, weight);
+  return ModelPlan::linear(layer, weight, rows);
+}
+
+void TensorParallelPlan::gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const {
+  if (!sp_) {
+    ModelPlan::gather_stream(stream, all, BT, C);
+    return;
+  }
+  group_.all_gather(stream, all, stream_tokens(BT) * C);
 }
 
 std::unique_ptr<EmbeddingOp> TensorParallelPlan::embedding(const LayerDesc& layer) const {

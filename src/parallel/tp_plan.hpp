@@ -43,7 +43,8 @@ class TensorParallelPlan final : public ModelPlan {
   int64_t stream_tokens(int64_t BT) const override;
   int64_t stream_first(int64_t BT) const override;
   std::unique_ptr<NormOp> norm(const LayerDesc& layer) const override;
-  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight) const override;
+  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const override;
+  void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override;
   std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override;
   std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override;
   void max_over_shards(float* x, int64_t n) const override { group_.all_reduce_max(x, n); }

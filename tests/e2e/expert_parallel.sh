@@ -2,14 +2,14 @@
 # Expert parallelism: the routed experts of MoE layers (4 experts, top-2) split over ep ranks, every
 # rank training on its own part of the batch.
 #  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 1, micro-batches of
-#    one sequence), ep2 x tp2 and ep2 with full recomputation; a dropping capacity (SwiGLU, sigmoid
+#    one sequence), ep2 x tp2 (also with sequence parallelism) and ep2 with full recomputation; a dropping capacity (SwiGLU, sigmoid
 #    router), aux-loss-free selection biases, shared experts (ep2 x tp2) and bf16 linears each on
 #    their own one-process hash;
 #  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
 #  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
 #    manifest's model hash is the tensors';
-#  - fast mode: ep2 and ep2 x dp2 dump every tensor of 2 steps as global tensors, and `lockstep diff
-#    --bounds` finds each within its op-local bound of the one-process fast run;
+#  - fast mode: ep2, ep2 x dp2 and ep2 x tp2 sp dump every tensor of 2 steps as global tensors, and
+#    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
 #  - bad input: ep that does not divide the experts, ep of a dense model, ep with ZeRO-2 — one line
 #    each.
 source "$(dirname "$0")/lib.sh"
@@ -41,6 +41,7 @@ on_hash ep2 "$want" 2 --parallel.ep=2
 on_hash ep4 "$want" 4 --parallel.ep=4
 on_hash ep2_dp2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
 on_hash ep2_tp2 "$want" 4 --parallel.ep=2 --parallel.tp=2
+on_hash ep2_tp2_sp "$want" 4 --parallel.ep=2 --parallel.tp=2 --parallel.sp=true
 on_hash ep2_recompute "$want" 2 --parallel.ep=2 --train.recompute=full
 
 # What a rank holds and sends: its two experts of four per layer, and the exchanges counted.
@@ -78,7 +79,8 @@ same_hash "ep2 checkpoint resumed on one process" resumed_one.log
 fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1)
 run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
   || fail "fast single: $(tail -5 fast_single.log)"
-for layout in "2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1"; do
+for layout in "2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1" \
+              "4 ep2_tp2_sp --parallel.ep=2 --parallel.tp=2 --parallel.sp=true"; do
   read -r np name flags <<< "$layout"
   # shellcheck disable=SC2086
   mpi "$np" "${fast[@]}" --checkpoint.dir="ck_fast_$name" --dump.dir="fast_$name" $flags > "fast_$name.log" 2>&1 \

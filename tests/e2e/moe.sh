@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Mixture of experts: MoE layers (4 experts, top-2) in place of the MLPs, trained from the CLI.
 #  - canonical mode: one model hash for 1, 2 and 3 threads, AVX2, micro-batches of 1 and 4
-#    sequences, full recomputation, dp2 (zero 0 and 2), dp4 zero 1, tp2, dp2 x tp2, pp2, dp2 zero 3
-#    and a resume from a checkpoint; with a capacity that drops tokens (SwiGLU experts, sigmoid
-#    router), with aux-loss-free balancing (selection biases moved each step; resumed bitwise), with
-#    two shared experts (also tp2), with
+#    sequences, full recomputation, dp2 (zero 0 and 2), dp4 zero 1, tp2, dp2 x tp2, tp2 and dp2 x
+#    tp2 with sequence parallelism, pp2, dp2 zero 3 and a resume from a checkpoint; with a capacity
+#    that drops tokens (SwiGLU experts, sigmoid router; also tp2 sp), with aux-loss-free balancing
+#    (selection biases moved each step; resumed bitwise), with two shared experts (also tp2, and
+#    tp2 sp), with
 #    bf16 linears, and with fp8 linears under Hopper accumulation, one hash each over their layouts;
 #  - the metrics JSONL has each MoE layer's per-expert counts every step: every token's two
 #    choices counted, the kept ones within the capacity; a dropping run drops some;
@@ -12,8 +13,8 @@
 #  - the model learns (the loss falls);
 #  - verify step passes a MoE run's step bitwise against the reference's emulation; sampled reference
 #    checks while training pass a clean run and name a corrupted router;
-#  - bad input: top_k above the experts, sequence parallelism, verify step of a run with selection
-#    biases — one line each.
+#  - bad input: top_k above the experts, verify step of a run with selection biases — one line
+#    each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -62,6 +63,11 @@ mpi 2 --parallel.tp=2 > tp2.log 2>&1 || fail "tp2: $(tail -5 tp2.log)"
 same_hash "tp2" tp2.log
 mpi 4 --parallel.tp=2 --parallel.dp=2 --parallel.zero=1 > dp2tp2.log 2>&1 || fail "dp2 x tp2: $(tail -5 dp2tp2.log)"
 same_hash "dp2 x tp2" dp2tp2.log
+mpi 2 --parallel.tp=2 --parallel.sp=true > sp2.log 2>&1 || fail "tp2 sp: $(tail -5 sp2.log)"
+same_hash "tp2 with sequence parallelism" sp2.log
+mpi 4 --parallel.tp=2 --parallel.sp=true --parallel.dp=2 --parallel.zero=2 > dp2sp2.log 2>&1 \
+  || fail "dp2 x tp2 sp: $(tail -5 dp2sp2.log)"
+same_hash "dp2 x tp2 with sequence parallelism, zero 2" dp2sp2.log
 mpi 2 --parallel.pp=2 > pp2.log 2>&1 || fail "pp2: $(tail -5 pp2.log)"
 same_hash "pp2" pp2.log
 mpi 2 --parallel.dp=2 --parallel.zero=3 > z3.log 2>&1 || fail "zero 3: $(tail -5 z3.log)"
@@ -74,6 +80,8 @@ same_hash "resumed" resumed.log
 drop=(--model.moe_capacity_factor=1 --model.ffn=swiglu --model.moe_router=sigmoid)
 layouts capacity "${drop[@]}" --log.metrics=drop.jsonl
 [ "$(model_hash capacity.log)" != "$want" ] || fail "the capacity run ended on the dropless hash"
+mpi 2 "${drop[@]}" --parallel.tp=2 --parallel.sp=true > capacity_sp2.log 2>&1 || fail "capacity sp: $(tail -5 capacity_sp2.log)"
+same_hash "capacity, tp2 sp" capacity_sp2.log "$(model_hash capacity.log)"
 bias=(--model.moe_bias_update=0.01 --model.moe_aux_weight=0)
 layouts bias "${bias[@]}" --log.metrics=bias.jsonl
 run "${bias[@]}" --checkpoint.dir=ckb --checkpoint.every=2 --train.stop_after=1 > bias_first.log 2>&1
@@ -83,6 +91,9 @@ same_hash "selection biases resumed" bias_resumed.log "$(model_hash bias.log)"
 layouts shared --model.moe_shared_experts=2
 mpi 2 --model.moe_shared_experts=2 --parallel.tp=2 > shared_tp2.log 2>&1 || fail "shared tp2: $(tail -5 shared_tp2.log)"
 same_hash "shared experts, tp2" shared_tp2.log "$(model_hash shared.log)"
+mpi 2 --model.moe_shared_experts=2 --parallel.tp=2 --parallel.sp=true > shared_sp2.log 2>&1 \
+  || fail "shared sp: $(tail -5 shared_sp2.log)"
+same_hash "shared experts, tp2 sp" shared_sp2.log "$(model_hash shared.log)"
 layouts bf16 --train.precision=bf16
 layouts fp8 --train.precision=fp8 --fp8.accumulate=hopper
 
@@ -143,7 +154,6 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1) }' || fail "loss did n
 
 expect_error "moe_top_k \(5\) must be in \[1, moe_experts = 4\]" \
   "$LOCKSTEP" train --config cfg.toml --model.moe_experts=4 --model.moe_top_k=5
-expect_mpi_error "sp = true with mixture-of-experts layers is not built yet" 2 --parallel.tp=2 --parallel.sp=true
 # verify step: the last step of a run, bitwise against the reference's emulation; a run with
 # selection biases is refused (the reference does not read them).
 run --checkpoint.dir=vck --checkpoint.every=1 --checkpoint.keep=0 > vck.log 2>&1

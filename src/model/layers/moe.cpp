@@ -13,14 +13,16 @@
 // tokens; 128 under fp8's Hopper accumulation), one linear backward per chunk's rows with
 // token_offset at the chunk's start, so each chunk partial is the chain over that chunk's tokens
 // routed to the expert, in token order, whatever the micro-batches or data-parallel ranks.
-// Tensor parallelism (without sequence parallelism) splits every expert's hidden features as the
-// MLP's; the router is replicated (each tp rank routes the same way).
+// Tensor parallelism splits every expert's hidden features as the MLP's; the router is replicated
+// (each tp rank routes the same way). The experts' rows are every token's on every tp rank
+// (LinearRows::kWhole), so under sequence parallelism the layer routes and combines every token
+// of the micro-batch — the norm's output comes gathered — and keeps its stream rows of the result;
+// the backward gathers the stream's gradient first.
 // Expert parallelism (the plan's ExpertShard): this rank holds experts [first, first + count); its
 // tokens' rows of the others go to their ep peers and the outputs come back (ExpertRows: the
 // expert-major order, each row with its global token index, so that the weight gradients' chunks
 // are those of one process); the backward sends the output gradients and brings back the input
 // gradients the same way. The router, the combine and the balancing loss stay on the token's rank.
-// Not here: sequence parallelism (refused: check_tp_layout).
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,12 +104,13 @@ class Moe final : public PreNormBranch {
         held_(b.ctx.plan().experts(desc)),
         router_name_(name("moe/router")),
         router_w_(b.ctx.find_param(router_name_ + "/weight")),
-        router_(b.ctx.plan().linear(desc, *router_w_)),
+        router_(b.ctx.plan().linear(desc, *router_w_, LinearRows::kWhole)),
         stats_name_(name("moe")),
         stats_(b.ctx.add_moe_stats(stats_name_, E_)),
         // This rank's share of the shared experts' features (tensor parallelism splits them).
         shared_F_(desc.shared_F > 0 ? b.ctx.find_param(name("moe/shared/proj/weight"))->shape[1] : 0),
         shared_fc_out_(ffn_fc_width(desc, shared_F_)),
+        sp_(b.max_stream < b.max_batch * desc.dims.T),
         acts_(b.ctx, LayerKind::kMoe, "moe", b.slots, [&](Acts& a) {
           const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_;
           grow_to(a.logits, BT * E_);
@@ -117,6 +120,7 @@ class Moe final : public PreNormBranch {
           a.routing.size_for(BT, K_, E_);
           grow_to(a.xe, R * C_);
           grow_to(a.ye, R * C_);
+          if (sp_) grow_to(a.combined, BT * C_);
           if (held_.exchange == nullptr) {  // the experts' rows are this rank's own
             grow_to(a.fc, R * fc_out_);
             grow_to(a.act, R * F_);
@@ -135,7 +139,7 @@ class Moe final : public PreNormBranch {
       experts_.push_back(make_expert(desc, b, expert_prefix(desc, held_.first + k)));
     }
     const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_, G = b.max_batch;
-    scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + 2 * G * E_;
+    scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + 2 * G * E_ + (sp_ ? BT * C_ : 0);
     if (shared_F_ > 0) {
       shared_ = make_expert(desc, b, name("moe/shared/"));
       scratch_ += BT * (shared_F_ + shared_fc_out_ + C_);
@@ -175,10 +179,13 @@ class Moe final : public PreNormBranch {
     }
     if (held_.exchange) send_back(a.exchanged, a.yr.data(), a.ye.data(), a.staging);
     if (shared_) shared_forward(ctx, p, a, ln);
+    // Every token combined (under sequence parallelism into a buffer of its own), then this
+    // rank's stream rows of it plus the residual.
     float* y = res(p);
-    be.moe_combine_forward(rows, y, a.ye.data(), r.rows.data(), a.gates.data());
-    if (shared_) be.residual_forward(p.BT * C_, y, y, a.shared_y.data());
-    be.residual_forward(p.RS * C_, y, y, x);
+    float* all = sp_ ? a.combined.data() : y;
+    be.moe_combine_forward(rows, all, a.ye.data(), r.rows.data(), a.gates.data());
+    if (shared_) be.residual_forward(p.BT * C_, all, all, a.shared_y.data());
+    be.residual_forward(p.RS * C_, y, all + stream_first(p) * C_, x);
     ctx.observe(desc().output, y, {p.RB, p.RT, C_});
   }
 
@@ -198,11 +205,17 @@ class Moe final : public PreNormBranch {
     float* aux_loss = dlogits + p.BT * E_;  // (G)
     float* daux = aux_loss + G;             // (G, E)
     float* mean_probs = daux + G * E_;      // (G, E)
-    float* dshared = mean_probs + G * E_;   // (BT, C): the shared experts' input gradient
+    float* dall = mean_probs + G * E_;      // (BT, C): every token's output gradient (sp)
+    float* dshared = dall + (sp_ ? p.BT * C_ : 0);  // (BT, C): the shared experts' input gradient
     const MoeRowsShape rows{p.BT, R, C_, K_};
+    if (sp_) {
+      ctx.plan().gather_stream(dres, dall, p.BT, C_);
+    } else {
+      dall = dres;
+    }
     // The shared experts' parameters come last: their gradients first.
-    if (shared_) shared_backward(ctx, p, a, dres, dshared);
-    be.moe_combine_backward(rows, dye, dgates, dres, a.ye.data(), r.rows.data(), a.gates.data());
+    if (shared_) shared_backward(ctx, p, a, dall, dshared);
+    be.moe_combine_backward(rows, dye, dgates, dall, a.ye.data(), r.rows.data(), a.gates.data());
     // The experts' rows: this rank's own, or (expert parallelism) its experts' rows from every
     // peer, their output gradients sent here as the inputs were.
     ExpertSide side{.x = a.xe.data(), .first = r.expert_first.data(), .token = a.row_token.data()};
@@ -240,7 +253,7 @@ class Moe final : public PreNormBranch {
     ctx.grads_ready(p, router_w_);
     be.moe_dispatch_backward(rows, dnorm, dxe, r.rows.data());
     if (shared_) be.residual_forward(p.BT * C_, dnorm, dnorm, dshared);
-    norm_backward(ctx, p, x, dres, dnorm);
+    norm_backward(ctx, p, x, dres, dnorm + stream_first(p) * C_);
   }
 
  private:
@@ -254,6 +267,7 @@ class Moe final : public PreNormBranch {
     // received order's staging.
     ExpertRows exchanged;
     std::vector<float> xr, yr, staging;
+    std::vector<float> combined;  // sequence parallelism: every token's output, before the stream's rows are kept
   };
   // The rows the held experts compute (expert-major; expert k's rows [first[k], first[k + 1])),
   // their outputs, and the global token index of each.
@@ -277,8 +291,8 @@ class Moe final : public PreNormBranch {
     x.fc_b = b.ctx.find_param(x.fc_name + "/bias");
     x.proj_w = b.ctx.find_param(x.proj_name + "/weight");
     x.proj_b = b.ctx.find_param(x.proj_name + "/bias");
-    x.fc = b.ctx.linear(desc, *x.fc_w, x.fc_name);
-    x.proj = b.ctx.linear(desc, *x.proj_w, x.proj_name);
+    x.fc = b.ctx.linear(desc, *x.fc_w, x.fc_name, LinearRows::kWhole);
+    x.proj = b.ctx.linear(desc, *x.proj_w, x.proj_name, LinearRows::kWhole);
     return x;
   }
 
@@ -327,6 +341,8 @@ class Moe final : public PreNormBranch {
     s.add_entropy(a.probs.data(), p.BT, E_);
   }
 
+  // This rank's first stream row among the micro-batch's tokens (0 without sequence parallelism).
+  static int64_t stream_first(const Pass& p) { return p.stream_offset - p.token_offset; }
   // Every expert here: the rows of this rank's tokens.
   ExpertSide own_rows(const Pass& p, Acts& a) const {
     const MoeRouting& r = a.routing;
@@ -419,6 +435,7 @@ class Moe final : public PreNormBranch {
   std::string stats_name_;  // "layer/3/moe": its statistics' and selection bias's key
   size_t stats_;
   int64_t shared_F_, shared_fc_out_;  // 0: no shared experts
+  bool sp_;                           // the stream holds a share of the tokens (sequence parallelism)
   std::vector<Expert> experts_;       // the held ones
   std::optional<Expert> shared_;
   SlotActivations<Acts> acts_;
