@@ -242,10 +242,10 @@ float DataParallel::clip_grad_norm(float max_norm) {
   // one process.
   const int64_t first = sharded ? shard_first() : 0, end = sharded ? shard_end() : model_.num_params();
   comm::Communicator& group = sharded ? dp_tp_ : tp_;
-  comm::Communicator* outer = ep_ ? ep_ : pipeline_;  // expert parallelism runs without stages
   const GradPart part{first, end, grad_at(first), tp_.rank() != 0, ep_ != nullptr && ep_->rank() != 0};
-  return lockstep::clip_grad_norm(model_, part, max_norm,
-                                  [&](const ChunkCombiner& own) { return combine_exact(own, group, outer); });
+  return lockstep::clip_grad_norm(model_, part, max_norm, [&](const ChunkCombiner& own) {
+    return combine_exact(own, group, {ep_, pipeline_});
+  });
 }
 
 void DataParallel::adamw_shard(float lr, int64_t t) {

@@ -184,7 +184,7 @@ class DataParallel {
   // The last reduce_gradients()'s reduction time, exposed wait and hidden share (zeros without dp).
   OverlapStats overlap_stats() const { return buckets_ ? buckets_->last_step() : OverlapStats{}; }
   // The global loss sum over the data ranks (exact; same bits as one process's combiner).
-  float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_, ep_); }
+  float reduce_loss(const ChunkCombiner& local) { return combine_exact(local, dp_, {ep_}); }
   // Global gradient norm before clipping (same on every rank); clips by grad_clip.hpp.
   float clip_grad_norm(float max_norm);
   // AdamW with 1-based step t, then (zero 1/2) the parameter all-gather; zero 3 updates its shard.

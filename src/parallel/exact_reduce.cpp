@@ -165,12 +165,14 @@ void combiner_terms(ChunkCombiner c, float* terms) {
   LS_CHECK(c.finish() == 0.0f, "a combiner needed more than ", kCombinerTerms, " terms");
 }
 
-float combine_exact(const ChunkCombiner& local, comm::Communicator& comm, comm::Communicator* outer) {
+float combine_exact(const ChunkCombiner& local, comm::Communicator& comm,
+                    std::initializer_list<comm::Communicator*> outers) {
   float mine[kCombinerTerms];
   combiner_terms(local, mine);
   std::vector<float> all(static_cast<size_t>(comm.size() * kCombinerTerms));
   comm.all_gather(mine, all.data(), kCombinerTerms, DType::kF32);
-  if (outer != nullptr) {
+  for (comm::Communicator* outer : outers) {
+    if (outer == nullptr) continue;
     // Every group's terms, not their rounded sums: the exact sum of all of them is one rounding.
     std::vector<float> groups(all.size() * static_cast<size_t>(outer->size()));
     outer->all_gather(all.data(), groups.data(), static_cast<int64_t>(all.size()), DType::kF32);

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "kernels/ops/canonical.hpp"
@@ -79,9 +80,11 @@ void exact_reduce_scatter_add(const ExactAccumulator& local, const ShardPlan& pl
 void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Communicator& comm, float* out);
 
 // The exact sum over the group of every rank's combiner, rounded once to fp32 (same on all ranks);
-// with `outer`, over every rank of the groups it joins (each group's ranks' terms gathered over it:
-// the pipeline's stages). Collective over comm, then outer.
-float combine_exact(const ChunkCombiner& local, comm::Communicator& comm, comm::Communicator* outer = nullptr);
+// with `outers`, over every rank of the groups they join (each group's ranks' terms gathered over
+// the next: expert-parallel ranks, then pipeline stages; nullptr entries skipped). Collective over
+// comm, then each outer in turn.
+float combine_exact(const ChunkCombiner& local, comm::Communicator& comm,
+                    std::initializer_list<comm::Communicator*> outers = {});
 
 // Floats whose exact sum is the combiner's exact value (kCombinerTerms of them, zero-padded). A
 // non-finite value (or one beyond FLT_MAX) is sent as its fp32 rounding (±inf, NaN).

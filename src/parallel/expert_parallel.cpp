@@ -16,18 +16,15 @@ void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, con
   LS_REQUIRE(model.moe_experts % ep == 0, head, " must divide [model] moe_experts (", model.moe_experts,
              "): every ep rank holds moe_experts / ep experts of each MoE layer");
   const char* missing = run.zero >= 2 ? "[parallel] zero >= 2"
-                        : run.pp > 1    ? "[parallel] pp > 1"
                         : run.fp8       ? "[train] precision = \"fp8\""
                         : run.buddy     ? "[verify] buddy_every"
                                         : nullptr;
   LS_REQUIRE(missing == nullptr, head, " does not run with ", missing ? missing : "", " yet (expert parallelism ",
-             "runs with dp, tp, ZeRO 0 and 1, fp32 and bf16)");
+             "runs with dp, tp, sp, pp, ZeRO 0 and 1, fp32 and bf16)");
 }
 
-uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t replicated) {
+uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t moe_layers, int64_t replicated) {
   if (ep == 1) return 0;
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < model.n_layers; ++l) moe_layers += model.moe_block(l) ? 1 : 0;
   const auto rows = static_cast<uint64_t>(tokens * model.moe_top_k);
   const auto p = static_cast<uint64_t>(ep);
   const uint64_t exchanges = static_cast<uint64_t>(moe_layers) * 4 * 4 * static_cast<uint64_t>(model.d_model) * rows;
@@ -76,18 +73,18 @@ ExpertShard ExpertParallelPlan::experts(const LayerDesc& layer) const {
   return {exchange_.rank() * held, held, &exchange_};
 }
 
-std::vector<float> gather_experts(const ModelConfig& model, const std::vector<float>& mine, comm::Communicator& ep) {
+std::vector<float> gather_experts(const std::vector<ParamTensor>& whole, const std::vector<float>& mine,
+                                  comm::Communicator& ep) {
   const int p = ep.size();
   const auto n = static_cast<int64_t>(mine.size());  // the same on every ep rank
   std::vector<float> all(static_cast<size_t>(n) * static_cast<size_t>(p));
   ep.all_gather(mine.data(), all.data(), n, DType::kF32);
-  const std::vector<ParamTensor> global = build_param_layout(model);
   std::map<std::string, const ParamTensor*> where;
-  for (const ParamTensor& t : global) where[t.name] = &t;
-  std::vector<float> out(static_cast<size_t>(global.back().offset + global.back().numel));
+  for (const ParamTensor& t : whole) where[t.name] = &t;
+  std::vector<float> out(static_cast<size_t>(whole.back().offset + whole.back().numel));
   for (int q = 0; q < p; ++q) {
     const float* data = all.data() + static_cast<size_t>(q) * static_cast<size_t>(n);
-    for (const ParamTensor& t : hold_experts(global, {p, q})) {
+    for (const ParamTensor& t : hold_experts(whole, {p, q})) {
       if (q > 0 && !t.is_expert()) continue;  // replicated: ep rank 0's
       std::copy_n(data + t.offset, t.numel, out.begin() + where.at(t.name)->offset);
     }

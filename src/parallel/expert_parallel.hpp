@@ -36,12 +36,11 @@ namespace lockstep::parallel {
 
 // What else a run with expert parallelism uses.
 struct EpRun {
-  int64_t zero = 0, pp = 1;
+  int64_t zero = 0;
   bool fp8 = false, buddy = false;
 };
 // ConfigError naming `source` and the field where ep cannot run: ep > 1 needs MoE layers whose
-// routed experts ep divides; and it does not run yet with ZeRO-2/3, pipeline stages, fp8 linears
-// or buddy replays.
+// routed experts ep divides; and it does not run yet with ZeRO-2/3, fp8 linears or buddy replays.
 void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, const std::string& source);
 
 class CommExpertExchange final : public ExpertExchange {
@@ -88,16 +87,18 @@ class ExpertParallelPlan final : public ModelPlan {
   ExpertExchange& exchange_;
 };
 
-// The least a rank must send per step for expert parallelism, for `tokens` tokens on the rank and
-// `replicated` parameters it holds that are not experts': per MoE layer, its rows to the experts'
+// The least a rank must send per step for expert parallelism, for `tokens` tokens on the rank,
+// `moe_layers` MoE layers in its chunks and `replicated` parameters it holds that are not experts':
+// per MoE layer, its rows to the experts'
 // ranks and their outputs back, forward and backward (4 · 4·C·tokens·top_k·(ep−1)/ep bytes, with
 // a balanced router and no drops), and the replicated gradients summed over ep as an fp32 ring
 // all-reduce would (8·replicated·(ep−1)/ep). 0 for ep = 1.
-uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t replicated);
+uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t moe_layers, int64_t replicated);
 
-// The whole model's flat buffer (build_param_layout(model)) from every ep rank's `mine`: its
-// tensors whole (tp gathered), laid out as hold_experts(build_param_layout(model), that rank).
-// Collective over ep; every rank gets the whole buffer.
-std::vector<float> gather_experts(const ModelConfig& model, const std::vector<float>& mine, comm::Communicator& ep);
+// The buffer laid out as `whole` (whole tensors, offsets packed: the model's, or a pipeline rank's
+// chunks') from every ep rank's `mine`, laid out as hold_experts(whole, that rank). Collective over
+// ep; every rank gets the whole buffer.
+std::vector<float> gather_experts(const std::vector<ParamTensor>& whole, const std::vector<float>& mine,
+                                  comm::Communicator& ep);
 
 }  // namespace lockstep::parallel

@@ -16,7 +16,17 @@ std::vector<float> TrainRun::gather(const float* local, bool dp_sharded) const {
   std::vector<float> stage = tensor_parallel()
                                  ? parallel::gather_global(cfg.model, model.param_layout(), local, tp, experts)
                                  : std::vector<float>(local, local + model.num_params());
-  if (expert_parallel()) return parallel::gather_experts(cfg.model, stage, *ep);
+  if (expert_parallel()) {
+    // The whole tensors of this rank's chunks, back to back.
+    std::vector<ParamTensor> tensors;
+    for (size_t c = 0; c < model.num_chunks(); ++c) {
+      for (ParamTensor& t : build_param_layout(model.desc(), {}, model.chunk(c).first, model.chunk(c).end)) {
+        t.offset = tensors.empty() ? 0 : tensors.back().offset + tensors.back().numel;
+        tensors.push_back(std::move(t));
+      }
+    }
+    stage = parallel::gather_experts(tensors, stage, *ep);
+  }
   if (!pipelined()) return stage;
   // Every rank's chunks back to back, then stage by stage: the stages hold consecutive runs of the
   // global layout, in stage order.

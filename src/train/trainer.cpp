@@ -145,8 +145,14 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, run.tp.size(), pc.sp, run.BL * run.T);
   int64_t replicated = 0;  // of this rank's parameters, those every ep rank holds
   for (const ParamTensor& t : run.model.param_layout()) replicated += t.is_expert() ? 0 : t.numel;
-  const uint64_t ep_min_bytes =
-      parallel::ep_min_bytes(cfg.model, run.expert_parallel() ? run.ep->size() : 1, run.BL * run.T, replicated);
+  int64_t moe_layers = 0;  // in this rank's chunks
+  for (size_t c = 0; c < run.model.num_chunks(); ++c) {
+    for (size_t l = run.model.chunk(c).first; l < run.model.chunk(c).end; ++l) {
+      moe_layers += run.model.desc().layers[l].kind == LayerKind::kMoe ? 1 : 0;
+    }
+  }
+  const uint64_t ep_min_bytes = parallel::ep_min_bytes(cfg.model, run.expert_parallel() ? run.ep->size() : 1,
+                                                       run.BL * run.T, moe_layers, replicated);
   costs.min_bytes = dp_min_bytes + tp_min_bytes + ep_min_bytes;
   // The model's own gradient buffers: fp32, and in canonical mode the exact sums (a double and a
   // spill flag per element).
@@ -281,7 +287,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // Expert parallelism: the batch splits over the data ranks, dp x ep.
   comm::Communicator& epc = mesh.group(parallel::Axis::kEp);
   parallel::check_ep_layout(cfg.model, epc.size(),
-                            {.zero = pc.zero, .pp = pc.pp, .fp8 = tc.precision_recipe().linears == Precision::kFp8,
+                            {.zero = pc.zero, .fp8 = tc.precision_recipe().linears == Precision::kFp8,
                              .buddy = cfg.verify.buddy_every > 0},
                             cfg.source);
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,

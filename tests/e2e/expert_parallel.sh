@@ -2,7 +2,8 @@
 # Expert parallelism: the routed experts of MoE layers (4 experts, top-2) split over ep ranks, every
 # rank training on its own part of the batch.
 #  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 1, micro-batches of
-#    one sequence), ep2 x tp2 (also with sequence parallelism) and ep2 with full recomputation; a dropping capacity (SwiGLU, sigmoid
+#    one sequence), ep2 x tp2 (also with sequence parallelism), ep2 with full recomputation, ep2 x
+#    pp2 (1F1B; and x tp2 on 8 ranks) and ep2 x pp2 interleaved (4 layers, 2 stages a rank); a dropping capacity (SwiGLU, sigmoid
 #    router), aux-loss-free selection biases, shared experts (ep2 x tp2) and bf16 linears each on
 #    their own one-process hash;
 #  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
@@ -43,6 +44,10 @@ on_hash ep2_dp2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --tr
 on_hash ep2_tp2 "$want" 4 --parallel.ep=2 --parallel.tp=2
 on_hash ep2_tp2_sp "$want" 4 --parallel.ep=2 --parallel.tp=2 --parallel.sp=true
 on_hash ep2_recompute "$want" 2 --parallel.ep=2 --train.recompute=full
+on_hash ep2_pp2 "$want" 4 --parallel.ep=2 --parallel.pp=2 --parallel.schedule=1f1b --train.micro_batch_size=1
+on_hash ep2_pp2_tp2 "$want" 8 --parallel.ep=2 --parallel.pp=2 --parallel.tp=2
+on_hash ep2_interleaved "$(one_process four_layers --model.n_layers=4)" 4 --model.n_layers=4 --parallel.ep=2 \
+  --parallel.pp=2 --parallel.schedule=interleaved --parallel.virtual_stages=2 --train.micro_batch_size=1
 
 # What a rank holds and sends: its two experts of four per layer, and the exchanges counted.
 grep -q "ep 2 x pp 1 (world 2)" ep2.log || fail "no ep in the layout line: $(grep '^parallel' ep2.log)"
