@@ -43,7 +43,6 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
       pipeline_(options.pipeline != nullptr && options.pipeline->size() > 1 ? options.pipeline : nullptr),
       ep_(options.expert != nullptr && options.expert->size() > 1 ? options.expert : nullptr) {
   LS_CHECK(zero >= 0 && zero <= kMaxZeroStage, "zero ", zero);
-  LS_CHECK(ep_ == nullptr || zero <= 1, "expert parallelism with zero ", zero);
   LS_CHECK(options.bucket_bytes >= 1, "bucket_bytes ", options.bucket_bytes);
   if (zero_ == 0 || dp_.size() == 1) {
     replicated_ = std::make_unique<AdamW>(model_, adam_);
@@ -55,6 +54,7 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
   // Every rank decides alike: the thread level is the job's.
   const bool threaded = options.overlap && dp_.concurrent_threads() && tp_.concurrent_threads();
   if (threaded) grad_comm_ = dp_.split(0, dp_.rank(), dp_.name());
+  if (threaded && ep_ != nullptr) ep_comm_ = ep_->split(0, ep_->rank(), ep_->name());
   bucket_elems_ = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(float)));
   std::vector<int64_t> chunk_starts;
   for (size_t c = 1; c < model_.num_chunks(); ++c) chunk_starts.push_back(model_.chunk_params_first(c));
@@ -120,23 +120,35 @@ void DataParallel::all_gather_shards(float* buf) {
 
 void DataParallel::on_grads_ready(int64_t first, int64_t end, bool last) {
   if (!staged_ && !last) return;  // zero 0/1 reduce the step's sum: only the last micro-batch's
-  if (!sp_ && !ep_) {
+  if (!sp_) {
     buckets_->mark_ready(first, end);
     return;
   }
   for (const auto& t : model_.param_layout()) {
     const int64_t a = std::max(first, t.offset), b = std::min(end, t.offset + t.numel);
-    if (a < b && !waits_for_step_end(t)) buckets_->mark_ready(a, b);
+    if (a < b && !t.is_norm()) buckets_->mark_ready(a, b);
   }
 }
 
-void DataParallel::sum_replicated_over_ep() {
-  std::vector<size_t> idx;  // the replicated tensors' elements, in buffer order (the same on every ep rank)
+GradSink DataParallel::model_grads() {
+  return model_.mode() == Mode::kCanonical ? GradSink{nullptr, &model_.exact_grads(), 0}
+                                           : GradSink{model_.grads(), nullptr, 0};
+}
+
+void DataParallel::sum_replicated_over_ep(GradSink g, int64_t first, int64_t end) {
+  // Element i of [first, end) is g's element i - first (of its exact sums from g.offset).
+  const int64_t at = g.exact != nullptr ? g.offset : 0;
+  std::vector<ElementRange> ranges;  // the same on every ep rank: their layouts have the same shapes
   for (const auto& t : model_.param_layout()) {
-    for (int64_t i = 0; !t.is_expert() && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
+    const int64_t a = std::max(first, t.offset), b = std::min(end, t.offset + t.numel);
+    if (a >= b || t.is_expert()) continue;
+    if (!ranges.empty() && ranges.back().end == at + (a - first)) {
+      ranges.back().end = at + (b - first);
+    } else {
+      ranges.push_back({at + (a - first), at + (b - first)});
+    }
   }
-  const bool canonical = model_.mode() == Mode::kCanonical;
-  sum_over_tp(canonical ? GradSink{nullptr, &model_.exact_grads(), 0} : GradSink{model_.grads(), nullptr, 0}, idx, *ep_);
+  if (!ranges.empty()) sum_over_group(g, ranges, ep_comm_ ? *ep_comm_ : *ep_);
 }
 
 void DataParallel::reduce_staged(const GradBucket& bucket) {
@@ -145,6 +157,7 @@ void DataParallel::reduce_staged(const GradBucket& bucket) {
                        [](const GradBucket& x, int64_t first) { return x.first < first; }) -
       buckets_->buckets().begin());
   const GradSink g = staged_->staged(b);
+  if (ep_) sum_replicated_over_ep(g, bucket.first, bucket.end);
   // In pieces of about bucket_elems_ cut on valid cuts, as zero 0/1's buckets are: a whole-tensor
   // bucket can be one large tensor (wte), and the reduction's scratch (receive buffers, the
   // owner's exact sums) grows with what one collective reduces.
@@ -188,6 +201,7 @@ void DataParallel::reduce_bucket(const GradBucket& bucket) {
     return;
   }
   comm::Communicator& comm = grad_comm_ ? *grad_comm_ : dp_;
+  if (ep_) sum_replicated_over_ep(model_grads(), bucket.first, bucket.end);
   const ShardPlan window = plan_.window(bucket.first, bucket.end);
   const std::vector<int64_t> sizes = window.sizes();
   // This rank's part of the bucket, [mine, mine + n), and where it goes in shard_.
@@ -209,21 +223,23 @@ void DataParallel::reduce_bucket(const GradBucket& bucket) {
 
 void DataParallel::sum_norm_grads_over_tp() {
   if (staged_) {
-    sum_over_tp(staged_->resident_storage(), staged_->resident_indices(), tp_);
+    const ElementRange resident{0, staged_->resident_elements()};
+    sum_over_group(staged_->resident_storage(), {&resident, 1}, tp_);
   } else {
     sum_norm_grads(model_, tp_);
   }
 }
 
 void DataParallel::reduce_gradients() {
-  if (ep_) sum_replicated_over_ep();
   if (dp_.size() == 1) {
+    if (ep_) sum_replicated_over_ep(model_grads(), 0, model_.num_params());  // no buckets do it
     model_.finish_grads();
     return;
   }
   buckets_->finish();
   if (staged_) staged_->finish_shard();
-  if (grad_comm_) dp_.absorb_stats(*grad_comm_);  // the trainer counts bytes on dp
+  if (grad_comm_) dp_.absorb_stats(*grad_comm_);  // the trainer counts bytes on dp (and ep)
+  if (ep_comm_) ep_->absorb_stats(*ep_comm_);
   if (params_) {
     params_->absorb_into(dp_);
     gather_stats_ = params_->take_stats();

@@ -132,10 +132,10 @@ struct DpOptions {
   // stage's part (exactly, as it sums dp and tp parts).
   comm::Communicator* pipeline = nullptr;
   // The ep group under expert parallelism (expert_parallel.hpp): the model holds its ep rank's
-  // routed experts, and dp is the group of the ranks holding the same ones. The other tensors'
-  // gradients are summed over ep first (exactly in canonical mode, still unrounded), then reduced
-  // over dp with the experts'; the loss sums over dp and ep, the gradient norm counts the
-  // replicated tensors on ep rank 0. ZeRO 0 and 1 only.
+  // routed experts, and dp is the group of the ranks holding the same ones. In each bucket the
+  // other tensors' gradients are summed over ep first (exactly in canonical mode, still unrounded),
+  // then reduced over dp with the experts' — every micro-batch's under ZeRO 2 and 3; the loss sums
+  // over dp and ep, the gradient norm counts the replicated tensors on ep rank 0.
   comm::Communicator* expert = nullptr;
 };
 
@@ -203,13 +203,14 @@ class DataParallel {
   void adamw_shard(float lr, int64_t t);
   void all_gather_shards(float* buf);
   // The model reports [first, end) final: under sequence parallelism its norm tensors wait for
-  // reduce_gradients() (sum_norm_grads finishes them after the backward), under expert
-  // parallelism every tensor but the experts' (summed over ep there).
+  // reduce_gradients() (sum_norm_grads finishes them after the backward).
   void on_grads_ready(int64_t first, int64_t end, bool last_micro);
-  // Whether tensor t's bucket waits for reduce_gradients().
-  bool waits_for_step_end(const ParamTensor& t) const { return (sp_ && t.is_norm()) || (ep_ && !t.is_expert()); }
-  // Expert parallelism: the replicated tensors' gradients summed over ep.
-  void sum_replicated_over_ep();
+  // The model's gradient storage: its exact sums (canonical mode) or fp32 values.
+  GradSink model_grads();
+  // Expert parallelism: the replicated tensors' gradients among the flat buffer's elements
+  // [first, end), held in g from its first element, summed over ep (a bucket's, before its
+  // reduction over dp; on the worker's duplicate of ep where there is one).
+  void sum_replicated_over_ep(GradSink g, int64_t first, int64_t end);
   // One bucket's part of the reduce-scatter (and all-gather, zero 0/1), on the worker's group.
   void reduce_bucket(const GradBucket& bucket);
   // Zero 2: one micro-batch's bucket from its staging, reduce-scattered and added to the shard.
@@ -239,6 +240,7 @@ class DataParallel {
   std::unique_ptr<Zero3Params> params_;            // zero 3 with dp > 1
   OverlapStats gather_stats_;
   std::unique_ptr<comm::Communicator> grad_comm_;  // the worker's duplicate of dp (overlap only)
+  std::unique_ptr<comm::Communicator> ep_comm_;    // the worker's duplicate of ep (overlap with ep only)
   std::unique_ptr<BucketScheduler> buckets_;       // last: its worker goes first
 };
 

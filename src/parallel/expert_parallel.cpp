@@ -15,12 +15,11 @@ void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, con
              "([model] moe_experts = 0)");
   LS_REQUIRE(model.moe_experts % ep == 0, head, " must divide [model] moe_experts (", model.moe_experts,
              "): every ep rank holds moe_experts / ep experts of each MoE layer");
-  const char* missing = run.zero >= 2 ? "[parallel] zero >= 2"
-                        : run.fp8       ? "[train] precision = \"fp8\""
-                        : run.buddy     ? "[verify] buddy_every"
-                                        : nullptr;
+  const char* missing = run.fp8   ? "[train] precision = \"fp8\""
+                        : run.buddy ? "[verify] buddy_every"
+                                    : nullptr;
   LS_REQUIRE(missing == nullptr, head, " does not run with ", missing ? missing : "", " yet (expert parallelism ",
-             "runs with dp, tp, sp, pp, ZeRO 0 and 1, fp32 and bf16)");
+             "runs with dp, tp, sp, pp, ZeRO 0-3, fp32 and bf16)");
 }
 
 uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t moe_layers, int64_t replicated) {

@@ -75,21 +75,27 @@ uint64_t tp_min_bytes(const ModelConfig& m, int64_t tp, bool sp, int64_t tokens)
 }
 
 void sum_norm_grads(Model& model, comm::Communicator& tp) {
-  std::vector<size_t> idx;  // the norm parameters' elements, in buffer order (the same on every rank)
+  std::vector<ElementRange> norms;  // the norm parameters, in buffer order (the same on every rank)
   for (const auto& t : model.param_layout()) {
-    for (int64_t i = 0; t.is_norm() && i < t.numel; ++i) idx.push_back(static_cast<size_t>(t.offset + i));
+    if (t.is_norm()) norms.push_back({t.offset, t.offset + t.numel});
   }
   const bool canonical = model.mode() == Mode::kCanonical;
-  sum_over_tp(canonical ? GradSink{nullptr, &model.exact_grads(), 0} : GradSink{model.grads(), nullptr, 0}, idx, tp);
+  sum_over_group(canonical ? GradSink{nullptr, &model.exact_grads(), 0} : GradSink{model.grads(), nullptr, 0}, norms,
+                 tp);
 }
 
-void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communicator& tp) {
+void sum_over_group(GradSink grads, std::span<const ElementRange> ranges, comm::Communicator& group) {
+  // Elements j = 0 .. n-1 of the ranges, in order, and the storage index of each.
+  std::vector<size_t> idx;
+  for (const ElementRange& r : ranges) {
+    for (int64_t i = r.first; i < r.end; ++i) idx.push_back(static_cast<size_t>(i));
+  }
   const auto n = static_cast<int64_t>(idx.size());
-  const int p = tp.size(), me = tp.rank();
+  const int p = group.size(), me = group.rank();
   if (grads.exact == nullptr) {
     std::vector<float> sum(idx.size());
     for (size_t j = 0; j < idx.size(); ++j) sum[j] = grads.f32[idx[j]];
-    CommTpGroup(tp).all_reduce_sum(sum.data(), n);
+    CommTpGroup(group).all_reduce_sum(sum.data(), n);
     for (size_t j = 0; j < idx.size(); ++j) grads.f32[idx[j]] = sum[j];
     return;
   }
@@ -110,12 +116,12 @@ void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communica
     records.insert(records.end(), s.digits(), s.digits() + SuperAccumulator::kDigits);
   }
   std::vector<double> all(idx.size() * static_cast<size_t>(p));
-  tp.all_gather(mine.data(), all.data(), n, DType::kF64);
-  const std::vector<int64_t> counts = tp.all_gather(static_cast<int64_t>(records.size()));
+  group.all_gather(mine.data(), all.data(), n, DType::kF64);
+  const std::vector<int64_t> counts = group.all_gather(static_cast<int64_t>(records.size()));
   std::vector<int64_t> displs(counts.size(), 0);
   for (size_t q = 1; q < counts.size(); ++q) displs[q] = displs[q - 1] + counts[q - 1];
   std::vector<int64_t> theirs(static_cast<size_t>(displs.back() + counts.back()));
-  tp.all_gatherv(records.data(), theirs.data(), counts, displs, DType::kI64);
+  group.all_gatherv(records.data(), theirs.data(), counts, displs, DType::kI64);
   for (int q = 0; q < p; ++q) {
     if (q == me) continue;
     const double* d = all.data() + static_cast<size_t>(q) * idx.size();

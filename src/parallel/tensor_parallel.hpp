@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,9 +54,14 @@ uint64_t tp_min_bytes(const ModelConfig& model, int64_t tp, bool sp, int64_t tok
 // SuperAccumulators of spilled elements) added exactly, still unrounded; fast: an fp32 sum with the
 // same bits on every rank. Collective over tp.
 void sum_norm_grads(Model& model, comm::Communicator& tp);
-// The same for elements idx (the same on every rank) of gradient storage: grads.f32[i] (fast) or
-// grads.exact's element i (canonical); grads.offset is ignored.
-void sum_over_tp(GradSink grads, const std::vector<size_t>& idx, comm::Communicator& tp);
+// Elements [first, end) of gradient storage.
+struct ElementRange {
+  int64_t first = 0, end = 0;
+};
+// The same over `group` for the elements in `ranges` (the same on every rank) of gradient storage:
+// grads.f32[i] (fast) or grads.exact's element i (canonical); grads.offset is ignored. Expert
+// parallelism sums the replicated tensors' gradients over ep with it.
+void sum_over_group(GradSink grads, std::span<const ElementRange> ranges, comm::Communicator& group);
 
 class CommTpGroup final : public TpGroup {
  public:

@@ -26,7 +26,7 @@ Zero2Grads::Zero2Grads(const std::vector<ParamTensor>& layout, std::vector<GradB
     LS_CHECK(first.offset == buckets_[b].first, "bucket ", b, " does not start on a tensor");
     resident_[b] = resident_norms && first.is_norm();
   }
-  for (int64_t i = 0; i < resident; ++i) resident_indices_.push_back(static_cast<size_t>(i));
+  resident_elements_ = resident;
   if (exact_) {
     resident_exact_.reset(static_cast<size_t>(resident));
   } else {
@@ -166,7 +166,7 @@ void Zero2Grads::finish_shard() {
 
 uint64_t Zero2Grads::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t resident = resident_indices_.size() * element_bytes();
+  const uint64_t resident = static_cast<uint64_t>(resident_elements_) * element_bytes();
   const uint64_t shard = shard_.size() * sizeof(float) + shard_exact_.size() * (sizeof(double) + 1);
   return shard + resident + static_cast<uint64_t>(allocated_peak_) * element_bytes();
 }

@@ -24,7 +24,7 @@
 // the bucket still does not fit, the backward could never go on: an error names the sizes.
 //
 // Resident tensors: under sequence parallelism the norm tensors' gradients need the sum over tp
-// (sum_over_tp) after the last micro-batch before their dp reduction, so they keep persistent
+// (sum_over_group) after the last micro-batch before their dp reduction, so they keep persistent
 // storage for the step (2·C elements per norm: small) and their buckets are reduced once, in
 // DataParallel::reduce_gradients().
 //
@@ -65,9 +65,9 @@ class Zero2Grads final : public GradStorage {
   // Bucket b's reduction is done: its staging buffer goes back to the pool (any thread).
   void release(size_t b);
   bool resident(size_t b) const { return resident_[b] != 0; }
-  // The resident norms' storage (elements 0 .. n-1, in buffer order) and their indices.
+  // The resident norms' storage (elements 0 .. n-1, in buffer order) and n.
   GradSink resident_storage() { return {resident_f32_.data(), exact_ ? &resident_exact_ : nullptr, 0}; }
-  const std::vector<size_t>& resident_indices() const { return resident_indices_; }
+  int64_t resident_elements() const { return resident_elements_; }
 
   // The shard: fp32 values (shard_end - shard_first) and, with exact_shard, the exact sums that
   // finish_shard() rounds into them.
@@ -101,7 +101,7 @@ class Zero2Grads final : public GradStorage {
   int64_t budget_;
   std::vector<uint8_t> resident_;          // per bucket
   std::vector<int64_t> resident_pos_;      // per tensor: its first element in the resident storage, or -1
-  std::vector<size_t> resident_indices_;   // 0 .. resident elements - 1
+  int64_t resident_elements_ = 0;
   std::vector<float> resident_f32_;
   ExactAccumulator resident_exact_;
   std::vector<float> shard_;

@@ -287,7 +287,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // Expert parallelism: the batch splits over the data ranks, dp x ep.
   comm::Communicator& epc = mesh.group(parallel::Axis::kEp);
   parallel::check_ep_layout(cfg.model, epc.size(),
-                            {.zero = pc.zero, .fp8 = tc.precision_recipe().linears == Precision::kFp8,
+                            {.fp8 = tc.precision_recipe().linears == Precision::kFp8,
                              .buddy = cfg.verify.buddy_every > 0},
                             cfg.source);
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,
@@ -345,10 +345,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                .sharded_params = pc.zero == 3 && dp > 1});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
-  // The ranks holding parts of one copy of this stage: dp × tp (the world while pp = 1), what
-  // ZeRO-2 and 3 shard over (expert parallelism does not run with them).
+  // The ranks holding parts of one copy of this stage's tensors, the same ones: dp × tp (the world
+  // while pp = ep = 1), what the gradient norm combines ZeRO-2 and 3 shards over.
   std::unique_ptr<comm::Communicator> stage_group;
-  if (ppc.size() > 1) stage_group = world.split(ppc.rank(), world.rank(), "dp_tp");
+  if (ppc.size() > 1 || epc.size() > 1) {
+    stage_group = world.split(static_cast<int>(ppc.rank() * epc.size() + epc.rank()), world.rank(), "dp_tp");
+  }
   parallel::DataParallel ddp(model, dpc, tpc, stage_group ? *stage_group : world, static_cast<int>(pc.zero), reduce,
                              tc.adamw(),
                              parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Expert parallelism: the routed experts of MoE layers (4 experts, top-2) split over ep ranks, every
 # rank training on its own part of the batch.
-#  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 1, micro-batches of
-#    one sequence), ep2 x tp2 (also with sequence parallelism), ep2 with full recomputation, ep2 x
+#  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 1 and 2 with
+#    micro-batches of one sequence, zero 2 without overlap, zero 3), ep2 x dp2 x tp2 with sequence
+#    parallelism and zero 2 (8 ranks), ep2 x tp2 (also with sequence parallelism), ep2 with full recomputation, ep2 x
 #    pp2 (1F1B; and x tp2 on 8 ranks) and ep2 x pp2 interleaved (4 layers, 2 stages a rank); a dropping capacity (SwiGLU, sigmoid
 #    router), aux-loss-free selection biases, shared experts (ep2 x tp2) and bf16 linears each on
 #    their own one-process hash;
@@ -11,8 +12,8 @@
 #    manifest's model hash is the tensors';
 #  - fast mode: ep2, ep2 x dp2 and ep2 x tp2 sp dump every tensor of 2 steps as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
-#  - bad input: ep that does not divide the experts, ep of a dense model, ep with ZeRO-2 — one line
-#    each.
+#  - bad input: ep that does not divide the experts, ep of a dense model, ep with fp8 linears — one
+#    line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -41,6 +42,10 @@ want=$(one_process single)
 on_hash ep2 "$want" 2 --parallel.ep=2
 on_hash ep4 "$want" 4 --parallel.ep=4
 on_hash ep2_dp2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
+on_hash ep2_dp2_z2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=2 --train.micro_batch_size=1
+on_hash ep2_dp2_z2_serial "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=2 --parallel.overlap=false
+on_hash ep2_dp2_z3 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=3
+on_hash ep2_dp2_tp2_sp_z2 "$want" 8 --parallel.ep=2 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=2
 on_hash ep2_tp2 "$want" 4 --parallel.ep=2 --parallel.tp=2
 on_hash ep2_tp2_sp "$want" 4 --parallel.ep=2 --parallel.tp=2 --parallel.sp=true
 on_hash ep2_recompute "$want" 2 --parallel.ep=2 --train.recompute=full
@@ -101,6 +106,6 @@ expect_mpi_error "\[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" 3
   expect_mpi_error "\[parallel\] ep = 2 splits the routed experts of MoE layers, and this model has none" 2 \
     --parallel.ep=2
 )
-expect_mpi_error "\[parallel\] ep = 2 does not run with \[parallel\] zero >= 2 yet" 4 --parallel.ep=2 --parallel.dp=2 \
-  --parallel.zero=2
+expect_mpi_error "\[parallel\] ep = 2 does not run with \[train\] precision = \"fp8\" yet" 2 --parallel.ep=2 \
+  --train.precision=fp8
 echo "expert_parallel: ok"
