@@ -15,11 +15,13 @@ void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, con
              "([model] moe_experts = 0)");
   LS_REQUIRE(model.moe_experts % ep == 0, head, " must divide [model] moe_experts (", model.moe_experts,
              "): every ep rank holds moe_experts / ep experts of each MoE layer");
-  const char* missing = run.fp8   ? "[train] precision = \"fp8\""
-                        : run.buddy ? "[verify] buddy_every"
-                                    : nullptr;
-  LS_REQUIRE(missing == nullptr, head, " does not run with ", missing ? missing : "", " yet (expert parallelism ",
-             "runs with dp, tp, sp, pp, ZeRO 0-3, fp32 and bf16)");
+  // An expert's GEMM reads every peer's rows at once: a current-scaling amax would span other
+  // ranks' micro-batches, and the scale would depend on the layout.
+  LS_REQUIRE(!run.fp8_current_scaling, head, " does not run with [fp8] recipe = \"current\" (an expert's ",
+             "scale would be the amax of rows from several ranks' micro-batches, so the bits would depend on the ",
+             "layout); use \"delayed\", \"mxfp8\" or \"blockwise\"");
+  LS_REQUIRE(!run.buddy, head, " does not run with [verify] buddy_every yet (a buddy replays another data rank's ",
+             "batch; expert parallelism spreads a batch's tokens over the ep group)");
 }
 
 uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t moe_layers, int64_t replicated) {

@@ -36,10 +36,10 @@ namespace lockstep::parallel {
 
 // What else a run with expert parallelism uses.
 struct EpRun {
-  bool fp8 = false, buddy = false;
+  bool fp8_current_scaling = false, buddy = false;
 };
 // ConfigError naming `source` and the field where ep cannot run: ep > 1 needs MoE layers whose
-// routed experts ep divides; and it does not run yet with fp8 linears or buddy replays.
+// routed experts ep divides, does not run with fp8 current scaling, and not yet with buddy replays.
 void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, const std::string& source);
 
 class CommExpertExchange final : public ExpertExchange {

@@ -287,7 +287,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // Expert parallelism: the batch splits over the data ranks, dp x ep.
   comm::Communicator& epc = mesh.group(parallel::Axis::kEp);
   parallel::check_ep_layout(cfg.model, epc.size(),
-                            {.fp8 = tc.precision_recipe().linears == Precision::kFp8,
+                            {.fp8_current_scaling = tc.precision_recipe().linears == Precision::kFp8 &&
+                                                    tc.precision_recipe().fp8.scaling == Fp8Scaling::kCurrent,
                              .buddy = cfg.verify.buddy_every > 0},
                             cfg.source);
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,

@@ -5,15 +5,16 @@
 #    micro-batches of one sequence, zero 2 without overlap, zero 3), ep2 x dp2 x tp2 with sequence
 #    parallelism and zero 2 (8 ranks), ep2 x tp2 (also with sequence parallelism), ep2 with full recomputation, ep2 x
 #    pp2 (1F1B; and x tp2 on 8 ranks) and ep2 x pp2 interleaved (4 layers, 2 stages a rank); a dropping capacity (SwiGLU, sigmoid
-#    router), aux-loss-free selection biases, shared experts (ep2 x tp2) and bf16 linears each on
-#    their own one-process hash;
+#    router), aux-loss-free selection biases, shared experts (ep2 x tp2), bf16 linears and fp8
+#    linears (delayed scaling under Hopper accumulation, ep2 x dp2; mxfp8, ep2) each on their own
+#    one-process hash;
 #  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
 #  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
 #    manifest's model hash is the tensors';
 #  - fast mode: ep2, ep2 x dp2 and ep2 x tp2 sp dump every tensor of 2 steps as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
-#  - bad input: ep that does not divide the experts, ep of a dense model, ep with fp8 linears — one
-#    line each.
+#  - bad input: ep that does not divide the experts, ep of a dense model, ep with fp8 current
+#    scaling — one line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -72,6 +73,10 @@ on_hash bias_ep2 "$(one_process bias "${bias[@]}")" 2 --parallel.ep=2 "${bias[@]
 on_hash shared_ep2_tp2 "$(one_process shared --model.moe_shared_experts=2)" 4 --parallel.ep=2 --parallel.tp=2 \
   --model.moe_shared_experts=2
 on_hash bf16_ep2 "$(one_process bf16 --train.precision=bf16)" 2 --parallel.ep=2 --train.precision=bf16
+fp8=(--train.precision=fp8 --fp8.accumulate=hopper)
+on_hash fp8_ep2_dp2 "$(one_process fp8 "${fp8[@]}")" 4 --parallel.ep=2 --parallel.dp=2 "${fp8[@]}"
+mx=(--train.precision=fp8 --fp8.recipe=mxfp8)
+on_hash mxfp8_ep2 "$(one_process mxfp8 "${mx[@]}")" 2 --parallel.ep=2 "${mx[@]}"
 
 # An ep2 checkpoint (step 2) resumes under ep4 and on one process, bitwise.
 mpi 2 --parallel.ep=2 --checkpoint.dir=ck --checkpoint.every=2 --train.stop_after=1 > ck_first.log 2>&1 \
@@ -106,6 +111,6 @@ expect_mpi_error "\[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" 3
   expect_mpi_error "\[parallel\] ep = 2 splits the routed experts of MoE layers, and this model has none" 2 \
     --parallel.ep=2
 )
-expect_mpi_error "\[parallel\] ep = 2 does not run with \[train\] precision = \"fp8\" yet" 2 --parallel.ep=2 \
-  --train.precision=fp8
+expect_mpi_error "\[parallel\] ep = 2 does not run with \[fp8\] recipe = \"current\"" 2 --parallel.ep=2 \
+  --train.precision=fp8 --fp8.recipe=current
 echo "expert_parallel: ok"
