@@ -70,6 +70,9 @@ class GptReference {
   // Delayed fp8 scaling: the scale of each fp8 tensor ("LINEAR/ROLE") this step, as the run's
   // state holds it (src/model/fp8_state.hpp).
   std::map<std::string, float> fp8_scales;
+  // Aux-loss-free MoE balancing: each such layer's selection biases this step ("layer/3/moe" -> E),
+  // added to the scores for the choice of experts only.
+  std::map<std::string, std::vector<float>> selection_biases;
   GptReference(const GptReference&) = delete;
   GptReference& operator=(const GptReference&) = delete;
 
@@ -155,6 +158,7 @@ class GptReference {
     s.hook = hook;
     s.precision = &precision_;
     s.fp8_scales = &fp8_scales;
+    s.selection_biases = &selection_biases;
     return s;
   }
   void forward(RefStep<Real>& s) {

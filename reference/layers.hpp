@@ -80,6 +80,8 @@ struct RefStep {
   const PrecisionRecipe* precision = nullptr;  // nullptr: fp32 throughout
   // Delayed fp8 scaling: each fp8 tensor's scale this step ("LINEAR/ROLE", src/model/fp8_state.hpp).
   const std::map<std::string, float>* fp8_scales = nullptr;
+  // MoE selection biases ("layer/3/moe" -> E; GptReference::selection_biases).
+  const std::map<std::string, std::vector<float>>* selection_biases = nullptr;
   std::vector<int64_t> loss_segments;  // token boundaries of the trainer's micro-batches
   Real loss = Real(0);                 // the loss layer's mean loss
   bool eval = false;                   // forward only: the loss layer's forward computes the loss
@@ -602,10 +604,14 @@ class RefMoe final : public RefLayer<Real> {
     for (size_t i = 0; i < logits_.size(); ++i) logits[i] = value_f32(logits_[i]);
     const std::vector<int32_t> none(gates_.size(), 0);
     router_forward(dims(s), probs.data(), gates.data(), logits.data(), none.data());
+    // The selection score: the probability, plus (aux-loss-free balancing) the expert's bias in one
+    // fp32 add (kernels/ops/moe.hpp).
+    const std::vector<float>* bias = nullptr;
+    if (this->d_.selection_bias) bias = &s.selection_biases->at(this->d_.prefix + "moe");
     experts_.clear();
     for (int64_t n = 0; n < BT; ++n) {
       std::vector<float> p(static_cast<size_t>(E));
-      for (int64_t e = 0; e < E; ++e) p[e] = probs[n * E + e].v;
+      for (int64_t e = 0; e < E; ++e) p[e] = bias != nullptr ? probs[n * E + e].v + (*bias)[e] : probs[n * E + e].v;
       for (int32_t e : top_k(p.data(), E, K)) experts_.push_back(e);
     }
     const double factor = this->d_.capacity_factor;

@@ -81,6 +81,7 @@ std::map<std::string, OpLocalBound> op_local_bounds(const Dump& dump, int64_t st
   reference::ScopedBoundedFormat own_roundings(own);
   reference::GptReference<Real> ref(s.model, setup.B, s.cfg.train.precision_recipe());
   ref.fp8_scales = fp8_scales(s);
+  ref.selection_biases = selection_biases(s);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);

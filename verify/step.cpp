@@ -87,6 +87,7 @@ std::map<std::string, Observed> run_trainer(const StepState& s, const StepSetup&
   }
   std::copy(s.params.begin(), s.params.end(), model.params());
   if (model.fp8() != nullptr && !s.fp8.is_null()) model.fp8()->restore(s.fp8);
+  for (auto& [layer, bias] : selection_biases(s)) model.moe_selection_biases().at(layer) = bias;
   AdamW opt(model, tc.adamw());
   opt.m() = s.m;
   opt.v() = s.v;
@@ -143,6 +144,7 @@ std::map<std::string, RefTensor> run_reference(const StepState& s, const StepSet
                                                bool anchor) {
   reference::GptReference<Real> ref(s.model, u.B, s.cfg.train.precision_recipe());
   ref.fp8_scales = fp8_scales(s);
+  ref.selection_biases = selection_biases(s);
   for (size_t i = 0; i < s.params.size(); ++i) {
     ref.params[i] = Real(s.params[i]);
     ref.m[i] = Real(s.m[i]);
@@ -236,11 +238,22 @@ std::map<std::string, float> fp8_scales(const StepState& s) {
   return out;
 }
 
+std::map<std::string, std::vector<float>> selection_biases(const StepState& s) {
+  std::map<std::string, std::vector<float>> out;
+  for (const LayerDesc& l : s.model.layers) {
+    if (l.kind != LayerKind::kMoe || !l.selection_bias) continue;
+    const std::string key = l.prefix + "moe";
+    const auto it = s.moe_biases.find(key);
+    out[key] = it != s.moe_biases.end() ? it->second : std::vector<float>(static_cast<size_t>(l.experts), 0.0f);
+    LS_REQUIRE(static_cast<int64_t>(out[key].size()) == l.experts, "the checkpoint's selection biases of ", key,
+               " are ", out[key].size(), ", the model has ", l.experts, " experts");
+  }
+  return out;
+}
+
 StepSetup step_setup(const StepState& s) {
   for (const LayerDesc& l : s.model.layers) {
     if (l.kind != LayerKind::kMoe) continue;
-    LS_REQUIRE(!l.selection_bias, "the reference does not read a run's MoE selection biases yet (", l.prefix,
-               "moe, [model] moe_bias_update): verify step and diff --bounds take MoE models without them");
     LS_REQUIRE(s.cfg.train.precision != Precision::kFp8, "the reference's MoE layer has no fp8 experts yet (", l.prefix,
                "moe): verify step and diff --bounds take MoE models in fp32 and bf16");
   }
@@ -320,6 +333,9 @@ StepState load_step_state(const RunConfig& cfg, const std::string& dir) {
   read_batch(cfg, sampler, s);
   const nlohmann::json& observers = ck->state.value("observers", nlohmann::json::object());
   if (observers.contains("fp8")) s.fp8 = observers.at("fp8");
+  if (observers.contains("moe") && !observers.at("moe").is_null()) {
+    s.moe_biases = observers.at("moe").get<std::map<std::string, std::vector<float>>>();
+  }
   return s;
 }
 

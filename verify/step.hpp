@@ -32,6 +32,9 @@ struct StepState {
   int64_t step = 0;                       // 0-based index of the step to run (= steps done)
   std::vector<float> params, m, v;        // flat, Model::param_layout() order
   nlohmann::json fp8;                     // an fp8 run's scaling state (src/model/fp8_state.hpp); null: fresh
+  // A MoE run's selection biases ("layer/3/moe" -> one per expert; [model] moe_bias_update), as its
+  // checkpoint holds them; a layer missing: zeros (a fresh run's).
+  std::map<std::string, std::vector<float>> moe_biases;
   std::vector<int32_t> inputs, targets;   // (B, T) the step's global batch
 };
 
@@ -55,6 +58,8 @@ struct StepOptions {
 // An fp8 run's delayed scales at the step ("LINEAR/ROLE" -> scale): s.fp8's, or a fresh state's
 // (1.0); empty for other recipes.
 std::map<std::string, float> fp8_scales(const StepState& s);
+// The selection biases of every MoE layer that has them: s.moe_biases', or zeros.
+std::map<std::string, std::vector<float>> selection_biases(const StepState& s);
 
 // What the reference needs besides the state: its own hyper-parameters of this step (the learning
 // rate and AdamW bias corrections at s.step, the decayed classes: reference/schedule.hpp, from the

@@ -11,10 +11,10 @@
 #    choices counted, the kept ones within the capacity; a dropping run drops some;
 #  - `lockstep moe report` prints each layer's load and drops and draws them;
 #  - the model learns (the loss falls);
-#  - verify step passes a MoE run's step bitwise against the reference's emulation; sampled reference
-#    checks while training pass a clean run and name a corrupted router;
-#  - bad input: top_k above the experts, verify step of a run with selection biases — one line
-#    each.
+#  - verify step passes a MoE run's step bitwise against the reference's emulation, also one with
+#    selection biases (read from the checkpoint); sampled reference checks while training pass a
+#    clean run and name a corrupted router;
+#  - bad input: top_k above the experts — one line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -154,13 +154,14 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1) }' || fail "loss did n
 
 expect_error "moe_top_k \(5\) must be in \[1, moe_experts = 4\]" \
   "$LOCKSTEP" train --config cfg.toml --model.moe_experts=4 --model.moe_top_k=5
-# verify step: the last step of a run, bitwise against the reference's emulation; a run with
-# selection biases is refused (the reference does not read them).
+# verify step: the last step of a run, bitwise against the reference's emulation; also of a run
+# with selection biases, which the reference reads from the checkpoint as the trainer does.
 run --checkpoint.dir=vck --checkpoint.every=1 --checkpoint.keep=0 > vck.log 2>&1
 "$LOCKSTEP" verify step "${common[@]}" --checkpoint vck/step_00000003 > verify.log 2>&1 || fail "verify step: $(tail -5 verify.log)"
 grep -q "^verify step: PASS" verify.log || fail "verify step: $(tail -3 verify.log)"
 grep -Eq "^grad/layer/0/moe/expert/3/fc/weight .* bitwise .* ok$" verify.log || fail "no expert gradient row: $(grep expert verify.log | head -3)"
 run "${bias[@]}" --checkpoint.dir=vckb --checkpoint.every=1 --checkpoint.keep=0 > vckb.log 2>&1
-expect_error "the reference does not read a run's MoE selection biases yet \(layer/0/moe" \
-  "$LOCKSTEP" verify step "${common[@]}" "${bias[@]}" --checkpoint vckb/step_00000003
+"$LOCKSTEP" verify step "${common[@]}" "${bias[@]}" --checkpoint vckb/step_00000003 > verify_bias.log 2>&1 \
+  || fail "verify step with selection biases: $(tail -5 verify_bias.log)"
+grep -q "^verify step: PASS" verify_bias.log || fail "verify step with selection biases: $(tail -3 verify_bias.log)"
 echo "moe: ok"
