@@ -14,12 +14,14 @@
 // kernels/ or the trainer.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "reference/activation.hpp"
@@ -94,15 +96,16 @@ struct RefStep {
   }
   bool fp8(const std::string& linear) const { return precision != nullptr && precision->fp8_linear(linear); }
   // x (rows × cols) as tensor `role` of fp8 linear `linear` reads it in direction d
-  // (src/model/fp8_linear.cpp): an activation or gradient (rows: tokens) one micro-batch
-  // (loss_segments) at a time, a weight whole; its scale the recipe's — delayed from fp8_scales,
-  // current from the amax of what is quantized, blocks their own.
+  // (src/model/fp8_linear.cpp): an activation or gradient one micro-batch (loss_segments) at a
+  // time where its rows are the step's tokens (token_rows), else as one GEMM's operand (a MoE
+  // expert's rows), a weight whole; its scale the recipe's — delayed from fp8_scales, current from
+  // the amax of what is quantized, blocks their own.
   std::vector<Real> fp8_quantized(const std::string& linear, Fp8Role role, Fp8Direction d, const Real* x, int64_t rows,
-                                  int64_t cols) const {
+                                  int64_t cols, bool token_rows = true) const {
     const Fp8Recipe& r = precision->fp8;
     std::vector<Real> out(static_cast<size_t>(rows * cols));
     std::vector<int64_t> cuts = {0, rows};
-    if (role != Fp8Role::kWeight && loss_segments.size() >= 2) cuts = loss_segments;
+    if (role != Fp8Role::kWeight && token_rows && loss_segments.size() >= 2) cuts = loss_segments;
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
       const int64_t r0 = cuts[k], r1 = cuts[k + 1];
       float scale = 1.0f;
@@ -172,12 +175,14 @@ class RefLayer {
   // The model's linear `linear` (src/model/layers/, bf16_linear.cpp, fp8_linear.cpp) in the step's
   // precision. An fp8 linear's GEMMs read quantized copies of the bf16 operands, each in its
   // direction; its bias gradient comes from the bf16 output gradient.
+  // token_rows: the N rows are the step's tokens (else one GEMM's rows: s.fp8_quantized).
   void linear_fwd(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* out,
-                  const Real* inp, const ParamInfo* w, const Real* bias) {
+                  const Real* inp, const ParamInfo* w, const Real* bias, bool token_rows = true) {
     if (!s.bf16(linear)) return linear_forward(N, IC, OC, out, inp, s.p(w), bias);
     const std::vector<Real> wb = rounded(s.p(w), OC * IC);
     if (s.fp8(linear) && s.precision->fp8.fprop) {
-      const std::vector<Real> xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kRowwise, inp, N, IC);
+      const std::vector<Real> xq =
+          s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kRowwise, inp, N, IC, token_rows);
       const std::vector<Real> wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kRowwise, wb.data(), OC, IC);
       linear_forward(N, IC, OC, out, xq.data(), wq.data(), bias, s.precision->fp8.accumulation);
     } else {
@@ -187,30 +192,56 @@ class RefLayer {
   }
   void linear_bwd(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* dinp,
                   const ParamInfo* w, GradOut<Real> dbias, const Real* dout, const Real* inp) {
-    if (!s.bf16(linear)) return linear_backward(N, IC, OC, dinp, s.sink(w), dbias, dout, inp, s.p(w));
-    const std::vector<Real> wb = rounded(s.p(w), OC * IC), db = rounded(dout, N * OC);
-    if (!s.fp8(linear)) {
-      linear_backward(N, IC, OC, dinp, s.sink(w), dbias, db.data(), inp, wb.data());
-    } else {
-      const Fp8Recipe& r = s.precision->fp8;
-      linear_backward(N, IC, OC, static_cast<Real*>(nullptr), GradOut<Real>{}, dbias, db.data(), inp, wb.data());
-      if (dinp != nullptr && r.dgrad) {
-        const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kRowwise, db.data(), N, OC);
-        const auto wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kColumnwise, wb.data(), OC, IC);
-        linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, dyq.data(), inp, wq.data(), r.accumulation);
-      } else if (dinp != nullptr) {
-        linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, db.data(), inp, wb.data());
-      }
-      if (r.wgrad) {
-        const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, db.data(), N, OC);
-        const auto xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kColumnwise, inp, N, IC);
-        linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, dyq.data(), xq.data(), wb.data(),
-                        r.accumulation);
-      } else {
-        linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, db.data(), inp, wb.data());
-      }
+    linear_dgrad(s, linear, N, IC, OC, dinp, w, dout);
+    linear_wgrad(s, linear, N, IC, OC, w, dbias, dout, inp);
+  }
+  // A linear's backward in its two parts, as the trainer may run them on different rows (a MoE
+  // expert: its input gradient per micro-batch, its weight gradient per chunk of tokens).
+  // dinp only (none when nullptr):
+  void linear_dgrad(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, Real* dinp,
+                    const ParamInfo* w, const Real* dout, bool token_rows = true) {
+    if (dinp == nullptr) return;
+    if (!s.bf16(linear)) {
+      return linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, dout, static_cast<const Real*>(nullptr),
+                             s.p(w));
     }
-    if (dinp != nullptr) round_to_bf16(N * IC, dinp, dinp);
+    const std::vector<Real> wb = rounded(s.p(w), OC * IC), db = rounded(dout, N * OC);
+    if (s.fp8(linear) && s.precision->fp8.dgrad) {
+      const Fp8Recipe& r = s.precision->fp8;
+      const auto dyq = s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kRowwise, db.data(), N, OC, token_rows);
+      const auto wq = s.fp8_quantized(linear, Fp8Role::kWeight, Fp8Direction::kColumnwise, wb.data(), OC, IC);
+      linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, dyq.data(), static_cast<const Real*>(nullptr),
+                      wq.data(), r.accumulation);
+    } else {
+      linear_backward(N, IC, OC, dinp, GradOut<Real>{}, GradOut<Real>{}, db.data(), static_cast<const Real*>(nullptr),
+                      wb.data());
+    }
+    round_to_bf16(N * IC, dinp, dinp);
+  }
+  // The weight's and the bias's gradients only:
+  void linear_wgrad(RefStep<Real>& s, const std::string& linear, int64_t N, int64_t IC, int64_t OC, const ParamInfo* w,
+                    GradOut<Real> dbias, const Real* dout, const Real* inp, bool token_rows = true) {
+    if (!s.bf16(linear)) {
+      return linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), dbias, dout, inp, s.p(w));
+    }
+    const std::vector<Real> db = rounded(dout, N * OC);
+    if (!s.fp8(linear)) {
+      return linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), dbias, db.data(), inp,
+                             static_cast<const Real*>(nullptr));
+    }
+    const Fp8Recipe& r = s.precision->fp8;
+    linear_backward(N, IC, OC, static_cast<Real*>(nullptr), GradOut<Real>{}, dbias, db.data(), inp,
+                    static_cast<const Real*>(nullptr));
+    if (r.wgrad) {
+      const auto dyq =
+          s.fp8_quantized(linear, Fp8Role::kGradOutput, Fp8Direction::kColumnwise, db.data(), N, OC, token_rows);
+      const auto xq = s.fp8_quantized(linear, Fp8Role::kInput, Fp8Direction::kColumnwise, inp, N, IC, token_rows);
+      linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, dyq.data(), xq.data(),
+                      static_cast<const Real*>(nullptr), r.accumulation);
+    } else {
+      linear_backward(N, IC, OC, static_cast<Real*>(nullptr), s.sink(w), GradOut<Real>{}, db.data(), inp,
+                      static_cast<const Real*>(nullptr));
+    }
   }
 
   LayerDesc d_;
@@ -445,8 +476,9 @@ class RefHead final : public RefLayer<Real> {
 // made in fp32 from the logits as the layer has them (the trainer's own values where verify step
 // anchors the reference on them): the router op's contract is the same in both modes, so
 // CanonicalF32 on those logits reproduces the trainer's choice. Rows as src/model/moe_routing.hpp
-// assigns them (capacity per sequence, token order); an expert's linears run once per 64-token
-// chunk of the step that holds rows of it, as the layer's canonical backward does.
+// assigns them (capacity per sequence, token order); an expert's linears run on the rows the
+// layer gives them in one call — a micro-batch's, and for the weight gradients in canonical mode
+// a chunk's of the step's tokens — since fp8 quantizes each call's operands as a whole.
 template <class Real>
 class RefMoe final : public RefLayer<Real> {
  public:
@@ -480,21 +512,22 @@ class RefMoe final : public RefLayer<Real> {
     y_.assign(static_cast<size_t>(rows_total_ * m.C), Real(0));
     for (int64_t r = 0; r < rows_total_; ++r)
       for (int64_t c = 0; c < m.C; ++c) xe_[r * m.C + c] = ln_[token_of_row_[r] * m.C + c];
+    // The trainer runs each expert's linears on its rows of one micro-batch at a time.
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t f = first_[e], n = first_[e + 1] - f;
-      if (n == 0) continue;
       const std::string fc = expert(e, "fc"), proj = expert(e, "proj");
-      s.store_for(fc, xe_.data() + f * m.C, n * m.C);
-      this->linear_fwd(s, fc, n, m.C, fc_out(), fc_.data() + f * fc_out(), xe_.data() + f * m.C, s.find(fc + "/weight"),
-                       s.p(s.find(fc + "/bias")));
-      if (this->d_.ffn == FfnKind::kSwiglu) {
-        swiglu_forward(n, m.F, act_.data() + f * m.F, fc_.data() + f * fc_out());
-      } else {
-        gelu_forward(n * m.F, act_.data() + f * m.F, fc_.data() + f * fc_out());
-      }
-      s.store_for(proj, act_.data() + f * m.F, n * m.F);
-      this->linear_fwd(s, proj, n, m.F, m.C, y_.data() + f * m.C, act_.data() + f * m.F, s.find(proj + "/weight"),
-                       s.p(s.find(proj + "/bias")));
+      runs(e, micro_batch_of(s), [&](int64_t f, int64_t n) {
+        s.store_for(fc, xe_.data() + f * m.C, n * m.C);
+        this->linear_fwd(s, fc, n, m.C, fc_out(), fc_.data() + f * fc_out(), xe_.data() + f * m.C,
+                         s.find(fc + "/weight"), s.p(s.find(fc + "/bias")), false);
+        if (this->d_.ffn == FfnKind::kSwiglu) {
+          swiglu_forward(n, m.F, act_.data() + f * m.F, fc_.data() + f * fc_out());
+        } else {
+          gelu_forward(n * m.F, act_.data() + f * m.F, fc_.data() + f * fc_out());
+        }
+        s.store_for(proj, act_.data() + f * m.F, n * m.F);
+        this->linear_fwd(s, proj, n, m.F, m.C, y_.data() + f * m.C, act_.data() + f * m.F, s.find(proj + "/weight"),
+                         s.p(s.find(proj + "/bias")), false);
+      });
     }
     if (this->d_.shared_F > 0) shared_forward(s);
     moe_combine_forward(BT, m.C, K, res_.data(), y_.data(), rows_.data(), gates_.data());
@@ -510,11 +543,18 @@ class RefMoe final : public RefLayer<Real> {
         dxe(xe_.size()), dlogits(logits_.size()), dnorm(BT * m.C), dshared(BT * m.C);
     if (this->d_.shared_F > 0) shared_backward(s, dres, dshared.data());
     moe_combine_backward(BT, m.C, K, dy.data(), dgates.data(), dres, y_.data(), rows_.data(), gates_.data());
+    // The trainer's expert backward: the input gradient on one micro-batch's rows at a time, the
+    // weight gradients on the rows of each chunk of the step's tokens (canonical) or of each
+    // micro-batch (fast).
     for (int64_t e = E - 1; e >= 0; --e) {
       const std::string fc = expert(e, "fc"), proj = expert(e, "proj");
-      chunks(e, [&](int64_t r0, int64_t n) {
-        this->linear_bwd(s, proj, n, m.F, m.C, dact.data() + r0 * m.F, s.find(proj + "/weight"),
-                         s.sink(s.find(proj + "/bias")), dy.data() + r0 * m.C, act_.data() + r0 * m.F);
+      const ParamInfo *fc_w = s.find(fc + "/weight"), *proj_w = s.find(proj + "/weight");
+      runs(e, micro_batch_of(s), [&](int64_t r0, int64_t n) {
+        this->linear_dgrad(s, proj, n, m.F, m.C, dact.data() + r0 * m.F, proj_w, dy.data() + r0 * m.C, false);
+      });
+      runs(e, weight_grad_window(s, proj), [&](int64_t r0, int64_t n) {
+        this->linear_wgrad(s, proj, n, m.F, m.C, proj_w, s.sink(s.find(proj + "/bias")), dy.data() + r0 * m.C,
+                           act_.data() + r0 * m.F, false);
       });
       const int64_t f = first_[e], n = first_[e + 1] - f;
       if (this->d_.ffn == FfnKind::kSwiglu) {
@@ -522,9 +562,12 @@ class RefMoe final : public RefLayer<Real> {
       } else {
         gelu_backward(n * m.F, dfc.data() + f * fc_out(), fc_.data() + f * fc_out(), dact.data() + f * m.F);
       }
-      chunks(e, [&](int64_t r0, int64_t n) {
-        this->linear_bwd(s, fc, n, m.C, fc_out(), dxe.data() + r0 * m.C, s.find(fc + "/weight"),
-                         s.sink(s.find(fc + "/bias")), dfc.data() + r0 * fc_out(), xe_.data() + r0 * m.C);
+      runs(e, micro_batch_of(s), [&](int64_t r0, int64_t n) {
+        this->linear_dgrad(s, fc, n, m.C, fc_out(), dxe.data() + r0 * m.C, fc_w, dfc.data() + r0 * fc_out(), false);
+      });
+      runs(e, weight_grad_window(s, fc), [&](int64_t r0, int64_t n) {
+        this->linear_wgrad(s, fc, n, m.C, fc_out(), fc_w, s.sink(s.find(fc + "/bias")), dfc.data() + r0 * fc_out(),
+                           xe_.data() + r0 * m.C, false);
       });
     }
     std::vector<Real> aux(static_cast<size_t>(s.B)), daux(static_cast<size_t>(s.B * E)), mean_probs(daux.size());
@@ -639,16 +682,31 @@ class RefMoe final : public RefLayer<Real> {
     }
     rows_total_ = static_cast<int64_t>(token_of_row_.size());
   }
-  // f(first row, rows) for each run of expert e's rows within one 64-token chunk of the step.
-  template <class F>
-  void chunks(int64_t e, F&& f) const {
+  // f(first row, rows) for each run of expert e's rows whose tokens lie in one window
+  // (window(token): the same number for the tokens of one window).
+  template <class W, class F>
+  void runs(int64_t e, W&& window, F&& f) const {
     for (int64_t r = first_[e]; r < first_[e + 1];) {
-      const int64_t chunk = token_of_row_[r] / kCanonicalChunk;
+      const int64_t w = window(token_of_row_[r]);
       int64_t t = r + 1;
-      while (t < first_[e + 1] && token_of_row_[t] / kCanonicalChunk == chunk) ++t;
+      while (t < first_[e + 1] && window(token_of_row_[t]) == w) ++t;
       f(r, t - r);
       r = t;
     }
+  }
+  // The trainer's micro-batch of a token (loss_segments: their token boundaries).
+  static auto micro_batch_of(const RefStep<Real>& s) {
+    return [&s](int64_t token) {
+      return static_cast<int64_t>(std::upper_bound(s.loss_segments.begin(), s.loss_segments.end(), token) -
+                                  s.loss_segments.begin());
+    };
+  }
+  // The rows linear's weight gradient sums in one call: a chunk of the step's tokens (64, or the
+  // precision's unit: fp8 under Hopper accumulation) in canonical mode, a micro-batch in fast mode.
+  static std::function<int64_t(int64_t)> weight_grad_window(const RefStep<Real>& s, const std::string& linear) {
+    if (!std::is_same_v<Real, CanonicalF32>) return micro_batch_of(s);
+    const int64_t unit = s.precision != nullptr ? s.precision->weight_grad_chunk(linear) : kCanonicalChunk;
+    return [unit](int64_t token) { return token / unit; };
   }
 
   std::vector<Real> ln_, mean_, rstd_, logits_, probs_, gates_, xe_, fc_, act_, y_, res_;
