@@ -219,6 +219,13 @@ class LayerContext {
   // Backward scratch shared by every layer (sized for the largest need): a layer's backward may
   // use it freely, from the start, for as many floats as it declared.
   float* scratch() { return scratch_.data(); }
+  // At least n floats every layer shares for what one of its forward or backward calls needs and
+  // nothing after it, grown to the largest request (a MoE layer's rows exchanged under expert
+  // parallelism, whose number varies from call to call). Earlier pointers die at each request.
+  float* transient(int64_t n) {
+    if (transient_.size() < static_cast<size_t>(n)) transient_.resize(static_cast<size_t>(n));
+    return transient_.data();
+  }
 
  private:
   friend class Model;
@@ -258,6 +265,7 @@ class LayerContext {
   TensorHook hook_;
   GradReadyHook grad_ready_;
   std::vector<float> scratch_;
+  std::vector<float> transient_;
   Recompute recompute_ = Recompute::kNone;
   bool recomputing_ = false;  // a recomputed forward is running
   bool evaluating_ = false;   // an evaluation's forward is running

@@ -162,7 +162,9 @@ class Moe final : public PreNormBranch {
     if (ctx.recording()) record(ctx.moe_stats(stats_), a, p);
     const MoeRowsShape rows{p.BT, r.R, C_, K_};
     be.moe_dispatch(rows, a.xe.data(), ln, r.token_of_row.data());
-    const ExpertSide side = held_.exchange ? receive_rows(p, a) : own_rows(p, a);
+    // Expert parallelism: the received rows' staging and the held experts' outputs, for this call.
+    float* staging = nullptr;
+    const ExpertSide side = held_.exchange ? receive_rows(ctx, p, a, staging) : own_rows(p, a);
     for (int64_t k = 0; k < held_.count; ++k) {
       const int64_t f = side.first[k], n = side.first[k + 1] - f;
       if (n == 0) continue;
@@ -177,7 +179,7 @@ class Moe final : public PreNormBranch {
       xp.proj->forward(be, ctx.mode(), {n, F_, C_}, side.y + f * C_, act, ctx.linear_weight(xp.proj_w, xp.proj_name),
                        ctx.param(xp.proj_b));
     }
-    if (held_.exchange) send_back(a.exchanged, a.yr.data(), a.ye.data(), a.staging);
+    if (held_.exchange) send_back(a.exchanged, side.y, a.ye.data(), staging);
     if (shared_) shared_forward(ctx, p, a, ln);
     // Every token combined (under sequence parallelism into a buffer of its own), then this
     // rank's stream rows of it plus the residual.
@@ -221,22 +223,22 @@ class Moe final : public PreNormBranch {
     ExpertSide side{.x = a.xe.data(), .first = r.expert_first.data(), .token = a.row_token.data()};
     float* dy = dye;
     float* dx = dxe;
+    float* staging = nullptr;
     if (held_.exchange) {
       const ExpertRows& ex = a.exchanged;
       side = {.x = a.xr.data(), .first = ex.expert_first.data(), .token = ex.token.data()};
       const int64_t n = ex.rows;
-      grow_to(back_, n * (2 * C_ + F_ + fc_out_));
-      dy = back_.data();
+      staging = ctx.transient(std::max(n, R) * C_ + n * (2 * C_ + F_ + fc_out_));
+      dy = staging + std::max(n, R) * C_;
       dact = dy + n * C_;
       dfc = dact + n * F_;
       dx = dfc + n * fc_out_;
-      grow_to(a.staging, std::max(n, R) * C_);
-      held_.exchange->all_to_all_rows(dye, ex.send_rows.data(), a.staging.data(), ex.recv_rows.data(), C_);
-      ex.to_expert_major(a.staging.data(), dy, C_);
+      held_.exchange->all_to_all_rows(dye, ex.send_rows.data(), staging, ex.recv_rows.data(), C_);
+      ex.to_expert_major(staging, dy, C_);
     }
     // Last expert first: gradients become ready from the end of the layer's parameters.
     for (int64_t k = held_.count - 1; k >= 0; --k) expert_backward(ctx, p, a, side, k, dy, dact, dfc, dx);
-    if (held_.exchange) send_back(a.exchanged, dx, dxe, a.staging);
+    if (held_.exchange) send_back(a.exchanged, dx, dxe, staging);
     const RouterShape rs = router_shape(p);
     if (desc().aux_weight > 0) {
       be.moe_aux_loss(rs, desc().aux_weight, p.dloss, aux_loss, daux, mean_probs, a.probs.data(), a.experts.data());
@@ -263,10 +265,9 @@ class Moe final : public PreNormBranch {
     std::vector<int32_t> experts;
     MoeRouting routing;
     std::vector<int64_t> row_token;  // the global token index of each row (this rank's own rows)
-    // Expert parallelism: the rows exchanged, the held experts' rows (input, output) and the
-    // received order's staging.
+    // Expert parallelism: the rows exchanged, and the held experts' input rows.
     ExpertRows exchanged;
-    std::vector<float> xr, yr, staging;
+    std::vector<float> xr;
     std::vector<float> combined;  // sequence parallelism: every token's output, before the stream's rows are kept
   };
   // The rows the held experts compute (expert-major; expert k's rows [first[k], first[k + 1])),
@@ -350,8 +351,9 @@ class Moe final : public PreNormBranch {
     return {a.xe.data(), a.ye.data(), r.expert_first.data(), a.row_token.data()};
   }
   // Expert parallelism: every peer's rows of the experts held here (with their global token
-  // indices), in expert-major order; the expert-side buffers grown to hold them.
-  ExpertSide receive_rows(const Pass& p, Acts& a) {
+  // indices), in expert-major order; the expert-side buffers grown to hold them, the staging of
+  // the received order and the experts' outputs in the context's transient buffer.
+  ExpertSide receive_rows(LayerContext& ctx, const Pass& p, Acts& a, float*& staging) {
     ExpertRows& ex = a.exchanged;
     ExpertExchange& xc = *held_.exchange;
     ex.plan_sends(a.routing, p.token_offset);
@@ -361,20 +363,20 @@ class Moe final : public PreNormBranch {
     if (static_cast<int64_t>(ex.received_tokens.size()) < n) ex.received_tokens.resize(static_cast<size_t>(n));
     xc.all_to_all_rows(ex.sent_tokens.data(), ex.send_rows.data(), ex.received_tokens.data(), ex.recv_rows.data(), 1);
     ex.order_tokens();
-    grow_to(a.staging, std::max(n, a.routing.R) * C_);
+    const int64_t staged = std::max(n, a.routing.R) * C_;
+    staging = ctx.transient(staged + n * C_);
     grow_to(a.xr, n * C_);
-    grow_to(a.yr, n * C_);
     grow_to(a.fc, n * fc_out_);
     grow_to(a.act, n * F_);
-    xc.all_to_all_rows(a.xe.data(), ex.send_rows.data(), a.staging.data(), ex.recv_rows.data(), C_);
-    ex.to_expert_major(a.staging.data(), a.xr.data(), C_);
-    return {a.xr.data(), a.yr.data(), ex.expert_first.data(), ex.token.data()};
+    xc.all_to_all_rows(a.xe.data(), ex.send_rows.data(), staging, ex.recv_rows.data(), C_);
+    ex.to_expert_major(staging, a.xr.data(), C_);
+    return {a.xr.data(), staging + staged, ex.expert_first.data(), ex.token.data()};
   }
   // Expert parallelism: rows (expert-major, C wide) back to the peers whose tokens they are, into
-  // out (this rank's rows, in its order).
-  void send_back(const ExpertRows& ex, const float* rows, float* out, std::vector<float>& staging) const {
-    ex.to_received_order(rows, staging.data(), C_);
-    held_.exchange->all_to_all_rows(staging.data(), ex.recv_rows.data(), out, ex.send_rows.data(), C_);
+  // out (this rank's rows, in its order), through staging (as many rows as the larger side).
+  void send_back(const ExpertRows& ex, const float* rows, float* out, float* staging) const {
+    ex.to_received_order(rows, staging, C_);
+    held_.exchange->all_to_all_rows(staging, ex.recv_rows.data(), out, ex.send_rows.data(), C_);
   }
 
   // Held expert k's backward from dye (the expert rows' output gradient) to dxe (their input
@@ -439,7 +441,6 @@ class Moe final : public PreNormBranch {
   std::vector<Expert> experts_;       // the held ones
   std::optional<Expert> shared_;
   SlotActivations<Acts> acts_;
-  std::vector<float> back_;  // expert parallelism: the held experts' rows' gradients in the backward
   int64_t scratch_ = 0;
 };
 
