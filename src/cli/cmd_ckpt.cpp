@@ -32,7 +32,7 @@ constexpr const char* kCkptUsage =
     "       lockstep ckpt verify DIR\n"
     "       lockstep ckpt export DIR OUT\n"
     "       lockstep ckpt export --config FILE [--section.key=value ...] OUT\n"
-    "       lockstep ckpt convert DIR --to-layout dp=D,tp=T[,sp=true|false][,zero=Z] OUT\n"
+    "       lockstep ckpt convert DIR --to-layout dp=D,tp=T[,sp=true|false][,zero=Z][,ep=E] OUT\n"
     "  DIR: a checkpoint directory (step_XXXXXXXX) or a checkpoint root (its newest valid one)\n"
     "  info prints step, layout, one line per tensor (name dtype shape xxh64), then `model hash H`\n"
     "  verify loads every checkpoint under a root (or DIR alone) and checks every file, shard and\n"

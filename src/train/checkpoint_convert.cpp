@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "src/core/hash.hpp"
 #include "src/model/param_layout.hpp"
 #include "src/parallel/data_parallel.hpp"
+#include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/train/checkpointing.hpp"
 #include "src/train/config.hpp"
@@ -19,7 +21,7 @@ namespace lockstep {
 
 namespace {
 
-// The run's configuration with the target layout: the source layout's dp, tp, sp and zero, then
+// The run's configuration with the target layout: the source layout's dp, tp, sp, zero and ep, then
 // those `to_layout` gives, checked as a run of that layout would check them.
 RunConfig target_config(const ckpt::Checkpoint& c, const std::string& to_layout) {
   const nlohmann::json& state = c.state;
@@ -27,7 +29,7 @@ RunConfig target_config(const ckpt::Checkpoint& c, const std::string& to_layout)
                   ": not a training run's checkpoint (its state has no config and layout to convert from)");
   const std::string source = "--to-layout " + to_layout;
   std::vector<std::pair<std::string, std::string>> layout;
-  for (const char* key : {"dp", "tp", "sp", "zero"}) {
+  for (const char* key : {"dp", "tp", "sp", "zero", "ep"}) {
     if (const auto it = state["layout"].find(key); it != state["layout"].end()) {
       layout.emplace_back(str_cat("parallel.", key), it->is_string() ? it->get<std::string>() : it->dump());
     }
@@ -36,19 +38,25 @@ RunConfig target_config(const ckpt::Checkpoint& c, const std::string& to_layout)
   for (std::string_view item : split_commas(to_layout)) {
     const size_t eq = item.find('=');
     const std::string key(item.substr(0, eq));
-    LS_REQUIRE(eq != std::string_view::npos && (key == "dp" || key == "tp" || key == "sp" || key == "zero") &&
+    LS_REQUIRE(eq != std::string_view::npos &&
+                   (key == "dp" || key == "tp" || key == "sp" || key == "zero" || key == "ep") &&
                    given.insert(key).second,
-               source, ": expected key=value items of dp, tp, sp and zero separated by commas, each once; '", item,
-               "' is not one");
+               source, ": expected key=value items of dp, tp, sp, zero and ep separated by commas, each once; '",
+               item, "' is not one");
     layout.emplace_back("parallel." + key, std::string(item.substr(eq + 1)));
   }
   LS_REQUIRE(!given.empty(), source, ": no layout given (e.g. dp=2,tp=2)");
   RunConfig cfg = run_config_of_json(state["config"], source, layout, ConfigUse::kBench);
   const ParallelConfig& pc = cfg.parallel;
-  LS_REQUIRE(pc.dp >= 1 && pc.tp >= 1, source, ": dp and tp must be >= 1 (got dp=", pc.dp, ", tp=", pc.tp, ")");
+  LS_REQUIRE(pc.dp >= 1 && pc.tp >= 1 && pc.ep >= 1, source, ": dp, tp and ep must be >= 1 (got dp=", pc.dp,
+             ", tp=", pc.tp, ", ep=", pc.ep, ")");
   const TrainConfig& tc = cfg.train;
-  const parallel::DpBatch part =
-      parallel::plan_dp_batch(tc.batch_size, tc.micro_batch(), cfg.model.seq_len, pc.dp, tc.mode, source);
+  parallel::check_ep_layout(cfg.model, pc.ep,
+                            {.fp8_current_scaling = tc.precision_recipe().linears == Precision::kFp8 &&
+                                                    tc.precision_recipe().fp8.scaling == Fp8Scaling::kCurrent},
+                            source);
+  const parallel::DpBatch part = parallel::plan_dp_batch(tc.batch_size, tc.micro_batch(), cfg.model.seq_len,
+                                                         pc.dp * pc.ep, tc.mode, source);
   parallel::check_tp_layout(cfg.model, pc.tp, pc.sp, part.local_micro * cfg.model.seq_len, tc.mode, source);
   return cfg;
 }
@@ -85,15 +93,19 @@ ConvertedCheckpoint convert_checkpoint(const ckpt::Checkpoint& c, const std::str
   out.model_hash = hex64(ckpt::model_hash(c));
   const std::string tmp = ckpt::begin_save(out_root, c.step);
   std::vector<nlohmann::json> records;
-  // Rank w of the mesh (tp fastest: src/parallel/mesh.hpp) writes what it would have saved.
-  for (int64_t w = 0; w < pc.dp * pc.tp; ++w) {
+  std::map<std::string, size_t> index_of;  // a tensor's place in `global`
+  for (size_t i = 0; i < global.size(); ++i) index_of[global[i].name] = i;
+  // Rank w of the mesh (tp fastest, then ep, dp slowest: src/parallel/mesh.hpp) writes what it
+  // would have saved.
+  for (int64_t w = 0; w < pc.dp * pc.ep * pc.tp; ++w) {
     const TpCoord tp{pc.tp, w % pc.tp};
-    const std::vector<ParamTensor> slice = build_param_layout(cfg.model, tp);
+    const EpCoord ep{pc.ep, (w / pc.tp) % pc.ep};
+    const std::vector<ParamTensor> slice = hold_experts(build_param_layout(cfg.model, tp), ep);
     std::vector<std::vector<float>> buffers;
     std::vector<ckpt::ShardRef> shards;
-    for (const SavedPiece& piece : saved_pieces(slice, pc.zero, pc.dp, w / pc.tp, tp)) {
+    for (const SavedPiece& piece : saved_pieces(slice, pc.zero, pc.dp, w / (pc.tp * pc.ep), tp, ep)) {
       const ParamTensor& p = *piece.tensor;
-      const auto index = static_cast<size_t>(&p - slice.data());
+      const size_t index = index_of.at(p.name);
       for (size_t k = 0; k < std::size(kStatePrefixes); ++k) {
         std::vector<float>& buf = buffers.emplace_back(static_cast<size_t>(piece.end - piece.first));
         const float* whole = data[k * global.size() + index];
@@ -119,14 +131,20 @@ ConvertedCheckpoint convert_checkpoint(const ckpt::Checkpoint& c, const std::str
   layout["sp"] = pc.sp;
   layout["zero"] = pc.zero;
   layout["pp"] = 1;
+  if (pc.ep > 1) {
+    layout["ep"] = pc.ep;
+  } else {
+    layout.erase("ep");
+  }
   if (pc.tp > 1) {
     layout["tp_shards"] = parallel::describe_shards(cfg.model, pc.tp);
   } else {
     layout.erase("tp_shards");
   }
   state["config"]["parallel"] = cfg.to_json()["parallel"];
-  out.dir = ckpt::finish_save(out_root, c.step, tmp, tensors, records, {{"dp", pc.dp}, {"tp", pc.tp}, {"pp", 1}},
-                              state, out.model_hash, 0);
+  nlohmann::json manifest_layout = {{"dp", pc.dp}, {"tp", pc.tp}, {"pp", 1}};
+  if (pc.ep > 1) manifest_layout["ep"] = pc.ep;
+  out.dir = ckpt::finish_save(out_root, c.step, tmp, tensors, records, manifest_layout, state, out.model_hash, 0);
   return out;
 }
 

@@ -24,7 +24,7 @@ struct ConvertedCheckpoint {
 };
 
 // Converts checkpoint `source` (loaded, so verified whole) to the layout `to_layout`
-// ("dp=D,tp=T[,sp=true|false][,zero=Z]"; keys not given keep the source run's values) as a checkpoint
+// ("dp=D,tp=T[,sp=true|false][,zero=Z][,ep=E]"; keys not given keep the source run's values) as a checkpoint
 // of the same step under root `out_root`, which must not hold that step already. ConfigError for a
 // malformed layout or one the model does not divide (naming it), DataError for a checkpoint that
 // is not a training run's.

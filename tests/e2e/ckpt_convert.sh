@@ -54,7 +54,7 @@ diff <("$LOCKSTEP" ckpt info ck | grep -v '^checkpoint ') <("$LOCKSTEP" ckpt inf
   fail "converted there and back, the checkpoint differs"
 
 expect_error "--to-layout tp=3: .*n_heads" "$LOCKSTEP" ckpt convert ck --to-layout tp=3 bad
-expect_error "--to-layout dp2: expected key=value items of dp, tp, sp and zero .*'dp2' is not one" \
+expect_error "--to-layout dp2: expected key=value items of dp, tp, sp, zero and ep .*'dp2' is not one" \
   "$LOCKSTEP" ckpt convert ck --to-layout dp2 bad
 expect_error "--to-layout pp=2,tp=1: expected key=value items .*'pp=2' is not one" \
   "$LOCKSTEP" ckpt convert ck --to-layout pp=2,tp=1 bad

@@ -10,11 +10,12 @@
 #    one-process hash;
 #  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
 #  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
-#    manifest's model hash is the tensors';
+#    manifest's model hash is the tensors'; a one-process checkpoint converted offline to dp2 x ep2
+#    resumes there bitwise;
 #  - fast mode: ep2, ep2 x dp2 and ep2 x tp2 sp dump every tensor of 2 steps as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
-#  - bad input: ep that does not divide the experts, ep of a dense model, ep with fp8 current
-#    scaling — one line each.
+#  - bad input: ep that does not divide the experts (train, ckpt convert), ep of a dense model, ep
+#    with fp8 current scaling — one line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -89,6 +90,15 @@ grep -q "^resumed from ck/step_00000002" resumed_ep4.log || fail "ep4 did not re
 run --checkpoint.dir=ck_one --checkpoint.every=2 > resumed_one.log 2>&1
 grep -q "^resumed from ck_one/step_00000002" resumed_one.log || fail "one process did not resume"
 same_hash "ep2 checkpoint resumed on one process" resumed_one.log
+# A one-process checkpoint converted offline to dp2 x ep2 (zero 1): four data files, one a rank,
+# and the run resumes from it bitwise.
+run --checkpoint.dir=ck_single --checkpoint.every=2 --train.stop_after=1 > ck_single.log 2>&1
+"$LOCKSTEP" ckpt convert ck_single --to-layout dp=2,ep=2,zero=1 ck_conv > conv.txt || fail "convert: $(cat conv.txt)"
+grep -q "^converted step 2 to dp=2,ep=2,zero=1: ck_conv/step_00000002 (4 data files," conv.txt || fail "convert: $(cat conv.txt)"
+on_hash resumed_converted "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --checkpoint.dir=ck_conv
+grep -q "^resumed from ck_conv/step_00000002" resumed_converted.log || fail "did not resume the converted checkpoint"
+expect_error "--to-layout ep=3: \[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" \
+  "$LOCKSTEP" ckpt convert ck_single --to-layout ep=3 ck_bad
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
 fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1)
