@@ -30,10 +30,6 @@ struct Planner::RankCost {
 
 Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile)
     : request_(std::move(request)), cluster_(std::move(cluster)), profile_(profile) {
-  for (const LayerDesc& l : request_.model.layers) {
-    LS_REQUIRE(l.kind != LayerKind::kMoe, "lockstep plan: the cost model has no mixture-of-experts layers yet (",
-               l.prefix, "moe); plan the dense model ([model] moe_experts = 0)");
-  }
   const LayerDesc& last = request_.model.layers.back();
   if (last.kind == LayerKind::kHead && last.tied) {
     head_flops_ = 6.0 * static_cast<double>(last.dims.V) * static_cast<double>(last.dims.C);
@@ -156,7 +152,28 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           input = C * stream;
           inside = C;
           break;
-        case LayerKind::kMoe: break;  // refused by the constructor
+        case LayerKind::kMoe: {
+          // Every rank routes every token and its top_k choices' rows run through the experts,
+          // split like an MLP: the rows' outputs (forward) and input gradients (backward) are
+          // all-reduced whole, sequence parallelism or not (src/model/layers/moe.cpp), a top_k
+          // times a token's stream; the shared experts' once more.
+          const auto K = static_cast<double>(l.top_k), E = static_cast<double>(l.experts);
+          const double shared_act = static_cast<double>(l.shared_F) / t;
+          const double shared_fc = shared_act * (l.ffn == FfnKind::kSwiglu ? 2 : 1);
+          const int64_t reduces = l.top_k + (l.shared_F > 0 ? 1 : 0);
+          r.forward_reduces += reduces;
+          r.backward_reduces += reduces;
+          input = C * stream;
+          // The norm's output whole, the router's logits and scores (fp32) and the gates, each
+          // choice's row in and out and its hidden activations, the shared experts', and under
+          // sequence parallelism the combined output of every token.
+          inside = C + (2 * E + K) * 4 / ab + K * (2 * C + fc_out + static_cast<double>(m.F) / t) +
+                   (l.shared_F > 0 ? 2 * C + shared_fc + shared_act : 0) + (layout.sp ? C : 0);
+          scratch = C * stream + K * (2 * C + fc_out + static_cast<double>(m.F) / t) + (K + E) * 4 / ab +
+                    (l.shared_F > 0 ? C + shared_fc + shared_act : 0) + (layout.sp ? C : 0);
+          recomputed = layout.recompute == Recompute::kFull;
+          break;
+        }
         case LayerKind::kHead:
           ++r.backward_reduces;
           // fp32 logits of this rank's vocabulary share, and (tied, on a stage of its own) the copy of wte

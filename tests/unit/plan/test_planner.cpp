@@ -128,6 +128,33 @@ TEST(PlanCostModel, OneFOneBIdlesForTheOtherStagesPassWhenSendsAreFree) {
   EXPECT_GT(p.time.pipeline, uniform / 2);
 }
 
+// A mixture of experts: compute is the active FLOPs (top_k of the experts a token), memory every
+// expert's parameters, and tensor parallelism all-reduces each choice's rows (top_k a token).
+TEST(PlanCostModel, MixtureOfExpertsComputesTheActiveFlopsAndHoldsEveryExpert) {
+  PlanRequest dense = request();
+  ModelConfig m = dense.model.config;
+  m.moe_experts = 8;
+  m.moe_top_k = 2;
+  const PlanRequest moe{.model = describe_model(m), .global_batch = 64, .precision = Precision::kBf16,
+                        .source = "test moe"};
+  const Cluster c = cluster(8, 1, 80);
+  Planner planner(moe, c), dense_planner(dense, c);
+  const Layout one{.dp = 8, .micro_batch = 4};
+  ASSERT_TRUE(planner.problem(one).empty()) << planner.problem(one).text;
+  const Prediction p = planner.predict(one), d = dense_planner.predict(one);
+  const double tokens = 64.0 / 8 * 256;
+  EXPECT_NEAR(p.time.compute, flops_per_token(moe.model) * tokens / (300e12 * 0.5), 1e-12 * p.time.compute);
+  // Eight experts of the dense MLP's width: about four times the parameters of the dense model
+  // (its MLPs are two thirds of them), two experts' FLOPs a token.
+  EXPECT_GT(p.memory.params, 3 * d.memory.params);
+  EXPECT_GT(flops_per_token(moe.model), flops_per_token(dense.model));
+  const Prediction tp8 = planner.predict({.tp = 8, .micro_batch = 4}), dense_tp8 = dense_planner.predict({.tp = 8, .micro_batch = 4});
+  EXPECT_GT(tp8.time.tp_comm, dense_tp8.time.tp_comm);
+  const Prediction full = planner.predict({.dp = 8, .micro_batch = 4, .recompute = Recompute::kFull});
+  EXPECT_LT(full.memory.activations, p.memory.activations);
+  EXPECT_GT(full.time.recompute, 0);
+}
+
 TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
   const PlanRequest r = request();
   const Cluster c = cluster(8, 1, 80);
