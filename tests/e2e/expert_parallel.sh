@@ -12,6 +12,8 @@
 #  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
 #    manifest's model hash is the tensors'; a one-process checkpoint converted offline to dp2 x ep2
 #    resumes there bitwise;
+#  - canonical dumps of an ep2 run are bitwise the one process's; verify step passes an ep2 run's
+#    checkpoint;
 #  - fast mode: ep2, ep2 x dp2 and ep2 x tp2 sp dump every tensor of 2 steps as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
 #  - bad input: ep that does not divide the experts (train, ckpt convert), ep of a dense model, ep
@@ -99,6 +101,15 @@ on_hash resumed_converted "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.z
 grep -q "^resumed from ck_conv/step_00000002" resumed_converted.log || fail "did not resume the converted checkpoint"
 expect_error "--to-layout ep=3: \[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" \
   "$LOCKSTEP" ckpt convert ck_single --to-layout ep=3 ck_bad
+
+# Canonical dumps: every tensor of an ep2 run's first two steps bitwise the one process's; verify
+# step passes an ep2 run's checkpoint against the reference.
+run --train.stop_after=1 --dump.dir=dump_single > dump_single.log 2>&1 || fail "dump: $(tail -3 dump_single.log)"
+mpi 2 --parallel.ep=2 --train.stop_after=1 --dump.dir=dump_ep2 > dump_ep2.log 2>&1 || fail "ep2 dump: $(tail -3 dump_ep2.log)"
+"$LOCKSTEP" diff dump_single dump_ep2 > dump_diff.txt || fail "ep2 dump differs: $(head -3 dump_diff.txt)"
+grep -Eq "^diff dump_single dump_ep2 \(mode exact\): agree \([0-9]+ tensors\)" dump_diff.txt || fail "dump diff: $(head -2 dump_diff.txt)"
+"$LOCKSTEP" verify step "${common[@]}" --checkpoint ck_one/step_00000002 > verify.log 2>&1 || fail "verify step: $(tail -3 verify.log)"
+grep -q "^verify step: PASS" verify.log || fail "verify step: $(tail -3 verify.log)"
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
 fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1)
