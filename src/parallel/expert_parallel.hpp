@@ -7,7 +7,7 @@
 // Groups: the data ranks are dp × ep (every rank with the same tp, pp and cp coordinates, in dp,
 // then ep order: data rank = dp·ep + ep rank), one part of the batch each. Every tensor that is not
 // a routed expert's is replicated over them; an expert's over the dp ranks only. DataParallel
-// therefore runs over dp, after adding the ep ranks' gradients of the replicated tensors
+// therefore runs over dp, each gradient bucket's replicated tensors summed over the ep ranks first
 // (data_parallel.hpp, DpOptions::expert); the gradient norm counts those on ep rank 0 only.
 //
 // Canonical bits: an expert sums its rows' weight gradients chunk by chunk of the step's tokens
@@ -17,7 +17,7 @@
 // Cost per MoE layer and micro-batch, for R = tokens·top_k rows of C floats a rank routes: forward,
 // dispatch and return 2 · 4·C·R·(ep−1)/ep bytes sent on average (balanced routing), plus the counts
 // (8·E/ep per peer) and the rows' token indices (8·R·(ep−1)/ep); backward the same rows again. The
-// replicated tensors' gradients (n of them) are summed over ep exactly before the dp reduction:
+// replicated tensors' gradients (n of them) are summed over ep before the dp reduction, exactly:
 // an all-gather of their exact sums (8·n·(ep−1) bytes per rank; canonical), or an fp32 sum
 // (8·n·(ep−1)/ep; fast).
 //
