@@ -43,6 +43,12 @@ double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const 
 
 double send_time(double bytes, const Link& l) { return l.latency + bytes / l.bandwidth; }
 
+double all_to_all_time(double bytes, int64_t n, const Link& l) {
+  if (n <= 1) return 0;
+  const double k = static_cast<double>(n - 1);
+  return k * l.latency + k / static_cast<double>(n) * bytes / l.bandwidth;
+}
+
 const Link& group_link(const Cluster& c, int64_t stride, int64_t n) {
   return stride * (n - 1) + 1 <= c.gpus_per_node && c.gpus_per_node % (stride * n) == 0 ? c.intra : c.inter;
 }

@@ -80,6 +80,7 @@ struct StepTime {
   double compute = 0;    // GEMMs of the busiest rank, recomputation included
   double recompute = 0;  // of which forwards run again
   double tp_comm = 0;
+  double ep_comm = 0;    // expert parallelism's exchanges of the MoE layers' rows
   double pipeline = 0;   // the makespan beyond the busiest rank's passes: bubble and p2p
   double dp_exposed = 0;
   double optimizer = 0;  // the AdamW update, where measured (the local cluster)
@@ -108,9 +109,12 @@ double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAll
 // the exact sums' doubles and an all-gather of the fp32, 1.5 times an fp32 all-reduce's bytes.
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
 double send_time(double bytes, const Link& l);
+// An all-to-all(v) in which each of n ranks sends (n−1)/n of its `bytes` to the others, an equal
+// part each: (n−1)·α + (n−1)/n·bytes/β.
+double all_to_all_time(double bytes, int64_t n, const Link& l);
 
-// The link of a group of n ranks `stride` apart in the mesh's rank order (tp fastest, then pp,
-// then dp): NVLink if the group fits in a node.
+// The link of a group of n ranks `stride` apart in the mesh's rank order (tp fastest, then ep, pp,
+// dp): NVLink if the group fits in a node.
 const Link& group_link(const Cluster& c, int64_t stride, int64_t n);
 
 }  // namespace lockstep::plan

@@ -7,6 +7,7 @@
 
 #include "src/core/check.hpp"
 #include "src/parallel/data_parallel.hpp"
+#include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/train/pipeline.hpp"
 
@@ -18,6 +19,8 @@ struct Planner::RankCost {
   double recompute_flops = 0;  // forwards run again before their backward
   int64_t forward_reduces = 0, backward_reduces = 0, recompute_reduces = 0;  // tp all-reduces a micro-batch
   double params = 0, matmul_params = 0;  // elements this GPU holds
+  double replicated_params = 0;          // of them, those every ep rank holds (not a routed expert's)
+  int64_t moe_layers = 0;                // expert parallelism exchanges rows in each
   // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these,
   // and the bytes of that gather (bf16 for the matrices of a bf16 run, as the trainer sends them).
   std::vector<double> layer_params, layer_gather_bytes;
@@ -114,8 +117,10 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
       double gather_bytes = reads * matrix_bytes;
       for (const ParamDecl& p : l.params) {
         const auto whole = static_cast<double>(param_numel(p));
-        const double n = p.split_dim >= 0 ? whole / t : whole;
+        // Split by tp; a routed expert's held by one ep rank of ep.
+        const double n = (p.split_dim >= 0 ? whole / t : whole) / (p.expert >= 0 ? static_cast<double>(layout.ep) : 1);
         r.params += n;
+        if (p.expert < 0) r.replicated_params += n;
         reads += n;
         gather_bytes += n * (p.matmul ? matrix_bytes : 4);
         if (p.matmul) r.matmul_params += n;
@@ -161,16 +166,21 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           const double shared_act = static_cast<double>(l.shared_F) / t;
           const double shared_fc = shared_act * (l.ffn == FfnKind::kSwiglu ? 2 : 1);
           const int64_t reduces = l.top_k + (l.shared_F > 0 ? 1 : 0);
+          ++r.moe_layers;
           r.forward_reduces += reduces;
           r.backward_reduces += reduces;
           input = C * stream;
           // The norm's output whole, the router's logits and scores (fp32) and the gates, each
           // choice's row in and out and its hidden activations, the shared experts', and under
           // sequence parallelism the combined output of every token.
+          // Expert parallelism keeps the received rows too, and stages each exchange (on average a
+          // top_k rows a token each way).
+          const double ep_rows = layout.ep > 1 ? K * C : 0;
           inside = C + (2 * E + K) * 4 / ab + K * (2 * C + fc_out + static_cast<double>(m.F) / t) +
-                   (l.shared_F > 0 ? 2 * C + shared_fc + shared_act : 0) + (layout.sp ? C : 0);
+                   (l.shared_F > 0 ? 2 * C + shared_fc + shared_act : 0) + (layout.sp ? C : 0) + ep_rows;
           scratch = C * stream + K * (2 * C + fc_out + static_cast<double>(m.F) / t) + (K + E) * 4 / ab +
-                    (l.shared_F > 0 ? C + shared_fc + shared_act : 0) + (layout.sp ? C : 0);
+                    (l.shared_F > 0 ? C + shared_fc + shared_act : 0) + (layout.sp ? C : 0) +
+                    (layout.ep > 1 ? K * (3 * C + fc_out + static_cast<double>(m.F) / t) : 0);
           recomputed = layout.recompute == Recompute::kFull;
           break;
         }
@@ -203,7 +213,12 @@ Problem Planner::problem(const Layout& layout) {
   const ModelConfig& cfg = request_.model.config;
   const int64_t B = request_.global_batch, T = cfg.seq_len;
   if (layout.gpus() != cluster_.gpus()) {
-    return {"gpus", str_cat("dp x tp x pp = ", layout.gpus(), " GPUs, the cluster has ", cluster_.gpus())};
+    return {"gpus", str_cat("dp x tp x pp x ep = ", layout.gpus(), " GPUs, the cluster has ", cluster_.gpus())};
+  }
+  try {
+    parallel::check_ep_layout(cfg, layout.ep, {}, request_.source);
+  } catch (const ConfigError& e) {
+    return {"ep", e.what()};
   }
   if (cluster_.peak(request_.precision) <= 0) {
     return {"precision", str_cat("the cluster's GPUs have no ", precision_name(request_.precision),
@@ -226,7 +241,8 @@ Problem Planner::problem(const Layout& layout) {
   // The trainer's own checks: the batch split, the schedule's shape, tensor parallelism, stages.
   parallel::DpBatch split;
   try {
-    split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp, request_.mode, request_.source);
+    split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp * layout.ep, request_.mode, request_.source,
+                                    layout.ep > 1 ? "[parallel] dp x ep" : "[parallel] dp");
   } catch (const ConfigError& e) {
     return {"batch split", e.what()};
   }
@@ -275,25 +291,32 @@ Prediction Planner::predict(const Layout& layout) {
   const auto T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.d_model);
   const double ab = request_.precision == Precision::kF32 ? 4 : 2;
   const double tokens = static_cast<double>(layout.micro_batch) * T;
-  const int64_t micro = request_.global_batch / (layout.dp * layout.micro_batch);
+  const int64_t micro = request_.global_batch / (layout.dp * layout.ep * layout.micro_batch);
   const std::vector<RankCost> ranks = rank_costs(layout);
 
+  // The mesh's order: tp fastest, then ep, pp, dp.
   const Link& tp_link = group_link(cluster_, 1, layout.tp);
-  const Link& pp_link = group_link(cluster_, layout.tp, layout.pp);
-  const Link& dp_link = group_link(cluster_, layout.tp * layout.pp, layout.dp);
+  const Link& ep_link = group_link(cluster_, layout.tp, layout.ep);
+  const Link& pp_link = group_link(cluster_, layout.tp * layout.ep, layout.pp);
+  const Link& dp_link = group_link(cluster_, layout.tp * layout.ep * layout.pp, layout.dp);
   const double reduce = reduction_time(tokens * C * ab, layout.tp, tp_link);
+  // Expert parallelism: a MoE layer's rows (top_k a token) to their experts' ranks and back, in
+  // the forward and again in the backward.
+  const double exchange =
+      all_to_all_time(tokens * static_cast<double>(cfg.moe_top_k) * C * ab, layout.ep, ep_link);
   // Each pipeline rank's passes of a micro-batch, the collectives in them included; the busiest
   // rank's are the step's compute and tensor-parallel parts.
   const double ch = static_cast<double>(layout.chunks);
   const double p2p = send_time(tokens * C * ab * (layout.sp ? 1.0 / static_cast<double>(layout.tp) : 1.0), pp_link);
   std::vector<parallel::PassCosts> by_rank;
-  double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0;
+  double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0, ep_comm = 0;
   for (const RankCost& r : ranks) {
     const Passes t = passes(layout, r);
     const double rc = t.recompute;
     const double fc = static_cast<double>(r.forward_reduces) * reduce;
     const double bc = static_cast<double>(r.backward_reduces + r.recompute_reduces) * reduce;
-    const double f = t.forward + fc, b = t.backward + rc + bc;
+    const double ex = static_cast<double>(r.moe_layers) * 2 * exchange;  // each way
+    const double f = t.forward + fc + ex, b = t.backward + rc + bc + ex;
     by_rank.push_back({f / ch, b / (2 * ch), b / (2 * ch), p2p});
     if (f + b <= forward + backward) continue;
     forward = f;
@@ -301,6 +324,7 @@ Prediction Planner::predict(const Layout& layout) {
     gemm = t.forward + t.backward + rc;
     recompute = rc;
     comm = fc + bc;
+    ep_comm = 2 * ex;
   }
   Prediction p;
   p.layout = layout;
@@ -316,6 +340,7 @@ Prediction Planner::predict(const Layout& layout) {
   p.time.compute = static_cast<double>(micro) * gemm;
   p.time.recompute = static_cast<double>(micro) * recompute;
   p.time.tp_comm = static_cast<double>(micro) * comm;
+  p.time.ep_comm = static_cast<double>(micro) * ep_comm;
   p.time.pipeline = makespan - busy;
 
   // Memory, the data-parallel exposure and the optimizer, rank by rank.
@@ -352,6 +377,12 @@ Prediction Planner::predict(const Layout& layout) {
       const double elements = std::min(fp32, request_.bucket_bytes) / 4;
       m.grads += elements * 8 + elements / dp * 13;
     }
+    if (layout.ep > 1) {
+      // The sum of the replicated gradients over ep, a bucket at a time (all of them without dp):
+      // their indices, and (canonical) every ep rank's doubles, or (fast) an fp32 copy.
+      const double n = layout.dp > 1 ? std::min(r.replicated_params, request_.bucket_bytes / 4) : r.replicated_params;
+      m.grads += n * (8 + (request_.mode == Mode::kCanonical ? 8 * static_cast<double>(layout.ep + 1) : 4));
+    }
     m.optimizer = r.params * 8 / (layout.zero >= 1 ? dp : 1);
     const double in_flight_tokens = static_cast<double>(in_flight[i]) * tokens / static_cast<double>(layout.chunks);
     m.activations = in_flight_tokens * r.kept_bytes + (r.rebuilt_bytes + r.scratch_bytes) * tokens;
@@ -362,7 +393,17 @@ Prediction Planner::predict(const Layout& layout) {
       const double update = profile_->at(shape).optimizer * r.params / held_params;
       optimizer = std::max(optimizer, layout.zero >= 1 ? update / dp : update);
     }
-    if (layout.dp == 1) continue;
+    // Expert parallelism: the replicated tensors' gradients summed over ep before the dp reduction
+    // (canonical: every ep rank's doubles all-gathered; fast: an fp32 all-reduce).
+    const double ep_sum =
+        layout.ep == 1 ? 0
+        : request_.mode == Mode::kCanonical
+            ? all_reduce(8 * r.replicated_params * static_cast<double>(layout.ep), layout.ep, ep_link) / 2
+            : all_reduce(4 * r.replicated_params, layout.ep, ep_link);
+    if (layout.dp == 1) {
+      exposed = std::max(exposed, ep_sum);  // after the backward, no buckets to overlap
+      continue;
+    }
     // Buckets reduced during the backward: exposed, the part longer than the backward it overlaps
     // and at least the last bucket's — or all of it where communication takes the compute's core.
     const double bucket = std::min(fp32, request_.bucket_bytes);
@@ -372,7 +413,7 @@ Prediction Planner::predict(const Layout& layout) {
     double e = 0;
     if (sharded) {
       const auto scatter = [&](double b) { return scatter_time(b, layout.dp, dp_link); };
-      e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter), scatter(bucket));
+      e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter) + ep_sum, scatter(bucket));
       if (zero3) {
         e += gathers_exposed(r.layer_gather_bytes, micro, busy, dp_link, layout.dp);
       } else {
@@ -380,7 +421,7 @@ Prediction Planner::predict(const Layout& layout) {
       }
     } else {
       const auto reduce_bucket = [&](double b) { return reduction_time(b, layout.dp, dp_link); };
-      e = after_backward(bucketed(fp32, reduce_bucket), reduce_bucket(bucket));
+      e = after_backward(bucketed(fp32, reduce_bucket) + ep_sum, reduce_bucket(bucket));
       if (layout.zero == 1) e += all_reduce(fp32, layout.dp, dp_link) / 2;  // the parameters' all-gather
     }
     exposed = std::max(exposed, e);
@@ -412,41 +453,50 @@ SearchResult Planner::search() {
     r.example = l;
     r.text = why.text;
   };
+  // Expert parallelism: the divisors of a MoE model's routed experts (1 for a dense model).
+  std::vector<int64_t> eps = {1};
+  for (int64_t ep = 2; ep <= request_.model.config.moe_experts; ++ep) {
+    if (request_.model.config.moe_experts % ep == 0) eps.push_back(ep);
+  }
   for (int64_t tp = 1; tp <= cluster_.gpus_per_node && N % tp == 0; tp *= 2) {
     for (int64_t pp = 1; pp <= N / tp; ++pp) {
       if ((N / tp) % pp != 0) continue;
-      for (int64_t mb : kSearchedMicroBatches) {
-        // Without data parallelism the ZeRO stages are one layout.
-        for (int zero = 0; zero <= (N / (tp * pp) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
-          for (bool sp : {false, true}) {
-            if (sp && tp == 1) continue;
-            for (Recompute rc : kRecomputes) {
-              // A pipeline runs 1F1B, or interleaved with each rank holding kSearchedChunks stages.
-              for (int64_t chunks : {int64_t{1}, kSearchedChunks}) {
-                if (chunks > 1 && pp == 1) continue;
-                const Layout l{.dp = N / (tp * pp),
-                               .tp = tp,
-                               .pp = pp,
-                               .chunks = chunks,
-                               .micro_batch = mb,
-                               .zero = zero,
-                               .sp = sp,
-                               .recompute = rc,
-                               .schedule = chunks > 1 ? parallel::ScheduleKind::kInterleaved
-                                                      : parallel::ScheduleKind::kOneFOneB};
-                ++out.considered;
-                if (Problem why = problem(l); !why.empty()) {
-                  reject(l, why);
-                  continue;
+      for (int64_t ep : eps) {
+        if ((N / (tp * pp)) % ep != 0) continue;
+        for (int64_t mb : kSearchedMicroBatches) {
+          // Without data parallelism the ZeRO stages are one layout.
+          for (int zero = 0; zero <= (N / (tp * pp * ep) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              for (Recompute rc : kRecomputes) {
+                // A pipeline runs 1F1B, or interleaved with each rank holding kSearchedChunks stages.
+                for (int64_t chunks : {int64_t{1}, kSearchedChunks}) {
+                  if (chunks > 1 && pp == 1) continue;
+                  const Layout l{.dp = N / (tp * pp * ep),
+                                 .tp = tp,
+                                 .pp = pp,
+                                 .ep = ep,
+                                 .chunks = chunks,
+                                 .micro_batch = mb,
+                                 .zero = zero,
+                                 .sp = sp,
+                                 .recompute = rc,
+                                 .schedule = chunks > 1 ? parallel::ScheduleKind::kInterleaved
+                                                        : parallel::ScheduleKind::kOneFOneB};
+                  ++out.considered;
+                  if (Problem why = problem(l); !why.empty()) {
+                    reject(l, why);
+                    continue;
+                  }
+                  const Prediction p = predict(l);
+                  if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
+                  out.any_predicted = true;
+                  if (Problem why = fits(p); !why.empty()) {
+                    reject(l, why);
+                    continue;
+                  }
+                  out.ranked.push_back(p);
                 }
-                const Prediction p = predict(l);
-                if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
-                out.any_predicted = true;
-                if (Problem why = fits(p); !why.empty()) {
-                  reject(l, why);
-                  continue;
-                }
-                out.ranked.push_back(p);
               }
             }
           }

@@ -3,8 +3,9 @@
 // pipeline depth, the timelines of each schedule shape), and the search over the layouts the
 // trainer runs.
 //
-// Search: every dp × tp × pp of the cluster's GPUs with tp a power of two within a node, pp any
-// divisor that leaves each stage a layer; micro-batches of 1, 2, 4, 8 or 16 sequences that divide
+// Search: every dp × tp × pp × ep of the cluster's GPUs with tp a power of two within a node, pp any
+// divisor that leaves each stage a layer, ep a divisor of a MoE model's routed experts (1 for a
+// dense one); micro-batches of 1, 2, 4, 8 or 16 sequences that divide
 // a replica's share of the batch; zero 0 to 3; sequence parallelism off and on (tp > 1); no,
 // selective or full recomputation; 1F1B across stages, or interleaved with two stages a rank — the
 // trainer's choices (the zero-bubble schedule, and ZeRO-3 with pipelining or fp8, which the trainer

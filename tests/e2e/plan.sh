@@ -26,19 +26,20 @@ assert steps == sorted(steps), "not ranked by step time"
 for r in ranked:
     t, m = r["time_s"], r["memory_gib"]
     assert t["optimizer"] == 0, r  # measured only on the local cluster
+    assert t["ep_comm"] == 0, r  # a dense model
     assert abs(t["compute"] + t["tp_comm"] + t["pipeline"] + t["dp_exposed"] - r["step_s"]) < 1e-9 * r["step_s"], r
     assert m["total"] <= 80 and abs(sum(v for k, v in m.items() if k != "total") - m["total"]) < 1e-9, r
     assert 0 < r["mfu"] < 0.8, r  # below the declared GEMM efficiency
     assert abs(r["tokens_per_s"] * r["step_s"] - 1536 * 2048) < 1e-6 * 1536 * 2048, r
 for row, r in zip(rows, ranked):
-    assert " ".join(row[1:-8]) == r["layout"], (row, r["layout"])
+    assert " ".join(row[1:-9]) == r["layout"], (row, r["layout"])
 print("best:", ranked[0]["layout"], round(ranked[0]["step_s"], 3), "s, MFU", round(ranked[0]["mfu"], 3))
 PY
 best=$(python3 -c "import json; print(json.load(open('plan.json'))['ranked'][0]['layout'])")
 for what in "predicted step time" "memory of the fullest GPU" "1. $best" "data-parallel exposed" "activations"; do
   grep -q "$what" plan.svg || fail "plan.svg lacks '$what'"
 done
-[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 50 ] || fail "plan.svg: expected 5 x (5 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
+[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 55 ] || fail "plan.svg: expected 5 x (6 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
 grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
 grep -Eq '^memory of the fullest GPU [0-9.]+ GiB of 80 GiB: parameters' explain.log || fail "explain memory: $(cat explain.log)"

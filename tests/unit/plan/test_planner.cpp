@@ -7,6 +7,7 @@
 // rejections, and the cluster file's errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -153,6 +154,26 @@ TEST(PlanCostModel, MixtureOfExpertsComputesTheActiveFlopsAndHoldsEveryExpert) {
   const Prediction full = planner.predict({.dp = 8, .micro_batch = 4, .recompute = Recompute::kFull});
   EXPECT_LT(full.memory.activations, p.memory.activations);
   EXPECT_GT(full.time.recompute, 0);
+  // Expert parallelism: ep 4 of the 8 data ranks holds a quarter of the experts and pays for the
+  // rows' exchanges; ep must divide the experts; a dense model has no ep to search.
+  const Layout ep4{.dp = 2, .ep = 4, .micro_batch = 4};
+  ASSERT_TRUE(planner.problem(ep4).empty()) << planner.problem(ep4).text;
+  const Prediction e = planner.predict(ep4);
+  EXPECT_LT(e.memory.params, p.memory.params / 2);
+  EXPECT_GT(e.time.ep_comm, 0);
+  EXPECT_EQ(p.time.ep_comm, 0);
+  EXPECT_NEAR(e.time.compute, p.time.compute, 1e-12 * p.time.compute);  // the same tokens a rank
+  EXPECT_EQ(planner.problem({.dp = 8, .ep = 3, .micro_batch = 4}).kind, "gpus");
+  EXPECT_EQ(planner.problem({.dp = 1, .tp = 1, .ep = 8, .micro_batch = 4}).kind, "");
+  const Cluster twelve = cluster(4, 3, 80);
+  Planner on_twelve(moe, twelve);
+  EXPECT_EQ(on_twelve.problem({.dp = 4, .ep = 3, .micro_batch = 1}).kind, "ep");
+  EXPECT_EQ(dense_planner.problem({.dp = 4, .ep = 2, .micro_batch = 4}).kind, "ep");
+  // The search tries ep (1, 2, 4, 8 here); a dense model's none.
+  const SearchResult s = planner.search();
+  EXPECT_TRUE(std::any_of(s.ranked.begin(), s.ranked.end(), [](const Prediction& x) { return x.layout.ep == 8; }));
+  const SearchResult sd = dense_planner.search();
+  EXPECT_TRUE(std::none_of(sd.ranked.begin(), sd.ranked.end(), [](const Prediction& x) { return x.layout.ep > 1; }));
 }
 
 TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
@@ -370,6 +391,13 @@ TEST(PlanGoodput, DalysExpectedWallTime) {
   EXPECT_GT(goodput(2e12, 10, c).fraction, 0.999);
   c.mtbf_gpu_hours = 1;
   EXPECT_LT(goodput(2e12, 10, c).fraction, 0.1);
+}
+
+TEST(PlanLayout, ExpertParallelTextRoundTrips) {
+  const Layout l{.dp = 4, .tp = 2, .ep = 2, .micro_batch = 2, .zero = 1};
+  EXPECT_EQ(l.text(), "dp4 tp2 pp1 ep2 mb2 zero1");
+  EXPECT_EQ(parse_layout(l.text(), "test").text(), l.text());
+  EXPECT_EQ(l.gpus(), 16);
 }
 
 TEST(PlanLayout, TextRoundTrips) {
