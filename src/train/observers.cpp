@@ -6,6 +6,7 @@
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
+#include "src/parallel/exact_reduce.hpp"
 #include "src/train/pipeline.hpp"
 
 namespace lockstep {
@@ -71,20 +72,29 @@ Evaluation::Evaluation(TrainRun& run, MetricsWriter& metrics, data::EvalReader* 
 
 // The first dp replica evaluates (replicas are equal; its tp ranks together, and its stages one
 // after the other) — under ZeRO-3 every replica, since each layer's parameters are gathered from
-// all of them; the same windows as one process, MBL at a time.
+// all of them; the same windows as one process, MBL at a time. Under expert parallelism the
+// replica's ep ranks take the windows in turn (their MoE layers exchange rows, so every one runs as
+// many forwards as the others: windows left over run on all of them, counted by ep rank 0), and
+// their losses combine exactly — the same bits as one process.
 float Evaluation::evaluate() {
   const RunConfig& cfg = run_.cfg;
   if (run_.pipelined()) sync_tied_copy(run_.model, *run_.pp);  // the head's copy of wte, as updated
-  ChunkCombiner loss_sum;
-  for (int64_t s = 0; s < cfg.eval.batches * run_.MB; s += run_.MBL) {
-    val_->fill(s, run_.MBL, inputs_.data(), targets_.data());
+  const int64_t ep = run_.expert_parallel() ? run_.ep->size() : 1, me = ep > 1 ? run_.ep->rank() : 0;
+  const int64_t windows = (cfg.eval.batches * run_.MB + run_.MBL - 1) / run_.MBL;
+  const int64_t shared = windows - windows % ep;  // windows from here run on every ep rank
+  ChunkCombiner loss_sum, uncounted;
+  for (int64_t w = 0; w < windows; ++w) {
+    if (w < shared && w % ep != me) continue;
+    ChunkCombiner& sum = w < shared || me == 0 ? loss_sum : uncounted;
+    val_->fill(w * run_.MBL, run_.MBL, inputs_.data(), targets_.data());
     if (run_.pipelined()) {
-      eval_through_stages(run_.model, *run_.pp, {inputs_.data(), targets_.data(), run_.MBL, 0}, loss_sum);
+      eval_through_stages(run_.model, *run_.pp, {inputs_.data(), targets_.data(), run_.MBL, 0}, sum);
     } else {
-      run_.model.eval_loss(inputs_.data(), targets_.data(), run_.MBL, loss_sum);
+      run_.model.eval_loss(inputs_.data(), targets_.data(), run_.MBL, sum);
     }
   }
-  float loss = loss_sum.finish() / static_cast<float>(cfg.eval.batches * run_.MB * run_.T);
+  const float total = ep > 1 ? parallel::combine_exact(loss_sum, *run_.ep) : loss_sum.finish();
+  float loss = total / static_cast<float>(cfg.eval.batches * run_.MB * run_.T);
   if (run_.pipelined()) run_.pp->broadcast(&loss, 1, DType::kF32, run_.pp->size() - 1);  // the last stage's
   return loss;
 }

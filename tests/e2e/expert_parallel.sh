@@ -8,6 +8,7 @@
 #    router), aux-loss-free selection biases, shared experts (ep2 x tp2), bf16 linears and fp8
 #    linears (delayed scaling under Hopper accumulation, ep2 x dp2; mxfp8, ep2) each on their own
 #    one-process hash;
+#  - evaluation splits its windows over the ep ranks and gives the one process's val loss (ep2, ep4);
 #  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
 #  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
 #    manifest's model hash is the tensors'; a one-process checkpoint converted offline to dp2 x ep2
@@ -57,6 +58,19 @@ on_hash ep2_pp2 "$want" 4 --parallel.ep=2 --parallel.pp=2 --parallel.schedule=1f
 on_hash ep2_pp2_tp2 "$want" 8 --parallel.ep=2 --parallel.pp=2 --parallel.tp=2
 on_hash ep2_interleaved "$(one_process four_layers --model.n_layers=4)" 4 --model.n_layers=4 --parallel.ep=2 \
   --parallel.pp=2 --parallel.schedule=interleaved --parallel.virtual_stages=2 --train.micro_batch_size=1
+
+# Evaluation: the ep ranks take the validation windows in turn (3 windows of 4 sequences over ep2,
+# 6 of 2 over ep4: some run on every ep rank, counted once) and the val loss is the one process's.
+val_losses() { python3 -c "import json, sys; print([r['val_loss'] for r in map(json.loads, open(sys.argv[1])) if 'val_loss' in r])" "$1"; }
+eval=(--eval.every=2 --eval.batches=3)
+run "${eval[@]}" --log.metrics=eval_one.jsonl > eval_one.log 2>&1 || fail "eval: $(tail -3 eval_one.log)"
+want_val=$(val_losses eval_one.jsonl)
+for layout in "2 ep2 --parallel.ep=2" "4 ep4 --parallel.ep=4"; do
+  read -r np name flags <<< "$layout"
+  # shellcheck disable=SC2086
+  mpi "$np" "${eval[@]}" --log.metrics="eval_$name.jsonl" $flags > "eval_$name.log" 2>&1 || fail "eval $name: $(tail -3 "eval_$name.log")"
+  [ "$(val_losses "eval_$name.jsonl")" = "$want_val" ] || fail "eval $name: $(val_losses "eval_$name.jsonl") != $want_val"
+done
 
 # What a rank holds and sends: its two experts of four per layer, and the exchanges counted.
 grep -q "ep 2 x pp 1 (world 2)" ep2.log || fail "no ep in the layout line: $(grep '^parallel' ep2.log)"
