@@ -53,7 +53,7 @@ void MoeRouting::assign(const int32_t* experts, int64_t N, int64_t K, int64_t gr
   }
 }
 
-void ExpertRows::plan_sends(const MoeRouting& r, int64_t token_offset) {
+void ExpertRows::plan_sends(const MoeRouting& r) {
   LS_CHECK(static_cast<int64_t>(r.routed.size()) == peers * experts, "expert rows: ", r.routed.size(), " experts over ",
            peers, " peers of ", experts);
   send_rows.assign(static_cast<size_t>(peers), 0);
@@ -62,8 +62,6 @@ void ExpertRows::plan_sends(const MoeRouting& r, int64_t token_offset) {
     send_counts[e] = r.kept(e);
     send_rows[e / experts] += r.kept(e);
   }
-  sent_tokens.resize(static_cast<size_t>(r.R));
-  for (int64_t i = 0; i < r.R; ++i) sent_tokens[i] = token_offset + r.token_of_row[i];
   recv_counts.resize(send_counts.size());
 }
 

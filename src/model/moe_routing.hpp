@@ -49,14 +49,13 @@ struct ExpertRows {
   std::vector<int64_t> send_rows, recv_rows;    // (peers): rows to and from each peer
   std::vector<int64_t> send_counts, recv_counts;  // (peers · experts): of each expert, to / from each peer
   std::vector<int64_t> expert_first;            // (experts + 1): expert k's rows [first[k], first[k + 1])
-  std::vector<int64_t> sent_tokens, received_tokens;  // global token index of each row as sent / received
+  std::vector<int64_t> received_tokens;         // global token index of each row as received
   std::vector<int64_t> token;                   // (rows) of each expert-major row
   std::vector<int64_t> received_row;            // (rows) expert-major row i is received row received_row[i]
   int64_t rows = 0;
 
-  // The sends of routing r over peers · experts experts (peer q holds [q·experts, (q+1)·experts)),
-  // its rows' global token indices token_offset + token_of_row.
-  void plan_sends(const MoeRouting& r, int64_t token_offset);
+  // The sends of routing r over peers · experts experts (peer q holds [q·experts, (q+1)·experts)).
+  void plan_sends(const MoeRouting& r);
   // Once recv_counts are in: recv_rows, expert_first, rows and the expert-major order.
   void plan_receives();
   // Once received_tokens are in: token.

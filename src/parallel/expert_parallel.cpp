@@ -17,12 +17,15 @@ void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, con
              "): every ep rank holds moe_experts / ep experts of each MoE layer");
   // An expert's GEMM reads every peer's rows at once: a current-scaling amax would span other
   // ranks' micro-batches, and the scale would depend on the layout.
-  LS_REQUIRE(!run.fp8_current_scaling, head, " does not run with [fp8] recipe = \"current\" (an expert's ",
+  const bool current = run.precision.linears == Precision::kFp8 && run.precision.fp8.scaling == Fp8Scaling::kCurrent;
+  LS_REQUIRE(!current, head, " does not run with [fp8] recipe = \"current\" (an expert's ",
              "scale would be the amax of rows from several ranks' micro-batches, so the bits would depend on the ",
              "layout); use \"delayed\", \"mxfp8\" or \"blockwise\"");
   LS_REQUIRE(!run.buddy, head, " does not run with [verify] buddy_every yet (a buddy replays another data rank's ",
              "batch; expert parallelism spreads a batch's tokens over the ep group)");
 }
+
+const char* data_ranks_name(int64_t ep) { return ep > 1 ? "[parallel] dp x ep" : "[parallel] dp"; }
 
 uint64_t ep_min_bytes(const ModelConfig& model, int64_t ep, int64_t tokens, int64_t moe_layers, int64_t replicated) {
   if (ep == 1) return 0;

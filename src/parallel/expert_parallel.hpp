@@ -31,16 +31,21 @@
 #include "src/comm/communicator.hpp"
 #include "src/model/config.hpp"
 #include "src/model/modules.hpp"
+#include "src/model/precision.hpp"
 
 namespace lockstep::parallel {
 
 // What else a run with expert parallelism uses.
 struct EpRun {
-  bool fp8_current_scaling = false, buddy = false;
+  PrecisionRecipe precision;
+  bool buddy = false;
 };
 // ConfigError naming `source` and the field where ep cannot run: ep > 1 needs MoE layers whose
 // routed experts ep divides, does not run with fp8 current scaling, and not yet with buddy replays.
 void check_ep_layout(const ModelConfig& model, int64_t ep, const EpRun& run, const std::string& source);
+// How messages name the data ranks the batch splits over: "[parallel] dp", or with expert
+// parallelism "[parallel] dp x ep" (plan_dp_batch's `ranks`).
+const char* data_ranks_name(int64_t ep);
 
 class CommExpertExchange final : public ExpertExchange {
  public:

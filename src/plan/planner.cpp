@@ -216,7 +216,7 @@ Problem Planner::problem(const Layout& layout) {
     return {"gpus", str_cat("dp x tp x pp x ep = ", layout.gpus(), " GPUs, the cluster has ", cluster_.gpus())};
   }
   try {
-    parallel::check_ep_layout(cfg, layout.ep, {}, request_.source);
+    parallel::check_ep_layout(cfg, layout.ep, {.precision = {.linears = request_.precision}}, request_.source);
   } catch (const ConfigError& e) {
     return {"ep", e.what()};
   }
@@ -242,7 +242,7 @@ Problem Planner::problem(const Layout& layout) {
   parallel::DpBatch split;
   try {
     split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp * layout.ep, request_.mode, request_.source,
-                                    layout.ep > 1 ? "[parallel] dp x ep" : "[parallel] dp");
+                                    parallel::data_ranks_name(layout.ep));
   } catch (const ConfigError& e) {
     return {"batch split", e.what()};
   }

@@ -51,12 +51,9 @@ RunConfig target_config(const ckpt::Checkpoint& c, const std::string& to_layout)
   LS_REQUIRE(pc.dp >= 1 && pc.tp >= 1 && pc.ep >= 1, source, ": dp, tp and ep must be >= 1 (got dp=", pc.dp,
              ", tp=", pc.tp, ", ep=", pc.ep, ")");
   const TrainConfig& tc = cfg.train;
-  parallel::check_ep_layout(cfg.model, pc.ep,
-                            {.fp8_current_scaling = tc.precision_recipe().linears == Precision::kFp8 &&
-                                                    tc.precision_recipe().fp8.scaling == Fp8Scaling::kCurrent},
-                            source);
+  parallel::check_ep_layout(cfg.model, pc.ep, {.precision = tc.precision_recipe()}, source);
   const parallel::DpBatch part = parallel::plan_dp_batch(tc.batch_size, tc.micro_batch(), cfg.model.seq_len,
-                                                         pc.dp * pc.ep, tc.mode, source);
+                                                         pc.dp * pc.ep, tc.mode, source, parallel::data_ranks_name(pc.ep));
   parallel::check_tp_layout(cfg.model, pc.tp, pc.sp, part.local_micro * cfg.model.seq_len, tc.mode, source);
   return cfg;
 }

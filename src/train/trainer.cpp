@@ -287,12 +287,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   // Expert parallelism: the batch splits over the data ranks, dp x ep.
   comm::Communicator& epc = mesh.group(parallel::Axis::kEp);
   parallel::check_ep_layout(cfg.model, epc.size(),
-                            {.fp8_current_scaling = tc.precision_recipe().linears == Precision::kFp8 &&
-                                                    tc.precision_recipe().fp8.scaling == Fp8Scaling::kCurrent,
-                             .buddy = cfg.verify.buddy_every > 0},
-                            cfg.source);
+                            {.precision = tc.precision_recipe(), .buddy = cfg.verify.buddy_every > 0}, cfg.source);
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,
-                                                         epc.size() > 1 ? "[parallel] dp x ep" : "[parallel] dp");
+                                                         parallel::data_ranks_name(epc.size()));
   parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
   const std::string fp8_problem =
       tc.precision_recipe().fp8_layout_problem(describe_model(cfg.model), tp, pc.sp, part.local_micro * T,

@@ -59,11 +59,13 @@ TEST_P(ExpertExchangeTest, RowsReachTheirExpertsAndComeBack) {
   ExpertRows ex;
   ex.peers = p;
   ex.experts = c.held;
-  ex.plan_sends(r, offset);
+  ex.plan_sends(r);
+  std::vector<int64_t> row_token(static_cast<size_t>(r.R));  // the global token of each row
+  for (int64_t i = 0; i < r.R; ++i) row_token[i] = offset + r.token_of_row[i];
   exchange.all_to_all(ex.send_counts.data(), ex.recv_counts.data(), c.held);
   ex.plan_receives();
   ex.received_tokens.resize(static_cast<size_t>(ex.rows));
-  exchange.all_to_all_rows(ex.sent_tokens.data(), ex.send_rows.data(), ex.received_tokens.data(), ex.recv_rows.data(),
+  exchange.all_to_all_rows(row_token.data(), ex.send_rows.data(), ex.received_tokens.data(), ex.recv_rows.data(),
                            1);
   ex.order_tokens();
   std::vector<float> received(static_cast<size_t>(ex.rows * kWidth)), mine(received.size());
@@ -82,7 +84,9 @@ TEST_P(ExpertExchangeTest, RowsReachTheirExpertsAndComeBack) {
     for (int64_t i = ex.expert_first[k]; i < ex.expert_first[k + 1]; ++i) {
       EXPECT_EQ(mine[i * kWidth + 1], static_cast<float>(e)) << "row " << i;
       EXPECT_EQ(mine[i * kWidth], static_cast<float>(ex.token[i])) << "row " << i;
-      if (i > ex.expert_first[k]) EXPECT_LT(ex.token[i - 1], ex.token[i]) << "expert " << e << " row " << i;
+      if (i > ex.expert_first[k]) {
+        EXPECT_LT(ex.token[i - 1], ex.token[i]) << "expert " << e << " row " << i;
+      }
     }
   }
 

@@ -121,10 +121,10 @@ class Moe final : public PreNormBranch {
           grow_to(a.xe, R * C_);
           grow_to(a.ye, R * C_);
           if (sp_) grow_to(a.combined, BT * C_);
+          if (static_cast<int64_t>(a.row_token.size()) < R) a.row_token.resize(static_cast<size_t>(R));
           if (held_.exchange == nullptr) {  // the experts' rows are this rank's own
             grow_to(a.fc, R * fc_out_);
             grow_to(a.act, R * F_);
-            if (static_cast<int64_t>(a.row_token.size()) < R) a.row_token.resize(static_cast<size_t>(R));
           } else {
             a.exchanged.peers = held_.exchange->size();
             a.exchanged.experts = held_.count;
@@ -162,9 +162,10 @@ class Moe final : public PreNormBranch {
     if (ctx.recording()) record(ctx.moe_stats(stats_), a, p);
     const MoeRowsShape rows{p.BT, r.R, C_, K_};
     be.moe_dispatch(rows, a.xe.data(), ln, r.token_of_row.data());
+    for (int64_t i = 0; i < r.R; ++i) a.row_token[i] = p.token_offset + r.token_of_row[i];
     // Expert parallelism: the received rows' staging and the held experts' outputs, for this call.
     float* staging = nullptr;
-    const ExpertSide side = held_.exchange ? receive_rows(ctx, p, a, staging) : own_rows(p, a);
+    const ExpertSide side = held_.exchange ? receive_rows(ctx, a, staging) : own_rows(a);
     for (int64_t k = 0; k < held_.count; ++k) {
       const int64_t f = side.first[k], n = side.first[k + 1] - f;
       if (n == 0) continue;
@@ -264,7 +265,7 @@ class Moe final : public PreNormBranch {
     std::vector<float> shared_in, shared_fc, shared_act, shared_y;  // the shared experts' (all tokens)
     std::vector<int32_t> experts;
     MoeRouting routing;
-    std::vector<int64_t> row_token;  // the global token index of each row (this rank's own rows)
+    std::vector<int64_t> row_token;  // the global token index of each of this rank's own rows
     // Expert parallelism: the rows exchanged, and the held experts' input rows.
     ExpertRows exchanged;
     std::vector<float> xr;
@@ -345,23 +346,21 @@ class Moe final : public PreNormBranch {
   // This rank's first stream row among the micro-batch's tokens (0 without sequence parallelism).
   static int64_t stream_first(const Pass& p) { return p.stream_offset - p.token_offset; }
   // Every expert here: the rows of this rank's tokens.
-  ExpertSide own_rows(const Pass& p, Acts& a) const {
-    const MoeRouting& r = a.routing;
-    for (int64_t i = 0; i < r.R; ++i) a.row_token[i] = p.token_offset + r.token_of_row[i];
-    return {a.xe.data(), a.ye.data(), r.expert_first.data(), a.row_token.data()};
+  static ExpertSide own_rows(Acts& a) {
+    return {a.xe.data(), a.ye.data(), a.routing.expert_first.data(), a.row_token.data()};
   }
   // Expert parallelism: every peer's rows of the experts held here (with their global token
   // indices), in expert-major order; the expert-side buffers grown to hold them, the staging of
   // the received order and the experts' outputs in the context's transient buffer.
-  ExpertSide receive_rows(LayerContext& ctx, const Pass& p, Acts& a, float*& staging) {
+  ExpertSide receive_rows(LayerContext& ctx, Acts& a, float*& staging) {
     ExpertRows& ex = a.exchanged;
     ExpertExchange& xc = *held_.exchange;
-    ex.plan_sends(a.routing, p.token_offset);
+    ex.plan_sends(a.routing);
     xc.all_to_all(ex.send_counts.data(), ex.recv_counts.data(), held_.count);
     ex.plan_receives();
     const int64_t n = ex.rows;
     if (static_cast<int64_t>(ex.received_tokens.size()) < n) ex.received_tokens.resize(static_cast<size_t>(n));
-    xc.all_to_all_rows(ex.sent_tokens.data(), ex.send_rows.data(), ex.received_tokens.data(), ex.recv_rows.data(), 1);
+    xc.all_to_all_rows(a.row_token.data(), ex.send_rows.data(), ex.received_tokens.data(), ex.recv_rows.data(), 1);
     ex.order_tokens();
     const int64_t staged = std::max(n, a.routing.R) * C_;
     staging = ctx.transient(staged + n * C_);
