@@ -19,16 +19,43 @@
 // Canonical mode uses transcendental.hpp's exp. Fast mode may use any order and libm.
 // dqkv is overwritten. Sequences are independent (no reduction crosses b), so these are not
 // token reductions in the sense of linear.hpp.
+//
+// Part of the queries (context parallelism: each rank holds some blocks of every sequence's
+// positions): the _rows variants compute the rows t in [first, first + count) of each sequence
+// only, each bit for bit as above, against the keys and values of [0, first + count). dk and dv of
+// every key then sum only the pairs (j, t) with t in those rows: in canonical mode each chunk of
+// the contract's chain lies inside one query block (T, first and count multiples of 64, so a chunk
+// never spans two blocks), and the call adds its chunk partials to exact sums, which the caller
+// combines over the blocks (the ranks) and rounds once; dk is left unscaled there, the caller
+// multiplying by scale after rounding, as the whole op does. Fast mode gives fp32 partial sums.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/ops/mode.hpp"
+#include "src/core/exact_sum.hpp"
 
 namespace lockstep {
 
 struct AttentionShape {
   int64_t B, T, NH, NKV, HS;
+};
+
+// 1/sqrt(HS) rounded once to fp32 (sqrt and the division are correctly rounded in double, and
+// the double -> float conversion rounds once more: the same value on every machine).
+inline float attention_scale(int64_t HS) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS))); }
+
+// The query rows of each sequence a _rows call computes: [first, first + count).
+struct QueryRows {
+  int64_t first = 0, count = 0;
+};
+
+// Where attention_backward_rows adds dk and dv (unscaled), laid out [dk | dv], each (B, NKV, T, HS):
+// canonical mode its chunk partials to `exact`, fast mode its fp32 sums to `partial`.
+struct KeyGrads {
+  ExactAccumulator* exact = nullptr;
+  float* partial = nullptr;
 };
 
 }  // namespace lockstep
@@ -45,5 +72,18 @@ void attention_backward(Mode mode, AttentionShape s,
                         float* scratch,                           // (B, NH, T, T) workspace
                         const float* dout,                        // (B, T, NH*HS)
                         const float* qkv, const float* att);      // inputs of the forward
+
+// The same for the query rows `rows` only (the header's "Part of the queries"); qkv holds every
+// position's k and v, and q at those rows. scale_of gives the caller the scale dk is missing.
+void attention_forward_rows(Mode mode, AttentionShape s, QueryRows rows,
+                            float* out,                           // (B, rows, NH*HS)
+                            float* att,                           // (B, NH, rows, T) cached
+                            const float* qkv);                    // (B, T, (NH+2NKV)*HS)
+void attention_backward_rows(Mode mode, AttentionShape s, QueryRows rows,
+                             float* dq,                           // (B, rows, (NH+2NKV)*HS): q columns
+                             KeyGrads keys,                       // dk, dv of every key
+                             float* scratch,                      // (B, NH, rows, T) workspace
+                             const float* dout,                   // (B, rows, NH*HS)
+                             const float* qkv, const float* att);
 
 }  // namespace lockstep::cpu

@@ -400,6 +400,155 @@ class AttentionBackward final : public AttentionCase {
   std::vector<float> scratch_;
 };
 
+// The _rows variants (context parallelism): one block of 64 query rows of each sequence, in the
+// middle of T where T allows (keys before and after the block both exist), checked against the
+// rows of the whole op's reference.
+class AttentionRowsCase : public OpCase {
+ public:
+  explicit AttentionRowsCase(const CaseSpec& c) : s_(attention_shape(c.size)) {
+    s_.T = dim(c.size, {64, 64, 128, 192, 128, 256});
+    rows_ = {s_.T / 2 / kCanonicalChunk * kCanonicalChunk, kCanonicalChunk};
+    Draw d(c);
+    qkv_ = d.values(s_.B * s_.T * row(), 20);
+    // A nonfinite case's NaN or ±inf where the call reads it: a q of its rows, or a k or v before them.
+    const std::vector<float> special = d.values(1, 0, true);
+    const int64_t b = static_cast<int64_t>(d.below(static_cast<uint64_t>(s_.B)));
+    const int64_t t = rows_.first + static_cast<int64_t>(d.below(static_cast<uint64_t>(rows_.count)));
+    const int64_t at = d.below(2) == 0 ? (b * s_.T + t) * row() + static_cast<int64_t>(d.below(static_cast<uint64_t>(s_.NH * s_.HS)))
+                                      : (b * s_.T + static_cast<int64_t>(d.below(static_cast<uint64_t>(t + 1)))) * row() +
+                                            s_.NH * s_.HS + static_cast<int64_t>(d.below(static_cast<uint64_t>(2 * s_.NKV * s_.HS)));
+    qkv_[static_cast<size_t>(at)] = special[0];
+    dout_ = d.values(s_.B * rows_.count * s_.NH * s_.HS);
+    out_.assign(static_cast<size_t>(s_.B * rows_.count * s_.NH * s_.HS), -1.0f);
+    att_.assign(static_cast<size_t>(s_.B * s_.NH * rows_.count * s_.T), -1.0f);
+  }
+  std::string shape() const override {
+    return attention_text(s_) + dims_text({{" rows from", rows_.first}, {"count", rows_.count}});
+  }
+  double flops() const override {
+    return 2.0 * static_cast<double>(s_.B * s_.NH * rows_.count * (rows_.first + rows_.count) * s_.HS);
+  }
+
+ protected:
+  int64_t row() const { return (s_.NH + 2 * s_.NKV) * s_.HS; }
+  // Rows [first, first + count) of each of `seqs` (rows, width) blocks of v.
+  template <class V>
+  V rows_of(const V& v, int64_t seqs, int64_t rows, int64_t width) const {
+    V out;
+    for (int64_t b = 0; b < seqs; ++b) {
+      auto from = v.begin() + (b * rows + rows_.first) * width;
+      out.insert(out.end(), from, from + rows_.count * width);
+    }
+    return out;
+  }
+  template <class Real>
+  std::vector<std::vector<Real>> ref_forward() const {
+    std::vector<Real> out(static_cast<size_t>(s_.B * s_.T * s_.NH * s_.HS)), att(static_cast<size_t>(s_.B * s_.NH * s_.T * s_.T));
+    const auto q = as<Real>(qkv_);
+    reference::attention_forward(s_.B, s_.T, s_.NH, s_.NKV, s_.HS, out.data(), att.data(), q.data());
+    return {rows_of(out, s_.B, s_.T, s_.NH * s_.HS), rows_of(att, s_.B * s_.NH, s_.T, s_.T)};
+  }
+  AttentionShape s_;
+  QueryRows rows_;
+  std::vector<float> qkv_, dout_, out_, att_;
+};
+
+class AttentionForwardRows final : public AttentionRowsCase {
+ public:
+  using AttentionRowsCase::AttentionRowsCase;
+  void run(Backend& be, Mode mode) override {
+    be.attention_forward_rows(mode, s_, rows_, out_.data(), att_.data(), qkv_.data());
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref_forward<Bd>();
+    return {check_of("out", out_, b[0], mode, [&] { return floats(ref_forward<Cf>()[0]); }),
+            check_of("att", att_, b[1], mode, [&] { return floats(ref_forward<Cf>()[1]); })};
+  }
+};
+
+// dq of the rows, and dk, dv of every key from the rows' pairs alone (rounded once, dk scaled):
+// the reference is the whole op on the sequence's first first + count positions with q, dout and
+// the probabilities of the rows before the block zeroed, so that only the block's pairs count.
+class AttentionBackwardRows final : public AttentionRowsCase {
+ public:
+  explicit AttentionBackwardRows(const CaseSpec& c)
+      : AttentionRowsCase(c), keys_(2 * s_.B * s_.NKV * s_.T * s_.HS) {}
+  void run(Backend& be, Mode mode) override {
+    if (dq_.empty()) be.attention_forward_rows(Mode::kCanonical, s_, rows_, out_.data(), att_.data(), qkv_.data());
+    dq_.assign(static_cast<size_t>(s_.B * rows_.count * row()), -1.0f);
+    scratch_.resize(att_.size());
+    std::fill(keys_.f32.begin(), keys_.f32.end(), 0.0f);
+    keys_.exact.zero();
+    const GradSink sink = keys_.sink(mode);
+    be.attention_backward_rows(mode, s_, rows_, dq_.data(), {sink.exact, sink.f32}, scratch_.data(), dout_.data(),
+                               qkv_.data(), att_.data());
+    mode_ = mode;
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref<Bd>();
+    const auto got = computed();
+    return {check_of("dq", got[0], b[0], mode, [&] { return floats(ref<Cf>()[0]); }),
+            check_of("dk", got[1], b[1], mode, [&] { return floats(ref<Cf>()[1]); }),
+            check_of("dv", got[2], b[2], mode, [&] { return floats(ref<Cf>()[2]); })};
+  }
+
+ private:
+  // The kernel's q columns of the rows, and dk, dv as (B, T, NKV·HS) (dk scaled after rounding).
+  std::vector<std::vector<float>> computed() const {
+    const int64_t KV = s_.NKV * s_.HS, Q = s_.NH * s_.HS;
+    std::vector<float> dq = columns(dq_, s_.B * rows_.count, row(), 0, Q);
+    const std::vector<float> sums = keys_.values(mode_);
+    std::vector<float> dk(static_cast<size_t>(s_.B * s_.T * KV)), dv(dk.size());
+    const float scale = attention_scale(s_.HS);
+    for (int64_t b = 0; b < s_.B; ++b) {
+      for (int64_t g = 0; g < s_.NKV; ++g) {
+        for (int64_t t = 0; t < s_.T; ++t) {
+          for (int64_t d = 0; d < s_.HS; ++d) {
+            const size_t from = static_cast<size_t>(((b * s_.NKV + g) * s_.T + t) * s_.HS + d);
+            const size_t to = static_cast<size_t>((b * s_.T + t) * KV + g * s_.HS + d);
+            dk[to] = sums[from] * scale;
+            dv[to] = sums[from + dk.size()];
+          }
+        }
+      }
+    }
+    return {dq, dk, dv};
+  }
+  template <class Real>
+  std::vector<std::vector<Real>> ref() const {
+    const int64_t T1 = rows_.first + rows_.count, Q = s_.NH * s_.HS, KV = s_.NKV * s_.HS;
+    std::vector<float> qkv(static_cast<size_t>(s_.B * T1 * row())), dout(static_cast<size_t>(s_.B * T1 * Q), 0.0f),
+        att(static_cast<size_t>(s_.B * s_.NH * T1 * T1), 0.0f);
+    for (int64_t b = 0; b < s_.B; ++b) {
+      std::copy_n(qkv_.begin() + b * s_.T * row(), T1 * row(), qkv.begin() + b * T1 * row());
+      for (int64_t t = 0; t < rows_.first; ++t) std::fill_n(qkv.begin() + (b * T1 + t) * row(), Q, 0.0f);
+      std::copy_n(dout_.begin() + b * rows_.count * Q, rows_.count * Q, dout.begin() + (b * T1 + rows_.first) * Q);
+      for (int64_t h = 0; h < s_.NH; ++h) {
+        for (int64_t t = 0; t < rows_.count; ++t) {
+          std::copy_n(att_.begin() + ((b * s_.NH + h) * rows_.count + t) * s_.T, T1,
+                      att.begin() + ((b * s_.NH + h) * T1 + rows_.first + t) * T1);
+        }
+      }
+    }
+    std::vector<Real> dqkv(qkv.size()), scratch(att.size());
+    const auto q = as<Real>(qkv), o = as<Real>(dout), a = as<Real>(att);
+    reference::attention_backward(s_.B, T1, s_.NH, s_.NKV, s_.HS, dqkv.data(), scratch.data(), o.data(), q.data(), a.data());
+    std::vector<Real> dq, dk(static_cast<size_t>(s_.B * s_.T * KV), Real(0)), dv(dk.size(), Real(0));
+    for (int64_t b = 0; b < s_.B; ++b) {
+      for (int64_t t = 0; t < T1; ++t) {
+        auto r = dqkv.begin() + (b * T1 + t) * row();
+        if (t >= rows_.first) dq.insert(dq.end(), r, r + Q);
+        std::copy_n(r + Q, KV, dk.begin() + (b * s_.T + t) * KV);
+        std::copy_n(r + Q + KV, KV, dv.begin() + (b * s_.T + t) * KV);
+      }
+    }
+    return {dq, dk, dv};
+  }
+  std::vector<float> dq_, scratch_;
+  GradBuffer keys_;
+  Mode mode_ = Mode::kCanonical;
+};
+
 // ---- rope.hpp
 
 // cos/sin(t·θ^(−2i/HS)) in MPFR against the tables, within rope.hpp's accuracy: one fp32 rounding
@@ -1022,6 +1171,12 @@ inline std::unique_ptr<OpCase> make_rmsnorm_forward(const CaseSpec& c) { return 
 inline std::unique_ptr<OpCase> make_rmsnorm_backward(const CaseSpec& c) { return std::make_unique<NormBackward>(c, false); }
 inline std::unique_ptr<OpCase> make_attention_forward(const CaseSpec& c) { return std::make_unique<AttentionForward>(c); }
 inline std::unique_ptr<OpCase> make_attention_backward(const CaseSpec& c) { return std::make_unique<AttentionBackward>(c); }
+inline std::unique_ptr<OpCase> make_attention_forward_rows(const CaseSpec& c) {
+  return std::make_unique<AttentionForwardRows>(c);
+}
+inline std::unique_ptr<OpCase> make_attention_backward_rows(const CaseSpec& c) {
+  return std::make_unique<AttentionBackwardRows>(c);
+}
 inline std::unique_ptr<OpCase> make_rope_tables(const CaseSpec& c) { return std::make_unique<RopeTables>(c); }
 inline std::unique_ptr<OpCase> make_rope_forward(const CaseSpec& c) { return std::make_unique<RopeCase>(c, false); }
 inline std::unique_ptr<OpCase> make_rope_backward(const CaseSpec& c) { return std::make_unique<RopeCase>(c, true); }
