@@ -352,6 +352,7 @@ struct LayerBuild {
   LayerContext& ctx;
   LayerDims local;      // this rank's dims (the plan's share of heads, features, vocabulary)
   int64_t max_batch;    // sequences of the largest micro-batch
+  int64_t max_tokens;   // its tokens here (max_batch times the positions held: ModelPlan::sequence)
   int64_t max_stream;   // stream tokens of the largest micro-batch
   int slots;            // micro-batches in flight at once
 };

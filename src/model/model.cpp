@@ -210,7 +210,9 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     ctx_.fp8_ = std::make_unique<Fp8State>(ctx_.precision_.fp8, fp8_linears);
     LS_CHECK(!options_.sharded_params, "sharded parameters with fp8 linears");
   }
-  const int64_t T = desc_.config.seq_len, max_stream = plan_->stream_tokens(micro_batch * T);
+  const int64_t T = desc_.config.seq_len;
+  seq_ = plan_->sequence(T);
+  const int64_t max_tokens = micro_batch * seq_tokens(seq_), max_stream = plan_->stream_tokens(max_tokens);
   const size_t stream = static_cast<size_t>(max_stream * desc_.config.d_model);
   int64_t scratch = 0;
   for (const LayerChunk& range : options_.chunks) {
@@ -220,7 +222,7 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     c.layer_begin = layers_.size();
     for (size_t l = range.first; l < range.end; ++l) {
       const LayerDesc& d = desc_.layers[l];
-      const LayerBuild b{ctx_, plan_->local_dims(d), micro_batch, max_stream, range.slots};
+      const LayerBuild b{ctx_, plan_->local_dims(d), micro_batch, max_tokens, max_stream, range.slots};
       ctx_.building_ = layers_.size();
       ctx_.layer_params_.emplace_back();
       ctx_.layer_copies_.emplace_back();
@@ -231,7 +233,7 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
     c.layer_end = layers_.size();
     c.slots.resize(static_cast<size_t>(range.slots));
     for (Slot& s : c.slots) {
-      s.inputs.resize(static_cast<size_t>(micro_batch * T));
+      s.inputs.resize(static_cast<size_t>(max_tokens));
       s.targets.resize(s.inputs.size());
       if (range.first > 0) s.stage_input.resize(stream);
     }
@@ -390,19 +392,27 @@ Model::Slot& Model::acquire(Chunk& c, int64_t mb, const MicroBatch& batch) {
   Slot& s = reserve(c, mb);
   LS_CHECK(s.input_only, "micro-batch ", mb, " is already in flight");
   s.input_only = false;
-  const int64_t T = desc_.config.seq_len, BT = batch.B * T;
-  if (batch.inputs) std::copy(batch.inputs, batch.inputs + BT, s.inputs.begin());
-  if (batch.targets) std::copy(batch.targets, batch.targets + BT, s.targets.begin());
+  const int64_t T = desc_.config.seq_len, TL = seq_tokens(seq_), BT = batch.B * TL;
+  // The tokens at the positions held here, block by block (SeqBlock's order).
+  auto take = [&](const int32_t* from, std::vector<int32_t>& to) {
+    if (from == nullptr) return;
+    auto o = to.begin();
+    for (const SeqBlock& k : seq_) {
+      for (int64_t b = 0; b < batch.B; ++b) o = std::copy_n(from + b * T + k.position, k.length, o);
+    }
+  };
+  take(batch.inputs, s.inputs);
+  take(batch.targets, s.targets);
   Pass& p = s.pass;
   p = Pass{};
   p.slot = static_cast<int>(&s - c.slots.data());
   p.B = batch.B;
-  p.T = T;
+  p.T = TL;
   p.BT = BT;
   p.RS = plan_->stream_tokens(BT);
   const bool whole = p.RS == BT;
   p.RB = whole ? batch.B : 1;
-  p.RT = whole ? T : p.RS;
+  p.RT = whole ? TL : p.RS;
   p.token_offset = batch.token_offset;
   p.stream_offset = batch.token_offset + plan_->stream_first(BT);
   p.inputs = s.inputs.data();

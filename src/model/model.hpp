@@ -256,6 +256,7 @@ class Model {
   const ModelPlan* plan_;
   LayerContext ctx_;
   int64_t max_batch_;
+  std::vector<SeqBlock> seq_;  // the positions of each sequence held here (ModelPlan::sequence)
   std::vector<std::unique_ptr<Layer>> layers_;  // the chunks' layers of desc_.layers, in order
   std::vector<Chunk> chunks_;
   std::vector<float> stream_grad_[2];  // the stream's gradient between layers

@@ -44,6 +44,44 @@ void norm_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t 
   }
 }
 
+int64_t seq_tokens(std::span<const SeqBlock> blocks) {
+  int64_t n = 0;
+  for (const SeqBlock& b : blocks) n += b.length;
+  return n;
+}
+
+namespace {
+
+// The sink's elements from `first` on (a block's rows of dwpe).
+GradSink from(GradSink g, int64_t first) {
+  if (g.empty()) return g;
+  return {g.f32 != nullptr ? g.f32 + first : nullptr, g.exact, g.offset + first};
+}
+
+}  // namespace
+
+void embedding_forward_blocks(Backend& be, Mode mode, EmbeddingShape s, std::span<const SeqBlock> seq, float* out,
+                              const int32_t* tokens, const float* wte, const float* wpe) {
+  int64_t row = 0;
+  for (const SeqBlock& k : seq) {
+    s.T = k.length;
+    be.embedding_forward(mode, s, out + row * s.C, tokens + row, wte, wpe != nullptr ? wpe + k.position * s.C : nullptr);
+    row += s.B * k.length;
+  }
+}
+
+void embedding_backward_blocks(Backend& be, Mode mode, EmbeddingShape s, std::span<const SeqBlock> seq,
+                               int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+                               const int32_t* tokens) {
+  int64_t row = 0;
+  for (const SeqBlock& k : seq) {
+    s.T = k.length;
+    be.embedding_backward(mode, s, token_offset + row, dwte, from(dwpe, k.position * s.C), dout + row * s.C,
+                          tokens + row);
+    row += s.B * k.length;
+  }
+}
+
 namespace {
 
 class Norm final : public NormOp {
@@ -72,17 +110,29 @@ class Linear final : public LinearOp {
 class Embedding final : public EmbeddingOp {
  public:
   explicit Embedding(const LayerDesc& layer) : layer_(layer) {}
-  void forward(Backend& be, Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
-    be.embedding_forward(mode, shape(B), out, tokens, wte, wpe);
+  void forward(Backend& be, Mode mode, int64_t B, std::span<const SeqBlock> seq, float* out, const int32_t* tokens,
+               const float* wte, const float* wpe) override {
+    embedding_forward_blocks(be, mode, shape(B), seq, out, tokens, wte, wpe);
   }
-  void backward(Backend& be, Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
-                const int32_t* tokens) override {
-    be.embedding_backward(mode, shape(B), token_offset, dwte, dwpe, dout, tokens);
+  void backward(Backend& be, Mode mode, int64_t B, std::span<const SeqBlock> seq, int64_t token_offset, GradSink dwte,
+                GradSink dwpe, const float* dout, const int32_t* tokens) override {
+    embedding_backward_blocks(be, mode, shape(B), seq, token_offset, dwte, dwpe, dout, tokens);
   }
 
  private:
   EmbeddingShape shape(int64_t B) const { return {B, layer_.dims.T, layer_.dims.C, layer_.dims.V}; }
   const LayerDesc& layer_;
+};
+
+class Attention final : public AttentionOp {
+ public:
+  void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) override {
+    be.attention_forward(mode, s, out, att, qkv);
+  }
+  void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float* scratch, const float* dout,
+                const float* qkv, const float* att) override {
+    be.attention_backward(mode, s, dqkv, scratch, dout, qkv, att);
+  }
 };
 
 class CrossEntropy final : public LossOp {
@@ -116,6 +166,8 @@ void ModelPlan::gather_stream(const float* stream, float* all, int64_t BT, int64
 std::unique_ptr<EmbeddingOp> ModelPlan::embedding(const LayerDesc& layer) const {
   return std::make_unique<Embedding>(layer);
 }
+
+std::unique_ptr<AttentionOp> ModelPlan::attention(const LayerDesc&) const { return std::make_unique<Attention>(); }
 
 std::unique_ptr<LossOp> ModelPlan::loss(const LayerDesc& layer) const { return std::make_unique<CrossEntropy>(layer); }
 

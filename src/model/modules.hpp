@@ -9,6 +9,8 @@
 //   NormOp        out (all BT tokens) = norm of this rank's stream tokens of inp
 //   LinearOp      out = inp · wᵀ + b and its backward, however the weight is split
 //   EmbeddingOp   the stream from the tokens, and the tables' gradients
+//   AttentionOp   causal attention of the queries held here (context parallelism: against every
+//                 rank's keys and values)
 //   LossOp        per-token cross-entropy (and dlogits) over however the vocabulary is split
 // A linear whose weight the layer declares split along dim 0 (output features) is column-
 // parallel, along dim 1 (input features) row-parallel (layer_list.hpp's ParamDecl::split_dim,
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,24 @@ void activation_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int
 void activation_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t F, float* dfc,
                               const float* fc, const float* dout);
 
+// The positions of each sequence whose tokens this rank holds: blocks of consecutive positions (all
+// of [0, T) in one block, or a context-parallel rank's share). A micro-batch's tokens here are
+// ordered block by block: block 0 of every sequence, then block 1, ... — so the tokens of one block
+// are a (B, length) run, and every other op sees B·(Σ lengths) tokens in a row.
+struct SeqBlock {
+  int64_t position = 0, length = 0;
+};
+int64_t seq_tokens(std::span<const SeqBlock> blocks);  // Σ lengths
+
+// The embedding kernels over B sequences' tokens at the positions `seq` (the tensor-parallel
+// plan's vocabulary shard in `s`, whose T is ignored): each block a call of its own, with the
+// block's rows of wpe and of its gradient.
+void embedding_forward_blocks(Backend& be, Mode mode, EmbeddingShape s, std::span<const SeqBlock> seq, float* out,
+                              const int32_t* tokens, const float* wte, const float* wpe);
+void embedding_backward_blocks(Backend& be, Mode mode, EmbeddingShape s, std::span<const SeqBlock> seq,
+                               int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
+                               const int32_t* tokens);
+
 class NormOp {
  public:
   virtual ~NormOp() = default;
@@ -68,12 +89,23 @@ class LinearOp {
 class EmbeddingOp {
  public:
   virtual ~EmbeddingOp() = default;
-  // out: the stream tokens of B sequences.
-  virtual void forward(Backend& be, Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe) = 0;
+  // out: the stream tokens of B sequences, whose positions here are `seq` (ModelPlan::sequence).
+  virtual void forward(Backend& be, Mode mode, int64_t B, std::span<const SeqBlock> seq, float* out,
+                       const int32_t* tokens, const float* wte, const float* wpe) = 0;
   // dout: the stream tokens' gradient.
-  virtual void backward(Backend& be, Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
-                        const int32_t* tokens) = 0;
+  virtual void backward(Backend& be, Mode mode, int64_t B, std::span<const SeqBlock> seq, int64_t token_offset,
+                        GradSink dwte, GradSink dwpe, const float* dout, const int32_t* tokens) = 0;
+};
+
+// Causal attention (kernels/ops/attention.hpp) of B sequences' queries held here: s has the whole
+// T and this rank's heads; qkv, out, dqkv and dout hold the tokens here (ModelPlan::sequence's
+// order), att and scratch (B, NH, tokens here, T) per block of positions.
+class AttentionOp {
+ public:
+  virtual ~AttentionOp() = default;
+  virtual void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) = 0;
+  virtual void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float* scratch, const float* dout,
+                        const float* qkv, const float* att) = 0;
 };
 
 class LossOp {
@@ -105,6 +137,8 @@ class ModelPlan {
   virtual LayerDims local_dims(const LayerDesc& layer) const { return layer.dims; }
   // This rank's parameters in canonical order.
   virtual std::vector<ParamTensor> param_layout(const ModelDesc& desc) const { return build_param_layout(desc); }
+  // The positions of each sequence held here (SeqBlock).
+  virtual std::vector<SeqBlock> sequence(int64_t T) const { return {{0, T}}; }
   // Tokens of a BT-token micro-batch in the residual stream here, and the first of them.
   virtual int64_t stream_tokens(int64_t BT) const { return BT; }
   virtual int64_t stream_first(int64_t BT) const { return 0; }
@@ -116,6 +150,7 @@ class ModelPlan {
   // stream itself without sequence parallelism.
   virtual void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const;
   virtual std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const;
+  virtual std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const;
   virtual std::unique_ptr<LossOp> loss(const LayerDesc& layer) const;
   // x[i] = the maximum over the ranks that hold parts of one tensor (tensor parallelism): a
   // per-tensor statistic of a split tensor. One device: x as it is.

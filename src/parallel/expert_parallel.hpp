@@ -82,6 +82,8 @@ class ExpertParallelPlan final : public ModelPlan {
     inner_.gather_stream(stream, all, BT, C);
   }
   std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
+  std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override { return inner_.attention(layer); }
+  std::vector<SeqBlock> sequence(int64_t T) const override { return inner_.sequence(T); }
   std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override { return inner_.loss(layer); }
   void max_over_shards(float* x, int64_t n) const override { inner_.max_over_shards(x, n); }
   ExpertShard experts(const LayerDesc& layer) const override;

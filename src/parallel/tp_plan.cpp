@@ -134,10 +134,11 @@ class RowParallelLinear final : public LinearOp {
 class VocabParallelEmbedding final : public EmbeddingOp {
  public:
   VocabParallelEmbedding(const LayerDesc& layer, Group g) : layer_(layer), g_(g) {}
-  void forward(Backend& be, Mode mode, int64_t B, float* out, const int32_t* tokens, const float* wte, const float* wpe) override {
-    const int64_t BT = B * layer_.dims.T, C = layer_.dims.C;
+  void forward(Backend& be, Mode mode, int64_t B, std::span<const SeqBlock> seq, float* out, const int32_t* tokens,
+               const float* wte, const float* wpe) override {
+    const int64_t BT = B * seq_tokens(seq), C = layer_.dims.C;
     float* embedded = g_.sp ? TensorParallelPlan::Scratch::floats(g_.scratch.buf, BT * C) : out;
-    be.embedding_forward(mode, shape(B), embedded, tokens, wte, wpe);
+    embedding_forward_blocks(be, mode, shape(B), seq, embedded, tokens, wte, wpe);
     if (g_.sp) {
       g_.tp.reduce_scatter_sum(embedded, out, g_.stream(BT) * C);
     } else {
@@ -145,10 +146,10 @@ class VocabParallelEmbedding final : public EmbeddingOp {
     }
   }
   // The gradients from all the tokens (the conjugate of the forward's reduce-scatter).
-  void backward(Backend& be, Mode mode, int64_t B, int64_t token_offset, GradSink dwte, GradSink dwpe, const float* dout,
-                const int32_t* tokens) override {
-    const float* full = g_.gathered(dout, B * layer_.dims.T, layer_.dims.C);
-    be.embedding_backward(mode, shape(B), token_offset, dwte, dwpe, full, tokens);
+  void backward(Backend& be, Mode mode, int64_t B, std::span<const SeqBlock> seq, int64_t token_offset, GradSink dwte,
+                GradSink dwpe, const float* dout, const int32_t* tokens) override {
+    const float* full = g_.gathered(dout, B * seq_tokens(seq), layer_.dims.C);
+    embedding_backward_blocks(be, mode, shape(B), seq, token_offset, dwte, dwpe, full, tokens);
   }
 
  private:

@@ -2,6 +2,8 @@
 //   ln1/out   norm of the stream                                    (B, T, C)
 //   attn/qkv  [q | k | v] of every token, after RoPE                (B, T, (NH + 2·NKV)·HS)
 //   attn/att  causal softmax of the scores                          (B, NH, T, T)
+//             (of the queries held here: context parallelism's blocks of positions, each against
+//             every key; the plan's AttentionOp)
 //   attn/out  attention-weighted values                             (B, T, NH·HS)
 //   attn/res  the stream plus the projection                        (B, T, C)
 // Tensor parallelism splits the heads: qkv is column-parallel (each rank its heads' q, k and v
@@ -66,14 +68,15 @@ class Attention final : public ResidualBranch {
         out_name_(name("attn/out")),
         grad_qkv_name_("grad/" + qkv_name_),
         grad_out_name_("grad/" + out_name_),
+        seq_(b.ctx.plan().sequence(m_.T)),
+        op_(b.ctx.plan().attention(desc)),
         acts_(b.ctx, LayerKind::kAttention, "attention", b.slots, [&](Acts& a) {
-          const int64_t BT = b.max_batch * m_.T;
-          grow_to(a.qkv, BT * m_.qkv_width());
-          grow_to(a.att, b.max_batch * m_.NH * m_.T * m_.T);
-          grow_to(a.out, BT * m_.NH * m_.HS);
+          grow_to(a.qkv, b.max_tokens * m_.qkv_width());
+          grow_to(a.att, b.max_tokens * m_.NH * m_.T);
+          grow_to(a.out, b.max_tokens * m_.NH * m_.HS);
         }) {
-    const int64_t BT = b.max_batch * m_.T;
-    scratch_ = b.max_stream * m_.C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + b.max_batch * m_.NH * m_.T * m_.T;
+    const int64_t BT = b.max_tokens;
+    scratch_ = b.max_stream * m_.C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + BT * m_.NH * m_.T;
     if (desc.pos == PosKind::kRope) {
       const int64_t half = m_.HS / 2;
       rope_cos_.resize(m_.T * half);
@@ -92,12 +95,12 @@ class Attention final : public ResidualBranch {
     in_->forward(be, ctx.mode_of(qkv_name_), {p.BT, m_.C, m_.qkv_width()}, a.qkv.data(), slot(p).ln.data(),
                  ctx.linear_weight(in_w_, in_linear_), ctx.param(in_b_));
     if (!rope_cos_.empty()) {
-      be.rope_forward(as, a.qkv.data(), rope_cos_.data(), rope_sin_.data());
+      rope(be, p, a.qkv.data(), false);
       ctx.store_for(in_linear_, a.qkv.data(), p.BT * m_.qkv_width());
     }
     ctx.observe(qkv_name_, a.qkv.data(), {p.B, p.T, m_.qkv_width()});
-    be.attention_forward(ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
-    ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, p.T});
+    op_->forward(be, ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
+    ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, m_.T});
     ctx.store_for(out_linear_, a.out.data(), p.BT * m_.NH * m_.HS);
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, m_.NH * m_.HS});
     out_forward(ctx, p, x, a.out.data(), m_.NH * m_.HS);
@@ -112,12 +115,12 @@ class Attention final : public ResidualBranch {
     float* dnorm = ctx.scratch();               // (stream tokens, C)
     float* dqkv = dnorm + p.RS * m_.C;          // (BT, qkv)
     float* dout = dqkv + p.BT * m_.qkv_width(); // (BT, A)
-    float* datt = dout + p.BT * A;              // (B, NH, T, T)
+    float* datt = dout + p.BT * A;              // (B, NH, tokens, T)
     out_backward(ctx, p, dres, dout, a.out.data(), A);
     ctx.observe(grad_out_name_, dout, {p.B, p.T, A});
-    be.attention_backward(ctx.mode(), as, dqkv, datt, dout, a.qkv.data(), a.att.data());
+    op_->backward(be, ctx.mode(), as, dqkv, datt, dout, a.qkv.data(), a.att.data());
     ctx.observe(grad_qkv_name_, dqkv, {p.B, p.T, m_.qkv_width()});
-    if (!rope_cos_.empty()) be.rope_backward(as, dqkv, rope_cos_.data(), rope_sin_.data());
+    if (!rope_cos_.empty()) rope(be, p, dqkv, true);
     in_norm_backward(ctx, p, x, dres, dnorm, dqkv, m_.qkv_width());
   }
 
@@ -125,10 +128,29 @@ class Attention final : public ResidualBranch {
   struct Acts {
     std::vector<float> qkv, att, out;
   };
-  AttentionShape shape(const Pass& p) const { return {p.B, p.T, m_.NH, m_.NKV, m_.HS}; }
+  AttentionShape shape(const Pass& p) const { return {p.B, m_.T, m_.NH, m_.NKV, m_.HS}; }
+  // RoPE (forward or backward) over the tokens here, each block of positions with its rows of the
+  // tables.
+  void rope(Backend& be, const Pass& p, float* x, bool backward) const {
+    const int64_t half = m_.HS / 2;
+    int64_t row = 0;
+    for (const SeqBlock& k : seq_) {
+      const AttentionShape s{p.B, k.length, m_.NH, m_.NKV, m_.HS};
+      float* rows = x + row * m_.qkv_width();
+      const float *c = rope_cos_.data() + k.position * half, *sn = rope_sin_.data() + k.position * half;
+      if (backward) {
+        be.rope_backward(s, rows, c, sn);
+      } else {
+        be.rope_forward(s, rows, c, sn);
+      }
+      row += p.B * k.length;
+    }
+  }
 
   LayerDims m_;
   std::string qkv_name_, att_name_, out_name_, grad_qkv_name_, grad_out_name_;
+  std::vector<SeqBlock> seq_;  // the positions held here
+  std::unique_ptr<AttentionOp> op_;
   SlotActivations<Acts> acts_;
   std::vector<float> rope_cos_, rope_sin_;
   int64_t scratch_ = 0;

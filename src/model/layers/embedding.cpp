@@ -23,7 +23,7 @@ void declare(LayerDesc& d) {
 class Embedding final : public Layer {
  public:
   Embedding(const LayerDesc& desc, const LayerBuild& b)
-      : Layer(desc), C_(desc.dims.C), op_(b.ctx.plan().embedding(this->desc())),
+      : Layer(desc), C_(desc.dims.C), seq_(b.ctx.plan().sequence(desc.dims.T)), op_(b.ctx.plan().embedding(this->desc())),
         wte_(b.ctx.find_param("wte")), wpe_(b.ctx.find_param("wpe")), out_name_(desc.output) {
     out_.resize(static_cast<size_t>(b.slots));
     for (auto& o : out_) o.resize(static_cast<size_t>(b.max_stream * C_));
@@ -31,19 +31,20 @@ class Embedding final : public Layer {
 
   void forward(LayerContext& ctx, const Pass& p, const float*) override {
     float* out = out_[static_cast<size_t>(p.slot)].data();
-    op_->forward(ctx.backend(), ctx.mode_of(out_name_), p.B, out, p.inputs, ctx.param(wte_), ctx.param(wpe_));
+    op_->forward(ctx.backend(), ctx.mode_of(out_name_), p.B, seq_, out, p.inputs, ctx.param(wte_), ctx.param(wpe_));
     ctx.observe(out_name_, out, {p.RB, p.RT, C_});
   }
   const float* output(int slot) const override { return out_[static_cast<size_t>(slot)].data(); }
 
   void backward(LayerContext& ctx, const Pass& p, const float*, float* dout, float*) override {
-    op_->backward(ctx.backend(), ctx.mode(), p.B, p.token_offset, ctx.sink(wte_), ctx.sink(wpe_), dout, p.inputs);
+    op_->backward(ctx.backend(), ctx.mode(), p.B, seq_, p.token_offset, ctx.sink(wte_), ctx.sink(wpe_), dout, p.inputs);
     if (p.last_micro) ctx.add_tied_partial(wte_);  // a tied head on another pipeline stage
     ctx.grads_ready(p, wte_, wpe_);
   }
 
  private:
   int64_t C_;
+  std::vector<SeqBlock> seq_;  // the positions held here
   std::unique_ptr<EmbeddingOp> op_;
   const ParamTensor *wte_, *wpe_;
   std::string out_name_;

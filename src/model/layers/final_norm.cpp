@@ -36,7 +36,7 @@ class FinalNorm final : public Layer {
         grad_in_name_("grad/" + desc.input) {
     acts_.resize(static_cast<size_t>(b.slots));
     for (auto& a : acts_) {
-      a.out.resize(b.max_batch * desc.dims.T * C_);
+      a.out.resize(b.max_tokens * C_);
       a.mean.resize(b.max_stream);
       a.rstd.resize(b.max_stream);
     }

@@ -58,8 +58,8 @@ class Head final : public Layer {
                                          : "the head has no weight");
     acts_.resize(static_cast<size_t>(b.slots));
     for (auto& a : acts_) {
-      a.logits.resize(b.max_batch * desc.dims.T * V_);
-      a.losses.resize(b.max_batch * desc.dims.T);
+      a.logits.resize(b.max_tokens * V_);
+      a.losses.resize(b.max_tokens);
     }
   }
 

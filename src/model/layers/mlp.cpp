@@ -63,11 +63,11 @@ class Mlp final : public ResidualBranch {
         grad_fc_name_("grad/" + fc_name_),
         grad_act_name_("grad/" + act_name_),
         acts_(b.ctx, LayerKind::kMlp, "mlp", b.slots, [&](Acts& a) {
-          const int64_t BT = b.max_batch * desc.dims.T;
+          const int64_t BT = b.max_tokens;
           grow_to(a.fc, BT * fc_out_);
           grow_to(a.act, BT * F_);
         }) {
-    const int64_t BT = b.max_batch * desc.dims.T;
+    const int64_t BT = b.max_tokens;
     scratch_ = b.max_stream * C_ + BT * fc_out_ + BT * F_;
   }
 

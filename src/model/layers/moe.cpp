@@ -110,9 +110,9 @@ class Moe final : public PreNormBranch {
         // This rank's share of the shared experts' features (tensor parallelism splits them).
         shared_F_(desc.shared_F > 0 ? b.ctx.find_param(name("moe/shared/proj/weight"))->shape[1] : 0),
         shared_fc_out_(ffn_fc_width(desc, shared_F_)),
-        sp_(b.max_stream < b.max_batch * desc.dims.T),
+        sp_(b.max_stream < b.max_tokens),
         acts_(b.ctx, LayerKind::kMoe, "moe", b.slots, [&](Acts& a) {
-          const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_;
+          const int64_t BT = b.max_tokens, R = BT * K_;
           grow_to(a.logits, BT * E_);
           grow_to(a.probs, BT * E_);
           grow_to(a.gates, BT * K_);
@@ -138,7 +138,7 @@ class Moe final : public PreNormBranch {
     for (int64_t k = 0; k < held_.count; ++k) {
       experts_.push_back(make_expert(desc, b, expert_prefix(desc, held_.first + k)));
     }
-    const int64_t BT = b.max_batch * desc.dims.T, R = BT * K_, G = b.max_batch;
+    const int64_t BT = b.max_tokens, R = BT * K_, G = b.max_batch;
     scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + 2 * G * E_ + (sp_ ? BT * C_ : 0);
     if (shared_F_ > 0) {
       shared_ = make_expert(desc, b, name("moe/shared/"));
