@@ -21,10 +21,11 @@ Mesh::Mesh(MeshShape shape, comm::Communicator& world, const std::string& source
   for (auto [name, v] : {std::pair{"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}}) {
     LS_REQUIRE(v >= 1, source, ": [parallel] ", name, " (", v, ") must be >= 1");
   }
-  LS_REQUIRE(shape.cp == 1, source, ": [parallel] cp = ", shape.cp,
-             ": context parallelism is not implemented yet; use cp = 1");
   const int64_t others = shape.tp * shape.cp * shape.ep * shape.pp;
   LS_REQUIRE(shape.dp >= 0, source, ": [parallel] dp (", shape.dp, ") must be >= 1 (or 0: all ranks)");
+  LS_REQUIRE(shape.dp > 0 || world_size % others == 0, source, ": [parallel] tp (", shape.tp, ") x pp (", shape.pp,
+             ") x ep (", shape.ep, ") x cp (", shape.cp, ") = ", others, " must divide the number of ranks (", world_size,
+             "): dp takes what they leave");
   const int64_t dp = shape.dp == 0 ? world_size / others : shape.dp;
   LS_REQUIRE(dp * others == world_size, source, ": [parallel] dp (", dp, ") x tp (", shape.tp, ") x pp (",
              shape.pp, ") x ep (", shape.ep, ") x cp (", shape.cp, ") = ", dp * others,
@@ -51,6 +52,12 @@ Mesh::Mesh(MeshShape shape, comm::Communicator& world, const std::string& source
     const int64_t tp_cp = size(Axis::kTp) * size(Axis::kCp);
     const int64_t color = world.rank() % tp_cp + tp_cp * coord(Axis::kPp);
     data_ = world.split(static_cast<int>(color), static_cast<int>(data_rank()), "data");
+  }
+  if (size(Axis::kCp) > 1) {
+    // Same tp, ep and pp coordinates; ordered by dp, then cp.
+    const int64_t tp = size(Axis::kTp), cp = size(Axis::kCp);
+    const int64_t color = coord(Axis::kTp) + tp * (coord(Axis::kEp) + size(Axis::kEp) * coord(Axis::kPp));
+    replicas_ = world.split(static_cast<int>(color), static_cast<int>(coord(Axis::kDp) * cp + coord(Axis::kCp)), "dp_cp");
   }
 }
 

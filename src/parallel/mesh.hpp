@@ -9,10 +9,11 @@
 //
 // The data ranks — those that train on different parts of the batch — are dp × ep (expert
 // parallelism splits the experts, not the batch: expert_parallel.hpp); data() is their group,
-// ordered by data_rank() = dp coordinate · ep + ep coordinate.
-// Context parallelism is not implemented yet: cp greater than 1 is refused with a ConfigError
-// saying so. Not here: what runs on each axis (data_parallel.hpp, tensor_parallel.hpp,
-// expert_parallel.hpp).
+// ordered by data_rank() = dp coordinate · ep + ep coordinate. The cp ranks of a data rank share
+// its sequences, each with its positions (context_parallel.hpp); the gradients are reduced over
+// dp × cp, replicas() — ordered by dp coordinate · cp + cp coordinate.
+// Not here: what runs on each axis (data_parallel.hpp, tensor_parallel.hpp, expert_parallel.hpp,
+// context_parallel.hpp).
 #pragma once
 
 #include <array>
@@ -35,7 +36,7 @@ struct MeshShape {
 
 class Mesh {
  public:
-  // Checks the shape against the world (sizes >= 1, product == world size, cp = 1 for now);
+  // Checks the shape against the world (sizes >= 1, product == world size);
   // ConfigError naming `source`, the sizes and the world size otherwise. Collective over world.
   Mesh(MeshShape shape, comm::Communicator& world, const std::string& source);
 
@@ -47,6 +48,9 @@ class Mesh {
   // The data ranks' group (dp's without expert parallelism).
   comm::Communicator& data() { return data_ ? *data_ : dp(); }
   int64_t data_rank() const { return coord(Axis::kDp) * size(Axis::kEp) + coord(Axis::kEp); }
+  // The ranks that hold the same parameters and reduce their gradients: dp × cp (dp's without
+  // context parallelism).
+  comm::Communicator& replicas() { return replicas_ ? *replicas_ : dp(); }
   // "dp 2 x tp 1 x cp 1 x ep 1 x pp 1 (world 2)".
   std::string describe() const;
 
@@ -54,7 +58,8 @@ class Mesh {
   comm::Communicator& world_;
   std::array<int64_t, kAxes> sizes_{}, coords_{};
   std::array<std::unique_ptr<comm::Communicator>, kAxes> groups_;
-  std::unique_ptr<comm::Communicator> data_;  // with ep > 1
+  std::unique_ptr<comm::Communicator> data_;      // with ep > 1
+  std::unique_ptr<comm::Communicator> replicas_;  // with cp > 1
 };
 
 }  // namespace lockstep::parallel

@@ -75,7 +75,8 @@ Evaluation::Evaluation(TrainRun& run, MetricsWriter& metrics, data::EvalReader* 
 // all of them; the same windows as one process, MBL at a time. Under expert parallelism the
 // replica's ep ranks take the windows in turn (their MoE layers exchange rows, so every one runs as
 // many forwards as the others: windows left over run on all of them, counted by ep rank 0), and
-// their losses combine exactly — the same bits as one process.
+// their losses combine exactly — the same bits as one process. Under context parallelism its cp
+// ranks evaluate every window together, each its positions, and their losses combine exactly.
 float Evaluation::evaluate() {
   const RunConfig& cfg = run_.cfg;
   if (run_.pipelined()) sync_tied_copy(run_.model, *run_.pp);  // the head's copy of wte, as updated
@@ -93,7 +94,9 @@ float Evaluation::evaluate() {
       run_.model.eval_loss(inputs_.data(), targets_.data(), run_.MBL, sum);
     }
   }
-  const float total = ep > 1 ? parallel::combine_exact(loss_sum, *run_.ep) : loss_sum.finish();
+  const float total = ep > 1                     ? parallel::combine_exact(loss_sum, *run_.ep)
+                      : run_.context_parallel() ? parallel::combine_exact(loss_sum, *run_.cp)
+                                                : loss_sum.finish();
   float loss = total / static_cast<float>(cfg.eval.batches * run_.MB * run_.T);
   if (run_.pipelined()) run_.pp->broadcast(&loss, 1, DType::kF32, run_.pp->size() - 1);  // the last stage's
   return loss;
@@ -103,7 +106,7 @@ void Evaluation::end_step(const StepRecord& r) {
   const EvalConfig& e = run_.cfg.eval;
   const bool due = (e.every > 0 && r.done() % e.every == 0) || r.last;
   if (val_ == nullptr || !due) return;
-  if (run_.dp.rank() != 0 && run_.ddp.sharded_params() == nullptr) return;
+  if (!run_.first_replica() && run_.ddp.sharded_params() == nullptr) return;
   last_ = evaluate();
   if (run_.dp.rank() != 0) return;
   run_.out << "eval step " << r.done() << " | val loss " << std::fixed << std::setprecision(4) << last_ << "\n";

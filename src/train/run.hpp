@@ -20,7 +20,7 @@ namespace lockstep {
 struct TrainRun {
   const RunConfig& cfg;
   comm::Communicator& world;
-  comm::Communicator& dp;  // the data-parallel group
+  comm::Communicator& dp;  // the data-parallel group (dp × cp: the ranks that reduce gradients)
   comm::Communicator& tp;  // the tensor-parallel group (a group of one without tp)
   Model& model;
   parallel::DataParallel& ddp;
@@ -42,10 +42,19 @@ struct TrainRun {
   // ep, this one's part of the batch is data_rank's.
   comm::Communicator* ep = nullptr;
   int64_t data_rank = 0;
+  // Context parallelism: the cp group (nullptr or a group of one without); each rank holds
+  // T / cp positions of every sequence (src/parallel/context_parallel.hpp).
+  comm::Communicator* cp = nullptr;
 
   bool tensor_parallel() const { return tp.size() > 1; }
   bool pipelined() const { return pp != nullptr && pp->size() > 1; }
   bool expert_parallel() const { return ep != nullptr && ep->size() > 1; }
+  bool context_parallel() const { return cp != nullptr && cp->size() > 1; }
+  // Tokens of each sequence on this rank: T, or T / cp.
+  int64_t local_T() const { return context_parallel() ? T / cp->size() : T; }
+  // Whether this rank is in the first data-parallel replica (dp rank 0: its cp ranks, which hold
+  // its sequences' other positions, too).
+  bool first_replica() const { return dp.rank() / (context_parallel() ? cp->size() : 1) == 0; }
   // This rank's flat buffer (its layout) as whole tensors in global_layout: its dp shard (`local`
   // then holds ddp's shard only: a ZeRO-2 gradient, ZeRO-3 parameters) gathered over dp first, then
   // over tp, the experts over ep, and the stages' over pp, put in stage order. Collective over tp,

@@ -20,6 +20,7 @@
 #include "src/data/token_file.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/mesh.hpp"
@@ -142,7 +143,7 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   const auto N = static_cast<uint64_t>(run.model.num_params());
   const auto dp = static_cast<uint64_t>(run.dp.size());
   const uint64_t dp_min_bytes = N * 8 * (dp - 1) / dp;
-  const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, run.tp.size(), pc.sp, run.BL * run.T);
+  const uint64_t tp_min_bytes = parallel::tp_min_bytes(cfg.model, run.tp.size(), pc.sp, run.BL * run.local_T());
   int64_t replicated = 0;  // of this rank's parameters, those every ep rank holds
   for (const ParamTensor& t : run.model.param_layout()) replicated += t.is_expert() ? 0 : t.numel;
   int64_t moe_layers = 0;  // in this rank's chunks
@@ -153,7 +154,15 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   }
   const uint64_t ep_min_bytes = parallel::ep_min_bytes(cfg.model, run.expert_parallel() ? run.ep->size() : 1,
                                                        run.BL * run.T, moe_layers, replicated);
-  costs.min_bytes = dp_min_bytes + tp_min_bytes + ep_min_bytes;
+  int64_t attention_layers = 0;  // in this rank's chunks
+  for (size_t c = 0; c < run.model.num_chunks(); ++c) {
+    for (size_t l = run.model.chunk(c).first; l < run.model.chunk(c).end; ++l) {
+      attention_layers += run.model.desc().layers[l].kind == LayerKind::kAttention ? 1 : 0;
+    }
+  }
+  const uint64_t cp_min_bytes = parallel::cp_min_bytes(cfg.model, run.context_parallel() ? run.cp->size() : 1,
+                                                       run.tp.size(), run.BL, attention_layers);
+  costs.min_bytes = dp_min_bytes + tp_min_bytes + ep_min_bytes + cp_min_bytes;
   // The model's own gradient buffers: fp32, and in canonical mode the exact sums (a double and a
   // spill flag per element).
   costs.full_grad_bytes = N * (tc.mode == Mode::kCanonical ? sizeof(float) + sizeof(double) + 1 : sizeof(float));
@@ -163,6 +172,7 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
       << " parameters per rank" << held_params_note(run) << "; optimizer state " << run.ddp.optimizer_state_bytes() << " bytes per rank (replicated: "
       << 8 * N << "); minimum sent per rank per step " << costs.min_bytes << " bytes (gradient sync " << dp_min_bytes
       << ", tensor parallel " << tp_min_bytes << (run.expert_parallel() ? str_cat(", expert parallel ", ep_min_bytes) : "")
+      << (run.context_parallel() ? str_cat(", context parallel ", cp_min_bytes) : "")
       << ")\n";
   // Buckets as large as the model leave zero 2 nothing to save: say so rather than let a user
   // believe the gradient is sharded in memory.
@@ -205,7 +215,7 @@ StepRecord run_step(TrainRun& run, const LrSchedule& schedule, std::span<StepObs
   const double waited_before = comm::thread_wait_seconds();
   auto bytes = [&] {
     return run.dp.stats().total() + (run.tensor_parallel() ? run.tp.stats().total() : 0) +
-           (run.expert_parallel() ? run.ep->stats().total() : 0);
+           (run.expert_parallel() ? run.ep->stats().total() : 0) + (run.context_parallel() ? run.cp->stats().total() : 0);
   };
   const uint64_t bytes_before = bytes();
   StepRecord r;
@@ -275,14 +285,15 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                                     std::span<const detect::ReceivedBytes> blocks) {
       if (on_received) on_received(group, op, blocks);
     };
-    verified_dp.emplace(mesh.dp(), collective_log, cfg.verify.collectives, hook);
+    verified_dp.emplace(mesh.replicas(), collective_log, cfg.verify.collectives, hook);
     verified_tp.emplace(mesh.group(parallel::Axis::kTp), collective_log, cfg.verify.collectives, hook);
     verified_pp.emplace(mesh.group(parallel::Axis::kPp), collective_log, cfg.verify.collectives, hook);
   }
-  comm::Communicator& dpc = verified_dp ? static_cast<comm::Communicator&>(*verified_dp) : mesh.dp();
+  // The gradient reduction's group: dp, or dp x cp under context parallelism.
+  comm::Communicator& dpc = verified_dp ? static_cast<comm::Communicator&>(*verified_dp) : mesh.replicas();
   comm::Communicator& tpc =
       verified_tp ? static_cast<comm::Communicator&>(*verified_tp) : mesh.group(parallel::Axis::kTp);
-  const int64_t tp = tpc.size(), dp = dpc.size();
+  const int64_t tp = tpc.size(), dp = mesh.size(parallel::Axis::kDp);
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   // Expert parallelism: the batch splits over the data ranks, dp x ep.
   comm::Communicator& epc = mesh.group(parallel::Axis::kEp);
@@ -290,7 +301,16 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                             {.precision = tc.precision_recipe(), .buddy = cfg.verify.buddy_every > 0}, cfg.source);
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,
                                                          parallel::data_ranks_name(epc.size()));
-  parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T, tc.mode, cfg.source);
+  // Context parallelism: each rank holds T / cp positions of every sequence.
+  comm::Communicator& cpc = mesh.group(parallel::Axis::kCp);
+  parallel::check_cp_layout(cfg.model, cpc.size(),
+                            {.precision = tc.precision_recipe(),
+                             .pp = pc.pp,
+                             .buddy = cfg.verify.buddy_every > 0,
+                             .sp_dump = pc.sp && !cfg.dump.dir.empty(),
+                             .reference = cfg.verify.reference_every > 0},
+                            cfg.source);
+  parallel::check_tp_layout(cfg.model, tp, pc.sp, part.local_micro * T / cpc.size(), tc.mode, cfg.source);
   const std::string fp8_problem =
       tc.precision_recipe().fp8_layout_problem(describe_model(cfg.model), tp, pc.sp, part.local_micro * T,
                                                dp * (part.local_batch / part.local_micro), tc.mode == Mode::kCanonical);
@@ -330,6 +350,11 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     ep_plan.emplace(tp_plan ? static_cast<const ModelPlan&>(*tp_plan) : one_device, *expert_exchange);
   }
   const ModelPlan* plan = ep_plan ? static_cast<const ModelPlan*>(&*ep_plan) : tp_plan ? &*tp_plan : nullptr;
+  std::optional<parallel::ContextParallelPlan> cp_plan;
+  if (cpc.size() > 1) {
+    cp_plan.emplace(plan != nullptr ? *plan : one_device, cpc);
+    plan = &*cp_plan;
+  }
   // [verify] abft, or an injection at a GEMM product: the ops run through the backend that watches
   // the linear layers' products (verify/detect/abft.hpp); it changes no bit of them.
   std::optional<detect::AbftBackend> abft;
@@ -340,7 +365,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                .precision = tc.precision_recipe(),
                .chunks = pipeline.chunks,
                .recompute = parse_recompute(tc.recompute, cfg.source + ": [train] recompute"),
-               .sharded_params = pc.zero == 3 && dp > 1});
+               .sharded_params = pc.zero == 3 && dpc.size() > 1});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
   // The ranks holding parts of one copy of this stage's tensors, the same ones: dp × tp (the world
@@ -355,7 +380,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                                                  tp > 1 && pc.sp, &ppc, &epc});
   TrainRun run{cfg,  world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
                build_param_layout(cfg.model), &ppc, pipeline.passes, stage_params(model.desc(), pipeline.stages),
-               &epc, mesh.data_rank()};
+               &epc, mesh.data_rank(), &cpc};
 
   // Observers, in the order they act at each point of a step. [dump] and [inject] give the model a
   // hook only while one of them is on, so that both cost nothing when off; the injection acts
@@ -393,8 +418,9 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                  nlohmann::json{{"dp", dp}, {"tp", pc.tp}, {"sp", pc.sp}, {"zero", pc.zero}, {"pp", pc.pp},
                                 {"ep", pc.ep}, {"cp", pc.cp}, {"mode", mode_name(tc.mode)},
                                 {"micro_batch", part.local_micro}},
-                 epc.size() > 1 ? &mesh.data() : &dpc, verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp},
-                 &ppc);
+                 &mesh.data(), verify::DumpTp{tp > 1 ? &tpc : nullptr, &model.desc(), pc.sp}, &ppc,
+                 verify::DumpCp{cpc.size() > 1 ? &cpc : nullptr, parallel::every_rank_blocks(T, cpc.size())},
+                 part.local_micro);
   }
   if (injector.watches_messages()) {
     on_received = [&](std::string_view group, std::string_view op, std::span<const detect::ReceivedBytes> blocks) {

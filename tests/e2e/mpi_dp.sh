@@ -50,7 +50,6 @@ grep -q '^done: 8 steps' fastred.log || fail "reduce=fast did not finish"
 
 # Refused layouts (every rank prints the same one-line error).
 expect_mpi_error "dp \(3\) x tp \(1\).* = 3 must equal the number of ranks \(2\)" 2 --parallel.dp=3
-expect_mpi_error "cp = 2: context parallelism is not implemented yet" 2 --parallel.cp=2
 expect_mpi_error "batch_size \(8\) must be a multiple of \[parallel\] dp \(3\)" 3
 expect_mpi_error "micro-batch of 1 sequences x seq_len 32 = 32 tokens is not a multiple of 64" 4 \
   --model.seq_len=32 --train.batch_size=4 --train.micro_batch_size=4

@@ -18,6 +18,12 @@
 // batch tensor's shards to tp rank 0, which assembles the global tensor one device observes.
 // Whole tensors (loss, parameters, parameter gradients) are add()ed global by the caller.
 //
+// Context parallelism: given the cp group, every batch tensor's token dimension (dim 1; the query
+// dimension, dim 2, of attention probabilities) holds this rank's positions of each sequence, block
+// by block (src/model/modules.hpp's SeqBlock order within each micro-batch); end_step() gathers the
+// cp ranks' parts to cp rank 0, which puts every position in its place (before the tp gather, which
+// cp rank 0's tp group then does).
+//
 // Data parallelism: given the dp group, each rank observes its own part of the global batch and
 // end_step() gathers every batch tensor to dp rank 0, concatenated along dim 0 in dp rank order,
 // which is global order (rank r holds the global sequences [r·B/dp, (r+1)·B/dp), as the trainer
@@ -50,6 +56,7 @@
 #include "src/core/hash.hpp"
 #include "src/model/config.hpp"
 #include "src/model/hook_layout.hpp"
+#include "src/model/modules.hpp"
 
 namespace lockstep::verify {
 
@@ -156,6 +163,12 @@ struct DumpTp {
   bool sequence_parallel = false;
 };
 
+// Context parallelism as the dump needs it: the group, and every rank's blocks of positions.
+struct DumpCp {
+  comm::Communicator* group = nullptr;        // nullptr or a group of one: no context parallelism
+  std::vector<std::vector<SeqBlock>> blocks;  // cp rank r's blocks of [0, T)
+};
+
 // Collects one step's tensors (micro-batches concatenated along dim 0) and writes them at end_step().
 class DumpWriter {
  public:
@@ -165,14 +178,19 @@ class DumpWriter {
   // begin_step/end_step for the same steps (end_step is collective). tp: likewise for the tp group.
   // pp: the pipeline group (nullptr or a group of one: no stages); each stage's writer writes its
   // stage's tensors and pipeline rank 0 the manifest of all of them.
+  // cp: the context-parallel group and blocks (every micro-batch's tensors then hold
+  // `micro_batch` sequences).
   DumpWriter(std::string dir, const std::string& tensors, const std::string& steps, nlohmann::json config,
-             nlohmann::json layout, comm::Communicator* dp = nullptr, DumpTp tp = {}, comm::Communicator* pp = nullptr)
+             nlohmann::json layout, comm::Communicator* dp = nullptr, DumpTp tp = {}, comm::Communicator* pp = nullptr,
+             DumpCp cp = {}, int64_t micro_batch = 0)
       : dir_(std::move(dir)),
         filter_(tensors),
         steps_(steps, "[dump] steps"),
         dp_(dp),
         tp_(std::move(tp)),
-        pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {
+        pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
+        cp_(std::move(cp)),
+        micro_batch_(micro_batch) {
     LS_REQUIRE(!durable_io::exists(dir_ + "/manifest.json"), "[dump] dir: ", dir_,
                " already holds a dump (manifest.json); choose another dir or remove it");
     if (writes()) durable_io::make_dirs(dir_);
@@ -236,8 +254,10 @@ class DumpWriter {
   void end_step() {
     if (!active_) return;
     active_ = false;
-    if (tp_size() > 1) gather_tp_shards();
-    if (dp_ != nullptr && dp_->size() > 1 && tp_rank() == 0) gather_batch_tensors();
+    // Positions first: a part's blocks are whole rows only before the tp shards are placed.
+    if (cp_size() > 1) gather_positions();
+    if (tp_size() > 1 && cp_rank() == 0) gather_tp_shards();
+    if (dp_ != nullptr && dp_->size() > 1 && tp_rank() == 0 && cp_rank() == 0) gather_batch_tensors();
     if (!writes() || (order_.empty() && pp_ == nullptr)) {
       pending_.clear();
       order_.clear();
@@ -292,7 +312,53 @@ class DumpWriter {
 
   int tp_size() const { return tp_.group == nullptr ? 1 : tp_.group->size(); }
   int tp_rank() const { return tp_.group == nullptr ? 0 : tp_.group->rank(); }
-  bool writes() const { return (dp_ == nullptr || dp_->rank() == 0) && tp_rank() == 0; }
+  int cp_size() const { return cp_.group == nullptr ? 1 : cp_.group->size(); }
+  int cp_rank() const { return cp_.group == nullptr ? 0 : cp_.group->rank(); }
+  bool writes() const { return (dp_ == nullptr || dp_->rank() == 0) && tp_rank() == 0 && cp_rank() == 0; }
+
+  // Every cp rank's part of each batch tensor goes to cp rank 0, which puts each of its positions
+  // in place. Per micro-batch of S sequences a part is, block after block, (S, mid..., length,
+  // rest...) with the positions at dim `at` (1; 2 for the attention probabilities, whose dim 1 is
+  // the heads); the global tensor is (S, mid..., T, rest...).
+  void gather_positions() {
+    comm::Communicator& cp = *cp_.group;
+    constexpr int kTag = 7303;  // cp position gathers; distinct from the tp and dp gathers' tags
+    int64_t T = 0;
+    for (const SeqBlock& k : cp_.blocks[0]) T += k.length * cp.size();
+    std::vector<float> part;
+    for (const auto& name : order_) {
+      Pending& p = pending_.at(name);
+      if (!p.batch) continue;
+      const size_t at = name.ends_with("attn/att") ? 2 : 1;
+      LS_CHECK(p.shape.size() > at && p.shape[0] % micro_batch_ == 0, "[dump]: ", name, " has no position dimension");
+      if (cp.rank() != 0) {
+        cp.send(p.data.data(), static_cast<int64_t>(p.data.size()), DType::kF32, 0, kTag);
+        continue;
+      }
+      int64_t mid = 1, rest = 1;
+      for (size_t d = 1; d < at; ++d) mid *= p.shape[d];
+      for (size_t d = at + 1; d < p.shape.size(); ++d) rest *= p.shape[d];
+      const int64_t micros = p.shape[0] / micro_batch_, held = p.shape[at];
+      std::vector<float> global(static_cast<size_t>(p.shape[0] * mid * T * rest));
+      part = p.data;
+      for (int r = 0; r < cp.size(); ++r) {
+        if (r > 0) cp.recv(part.data(), static_cast<int64_t>(part.size()), DType::kF32, r, kTag);
+        const float* from = part.data();
+        for (int64_t m = 0; m < micros; ++m) {
+          for (const SeqBlock& k : cp_.blocks[static_cast<size_t>(r)]) {
+            for (int64_t s = 0; s < micro_batch_ * mid; ++s, from += k.length * rest) {
+              const int64_t seq_row = m * micro_batch_ * mid + s;  // (sequence, mid) row of the global tensor
+              std::copy_n(from, k.length * rest, global.data() + (seq_row * T + k.position) * rest);
+            }
+          }
+        }
+        LS_CHECK(from == part.data() + part.size() && held * cp.size() == T, "[dump]: ", name,
+                 " does not hold this rank's positions");
+      }
+      p.data = std::move(global);
+      p.shape[at] = T;
+    }
+  }
 
   // Every tp rank's shard of each batch tensor goes to tp rank 0, which places it in the global
   // tensor where hook_shard says it lies (each rank's shard has the same local shape, so rank 0
@@ -367,6 +433,8 @@ class DumpWriter {
   comm::Communicator* dp_ = nullptr;
   DumpTp tp_;
   comm::Communicator* pp_ = nullptr;  // the pipeline group (nullptr: no stages)
+  DumpCp cp_;
+  int64_t micro_batch_ = 0;
   nlohmann::json manifest_;
   int64_t step_ = 0;
   bool active_ = false;

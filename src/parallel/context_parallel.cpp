@@ -1,0 +1,177 @@
+// Context parallelism: its checks, blocks and attention (see context_parallel.hpp).
+#include "src/parallel/context_parallel.hpp"
+
+#include <algorithm>
+
+#include "kernels/ops/canonical.hpp"
+#include "src/core/check.hpp"
+#include "src/parallel/exact_reduce.hpp"
+
+namespace lockstep::parallel {
+
+void check_cp_layout(const ModelConfig& model, int64_t cp, const CpRun& run, const std::string& source) {
+  if (cp == 1) return;
+  const std::string head = source + ": [parallel] cp = " + std::to_string(cp);
+  const int64_t unit = 2 * cp * kCanonicalChunk;
+  LS_REQUIRE(model.seq_len % unit == 0, head, " needs [model] seq_len (", model.seq_len, ") to be a multiple of 2 x cp x ",
+             kCanonicalChunk, " = ", unit, ": each sequence is cut into 2 x cp blocks of whole ", kCanonicalChunk,
+             "-position chunks");
+  const auto not_yet = [&](bool used, const char* what) {
+    LS_REQUIRE(!used, head, " does not run with ", what, " yet");
+  };
+  not_yet(model.moe_experts > 0, "MoE layers ([model] moe_experts)");
+  not_yet(run.precision.linears == Precision::kFp8, "fp8 linears ([train] precision = \"fp8\")");
+  not_yet(run.pp > 1, "pipeline parallelism ([parallel] pp)");
+  not_yet(run.buddy, "buddy replays ([verify] buddy_every)");
+  not_yet(run.sp_dump, "dumps under sequence parallelism ([dump] dir with [parallel] sp)");
+  not_yet(run.reference, "the reference check ([verify] reference_every)");
+}
+
+std::vector<SeqBlock> zigzag_blocks(int64_t T, int64_t cp, int64_t rank) {
+  const int64_t c = T / (2 * cp);
+  return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};
+}
+
+uint64_t cp_min_bytes(const ModelConfig& model, int64_t cp, int64_t tp, int64_t sequences, int64_t attention_layers) {
+  if (cp == 1) return 0;
+  const auto kv = static_cast<uint64_t>(2 * model.n_kv_heads * model.head_size() / tp);
+  const auto p = static_cast<uint64_t>(cp);
+  const uint64_t floats = static_cast<uint64_t>(sequences * model.seq_len) * kv * static_cast<uint64_t>(attention_layers);
+  return 3 * 4 * floats * (p - 1) / p;
+}
+
+std::vector<std::vector<SeqBlock>> every_rank_blocks(int64_t T, int64_t cp) {
+  std::vector<std::vector<SeqBlock>> all;
+  for (int64_t r = 0; r < cp; ++r) all.push_back(zigzag_blocks(T, cp, r));
+  return all;
+}
+
+namespace {
+
+class ContextParallelAttention final : public AttentionOp {
+ public:
+  explicit ContextParallelAttention(comm::Communicator& cp) : cp_(cp) {}
+
+  void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) override {
+    const float* all = gather(s, qkv);
+    int64_t row = 0;
+    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
+      be.attention_forward_rows(mode, s, {k.position, k.length}, out + row * s.NH * s.HS, att + row * s.NH * s.T, all);
+      row += s.B * k.length;
+    }
+  }
+
+  void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float* scratch, const float* dout,
+                const float* qkv, const float* att) override {
+    const float* all = gather(s, qkv);
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, n = 2 * s.B * s.NKV * s.T * s.HS;
+    KeyGrads keys;
+    if (mode == Mode::kCanonical) {
+      if (static_cast<int64_t>(exact_.size()) != n) exact_.reset(static_cast<size_t>(n));
+      exact_.zero();
+      keys.exact = &exact_;
+    } else {
+      partial_.assign(static_cast<size_t>(n), 0.0f);
+      keys.partial = partial_.data();
+    }
+    int64_t row = 0;
+    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
+      be.attention_backward_rows(mode, s, {k.position, k.length}, dqkv + row * W, keys, scratch + row * s.NH * s.T,
+                                 dout + row * s.NH * s.HS, all, att + row * s.NH * s.T);
+      row += s.B * k.length;
+    }
+    reduce(mode, n);
+    // Every key's dk (scaled after the rounding, as the whole op) and dv into this rank's rows.
+    const float scale = attention_scale(s.HS);
+    const float* dk = summed_.data();
+    const float* dv = dk + n / 2;
+    row = 0;
+    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
+      for (int64_t b = 0; b < s.B; ++b) {
+        for (int64_t t = 0; t < k.length; ++t, ++row) {
+          float* r = dqkv + row * W;
+          for (int64_t g = 0; g < s.NKV; ++g) {
+            const int64_t at = ((b * s.NKV + g) * s.T + k.position + t) * s.HS;
+            for (int64_t d = 0; d < s.HS; ++d) {
+              r[(s.NH + g) * s.HS + d] = dk[at + d] * scale;
+              r[(s.NH + s.NKV + g) * s.HS + d] = dv[at + d];
+            }
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  const std::vector<SeqBlock>& blocks(int64_t T, int64_t rank) {
+    if (blocks_.empty() || T_ != T) {
+      T_ = T;
+      blocks_ = every_rank_blocks(T, cp_.size());
+    }
+    return blocks_[static_cast<size_t>(rank)];
+  }
+
+  // all_ (B, T, width): every position's k and v from the ranks that hold it, q at this rank's.
+  const float* gather(AttentionShape s, const float* qkv) {
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Q = s.NH * s.HS, KV = 2 * s.NKV * s.HS;
+    const int64_t local = s.B * s.T / cp_.size();
+    send_.resize(static_cast<size_t>(local * KV));
+    recv_.resize(static_cast<size_t>(local * KV * cp_.size()));
+    all_.resize(static_cast<size_t>(s.B * s.T * W));
+    for (int64_t i = 0; i < local; ++i) std::copy_n(qkv + i * W + Q, KV, send_.data() + i * KV);
+    cp_.all_gather(send_.data(), recv_.data(), local * KV, DType::kF32);
+    for (int r = 0; r < cp_.size(); ++r) {
+      const float* from = recv_.data() + r * local * KV;
+      for (const SeqBlock& k : blocks(s.T, r)) {
+        for (int64_t b = 0; b < s.B; ++b) {
+          for (int64_t t = 0; t < k.length; ++t, from += KV) {
+            std::copy_n(from, KV, all_.data() + (b * s.T + k.position + t) * W + Q);
+          }
+        }
+      }
+    }
+    int64_t i = 0;
+    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
+      for (int64_t b = 0; b < s.B; ++b) {
+        for (int64_t t = 0; t < k.length; ++t, ++i) std::copy_n(qkv + i * W, Q, all_.data() + (b * s.T + k.position + t) * W);
+      }
+    }
+    return all_.data();
+  }
+
+  // summed_ (n) = the sum over the cp ranks of their dk and dv: exact and rounded once (an exact
+  // reduce-scatter of even shards, then an all-gather), or fp32.
+  void reduce(Mode mode, int64_t n) {
+    summed_.resize(static_cast<size_t>(n));
+    if (mode != Mode::kCanonical) {
+      cp_.all_reduce(partial_.data(), summed_.data(), n, DType::kF32, comm::ReduceOp::kSum);
+      return;
+    }
+    const int p = cp_.size();
+    if (shards_.begin.empty() || shards_.begin.back() != n) {
+      shards_.begin.clear();
+      for (int r = 0; r <= p; ++r) shards_.begin.push_back(n * r / p);
+      counts_ = shards_.sizes();
+      displs_ = shards_.firsts();
+    }
+    shard_.resize(static_cast<size_t>(shards_.size(cp_.rank())));
+    exact_reduce_scatter(exact_, shards_, cp_, shard_.data());
+    cp_.all_gatherv(shard_.data(), summed_.data(), counts_, displs_, DType::kF32);
+  }
+
+  comm::Communicator& cp_;
+  int64_t T_ = 0;
+  std::vector<std::vector<SeqBlock>> blocks_;  // every cp rank's
+  std::vector<float> send_, recv_, all_, partial_, summed_, shard_;
+  ExactAccumulator exact_;
+  ShardPlan shards_;
+  std::vector<int64_t> counts_, displs_;
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionOp> ContextParallelPlan::attention(const LayerDesc&) const {
+  return std::make_unique<ContextParallelAttention>(cp_);
+}
+
+}  // namespace lockstep::parallel

@@ -1,0 +1,96 @@
+// Context parallelism over a mesh's cp group: every sequence's T positions cut into 2·cp blocks of
+// T / (2·cp), rank r holding blocks r and 2·cp − 1 − r (zig-zag: under the causal mask, block i's
+// queries meet i + 1 blocks of keys, so every rank gets the same share of the attention work). The
+// cp ranks of one data rank train on the same sequences, each on its positions' tokens: the
+// embedding, norms, linears, MLP and loss run on those tokens as they are (the linears' weight
+// gradients are token reductions whose chunks of 64 lie in one block); the attention is the one op
+// that crosses positions.
+//
+// Attention: each rank all-gathers every rank's k and v (its q stays), computes its query blocks
+// against the keys before them (kernels/ops/attention.hpp's _rows variants: each row bit for bit
+// the one-process row), and in the backward adds its pairs' dk and dv to one exact sum per element
+// (canonical), which the cp group reduces exactly and rounds once — the chunks of a key's chain
+// lie inside one query block, so the sum of the blocks' exact partials is the one process's sum —
+// or in fp32 (fast mode). The backward gathers k and v again instead of keeping every position's
+// per layer and micro-batch: attention memory per rank is (B, NH, T/cp, T) probabilities plus
+// (B, T, width) keys and values for the layer that runs.
+//
+// Gradients: the cp ranks hold the same parameters and each a part of every gradient, so the
+// data-parallel reduction (and ZeRO's shards) runs over dp × cp, as Megatron-LM's does; the loss
+// sums over it too. Canonical bits: every gradient is an exact sum rounded once, so the model hash
+// is the one-process hash for every cp.
+//
+// Cost per attention layer and micro-batch, B sequences, KV = 2·NKV·HS floats a position (this
+// rank's heads): forward, an all-gather of k and v (4·B·T·KV·(cp−1)/cp bytes received); backward,
+// that again and the reduction of dk and dv over all T positions: canonical, an exact
+// reduce-scatter and an fp32 all-gather (12·B·T·KV·(cp−1)/cp bytes sent), fast, an fp32
+// all-reduce. The data-parallel reduction's bytes are dp × cp's.
+//
+// Not here: the kernels (kernels/cpu/attention.cpp), the dp × cp group (mesh.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/comm/communicator.hpp"
+#include "src/model/config.hpp"
+#include "src/model/modules.hpp"
+#include "src/model/precision.hpp"
+
+namespace lockstep::parallel {
+
+// What else a run with context parallelism uses.
+struct CpRun {
+  PrecisionRecipe precision;
+  int64_t pp = 1;
+  bool buddy = false, sp_dump = false, reference = false;
+};
+// ConfigError naming `source` and the field where cp cannot run: seq_len must be a multiple of
+// 2·cp·64 (whole chunks of 64 positions in every block); not yet with MoE layers, fp8 linears,
+// pipeline parallelism, buddy replays, dumps under sequence parallelism or the reference check.
+void check_cp_layout(const ModelConfig& model, int64_t cp, const CpRun& run, const std::string& source);
+
+// Rank `rank`'s blocks of [0, T) under cp ranks: {r·c, c} and {(2·cp − 1 − r)·c, c}, c = T / (2·cp).
+std::vector<SeqBlock> zigzag_blocks(int64_t T, int64_t cp, int64_t rank);
+// zigzag_blocks of every rank, in rank order.
+std::vector<std::vector<SeqBlock>> every_rank_blocks(int64_t T, int64_t cp);
+
+// `inner` (one device, or a tensor-parallel plan) on this cp rank's positions.
+class ContextParallelPlan final : public ModelPlan {
+ public:
+  // cp must outlive the plan.
+  ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp) : inner_(inner), cp_(cp) {}
+
+  std::vector<SeqBlock> sequence(int64_t T) const override { return zigzag_blocks(T, cp_.size(), cp_.rank()); }
+  std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override;
+
+  LayerDims local_dims(const LayerDesc& layer) const override { return inner_.local_dims(layer); }
+  std::vector<ParamTensor> param_layout(const ModelDesc& desc) const override { return inner_.param_layout(desc); }
+  int64_t stream_tokens(int64_t BT) const override { return inner_.stream_tokens(BT); }
+  int64_t stream_first(int64_t BT) const override { return inner_.stream_first(BT); }
+  std::unique_ptr<NormOp> norm(const LayerDesc& layer) const override { return inner_.norm(layer); }
+  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const override {
+    return inner_.linear(layer, weight, rows);
+  }
+  void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override {
+    inner_.gather_stream(stream, all, BT, C);
+  }
+  std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
+  std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override { return inner_.loss(layer); }
+  void max_over_shards(float* x, int64_t n) const override { inner_.max_over_shards(x, n); }
+  ExpertShard experts(const LayerDesc& layer) const override { return inner_.experts(layer); }
+
+ private:
+  const ModelPlan& inner_;
+  comm::Communicator& cp_;
+};
+
+// The least a rank must send per step for context parallelism, for `sequences` sequences and
+// `attention_layers` attention layers on it (tp ranks splitting the heads): per layer, its k and v
+// to the other cp ranks in the forward and again in the backward, and the keys' gradients reduced
+// as an fp32 ring reduce-scatter would — 3 · 4·sequences·T·KV·(cp−1)/cp bytes, KV = 2·NKV·HS / tp.
+// 0 for cp = 1.
+uint64_t cp_min_bytes(const ModelConfig& model, int64_t cp, int64_t tp, int64_t sequences, int64_t attention_layers);
+
+}  // namespace lockstep::parallel

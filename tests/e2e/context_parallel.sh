@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Context parallelism: every sequence's positions split over cp ranks in zig-zag blocks, the
+# attention against every rank's keys and values.
+#  - canonical mode: the one-process model hash for cp2, cp4, cp2 x dp2 (zero 1 with micro-batches
+#    of one sequence, zero 2, zero 3), cp2 x tp2 (also with sequence parallelism), cp2 with
+#    selective recomputation, grouped-query attention, RoPE with RMSNorm and SwiGLU, and bf16
+#    linears, each on its own one-process hash;
+#  - evaluation: the cp ranks evaluate each window together and give the one process's val loss;
+#  - a rank holds T / cp positions: the layout line says so and the attention's traffic is counted;
+#  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 and on one process bitwise;
+#  - canonical dumps of cp2 and cp2 x dp2 runs are bitwise the one process's, tensor by tensor;
+#  - fast mode: cp2 x dp2 and cp2 x tp2 dump every tensor of 2 steps (of 2 sequences) as global tensors, and
+#    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
+#  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with MoE layers, cp
+#    with pipeline parallelism, a cp that does not divide the ranks — one line each.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make_data
+write_config
+sed -i -e 's/^seq_len = .*/seq_len = 256/' cfg.toml
+sed -e 's/^seq_len = .*/seq_len = 512/' cfg.toml > long.toml
+common=(--model.vocab_size=512 --model.d_model=128 --parallel.timeout_s=60 --train.steps=4 --train.threads=1)
+# The runs read cfg.toml (T = 256), or $config.
+run() { "$LOCKSTEP" train --config "${config:-cfg.toml}" "${common[@]}" "$@"; }
+mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config "${config:-cfg.toml}" "${common[@]}" "$@"; }
+on_hash() {
+  local name=$1 hash=$2 np=$3
+  shift 3
+  mpi "$np" "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  same_hash "$name" "$name.log" "$hash"
+}
+one_process() {
+  local name=$1
+  shift
+  run "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  model_hash "$name.log"
+}
+
+want=$(one_process single)
+[ -n "$want" ] || fail "no model hash in single.log"
+on_hash cp2 "$want" 2 --parallel.cp=2
+on_hash cp2_dp2_z1 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
+on_hash cp2_dp2_z2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=2
+on_hash cp2_z3 "$want" 2 --parallel.cp=2 --parallel.zero=3
+on_hash cp2_tp2 "$want" 4 --parallel.cp=2 --parallel.tp=2
+on_hash cp2_tp2_sp "$want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true
+on_hash cp2_recompute "$want" 2 --parallel.cp=2 --train.recompute=selective
+config=long.toml on_hash cp4 "$(config=long.toml one_process long)" 4 --parallel.cp=4
+gqa=(--model.n_kv_heads=2)
+on_hash cp2_gqa "$(one_process gqa "${gqa[@]}")" 2 --parallel.cp=2 "${gqa[@]}"
+llama=(--model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu)
+on_hash cp2_llama "$(one_process llama "${llama[@]}")" 2 --parallel.cp=2 "${llama[@]}"
+on_hash cp2_bf16 "$(one_process bf16 --train.precision=bf16)" 2 --parallel.cp=2 --train.precision=bf16
+
+grep -q "cp 2 x ep 1 x pp 1 (world 2)" cp2.log || fail "no cp in the layout line: $(grep '^parallel' cp2.log)"
+grep -Eq "context parallel [1-9][0-9]*\)" cp2.log || fail "no context-parallel bytes: $(grep '^parallel' cp2.log)"
+
+# Evaluation: every window on both cp ranks, each its positions; the val loss is the one process's.
+val_losses() { python3 -c "import json, sys; print([r['val_loss'] for r in map(json.loads, open(sys.argv[1])) if 'val_loss' in r])" "$1"; }
+eval=(--eval.every=2 --eval.batches=3)
+run "${eval[@]}" --log.metrics=eval_one.jsonl > eval_one.log 2>&1 || fail "eval: $(tail -3 eval_one.log)"
+mpi 4 "${eval[@]}" --log.metrics=eval_cp2.jsonl --parallel.cp=2 --parallel.dp=2 > eval_cp2.log 2>&1 \
+  || fail "eval cp2: $(tail -3 eval_cp2.log)"
+[ "$(val_losses eval_cp2.jsonl)" = "$(val_losses eval_one.jsonl)" ] \
+  || fail "eval cp2 x dp2: $(val_losses eval_cp2.jsonl) != $(val_losses eval_one.jsonl)"
+
+# A cp2 checkpoint (step 2) resumes under cp2 x dp2 (zero 1) and on one process, bitwise.
+mpi 2 --parallel.cp=2 --checkpoint.dir=ck --checkpoint.every=2 --train.stop_after=1 > ck_first.log 2>&1 \
+  || fail "cp2 checkpoint: $(tail -5 ck_first.log)"
+cp -r ck ck_one
+on_hash resumed_cp2_dp2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --checkpoint.dir=ck \
+  --checkpoint.every=2
+grep -q "^resumed from ck/step_00000002" resumed_cp2_dp2.log || fail "cp2 x dp2 did not resume: $(head -5 resumed_cp2_dp2.log)"
+run --checkpoint.dir=ck_one --checkpoint.every=2 > resumed_one.log 2>&1
+grep -q "^resumed from ck_one/step_00000002" resumed_one.log || fail "one process did not resume"
+same_hash "cp2 checkpoint resumed on one process" resumed_one.log
+
+# Canonical dumps: every tensor of the first two steps, gathered over cp (and dp), bitwise the one
+# process's.
+run --train.stop_after=1 --dump.dir=dump_single > dump_single.log 2>&1 || fail "dump: $(tail -3 dump_single.log)"
+for layout in "2 cp2 --parallel.cp=2" "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2"; do
+  read -r np name flags <<< "$layout"
+  # shellcheck disable=SC2086
+  mpi "$np" --train.stop_after=1 --dump.dir="dump_$name" $flags > "dump_$name.log" 2>&1 || fail "$name dump: $(tail -3 "dump_$name.log")"
+  "$LOCKSTEP" diff dump_single "dump_$name" > "dump_$name.txt" || fail "$name dump differs: $(head -3 "dump_$name.txt")"
+  grep -Eq "^diff dump_single dump_$name \(mode exact\): agree \([0-9]+ tensors\)" "dump_$name.txt" \
+    || fail "$name dump diff: $(head -2 "dump_$name.txt")"
+done
+
+# Fast mode: within the one-process run's op-local bounds, tensor by tensor.
+fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1 --train.batch_size=2 --train.micro_batch_size=1)
+run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
+  || fail "fast single: $(tail -5 fast_single.log)"
+for layout in "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2"; do
+  read -r np name flags <<< "$layout"
+  # shellcheck disable=SC2086
+  mpi "$np" "${fast[@]}" --checkpoint.dir="ck_fast_$name" --dump.dir="fast_$name" $flags > "fast_$name.log" 2>&1 \
+    || fail "fast $name: $(tail -5 "fast_$name.log")"
+  "$LOCKSTEP" diff fast_single "fast_$name" --bounds --ckpt-a=ck_fast --ckpt-b="ck_fast_$name" > "fast_$name.txt" \
+    || fail "fast $name outside its op-local bounds: $(head -1 "fast_$name.txt"); $(awk '$3 != 0' "fast_$name.txt" | head -4)"
+done
+
+expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a multiple of 2 x cp x 64 = 512" \
+  4 --parallel.cp=4
+expect_mpi_error "\[parallel\] cp = 2 does not run with MoE layers \(\[model\] moe_experts\) yet" \
+  2 --parallel.cp=2 --model.moe_experts=4 --model.moe_top_k=2
+expect_mpi_error "\[parallel\] cp = 2 does not run with pipeline parallelism \(\[parallel\] pp\) yet" \
+  4 --parallel.cp=2 --parallel.pp=2
+expect_mpi_error "x cp \(3\) = 3 must divide the number of ranks \(2\)" 2 --parallel.cp=3
+echo "context parallelism: OK"
