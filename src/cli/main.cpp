@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -86,6 +87,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const InternalError& e) {
     std::cerr << "internal error: " << e.what() << "\n";
+    return 3;
+  } catch (const std::bad_alloc&) {
+    if (const int rank = hold_unless_rank0(); rank > 0) std::cerr << "rank " << rank << ": ";
+    std::cerr << "error: out of memory: a buffer could not be allocated within this process's memory limit; a layout "
+                 "that splits the model or its activations further (tp, cp, pp, zero 3, a smaller micro-batch, "
+                 "recomputation) needs less per rank\n";
     return 3;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
