@@ -159,6 +159,33 @@ class ModelPlan {
   virtual ExpertShard experts(const LayerDesc& layer) const { return {0, layer.experts, nullptr}; }
 };
 
+// The ops of `inner` (which must outlive it): the base of plans that change only some of them —
+// expert and context parallelism over a tensor-parallel or one-device plan.
+class ForwardingPlan : public ModelPlan {
+ public:
+  explicit ForwardingPlan(const ModelPlan& inner) : inner_(inner) {}
+  LayerDims local_dims(const LayerDesc& layer) const override { return inner_.local_dims(layer); }
+  std::vector<ParamTensor> param_layout(const ModelDesc& desc) const override { return inner_.param_layout(desc); }
+  std::vector<SeqBlock> sequence(int64_t T) const override { return inner_.sequence(T); }
+  int64_t stream_tokens(int64_t BT) const override { return inner_.stream_tokens(BT); }
+  int64_t stream_first(int64_t BT) const override { return inner_.stream_first(BT); }
+  std::unique_ptr<NormOp> norm(const LayerDesc& layer) const override { return inner_.norm(layer); }
+  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const override {
+    return inner_.linear(layer, weight, rows);
+  }
+  void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override {
+    inner_.gather_stream(stream, all, BT, C);
+  }
+  std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
+  std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override { return inner_.attention(layer); }
+  std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override { return inner_.loss(layer); }
+  void max_over_shards(float* x, int64_t n) const override { inner_.max_over_shards(x, n); }
+  ExpertShard experts(const LayerDesc& layer) const override { return inner_.experts(layer); }
+
+ protected:
+  const ModelPlan& inner_;
+};
+
 // `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output
 // gradient read through a bf16 copy in `scratch` (grown as needed, shared by the model's bf16
 // linears), its product and input gradient rounded to bf16. stream_output: its output and output

@@ -46,11 +46,20 @@ std::vector<std::vector<SeqBlock>> every_rank_blocks(int64_t T, int64_t cp) {
   return all;
 }
 
+struct CpBuffers {
+  int64_t T = 0;
+  std::vector<std::vector<SeqBlock>> blocks;  // every cp rank's, for T
+  std::vector<float> send, recv, all, partial, summed, shard;
+  ExactAccumulator exact;
+  ShardPlan shards;
+  std::vector<int64_t> counts, displs;
+};
+
 namespace {
 
 class ContextParallelAttention final : public AttentionOp {
  public:
-  explicit ContextParallelAttention(comm::Communicator& cp) : cp_(cp) {}
+  ContextParallelAttention(comm::Communicator& cp, CpBuffers& buffers) : cp_(cp), b_(buffers) {}
 
   void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) override {
     const float* all = gather(s, qkv);
@@ -67,12 +76,12 @@ class ContextParallelAttention final : public AttentionOp {
     const int64_t W = (s.NH + 2 * s.NKV) * s.HS, n = 2 * s.B * s.NKV * s.T * s.HS;
     KeyGrads keys;
     if (mode == Mode::kCanonical) {
-      if (static_cast<int64_t>(exact_.size()) != n) exact_.reset(static_cast<size_t>(n));
-      exact_.zero();
-      keys.exact = &exact_;
+      if (static_cast<int64_t>(b_.exact.size()) != n) b_.exact.reset(static_cast<size_t>(n));
+      b_.exact.zero();
+      keys.exact = &b_.exact;
     } else {
-      partial_.assign(static_cast<size_t>(n), 0.0f);
-      keys.partial = partial_.data();
+      b_.partial.assign(static_cast<size_t>(n), 0.0f);
+      keys.partial = b_.partial.data();
     }
     int64_t row = 0;
     for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
@@ -83,7 +92,7 @@ class ContextParallelAttention final : public AttentionOp {
     reduce(mode, n);
     // Every key's dk (scaled after the rounding, as the whole op) and dv into this rank's rows.
     const float scale = attention_scale(s.HS);
-    const float* dk = summed_.data();
+    const float* dk = b_.summed.data();
     const float* dv = dk + n / 2;
     row = 0;
     for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
@@ -104,74 +113,73 @@ class ContextParallelAttention final : public AttentionOp {
 
  private:
   const std::vector<SeqBlock>& blocks(int64_t T, int64_t rank) {
-    if (blocks_.empty() || T_ != T) {
-      T_ = T;
-      blocks_ = every_rank_blocks(T, cp_.size());
+    if (b_.blocks.empty() || b_.T != T) {
+      b_.T = T;
+      b_.blocks = every_rank_blocks(T, cp_.size());
     }
-    return blocks_[static_cast<size_t>(rank)];
+    return b_.blocks[static_cast<size_t>(rank)];
   }
 
-  // all_ (B, T, width): every position's k and v from the ranks that hold it, q at this rank's.
+  // b_.all (B, T, width): every position's k and v from the ranks that hold it, q at this rank's.
   const float* gather(AttentionShape s, const float* qkv) {
     const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Q = s.NH * s.HS, KV = 2 * s.NKV * s.HS;
     const int64_t local = s.B * s.T / cp_.size();
-    send_.resize(static_cast<size_t>(local * KV));
-    recv_.resize(static_cast<size_t>(local * KV * cp_.size()));
-    all_.resize(static_cast<size_t>(s.B * s.T * W));
-    for (int64_t i = 0; i < local; ++i) std::copy_n(qkv + i * W + Q, KV, send_.data() + i * KV);
-    cp_.all_gather(send_.data(), recv_.data(), local * KV, DType::kF32);
+    b_.send.resize(static_cast<size_t>(local * KV));
+    b_.recv.resize(static_cast<size_t>(local * KV * cp_.size()));
+    b_.all.resize(static_cast<size_t>(s.B * s.T * W));
+    float* all = b_.all.data();
+    for (int64_t i = 0; i < local; ++i) std::copy_n(qkv + i * W + Q, KV, b_.send.data() + i * KV);
+    cp_.all_gather(b_.send.data(), b_.recv.data(), local * KV, DType::kF32);
     for (int r = 0; r < cp_.size(); ++r) {
-      const float* from = recv_.data() + r * local * KV;
+      const float* from = b_.recv.data() + r * local * KV;
       for (const SeqBlock& k : blocks(s.T, r)) {
         for (int64_t b = 0; b < s.B; ++b) {
-          for (int64_t t = 0; t < k.length; ++t, from += KV) {
-            std::copy_n(from, KV, all_.data() + (b * s.T + k.position + t) * W + Q);
-          }
+          for (int64_t t = 0; t < k.length; ++t, from += KV) std::copy_n(from, KV, all + (b * s.T + k.position + t) * W + Q);
         }
       }
     }
     int64_t i = 0;
     for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
       for (int64_t b = 0; b < s.B; ++b) {
-        for (int64_t t = 0; t < k.length; ++t, ++i) std::copy_n(qkv + i * W, Q, all_.data() + (b * s.T + k.position + t) * W);
+        for (int64_t t = 0; t < k.length; ++t, ++i) std::copy_n(qkv + i * W, Q, all + (b * s.T + k.position + t) * W);
       }
     }
-    return all_.data();
+    return all;
   }
 
-  // summed_ (n) = the sum over the cp ranks of their dk and dv: exact and rounded once (an exact
+  // b_.summed (n) = the sum over the cp ranks of their dk and dv: exact and rounded once (an exact
   // reduce-scatter of even shards, then an all-gather), or fp32.
   void reduce(Mode mode, int64_t n) {
-    summed_.resize(static_cast<size_t>(n));
+    b_.summed.resize(static_cast<size_t>(n));
     if (mode != Mode::kCanonical) {
-      cp_.all_reduce(partial_.data(), summed_.data(), n, DType::kF32, comm::ReduceOp::kSum);
+      cp_.all_reduce(b_.partial.data(), b_.summed.data(), n, DType::kF32, comm::ReduceOp::kSum);
       return;
     }
     const int p = cp_.size();
-    if (shards_.begin.empty() || shards_.begin.back() != n) {
-      shards_.begin.clear();
-      for (int r = 0; r <= p; ++r) shards_.begin.push_back(n * r / p);
-      counts_ = shards_.sizes();
-      displs_ = shards_.firsts();
+    if (b_.shards.begin.empty() || b_.shards.begin.back() != n) {
+      b_.shards.begin.clear();
+      for (int r = 0; r <= p; ++r) b_.shards.begin.push_back(n * r / p);
+      b_.counts = b_.shards.sizes();
+      b_.displs = b_.shards.firsts();
     }
-    shard_.resize(static_cast<size_t>(shards_.size(cp_.rank())));
-    exact_reduce_scatter(exact_, shards_, cp_, shard_.data());
-    cp_.all_gatherv(shard_.data(), summed_.data(), counts_, displs_, DType::kF32);
+    b_.shard.resize(static_cast<size_t>(b_.shards.size(cp_.rank())));
+    exact_reduce_scatter(b_.exact, b_.shards, cp_, b_.shard.data());
+    cp_.all_gatherv(b_.shard.data(), b_.summed.data(), b_.counts, b_.displs, DType::kF32);
   }
 
   comm::Communicator& cp_;
-  int64_t T_ = 0;
-  std::vector<std::vector<SeqBlock>> blocks_;  // every cp rank's
-  std::vector<float> send_, recv_, all_, partial_, summed_, shard_;
-  ExactAccumulator exact_;
-  ShardPlan shards_;
-  std::vector<int64_t> counts_, displs_;
+  CpBuffers& b_;
 };
 
 }  // namespace
 
+ContextParallelPlan::ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp)
+    : ForwardingPlan(inner), cp_(cp), buffers_(std::make_unique<CpBuffers>()) {}
+
+ContextParallelPlan::~ContextParallelPlan() = default;
+
 std::unique_ptr<AttentionOp> ContextParallelPlan::attention(const LayerDesc&) const {
-  return std::make_unique<ContextParallelAttention>(cp_);
+  return std::make_unique<ContextParallelAttention>(cp_, *buffers_);
 }
 
 }  // namespace lockstep::parallel

@@ -12,8 +12,9 @@
 // (canonical), which the cp group reduces exactly and rounds once — the chunks of a key's chain
 // lie inside one query block, so the sum of the blocks' exact partials is the one process's sum —
 // or in fp32 (fast mode). The backward gathers k and v again instead of keeping every position's
-// per layer and micro-batch: attention memory per rank is (B, NH, T/cp, T) probabilities plus
-// (B, T, width) keys and values for the layer that runs.
+// per layer and micro-batch: attention memory per rank is (B, NH, T/cp, T) probabilities per layer
+// plus one set of whole-sequence buffers ((B, T, width) q, k and v, the gradients of k and v and
+// their exact sums) that every layer's op uses in turn.
 //
 // Gradients: the cp ranks hold the same parameters and each a part of every gradient, so the
 // data-parallel reduction (and ZeRO's shards) runs over dp × cp, as Megatron-LM's does; the loss
@@ -57,33 +58,22 @@ std::vector<SeqBlock> zigzag_blocks(int64_t T, int64_t cp, int64_t rank);
 std::vector<std::vector<SeqBlock>> every_rank_blocks(int64_t T, int64_t cp);
 
 // `inner` (one device, or a tensor-parallel plan) on this cp rank's positions.
-class ContextParallelPlan final : public ModelPlan {
+// The whole-sequence buffers of the attention ops, which run one at a time (context_parallel.cpp).
+struct CpBuffers;
+
+class ContextParallelPlan final : public ForwardingPlan {
  public:
-  // cp must outlive the plan.
-  ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp) : inner_(inner), cp_(cp) {}
+  // Both must outlive the plan.
+  ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp);
+  ~ContextParallelPlan() override;
 
   std::vector<SeqBlock> sequence(int64_t T) const override { return zigzag_blocks(T, cp_.size(), cp_.rank()); }
+  // Every layer's op shares the plan's buffers.
   std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override;
 
-  LayerDims local_dims(const LayerDesc& layer) const override { return inner_.local_dims(layer); }
-  std::vector<ParamTensor> param_layout(const ModelDesc& desc) const override { return inner_.param_layout(desc); }
-  int64_t stream_tokens(int64_t BT) const override { return inner_.stream_tokens(BT); }
-  int64_t stream_first(int64_t BT) const override { return inner_.stream_first(BT); }
-  std::unique_ptr<NormOp> norm(const LayerDesc& layer) const override { return inner_.norm(layer); }
-  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const override {
-    return inner_.linear(layer, weight, rows);
-  }
-  void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override {
-    inner_.gather_stream(stream, all, BT, C);
-  }
-  std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
-  std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override { return inner_.loss(layer); }
-  void max_over_shards(float* x, int64_t n) const override { inner_.max_over_shards(x, n); }
-  ExpertShard experts(const LayerDesc& layer) const override { return inner_.experts(layer); }
-
  private:
-  const ModelPlan& inner_;
   comm::Communicator& cp_;
+  std::unique_ptr<CpBuffers> buffers_;
 };
 
 // The least a rank must send per step for context parallelism, for `sequences` sequences and

@@ -65,31 +65,15 @@ class CommExpertExchange final : public ExpertExchange {
 };
 
 // `inner` (one device, or a tensor-parallel plan) with this rank's routed experts only.
-class ExpertParallelPlan final : public ModelPlan {
+class ExpertParallelPlan final : public ForwardingPlan {
  public:
   // Both must outlive the plan.
-  ExpertParallelPlan(const ModelPlan& inner, ExpertExchange& exchange) : inner_(inner), exchange_(exchange) {}
+  ExpertParallelPlan(const ModelPlan& inner, ExpertExchange& exchange) : ForwardingPlan(inner), exchange_(exchange) {}
 
-  LayerDims local_dims(const LayerDesc& layer) const override { return inner_.local_dims(layer); }
   std::vector<ParamTensor> param_layout(const ModelDesc& desc) const override;
-  int64_t stream_tokens(int64_t BT) const override { return inner_.stream_tokens(BT); }
-  int64_t stream_first(int64_t BT) const override { return inner_.stream_first(BT); }
-  std::unique_ptr<NormOp> norm(const LayerDesc& layer) const override { return inner_.norm(layer); }
-  std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, LinearRows rows) const override {
-    return inner_.linear(layer, weight, rows);
-  }
-  void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override {
-    inner_.gather_stream(stream, all, BT, C);
-  }
-  std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
-  std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override { return inner_.attention(layer); }
-  std::vector<SeqBlock> sequence(int64_t T) const override { return inner_.sequence(T); }
-  std::unique_ptr<LossOp> loss(const LayerDesc& layer) const override { return inner_.loss(layer); }
-  void max_over_shards(float* x, int64_t n) const override { inner_.max_over_shards(x, n); }
   ExpertShard experts(const LayerDesc& layer) const override;
 
  private:
-  const ModelPlan& inner_;
   ExpertExchange& exchange_;
 };
 

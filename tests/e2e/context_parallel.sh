@@ -23,18 +23,6 @@ common=(--model.vocab_size=512 --model.d_model=128 --parallel.timeout_s=60 --tra
 # The runs read cfg.toml (T = 256), or $config.
 run() { "$LOCKSTEP" train --config "${config:-cfg.toml}" "${common[@]}" "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train --config "${config:-cfg.toml}" "${common[@]}" "$@"; }
-on_hash() {
-  local name=$1 hash=$2 np=$3
-  shift 3
-  mpi "$np" "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
-  same_hash "$name" "$name.log" "$hash"
-}
-one_process() {
-  local name=$1
-  shift
-  run "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
-  model_hash "$name.log"
-}
 
 want=$(one_process single)
 [ -n "$want" ] || fail "no model hash in single.log"

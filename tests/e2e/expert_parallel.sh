@@ -27,20 +27,6 @@ common=(--config cfg.toml --model.seq_len=128 --model.vocab_size=512 --model.d_m
         --model.moe_top_k=2 --model.moe_ffn_hidden=128 --parallel.timeout_s=60 --train.steps=4 --train.threads=1)
 run() { "$LOCKSTEP" train "${common[@]}" "$@"; }
 mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "${common[@]}" "$@"; }
-# on_hash NAME WANT NP ARGS...: the run on NP ranks with ARGS ends on WANT.
-on_hash() {
-  local name=$1 hash=$2 np=$3
-  shift 3
-  mpi "$np" "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
-  same_hash "$name" "$name.log" "$hash"
-}
-# one_process NAME ARGS...: the one-process run's hash.
-one_process() {
-  local name=$1
-  shift
-  run "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
-  model_hash "$name.log"
-}
 
 want=$(one_process single)
 [ -n "$want" ] || fail "no model hash in single.log"

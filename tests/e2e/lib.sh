@@ -94,6 +94,22 @@ same_hash() {
   [ "$got" = "$expected" ] || fail "$1: model hash '$got' != single-process $expected: $(tail -3 "$2")"
 }
 
+# on_hash NAME WANT NP ARGS...: the script's `mpi` on NP ranks with ARGS ends on WANT.
+on_hash() {
+  local name=$1 hash=$2 np=$3
+  shift 3
+  mpi "$np" "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  same_hash "$name" "$name.log" "$hash"
+}
+
+# one_process NAME ARGS...: the model hash the script's one-process `run` with ARGS ends on.
+one_process() {
+  local name=$1
+  shift
+  run "$@" > "$name.log" 2>&1 || fail "$name: $(tail -5 "$name.log")"
+  model_hash "$name.log"
+}
+
 # reference_clean NAME ARGS...: the script's `run` for 20 steps with sampled reference checks every
 # step and ARGS passes every op's bound: no finding, and the summary of 20 ops re-checked on rank 0.
 reference_clean() {
