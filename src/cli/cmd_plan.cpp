@@ -32,8 +32,8 @@ constexpr const char* kPlanUsage =
     "                     [--explain LAYOUT]\n"
     "                     [--validate [--ranks N] [--steps S] [--rounds R] [--layouts 'L1,L2'] [--launcher WORDS]\n"
     "                     [--out DIR]] [--section.key=value ...]\n"
-    "  ranks the layouts the trainer runs (dp x tp x pp x ep of the cluster's GPUs, micro-batch, ZeRO 0-3,\n"
-    "  sequence parallelism, recomputation, 1F1B) by predicted step time and prints the best N\n"
+    "  ranks the layouts the trainer runs (dp x tp x pp x cp x ep of the cluster's GPUs, micro-batch,\n"
+    "  ZeRO 0-3, sequence parallelism, recomputation, 1F1B) by predicted step time and prints the best N\n"
     "  (default 10) with time and memory broken down (--svg: as bars), and the rejected layouts by reason.\n"
     "  --model: a run config (its [model], [train] mode, batch_size and precision, [parallel] bucket_mb);\n"
     "  --global-batch and --precision override its batch and precision; --cluster: scripts/clusters/*.toml,\n"
@@ -58,7 +58,7 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
     const plan::Prediction& p = shown[i];
     rows.push_back(str_cat(i + 1, ". ", p.layout.text()));
     double at = 0;
-    const double parts[] = {p.time.compute,  p.time.tp_comm,    p.time.ep_comm,
+    const double parts[] = {p.time.compute,  p.time.tp_comm,    p.time.cp_comm,  p.time.ep_comm,
                             p.time.pipeline, p.time.dp_exposed, p.time.optimizer};
     for (size_t s = 0; s < std::size(parts); ++s) {
       time.push_back({i, at, at + parts[s], fixed(parts[s], 2), s});
@@ -75,7 +75,8 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
   return verify::svg_stack(
       {verify::svg_timeline(title + ": predicted step time", rows,
                             {"compute (and recomputation)", "tensor-parallel collectives",
-                             "expert-parallel exchanges", "pipeline bubble and sends", "data-parallel exposed",
+                             "context-parallel gathers and reductions", "expert-parallel exchanges",
+                             "pipeline bubble and sends", "data-parallel exposed",
                              "optimizer (measured clusters)"},
                             time, "seconds"),
        verify::svg_timeline(title + ": memory of the fullest GPU", rows,
@@ -91,9 +92,11 @@ void explain(const plan::Prediction& p, double hbm) {
   };
   std::cout << "layout " << p.layout.text() << ": " << p.micro_batches << " micro-batches a step per pipeline\n"
             << "step " << fixed(t.total, 3) << " s = the busiest pipeline rank's passes "
-            << fixed(t.compute + t.tp_comm + t.ep_comm, 3) << " s (compute " << fixed(t.compute, 3)
+            << fixed(t.compute + t.tp_comm + t.cp_comm + t.ep_comm, 3) << " s (compute " << fixed(t.compute, 3)
             << " s, of which recomputation " << fixed(t.recompute, 3) << " s; tensor-parallel collectives "
-            << fixed(t.tp_comm, 3) << " s; expert-parallel exchanges " << fixed(t.ep_comm, 3) << " s) + pipeline bubble and sends " << fixed(t.pipeline, 3) << " s + data-parallel exposed "
+            << fixed(t.tp_comm, 3) << " s; context-parallel gathers and reductions " << fixed(t.cp_comm, 3)
+            << " s; expert-parallel exchanges " << fixed(t.ep_comm, 3) << " s) + pipeline bubble and sends "
+            << fixed(t.pipeline, 3) << " s + data-parallel exposed "
             << fixed(t.dp_exposed, 3) << " s" << (t.optimizer > 0 ? " + optimizer " + fixed(t.optimizer, 3) + " s" : "")
             << "\n"
             << "memory of the fullest GPU " << size(m.total()) << " of " << fixed(hbm / kGiB, 0)
@@ -223,7 +226,8 @@ int cmd_plan(Args& args) {
       result.ranked.front().memory.total() < kGiB ? std::make_pair(double{1 << 20}, 0) : std::make_pair(kGiB, 1);
   std::cout << std::left << std::setw(5) << "rank" << std::setw(54) << "layout" << std::right << std::setw(9)
             << "step s" << std::setw(12) << "tokens/s" << std::setw(7) << "MFU" << std::setw(10) << "compute s"
-            << std::setw(9) << "tp s" << std::setw(8) << "ep s" << std::setw(11) << "pipeline s" << std::setw(8)
+            << std::setw(9) << "tp s" << std::setw(8) << "cp s" << std::setw(8) << "ep s" << std::setw(11)
+            << "pipeline s" << std::setw(8)
             << "dp s" << std::setw(12)
             << (unit.first == kGiB ? "memory GiB" : "memory MiB") << "\n";
   const int64_t shown = std::min<int64_t>(top, static_cast<int64_t>(result.ranked.size()));
@@ -232,7 +236,8 @@ int cmd_plan(Args& args) {
     std::cout << std::left << std::setw(5) << i + 1 << std::setw(54) << p.layout.text() << std::right << std::setw(9)
               << fixed(p.time.total, 3) << std::setw(12) << fixed(p.tokens_per_s, 0) << std::setw(6)
               << fixed(100 * p.mfu, 1) << "%" << std::setw(10) << fixed(p.time.compute, 3) << std::setw(9)
-              << fixed(p.time.tp_comm, 3) << std::setw(8) << fixed(p.time.ep_comm, 3) << std::setw(11)
+              << fixed(p.time.tp_comm, 3) << std::setw(8) << fixed(p.time.cp_comm, 3) << std::setw(8)
+              << fixed(p.time.ep_comm, 3) << std::setw(11)
               << fixed(p.time.pipeline, 3) << std::setw(8)
               << fixed(p.time.dp_exposed, 3) << std::setw(12) << fixed(p.memory.total() / unit.first, unit.second) << "\n";
   }

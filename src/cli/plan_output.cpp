@@ -29,6 +29,7 @@ nlohmann::json to_json(const plan::Prediction& p) {
            {{"compute", p.time.compute},
             {"recompute", p.time.recompute},
             {"tp_comm", p.time.tp_comm},
+            {"cp_comm", p.time.cp_comm},
             {"ep_comm", p.time.ep_comm},
             {"pipeline", p.time.pipeline},
             {"dp_exposed", p.time.dp_exposed},

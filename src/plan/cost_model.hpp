@@ -15,6 +15,14 @@
 //              activations) per attention and MLP sub-layer forward and backward, one more for the
 //              embedding's output (forward) and the head's input gradient (backward) — sequence
 //              parallelism moves the same bytes as an all-gather and a reduce-scatter; not hidden;
+//   cp comm    context parallelism (parallel/context_parallel.hpp), per attention layer and
+//              micro-batch: the forward all-gathers every position's k and v (mb·T·2·NKV·HS/tp
+//              fp32), the backward gathers them again (and once more for a recomputed forward)
+//              and reduces their gradients over cp — canonical: exact, as the gradients are; fast:
+//              an fp32 all-reduce; not hidden. A rank's tokens are mb·T/cp, so its compute, its tp
+//              collectives and its activations are 1/cp of a whole sequence's (the zig-zag blocks
+//              give every rank the same share of the causal attention); measured passes are scaled
+//              by 1/cp. Its gradients are reduced, and ZeRO shards them, over dp × cp;
 //   pipeline   the schedule's table (pipeline_schedule.hpp) timed by simulate() with each rank's
 //              own passes (F, B = Bi + W halved) and a p2p send of a micro-batch's activations: its
 //              makespan over the busiest rank's busy time is the bubble, the sends on the critical
@@ -46,12 +54,15 @@
 //   rank's doubles of this rank's shard and their exact sum), AdamW's m and v (zero 1: over dp;
 //   zero 2: gradients too, plus the staging of one bucket; zero 3: parameters too, plus two
 //   windows of the largest layer's, without a bf16 copy), the activations each micro-batch keeps per layer (the trainer's:
-//   the residual stream, norm outputs, QKV, the attention probabilities, MLP hidden, logits; 2
+//   the residual stream, norm outputs, QKV, the attention probabilities (mb, NH, T/cp, T), MLP hidden, logits; 2
 //   bytes in bf16/fp8, 4 in fp32; sequence parallelism splits the stream over tp; recomputed
 //   sub-layers keep their input and one layer's worth is rebuilt at a time) times the micro-batches
 //   the schedule keeps in flight on that rank (interleaved: each chunk's own peak, since each chunk
 //   keeps its own activation sets), one micro-batch's backward buffers (the layers' shared scratch
-//   and the stream's gradients), and the cluster's reserved memory.
+//   and the stream's gradients), context parallelism's buffers (one set the attention layers use in
+//   turn: fp32 gathers of every position's q, k and v and the keys' gradients; canonical, their
+//   exact sums, a double and a flag each, and one exact reduce-scatter's), and the cluster's
+//   reserved memory.
 // Not modelled: on a declared cluster kernels other than GEMMs (norms, softmax, the optimizer);
 //   the data loader, overlap of tp collectives with compute, network contention between groups.
 #pragma once
@@ -80,6 +91,7 @@ struct StepTime {
   double compute = 0;    // GEMMs of the busiest rank, recomputation included
   double recompute = 0;  // of which forwards run again
   double tp_comm = 0;
+  double cp_comm = 0;    // context parallelism's gathers of k and v and reductions of their gradients
   double ep_comm = 0;    // expert parallelism's exchanges of the MoE layers' rows
   double pipeline = 0;   // the makespan beyond the busiest rank's passes: bubble and p2p
   double dp_exposed = 0;
@@ -113,8 +125,8 @@ double send_time(double bytes, const Link& l);
 // part each: (n−1)·α + (n−1)/n·bytes/β.
 double all_to_all_time(double bytes, int64_t n, const Link& l);
 
-// The link of a group of n ranks `stride` apart in the mesh's rank order (tp fastest, then ep, pp,
-// dp): NVLink if the group fits in a node.
+// The link of a group of n ranks `stride` apart in the mesh's rank order (tp fastest, then cp, ep,
+// pp, dp): NVLink if the group fits in a node.
 const Link& group_link(const Cluster& c, int64_t stride, int64_t n);
 
 }  // namespace lockstep::plan

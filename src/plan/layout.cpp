@@ -8,8 +8,8 @@
 namespace lockstep::plan {
 
 std::string Layout::text() const {
-  std::string s = str_cat("dp", dp, " tp", tp, " pp", pp, ep > 1 ? str_cat(" ep", ep) : std::string(), " mb",
-                          micro_batch, " zero", zero);
+  std::string s = str_cat("dp", dp, " tp", tp, " pp", pp, cp > 1 ? str_cat(" cp", cp) : std::string(),
+                          ep > 1 ? str_cat(" ep", ep) : std::string(), " mb", micro_batch, " zero", zero);
   if (sp) s += " sp";
   if (pp > 1) {
     s += str_cat(" ", parallel::schedule_name(schedule));
@@ -32,7 +32,7 @@ Layout parse_layout(const std::string& text, const std::string& where) {
       LS_REQUIRE(used == t.size() - skip && v >= 0, "");
     } catch (const std::exception&) {
       throw ConfigError(
-          str_cat(where, ": '", t, "' is not a layout item (dpN tpN ppN epN mbN zeroN sp SCHEDULE[:V] recompute=R)"));
+          str_cat(where, ": '", t, "' is not a layout item (dpN tpN ppN cpN epN mbN zeroN sp SCHEDULE[:V] recompute=R)"));
     }
     return v;
   };
@@ -45,6 +45,8 @@ Layout parse_layout(const std::string& text, const std::string& where) {
       l.tp = count(token, 2);
     } else if (token.rfind("pp", 0) == 0) {
       l.pp = count(token, 2);
+    } else if (token.rfind("cp", 0) == 0) {
+      l.cp = count(token, 2);
     } else if (token.rfind("ep", 0) == 0) {
       l.ep = count(token, 2);
     } else if (token.rfind("mb", 0) == 0) {
@@ -61,8 +63,8 @@ Layout parse_layout(const std::string& text, const std::string& where) {
       if (colon != std::string::npos) l.chunks = count(token, colon + 1);
     }
   }
-  LS_REQUIRE(l.dp >= 1 && l.tp >= 1 && l.pp >= 1 && l.ep >= 1 && l.micro_batch >= 1 && l.chunks >= 1, where,
-             ": dp, tp, pp, ep, mb and virtual stages must be >= 1 in '", text, "'");
+  LS_REQUIRE(l.dp >= 1 && l.tp >= 1 && l.pp >= 1 && l.cp >= 1 && l.ep >= 1 && l.micro_batch >= 1 && l.chunks >= 1,
+             where, ": dp, tp, pp, cp, ep, mb and virtual stages must be >= 1 in '", text, "'");
   return l;
 }
 

@@ -1,7 +1,8 @@
 // A parallel layout as the planner searches them: the trainer's axes and knobs (docs/usage.md,
 // [parallel] and [train]) for one job. Text form, as printed and as `--explain` takes it:
 //   "dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective"   (sp, the schedule and recompute optional;
-//   interleaved schedules as "interleaved:V"; "epN" after ppN for a MoE model's expert parallelism)
+//   interleaved schedules as "interleaved:V"; after ppN, "cpN" for context parallelism and "epN"
+//   for a MoE model's expert parallelism, each only when above 1)
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ inline constexpr int64_t kSearchedChunks = 2;
 
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;
+  int64_t cp = 1;  // context parallelism: each sequence's positions over cp ranks; dp x cp replicas
   int64_t ep = 1;  // expert parallelism: the data ranks are dp x ep
   int64_t chunks = 1;  // virtual stages a pipeline rank holds (interleaved)
   int64_t micro_batch = 1;  // sequences per micro-batch
@@ -27,7 +29,7 @@ struct Layout {
   Recompute recompute = Recompute::kNone;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::kOneFOneB;
 
-  int64_t gpus() const { return dp * tp * pp * ep; }
+  int64_t gpus() const { return dp * tp * pp * cp * ep; }
   std::string text() const;
 };
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "src/core/check.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
@@ -21,6 +22,9 @@ struct Planner::RankCost {
   double params = 0, matmul_params = 0;  // elements this GPU holds
   double replicated_params = 0;          // of them, those every ep rank holds (not a routed expert's)
   int64_t moe_layers = 0;                // expert parallelism exchanges rows in each
+  // Context parallelism gathers k and v in each attention layer's forward, the recomputed ones'
+  // again.
+  int64_t attention_layers = 0, recomputed_attention = 0;
   // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these,
   // and the bytes of that gather (bf16 for the matrices of a bf16 run, as the trainer sends them).
   std::vector<double> layer_params, layer_gather_bytes;
@@ -29,6 +33,9 @@ struct Planner::RankCost {
   // The backward's buffers, one micro-batch's: the scratch the layers share (the largest layer's
   // need, as attention.cpp and mlp.cpp size it) and the stream's gradient between layers (two).
   double scratch_bytes = 0;
+  // Context parallelism's buffers per position of a micro-batch's sequences (they hold every
+  // position's): the attention ops' shared set, and one exact reduction's.
+  double cp_held_bytes = 0, cp_reduce_bytes = 0;
 };
 
 Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile)
@@ -42,17 +49,22 @@ Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* pro
 
 Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
   if (profile_ != nullptr) {
-    // The measured passes of the whole model, the share of these layers by their FLOPs; the
-    // recomputation, what it adds to the backward.
+    // The measured passes of the whole model, the share of these layers by their FLOPs (of a
+    // cp rank's positions, 1/cp: the zig-zag blocks balance the attention); the recomputation,
+    // what it adds to the backward.
     const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone});
     const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute});
-    const double share = r.forward_flops / model_forward_flops_;
+    const double share = r.forward_flops / model_forward_flops_ / static_cast<double>(layout.cp);
     return {plain.forward * share, plain.backward * share, (with.backward - plain.backward) * share};
   }
   const double rate = cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp);
-  const double tokens = static_cast<double>(layout.micro_batch * request_.model.config.seq_len);
+  const double tokens = rank_tokens(layout);
   const double f = r.forward_flops * tokens / rate;
   return {f, 2 * f, r.recompute_flops * tokens / rate};
+}
+
+double Planner::rank_tokens(const Layout& layout) const {
+  return static_cast<double>(layout.micro_batch * request_.model.config.seq_len) / static_cast<double>(layout.cp);
 }
 
 double Planner::all_reduce(double bytes, int64_t n, const Link& link) const {
@@ -137,14 +149,26 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           ++r.forward_reduces;
           r.kept_bytes += C * stream * ab;  // its output, the first residual stream
           break;
-        case LayerKind::kAttention:
+        case LayerKind::kAttention: {
           ++r.forward_reduces;
           ++r.backward_reduces;
           input = C * stream;
           inside = C + qkv + probs + heads_out;  // the norm's output whole (gathered under sp)
           scratch = C * stream + qkv + heads_out + probs;
           recomputed = layout.recompute != Recompute::kNone;
+          ++r.attention_layers;
+          if (recomputed) ++r.recomputed_attention;
+          if (layout.cp == 1) break;
+          // One set for every layer, fp32 (context_parallel.cpp's CpBuffers): the gathered q, k and v, the received k and v, the sent
+          // ones (this rank's positions), the summed gradients of k and v; canonical: their exact
+          // sums (a double and a flag) and this rank's shard, whose reduce-scatter receives every
+          // rank's doubles of it and sums them exactly; fast: their fp32 partial sums.
+          const double kv = static_cast<double>(2 * m.NKV * m.HS) / t, cp = static_cast<double>(layout.cp);
+          const bool exact = request_.mode == Mode::kCanonical;
+          r.cp_held_bytes = std::max(r.cp_held_bytes, 4 * (qkv + 2 * kv + kv / cp) + (exact ? 9 * kv + 4 * kv / cp : 4 * kv));
+          if (exact) r.cp_reduce_bytes = std::max(r.cp_reduce_bytes, 8 * kv + 9 * kv / cp);
           break;
+        }
         case LayerKind::kMlp:
           ++r.forward_reduces;
           ++r.backward_reduces;
@@ -213,10 +237,12 @@ Problem Planner::problem(const Layout& layout) {
   const ModelConfig& cfg = request_.model.config;
   const int64_t B = request_.global_batch, T = cfg.seq_len;
   if (layout.gpus() != cluster_.gpus()) {
-    return {"gpus", str_cat("dp x tp x pp x ep = ", layout.gpus(), " GPUs, the cluster has ", cluster_.gpus())};
+    return {"gpus", str_cat("dp x tp x pp x cp x ep = ", layout.gpus(), " GPUs, the cluster has ", cluster_.gpus())};
   }
   try {
-    parallel::check_ep_layout(cfg, layout.ep, {.precision = {.linears = request_.precision}}, request_.source);
+    PrecisionRecipe recipe;
+    recipe.linears = request_.precision;
+    parallel::check_ep_layout(cfg, layout.ep, {.precision = recipe}, request_.source);
   } catch (const ConfigError& e) {
     return {"ep", e.what()};
   }
@@ -238,7 +264,16 @@ Problem Planner::problem(const Layout& layout) {
     return {"schedule", str_cat("the trainer runs the gpipe, 1f1b and interleaved schedules, not ",
                                 parallel::schedule_name(layout.schedule))};
   }
-  // The trainer's own checks: the batch split, the schedule's shape, tensor parallelism, stages.
+  // The trainer's own checks: context parallelism, the batch split, the schedule's shape, tensor
+  // parallelism, stages.
+  parallel::CpRun cp_run;
+  cp_run.precision.linears = request_.precision;
+  cp_run.pp = layout.pp;
+  try {
+    parallel::check_cp_layout(cfg, layout.cp, cp_run, request_.source);
+  } catch (const ConfigError& e) {
+    return {"cp", e.what()};
+  }
   parallel::DpBatch split;
   try {
     split = parallel::plan_dp_batch(B, layout.micro_batch, T, layout.dp * layout.ep, request_.mode, request_.source,
@@ -258,7 +293,8 @@ Problem Planner::problem(const Layout& layout) {
     return {"schedule", e.what()};
   }
   try {
-    parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T, request_.mode, request_.source);
+    parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T / layout.cp, request_.mode,
+                              request_.source);
   } catch (const ConfigError& e) {
     return {"tp layout", e.what()};
   }
@@ -290,16 +326,27 @@ Prediction Planner::predict(const Layout& layout) {
   const ModelConfig& cfg = request_.model.config;
   const auto T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.d_model);
   const double ab = request_.precision == Precision::kF32 ? 4 : 2;
-  const double tokens = static_cast<double>(layout.micro_batch) * T;
+  const double tokens = rank_tokens(layout);
   const int64_t micro = request_.global_batch / (layout.dp * layout.ep * layout.micro_batch);
   const std::vector<RankCost> ranks = rank_costs(layout);
 
-  // The mesh's order: tp fastest, then ep, pp, dp.
+  // The mesh's order: tp fastest, then cp, ep, pp, dp. The gradients are reduced over dp × cp, the
+  // replicas; with cp > 1 the trainer runs neither ep nor pp, so they are neighbours tp apart.
+  LS_CHECK(layout.cp == 1 || layout.ep * layout.pp == 1);
+  const int64_t replicas = layout.dp * layout.cp;
   const Link& tp_link = group_link(cluster_, 1, layout.tp);
-  const Link& ep_link = group_link(cluster_, layout.tp, layout.ep);
-  const Link& pp_link = group_link(cluster_, layout.tp * layout.ep, layout.pp);
-  const Link& dp_link = group_link(cluster_, layout.tp * layout.ep * layout.pp, layout.dp);
+  const Link& cp_link = group_link(cluster_, layout.tp, layout.cp);
+  const Link& ep_link = group_link(cluster_, layout.tp * layout.cp, layout.ep);
+  const Link& pp_link = group_link(cluster_, layout.tp * layout.cp * layout.ep, layout.pp);
+  const Link& replica_link = layout.cp == 1 ? group_link(cluster_, layout.tp * layout.ep * layout.pp, layout.dp)
+                                            : group_link(cluster_, layout.tp, replicas);
   const double reduce = reduction_time(tokens * C * ab, layout.tp, tp_link);
+  // Context parallelism, per attention layer: every position's k and v of the micro-batch (fp32)
+  // all-gathered, and their gradients reduced.
+  const double kv_bytes = 4 * static_cast<double>(layout.micro_batch) * T *
+                          static_cast<double>(2 * cfg.n_kv_heads * cfg.head_size() / layout.tp);
+  const double kv_gather = all_reduce(kv_bytes, layout.cp, cp_link) / 2;
+  const double kv_reduce = reduction_time(kv_bytes, layout.cp, cp_link);
   // Expert parallelism: a MoE layer's rows (top_k a token) to their experts' ranks and back, in
   // the forward and again in the backward.
   const double exchange =
@@ -309,14 +356,17 @@ Prediction Planner::predict(const Layout& layout) {
   const double ch = static_cast<double>(layout.chunks);
   const double p2p = send_time(tokens * C * ab * (layout.sp ? 1.0 / static_cast<double>(layout.tp) : 1.0), pp_link);
   std::vector<parallel::PassCosts> by_rank;
-  double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0, ep_comm = 0;
+  double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0, ep_comm = 0, cp_comm = 0;
   for (const RankCost& r : ranks) {
     const Passes t = passes(layout, r);
     const double rc = t.recompute;
     const double fc = static_cast<double>(r.forward_reduces) * reduce;
     const double bc = static_cast<double>(r.backward_reduces + r.recompute_reduces) * reduce;
     const double ex = static_cast<double>(r.moe_layers) * 2 * exchange;  // each way
-    const double f = t.forward + fc + ex, b = t.backward + rc + bc + ex;
+    const auto attention = static_cast<double>(r.attention_layers);
+    const double cf = attention * kv_gather;
+    const double cb = (attention + static_cast<double>(r.recomputed_attention)) * kv_gather + attention * kv_reduce;
+    const double f = t.forward + fc + ex + cf, b = t.backward + rc + bc + ex + cb;
     by_rank.push_back({f / ch, b / (2 * ch), b / (2 * ch), p2p});
     if (f + b <= forward + backward) continue;
     forward = f;
@@ -325,6 +375,7 @@ Prediction Planner::predict(const Layout& layout) {
     recompute = rc;
     comm = fc + bc;
     ep_comm = 2 * ex;
+    cp_comm = cf + cb;
   }
   Prediction p;
   p.layout = layout;
@@ -341,10 +392,11 @@ Prediction Planner::predict(const Layout& layout) {
   p.time.recompute = static_cast<double>(micro) * recompute;
   p.time.tp_comm = static_cast<double>(micro) * comm;
   p.time.ep_comm = static_cast<double>(micro) * ep_comm;
+  p.time.cp_comm = static_cast<double>(micro) * cp_comm;
   p.time.pipeline = makespan - busy;
 
   // Memory, the data-parallel exposure and the optimizer, rank by rank.
-  const auto dp = static_cast<double>(layout.dp);
+  const auto shards = static_cast<double>(replicas);  // ZeRO's, over dp × cp
   double exposed = 0, optimizer = 0, held_params = 0;
   for (const RankCost& r : ranks) held_params += r.params;
   // The reduction in buckets of at most bucket_bytes, one after the other.
@@ -356,12 +408,12 @@ Prediction Planner::predict(const Layout& layout) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     const RankCost& r = ranks[i];
     const double fp32 = r.params * 4;  // the parameters, and the gradients as the reduction sends them
-    const bool zero3 = layout.dp > 1 && layout.zero == 3;
+    const bool zero3 = replicas > 1 && layout.zero == 3;
     Memory m;
     if (zero3) {
       // The shard, and two windows of the largest layer's parameters (a bf16 linear's weight is
       // rounded in its window: no copy).
-      m.params = fp32 / dp + 2 * 4 * *std::max_element(r.layer_params.begin(), r.layer_params.end());
+      m.params = fp32 / shards + 2 * 4 * *std::max_element(r.layer_params.begin(), r.layer_params.end());
     } else {
       m.params = fp32;
       if (request_.precision != Precision::kF32) m.params += r.matmul_params * 2;  // the bf16 copy
@@ -369,29 +421,30 @@ Prediction Planner::predict(const Layout& layout) {
     }
     // Canonical mode's gradients keep exact sums beside the fp32 ones: a double and a flag each.
     const double held = request_.mode == Mode::kCanonical ? r.params * 13 : fp32;
-    const bool sharded = layout.dp > 1 && layout.zero >= 2;
-    m.grads = sharded ? held / dp + std::min(fp32, request_.bucket_bytes) : held;
-    if (layout.dp > 1 && request_.mode == Mode::kCanonical) {
+    const bool sharded = replicas > 1 && layout.zero >= 2;
+    m.grads = sharded ? held / shards + std::min(fp32, request_.bucket_bytes) : held;
+    if (replicas > 1 && request_.mode == Mode::kCanonical) {
       // The exact reduction of a bucket receives every rank's doubles of this rank's shard (8
       // bytes an element of the bucket) and sums them exactly into the shard (13 bytes an element).
       const double elements = std::min(fp32, request_.bucket_bytes) / 4;
-      m.grads += elements * 8 + elements / dp * 13;
+      m.grads += elements * 8 + elements / shards * 13;
     }
     if (layout.ep > 1) {
       // The sum of the replicated gradients over ep, a bucket at a time (all of them without dp):
       // their indices, and (canonical) every ep rank's doubles, or (fast) an fp32 copy.
-      const double n = layout.dp > 1 ? std::min(r.replicated_params, request_.bucket_bytes / 4) : r.replicated_params;
+      const double n = replicas > 1 ? std::min(r.replicated_params, request_.bucket_bytes / 4) : r.replicated_params;
       m.grads += n * (8 + (request_.mode == Mode::kCanonical ? 8 * static_cast<double>(layout.ep + 1) : 4));
     }
-    m.optimizer = r.params * 8 / (layout.zero >= 1 ? dp : 1);
+    m.optimizer = r.params * 8 / (layout.zero >= 1 ? shards : 1);
     const double in_flight_tokens = static_cast<double>(in_flight[i]) * tokens / static_cast<double>(layout.chunks);
-    m.activations = in_flight_tokens * r.kept_bytes + (r.rebuilt_bytes + r.scratch_bytes) * tokens;
+    m.activations = in_flight_tokens * r.kept_bytes + (r.rebuilt_bytes + r.scratch_bytes) * tokens +
+                    (r.cp_held_bytes + r.cp_reduce_bytes) * static_cast<double>(layout.micro_batch) * T;
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
     if (profile_ != nullptr) {
       const PassShape shape{layout.tp, layout.sp, layout.micro_batch, Recompute::kNone};
       const double update = profile_->at(shape).optimizer * r.params / held_params;
-      optimizer = std::max(optimizer, layout.zero >= 1 ? update / dp : update);
+      optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
     }
     // Expert parallelism: the replicated tensors' gradients summed over ep before the dp reduction
     // (canonical: every ep rank's doubles all-gathered; fast: an fp32 all-reduce).
@@ -400,7 +453,7 @@ Prediction Planner::predict(const Layout& layout) {
         : request_.mode == Mode::kCanonical
             ? all_reduce(8 * r.replicated_params * static_cast<double>(layout.ep), layout.ep, ep_link) / 2
             : all_reduce(4 * r.replicated_params, layout.ep, ep_link);
-    if (layout.dp == 1) {
+    if (replicas == 1) {
       exposed = std::max(exposed, ep_sum);  // after the backward, no buckets to overlap
       continue;
     }
@@ -412,17 +465,17 @@ Prediction Planner::predict(const Layout& layout) {
     };
     double e = 0;
     if (sharded) {
-      const auto scatter = [&](double b) { return scatter_time(b, layout.dp, dp_link); };
+      const auto scatter = [&](double b) { return scatter_time(b, replicas, replica_link); };
       e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter) + ep_sum, scatter(bucket));
       if (zero3) {
-        e += gathers_exposed(r.layer_gather_bytes, micro, busy, dp_link, layout.dp);
+        e += gathers_exposed(r.layer_gather_bytes, micro, busy, replica_link, replicas);
       } else {
-        e += all_reduce(fp32, layout.dp, dp_link) / 2;  // the parameters' all-gather
+        e += all_reduce(fp32, replicas, replica_link) / 2;  // the parameters' all-gather
       }
     } else {
-      const auto reduce_bucket = [&](double b) { return reduction_time(b, layout.dp, dp_link); };
+      const auto reduce_bucket = [&](double b) { return reduction_time(b, replicas, replica_link); };
       e = after_backward(bucketed(fp32, reduce_bucket) + ep_sum, reduce_bucket(bucket));
-      if (layout.zero == 1) e += all_reduce(fp32, layout.dp, dp_link) / 2;  // the parameters' all-gather
+      if (layout.zero == 1) e += all_reduce(fp32, replicas, replica_link) / 2;  // the parameters' all-gather
     }
     exposed = std::max(exposed, e);
   }
@@ -463,39 +516,43 @@ SearchResult Planner::search() {
       if ((N / tp) % pp != 0) continue;
       for (int64_t ep : eps) {
         if ((N / (tp * pp)) % ep != 0) continue;
-        for (int64_t mb : kSearchedMicroBatches) {
-          // Without data parallelism the ZeRO stages are one layout.
-          for (int zero = 0; zero <= (N / (tp * pp * ep) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
-            for (bool sp : {false, true}) {
-              if (sp && tp == 1) continue;
-              for (Recompute rc : kRecomputes) {
-                // A pipeline runs 1F1B, or interleaved with each rank holding kSearchedChunks stages.
-                for (int64_t chunks : {int64_t{1}, kSearchedChunks}) {
-                  if (chunks > 1 && pp == 1) continue;
-                  const Layout l{.dp = N / (tp * pp * ep),
-                                 .tp = tp,
-                                 .pp = pp,
-                                 .ep = ep,
-                                 .chunks = chunks,
-                                 .micro_batch = mb,
-                                 .zero = zero,
-                                 .sp = sp,
-                                 .recompute = rc,
-                                 .schedule = chunks > 1 ? parallel::ScheduleKind::kInterleaved
-                                                        : parallel::ScheduleKind::kOneFOneB};
-                  ++out.considered;
-                  if (Problem why = problem(l); !why.empty()) {
-                    reject(l, why);
-                    continue;
+        // Context parallelism: powers of two of the replicas (dp x cp); the trainer's check decides the rest.
+        for (int64_t cp = 1; (N / (tp * pp * ep)) % cp == 0; cp *= 2) {
+          for (int64_t mb : kSearchedMicroBatches) {
+            // Without replicas the ZeRO stages are one layout.
+            for (int zero = 0; zero <= (N / (tp * pp * ep) > 1 ? parallel::kMaxZeroStage : 0); ++zero) {
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                for (Recompute rc : kRecomputes) {
+                  // A pipeline runs 1F1B, or interleaved with each rank holding kSearchedChunks stages.
+                  for (int64_t chunks : {int64_t{1}, kSearchedChunks}) {
+                    if (chunks > 1 && pp == 1) continue;
+                    const Layout l{.dp = N / (tp * pp * ep * cp),
+                                   .tp = tp,
+                                   .pp = pp,
+                                   .cp = cp,
+                                   .ep = ep,
+                                   .chunks = chunks,
+                                   .micro_batch = mb,
+                                   .zero = zero,
+                                   .sp = sp,
+                                   .recompute = rc,
+                                   .schedule = chunks > 1 ? parallel::ScheduleKind::kInterleaved
+                                                          : parallel::ScheduleKind::kOneFOneB};
+                    ++out.considered;
+                    if (Problem why = problem(l); !why.empty()) {
+                      reject(l, why);
+                      continue;
+                    }
+                    const Prediction p = predict(l);
+                    if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
+                    out.any_predicted = true;
+                    if (Problem why = fits(p); !why.empty()) {
+                      reject(l, why);
+                      continue;
+                    }
+                    out.ranked.push_back(p);
                   }
-                  const Prediction p = predict(l);
-                  if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
-                  out.any_predicted = true;
-                  if (Problem why = fits(p); !why.empty()) {
-                    reject(l, why);
-                    continue;
-                  }
-                  out.ranked.push_back(p);
                 }
               }
             }

@@ -3,13 +3,14 @@
 // pipeline depth, the timelines of each schedule shape), and the search over the layouts the
 // trainer runs.
 //
-// Search: every dp × tp × pp × ep of the cluster's GPUs with tp a power of two within a node, pp any
-// divisor that leaves each stage a layer, ep a divisor of a MoE model's routed experts (1 for a
-// dense one); micro-batches of 1, 2, 4, 8 or 16 sequences that divide
+// Search: every dp × tp × pp × cp × ep of the cluster's GPUs with tp a power of two within a node,
+// pp any divisor that leaves each stage a layer, cp a power of two, ep a divisor of a MoE model's
+// routed experts (1 for a dense one); micro-batches of 1, 2, 4, 8 or 16 sequences that divide
 // a replica's share of the batch; zero 0 to 3; sequence parallelism off and on (tp > 1); no,
 // selective or full recomputation; 1F1B across stages, or interleaved with two stages a rank — the
-// trainer's choices (the zero-bubble schedule, and ZeRO-3 with pipelining or fp8, which the trainer
-// refuses, are problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
+// trainer's choices (the zero-bubble schedule, ZeRO-3 with pipelining or fp8, and cp with MoE
+// layers, pipelining, fp8 or a sequence that 2·cp blocks of 64-position chunks do not tile, which the
+// trainer refuses, are problems: --explain names them). A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
 // reason; the rest are ranked by predicted step time, then memory, then their text (a
 // deterministic order).
 #pragma once
@@ -71,6 +72,8 @@ class Planner {
     double forward = 0, backward = 0, recompute = 0;
   };
   Passes passes(const Layout& layout, const RankCost& r);
+  // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.
+  double rank_tokens(const Layout& layout) const;
   // An all-reduce of `bytes` over n ranks on `link` (the cluster's measured one where it has it);
   // a ring's reduce-scatter and all-gather take half of it.
   double all_reduce(double bytes, int64_t n, const Link& link) const;

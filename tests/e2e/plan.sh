@@ -3,7 +3,8 @@
 # a ranked table whose rows fit, are sorted and add up, the rejections by reason, the same ranking
 # in the JSON, the breakdowns as bars in the SVG, one layout explained; bad input, once each: a cluster field missing, an unknown
 # precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much); the
-# Llama 3 405B and Megatron-LM 530B and 1T anchors.
+# Llama 3 405B and Megatron-LM 530B and 1T anchors; context parallelism for Llama 3 8B's shape on
+# sequences of 32,768 (its column, its layouts among the first, one explained, its refusals named).
 source "$(dirname "$0")/lib.sh"
 plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global-batch 1536 "$@"; }
 
@@ -27,19 +28,21 @@ for r in ranked:
     t, m = r["time_s"], r["memory_gib"]
     assert t["optimizer"] == 0, r  # measured only on the local cluster
     assert t["ep_comm"] == 0, r  # a dense model
-    assert abs(t["compute"] + t["tp_comm"] + t["pipeline"] + t["dp_exposed"] - r["step_s"]) < 1e-9 * r["step_s"], r
+    assert (t["cp_comm"] > 0) == (" cp" in r["layout"]), r
+    parts = t["compute"] + t["tp_comm"] + t["cp_comm"] + t["pipeline"] + t["dp_exposed"]
+    assert abs(parts - r["step_s"]) < 1e-9 * r["step_s"], r
     assert m["total"] <= 80 and abs(sum(v for k, v in m.items() if k != "total") - m["total"]) < 1e-9, r
     assert 0 < r["mfu"] < 0.8, r  # below the declared GEMM efficiency
     assert abs(r["tokens_per_s"] * r["step_s"] - 1536 * 2048) < 1e-6 * 1536 * 2048, r
 for row, r in zip(rows, ranked):
-    assert " ".join(row[1:-9]) == r["layout"], (row, r["layout"])
+    assert " ".join(row[1:-10]) == r["layout"], (row, r["layout"])
 print("best:", ranked[0]["layout"], round(ranked[0]["step_s"], 3), "s, MFU", round(ranked[0]["mfu"], 3))
 PY
 best=$(python3 -c "import json; print(json.load(open('plan.json'))['ranked'][0]['layout'])")
-for what in "predicted step time" "memory of the fullest GPU" "1. $best" "data-parallel exposed" "activations"; do
+for what in "predicted step time" "memory of the fullest GPU" "1. $best" "context-parallel gathers" "data-parallel exposed" "activations"; do
   grep -q "$what" plan.svg || fail "plan.svg lacks '$what'"
 done
-[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 55 ] || fail "plan.svg: expected 5 x (6 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
+[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 60 ] || fail "plan.svg: expected 5 x (7 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
 grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
 grep -Eq '^memory of the fullest GPU [0-9.]+ GiB of 80 GiB: parameters' explain.log || fail "explain memory: $(cat explain.log)"
@@ -51,7 +54,7 @@ expect_error "no layout of .*gpt3_175b.toml runs on a100_1024: precision [0-9]+ 
   plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --precision fp8
 sed -e 's/^nodes = .*/nodes = 1/' -e 's/^hbm_gib = .*/hbm_gib = 16/' -e 's/^reserved_gib = .*/reserved_gib = 1/' \
   "$SRC/scripts/clusters/a100_1024.toml" > small.toml
-expect_error "no layout of .*gpt3_175b.toml fits a100_1024: the one that needs least memory \(dp2 tp4 pp1 .* zero3 .*\) needs [0-9.]+ GiB a GPU, [0-9.]+ GiB over its 16 GiB" \
+expect_error "no layout of .*gpt3_175b.toml fits a100_1024: the one that needs least memory \(dp1 tp4 pp1 cp2 .* zero3 .*\) needs [0-9.]+ GiB a GPU, [0-9.]+ GiB over its 16 GiB" \
   plan --cluster small.toml
 # An anchor: Llama 3 405B's published layout on 16,384 H100s (tp 8, pp 16, dp 128; the Llama 3
 # paper, Table 4) fits and ranks among the planner's first ten (docs/planner.md says why not first).
@@ -80,4 +83,29 @@ assert abs(ranked[rank]["mfu"] / 0.522 - 1) < 0.2, ranked[rank]["mfu"]
 print(sys.argv[1][:-5], "the published", sys.argv[2].strip(), "ranks", rank + 1, "of", len(ranked), "at MFU", round(ranked[rank]["mfu"], 3))
 PY
 done
-echo "plan: $(head -3 plan.log | tail -1)"
+# Context parallelism: Llama 3 8B's shape on 32 H100s with sequences of 32,768, where a sequence's
+# attention probabilities outweigh its weights. Layouts that cut the sequences into cp blocks rank
+# among the first five, their gathers and reductions in the "cp s" column; the trainer's refusal of
+# cp with pipelining is counted by its reason.
+llama8b=(--model "$SRC/scripts/configs/llama3_405b.toml" --model.d_model=4096 --model.n_layers=32 --model.n_heads=32
+  --model.n_kv_heads=8 --model.ffn_hidden=14336 --cluster "$SRC/scripts/clusters/h100_16384.toml" --nodes 4
+  --seq-len 32768 --global-batch 32)
+"$LOCKSTEP" plan "${llama8b[@]}" --top 5 --json long.json > long.log || fail "long sequences: $(tail -3 long.log)"
+grep -Eq '^rank +layout +step s +tokens/s +MFU +compute s +tp s +cp s +ep s ' long.log || fail "no cp column: $(sed -n 2p long.log)"
+grep -Eq '; cp [0-9]+ \(e\.g\. [^)]* cp[0-9]+ .*does not run with pipeline parallelism' long.log \
+  || fail "no cp rejection: $(tail -1 long.log)"
+cp_best=$(python3 - long.log long.json <<'PY'
+import json, re, sys
+rows = [l.split() for l in open(sys.argv[1]) if re.match(r"^[0-9]+ +dp", l)]
+ranked = json.load(open(sys.argv[2]))["ranked"][:5]
+cp = [(row, r) for row, r in zip(rows, ranked) if re.search(r" cp[0-9]+ ", r["layout"])]
+assert cp, [r["layout"] for r in ranked]
+for row, r in cp:
+    assert r["time_s"]["cp_comm"] > 0 and row[-5] == f'{r["time_s"]["cp_comm"]:.3f}', (row, r)
+print(cp[0][1]["layout"])
+PY
+) || fail "no cp layout among the first five: $(head -8 long.log)"
+"$LOCKSTEP" plan "${llama8b[@]}" --explain "$cp_best" > long_explain.log
+grep -Eq "context-parallel gathers and reductions 0\.[0-9]*[1-9][0-9]* s" long_explain.log || fail "explain cp: $(cat long_explain.log)"
+expect_error "cp = 2 does not run with pipeline parallelism" "$LOCKSTEP" plan "${llama8b[@]}" --explain "dp8 tp1 pp2 cp2 mb1 zero0 1f1b"
+echo "plan: $(head -3 plan.log | tail -1); 32k sequences: the best cp layout $cp_best"

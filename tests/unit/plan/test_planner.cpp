@@ -2,7 +2,8 @@
 // hand, the measured all-reduce's interpolation and the ring fit, which link a group uses, compute
 // time equal to the model's FLOPs at the GEMM rate on one GPU or to the measured passes, the
 // pipeline's idle time the other stage's passes with free sends, memory that ZeRO and
-// tensor parallelism divide as they should, communication exposed where it takes the compute's
+// tensor parallelism divide as they should, context parallelism's share of the tokens and its
+// gathers against the trainer's own byte count, communication exposed where it takes the compute's
 // core, canonical mode's exact reductions, the profile's shapes and report, the search's order and
 // rejections, and the cluster file's errors.
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 
 #include "src/core/check.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/plan/collective_bench.hpp"
 #include "src/plan/compute_profile.hpp"
 #include "src/plan/goodput.hpp"
@@ -49,6 +51,19 @@ PlanRequest request(int64_t layers = 4, int64_t batch = 64) {
   m.n_heads = 8;
   m.n_kv_heads = 8;
   return {.model = describe_model(m), .global_batch = batch, .precision = Precision::kBf16, .source = "test model"};
+}
+
+// Long sequences, grouped-query attention (8 query heads, 4 of keys and values): the attention
+// probabilities (T per head per token) dwarf the rest of a token's activations.
+PlanRequest long_request(Mode mode = Mode::kFast, Precision precision = Precision::kBf16, int64_t T = 4096) {
+  ModelConfig m;
+  m.vocab_size = 1024;
+  m.seq_len = T;
+  m.d_model = 512;
+  m.n_layers = 4;
+  m.n_heads = 8;
+  m.n_kv_heads = 4;
+  return {.model = describe_model(m), .global_batch = 16, .precision = precision, .mode = mode, .source = "long model"};
 }
 
 TEST(PlanCollectives, RingTimesByHand) {
@@ -197,6 +212,110 @@ TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
   EXPECT_GT(tp8.time.tp_comm, 0);
   EXPECT_DOUBLE_EQ(tp8sp.time.tp_comm, tp8.time.tp_comm);  // the same bytes
   EXPECT_LT(tp8sp.memory.activations, tp8.memory.activations);
+}
+
+// Context parallelism: a rank computes, reduces over tp and keeps the activations of its T / cp
+// positions, plus every position's q, k and v as its attention op gathers them (fp32:
+// context_parallel.cpp's all_, recv_, send_ and summed_, and the keys' gradients' partial sums or
+// exact sums); it gathers k and v in the forward and again in the backward, where it also reduces
+// their gradients — the trainer's own least count of bytes (cp_min_bytes) at the link's bandwidth,
+// 4/3 of it in fast mode (an fp32 all-reduce is twice a gather), 5/3 in canonical (the exact one is
+// 1.5 times the fp32). Free latencies make every time proportional to its bytes.
+TEST(PlanCostModel, ContextParallelismSplitsTheSequence) {
+  const PlanRequest r = long_request();
+  const ModelConfig& cfg = r.model.config;
+  const Cluster c = cluster(8, 1, 80, 0);
+  Planner planner(r, c);
+  const Prediction one = planner.predict({.micro_batch = 2}), cp4 = planner.predict({.cp = 4, .micro_batch = 2});
+  ASSERT_EQ(cp4.micro_batches, one.micro_batches);  // the cp ranks share the sequences
+  EXPECT_NEAR(cp4.time.compute, one.time.compute / 4, 1e-12 * one.time.compute);
+  EXPECT_EQ(one.time.cp_comm, 0);
+  const auto seconds = [&](double bytes, const Link& l) { return bytes / l.bandwidth; };
+  const auto least = [&](int64_t cp, int64_t tp) {
+    return static_cast<double>(parallel::cp_min_bytes(cfg, cp, tp, r.global_batch, cfg.n_layers));
+  };
+  EXPECT_NEAR(cp4.time.cp_comm, 4.0 / 3 * seconds(least(4, 1), c.intra), 1e-12 * cp4.time.cp_comm);
+  // Selective recomputation runs the attention's forward, and its gather, again: a fourth more.
+  const Prediction again = planner.predict({.cp = 4, .micro_batch = 2, .recompute = Recompute::kSelective});
+  EXPECT_NEAR(again.time.cp_comm, cp4.time.cp_comm * 5 / 4, 1e-12 * cp4.time.cp_comm);
+  // cp's ranks follow tp's: tp 4 x cp 2 fits the node of 8, tp 8 x cp 2 reaches the next node.
+  const Prediction tp4 = planner.predict({.tp = 4, .cp = 2, .micro_batch = 2});
+  const Prediction tp8 = planner.predict({.tp = 8, .cp = 2, .micro_batch = 2});
+  EXPECT_NEAR(tp4.time.cp_comm, 4.0 / 3 * seconds(least(2, 4), c.intra), 1e-12 * tp4.time.cp_comm);
+  EXPECT_NEAR(tp8.time.cp_comm, 4.0 / 3 * seconds(least(2, 8), c.inter), 1e-12 * tp8.time.cp_comm);
+  // The tensor-parallel all-reduces carry a rank's tokens.
+  const Prediction tp2 = planner.predict({.tp = 2, .micro_batch = 2});
+  const Prediction tp2_cp4 = planner.predict({.tp = 2, .cp = 4, .micro_batch = 2});
+  EXPECT_NEAR(tp2_cp4.time.tp_comm, tp2.time.tp_comm / 4, 1e-12 * tp2.time.tp_comm);
+
+  // Activations: a quarter of the tokens' (the probabilities (mb, NH, T/4, T)), and the gathers'
+  // buffers per position of the micro-batch's sequences, one set that every attention layer uses.
+  const auto T = static_cast<double>(cfg.seq_len), qkv = static_cast<double>(cfg.qkv_width());
+  const auto kv = static_cast<double>(2 * cfg.n_kv_heads * cfg.head_size());
+  const double positions = 2 * T;
+  const double gathered = 4 * (qkv + 2 * kv + kv / 4);
+  EXPECT_NEAR(cp4.memory.activations, one.memory.activations / 4 + positions * (gathered + 4 * kv),
+              1e-12 * one.memory.activations);
+  EXPECT_LT(cp4.memory.activations, one.memory.activations / 2);
+  EXPECT_EQ(cp4.memory.params, one.memory.params);
+
+  PlanRequest exact = r;
+  exact.mode = Mode::kCanonical;
+  Planner canonical(exact, c);
+  const Prediction e = canonical.predict({.cp = 4, .micro_batch = 2});
+  EXPECT_NEAR(e.time.cp_comm, 5.0 / 3 * seconds(least(4, 1), c.intra), 1e-12 * e.time.cp_comm);
+  // The exact sums (a double and a flag) and this rank's shard of them, and one layer's exact
+  // reduce-scatter: every rank's doubles of the shard, and their exact sum.
+  const double held = gathered + 9 * kv + 4 * kv / 4, reduce = 8 * kv + 9 * kv / 4;
+  EXPECT_NEAR(e.memory.activations, one.memory.activations / 4 + (held + reduce) * positions,
+              1e-12 * one.memory.activations);
+}
+
+// The cp ranks hold the same parameters: the gradients are reduced, and ZeRO shards them, over
+// dp × cp — as over as many data-parallel ranks (zero 2's reduce-scatter runs in each of dp 2's
+// four micro-batches, dp 8's one).
+TEST(PlanCostModel, ContextParallelReplicasShareTheGradients) {
+  const PlanRequest r = long_request();
+  Cluster c = cluster(8, 1, 80);
+  c.comm_beside_compute = false;  // every reduction exposed: the same bytes, the same time
+  Planner planner(r, c);
+  for (int zero = 0; zero <= 2; ++zero) {
+    const Prediction dp8 = planner.predict({.dp = 8, .micro_batch = 2, .zero = zero});
+    const Prediction dp2_cp4 = planner.predict({.dp = 2, .cp = 4, .micro_batch = 2, .zero = zero});
+    EXPECT_EQ(dp2_cp4.memory.optimizer, dp8.memory.optimizer) << zero;
+    EXPECT_EQ(dp2_cp4.memory.grads, dp8.memory.grads) << zero;
+    if (zero < 2) {
+      EXPECT_NEAR(dp2_cp4.time.dp_exposed, dp8.time.dp_exposed, 1e-12 * dp8.time.dp_exposed) << zero;
+    }
+  }
+  const Prediction cp8 = planner.predict({.cp = 8, .micro_batch = 2, .zero = 1});
+  EXPECT_GT(cp8.time.dp_exposed, 0);
+  EXPECT_EQ(cp8.memory.optimizer, planner.predict({.dp = 8, .micro_batch = 2, .zero = 1}).memory.optimizer);
+}
+
+TEST(PlanCostModel, ContextParallelismRunsWhereTheTrainerRunsIt) {
+  const Cluster c = cluster(8, 8, 80);  // 64 GPUs
+  Planner planner(long_request(), c);
+  EXPECT_EQ(planner.problem({.dp = 8, .cp = 8}).kind, "");
+  EXPECT_EQ(planner.problem({.dp = 8, .cp = 4}).kind, "gpus");
+  const auto refused = [](Planner& p, const Layout& l, const std::string& why) {
+    const Problem problem = p.problem(l);
+    EXPECT_EQ(problem.kind, "cp") << l.text();
+    EXPECT_NE(problem.text.find(why), std::string::npos) << problem.text;
+  };
+  // 4096 positions are not 2 x 64 blocks of whole 64-position chunks.
+  refused(planner, {.cp = 64}, "seq_len (4096) to be a multiple of 2 x cp x 64 = 8192");
+  refused(planner, {.dp = 4, .pp = 2, .cp = 8}, "pipeline parallelism");
+  Cluster fp8 = c;
+  fp8.peak_fp8 = 600e12;
+  Planner fp8_planner(long_request(Mode::kFast, Precision::kFp8), fp8);
+  refused(fp8_planner, {.dp = 8, .cp = 8}, "fp8 linears");
+  PlanRequest moe = long_request();
+  ModelConfig m = moe.model.config;
+  m.moe_experts = 8;
+  moe.model = describe_model(m);
+  Planner moe_planner(moe, c);
+  refused(moe_planner, {.dp = 8, .cp = 8}, "MoE layers");
 }
 
 // A profile with every pass of a shape at the given seconds (no recomputation: as given; with
@@ -362,6 +481,28 @@ TEST(PlanSearch, RanksFittingLayoutsAndNamesEveryRejection) {
   for (size_t i = 0; i < s.ranked.size(); ++i) EXPECT_EQ(again.ranked[i].layout.text(), s.ranked[i].layout.text());
   EXPECT_EQ(s.rejected.count("tp layout"), 0u);  // 8 heads divide every tp up to 8
   EXPECT_GT(s.rejected.at("batch split").count, 0);
+  // 256 positions: cp 2 runs; cp 4 and more do not cut them into whole chunks.
+  EXPECT_TRUE(std::any_of(s.ranked.begin(), s.ranked.end(), [](const Prediction& p) { return p.layout.cp == 2; }));
+  EXPECT_TRUE(std::none_of(s.ranked.begin(), s.ranked.end(), [](const Prediction& p) { return p.layout.cp > 2; }));
+  EXPECT_GT(s.rejected.at("cp").count, 0);
+}
+
+// 8192 positions on GPUs too small for a whole sequence's probabilities (a layer's, 1 GiB, kept
+// for the backward and its gradient in the scratch, even with full recomputation): each cp of 1 to
+// 8 is tried, and only layouts that split the sequence (cp) or the heads (tp) fit.
+TEST(PlanSearch, LongSequencesNeedContextParallelism) {
+  const PlanRequest r = long_request(Mode::kFast, Precision::kBf16, 8192);
+  const Cluster c = cluster(8, 1, 2.5);
+  Planner planner(r, c);
+  const SearchResult s = planner.search();
+  ASSERT_FALSE(s.ranked.empty());
+  for (int64_t cp : {2, 4, 8}) {
+    EXPECT_TRUE(std::any_of(s.ranked.begin(), s.ranked.end(), [&](const Prediction& p) { return p.layout.cp == cp; }))
+        << cp;
+  }
+  for (const Prediction& p : s.ranked) EXPECT_GT(p.layout.cp * p.layout.tp, 1) << p.layout.text();
+  const Prediction whole = planner.predict({.dp = 8, .micro_batch = 1, .recompute = Recompute::kFull});
+  EXPECT_FALSE(planner.fits(whole).empty());
 }
 
 TEST(PlanSearch, TooSmallAClusterIsOverByAMeasure) {
@@ -398,6 +539,15 @@ TEST(PlanLayout, ExpertParallelTextRoundTrips) {
   EXPECT_EQ(l.text(), "dp4 tp2 pp1 ep2 mb2 zero1");
   EXPECT_EQ(parse_layout(l.text(), "test").text(), l.text());
   EXPECT_EQ(l.gpus(), 16);
+}
+
+TEST(PlanLayout, ContextParallelTextRoundTrips) {
+  const Layout l{.dp = 2, .tp = 2, .cp = 4, .micro_batch = 1, .zero = 3, .recompute = Recompute::kSelective};
+  EXPECT_EQ(l.text(), "dp2 tp2 pp1 cp4 mb1 zero3 recompute=selective");
+  EXPECT_EQ(parse_layout(l.text(), "test").text(), l.text());
+  EXPECT_EQ(l.gpus(), 16);
+  EXPECT_THROW(parse_layout("dp2 cp0", "test"), ConfigError);
+  EXPECT_THROW(parse_layout("dp2 cp2 cp4", "test"), ConfigError);
 }
 
 TEST(PlanLayout, TextRoundTrips) {
