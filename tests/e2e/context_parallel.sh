@@ -76,17 +76,8 @@ for layout in "2 cp2 --parallel.cp=2" "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2
 done
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
-fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1 --train.batch_size=2 --train.micro_batch_size=1)
-run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
-  || fail "fast single: $(tail -5 fast_single.log)"
-for layout in "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2"; do
-  read -r np name flags <<< "$layout"
-  # shellcheck disable=SC2086
-  mpi "$np" "${fast[@]}" --checkpoint.dir="ck_fast_$name" --dump.dir="fast_$name" $flags > "fast_$name.log" 2>&1 \
-    || fail "fast $name: $(tail -5 "fast_$name.log")"
-  "$LOCKSTEP" diff fast_single "fast_$name" --bounds --ckpt-a=ck_fast --ckpt-b="ck_fast_$name" > "fast_$name.txt" \
-    || fail "fast $name outside its op-local bounds: $(head -1 "fast_$name.txt"); $(awk '$3 != 0' "fast_$name.txt" | head -4)"
-done
+fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- \
+  "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2"
 
 expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a multiple of 2 x cp x 64 = 512" \
   4 --parallel.cp=4

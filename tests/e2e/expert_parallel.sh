@@ -112,18 +112,8 @@ grep -Eq "^diff dump_single dump_ep2 \(mode exact\): agree \([0-9]+ tensors\)" d
 grep -q "^verify step: PASS" verify.log || fail "verify step: $(tail -3 verify.log)"
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
-fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1)
-run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
-  || fail "fast single: $(tail -5 fast_single.log)"
-for layout in "2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1" \
-              "4 ep2_tp2_sp --parallel.ep=2 --parallel.tp=2 --parallel.sp=true"; do
-  read -r np name flags <<< "$layout"
-  # shellcheck disable=SC2086
-  mpi "$np" "${fast[@]}" --checkpoint.dir="ck_fast_$name" --dump.dir="fast_$name" $flags > "fast_$name.log" 2>&1 \
-    || fail "fast $name: $(tail -5 "fast_$name.log")"
-  "$LOCKSTEP" diff fast_single "fast_$name" --bounds --ckpt-a=ck_fast --ckpt-b="ck_fast_$name" > "fast_$name.txt" \
-    || fail "fast $name outside its op-local bounds: $(head -1 "fast_$name.txt"); $(awk '$3 != 0' "fast_$name.txt" | head -4)"
-done
+fast_within_bounds -- "2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1" \
+  "4 ep2_tp2_sp --parallel.ep=2 --parallel.tp=2 --parallel.sp=true"
 
 expect_mpi_error "\[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" 3 --parallel.ep=3 --train.batch_size=6 \
   --train.micro_batch_size=2

@@ -110,6 +110,26 @@ one_process() {
   model_hash "$name.log"
 }
 
+# fast_within_bounds ARGS... -- "NP NAME FLAGS..."...: the script's one-process `run` and its `mpi`
+# on each layout, both with ARGS in fast mode, dump every tensor of two steps; `lockstep diff
+# --bounds` must find each layout's every tensor within its op-local bound of the one process's.
+fast_within_bounds() {
+  local extra=()
+  while [ "$1" != "--" ]; do extra+=("$1"); shift; done
+  shift
+  local fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1 "${extra[@]}") layout np name flags
+  run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
+    || fail "fast single: $(tail -5 fast_single.log)"
+  for layout in "$@"; do
+    read -r np name flags <<< "$layout"
+    # shellcheck disable=SC2086
+    mpi "$np" "${fast[@]}" --checkpoint.dir="ck_fast_$name" --dump.dir="fast_$name" $flags > "fast_$name.log" 2>&1 \
+      || fail "fast $name: $(tail -5 "fast_$name.log")"
+    "$LOCKSTEP" diff fast_single "fast_$name" --bounds --ckpt-a=ck_fast --ckpt-b="ck_fast_$name" > "fast_$name.txt" \
+      || fail "fast $name outside its op-local bounds: $(head -1 "fast_$name.txt"); $(awk '$3 != 0' "fast_$name.txt" | head -4)"
+  done
+}
+
 # reference_clean NAME ARGS...: the script's `run` for 20 steps with sampled reference checks every
 # step and ARGS passes every op's bound: no finding, and the summary of 20 ops re-checked on rank 0.
 reference_clean() {
