@@ -369,9 +369,12 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
       for (const ParamTensor& p : run_.global_layout) s.tensors.push_back({prefix + p.name, DType::kF32, p.shape});
     }
     const int pp = run_.pipelined() ? run_.pp->size() : 1;
-    nlohmann::json layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}, {"sp", pc.sp},
+    const int cp = run_.context_parallel() ? run_.cp->size() : 1;
+    const int dp = run_.dp.size() / cp;  // run_.dp is dp x cp
+    nlohmann::json layout = {{"dp", dp}, {"tp", run_.tp.size()}, {"pp", pp}, {"sp", pc.sp},
                              {"zero", pc.zero}, {"reduce", pc.reduce}};
     if (run_.expert_parallel()) layout["ep"] = run_.ep->size();
+    if (cp > 1) layout["cp"] = cp;
     if (run_.tensor_parallel()) layout["tp_shards"] = parallel::describe_shards(cfg.model, run_.tp.size());
     nlohmann::json observers = nlohmann::json::object();
     for (const StepObserver* o : observers_) {
@@ -379,8 +382,9 @@ Checkpointer::Snapshot Checkpointer::snapshot(int64_t step_done, float loss, boo
     }
     s.state = {{"step", step_done}, {"sampler", run_.sampler.state()}, {"config", cfg.to_json()},
                {"layout", layout},  {"loss", loss}, {"observers", observers}};
-    s.layout = {{"dp", run_.dp.size()}, {"tp", run_.tp.size()}, {"pp", pp}};
+    s.layout = {{"dp", dp}, {"tp", run_.tp.size()}, {"pp", pp}};
     if (run_.expert_parallel()) s.layout["ep"] = run_.ep->size();
+    if (cp > 1) s.layout["cp"] = cp;
     // Without tensor, pipeline or expert parallelism or ZeRO-3 rank 0 holds every parameter whole
     // and can hash the model.
     if (!run_.tensor_parallel() && !run_.pipelined() && !run_.expert_parallel() && run_.model.params() != nullptr) {

@@ -141,11 +141,11 @@ Injection parse_injection(const InjectConfig& c, const std::string& where, const
     const size_t cut = c.site.find('/', 5);
     const std::string group = c.site.substr(5, cut == std::string::npos ? std::string::npos : cut - 5);
     const std::string op = cut == std::string::npos ? "" : c.site.substr(cut + 1);
-    LS_REQUIRE(((group == "dp" || group == "tp") &&
+    LS_REQUIRE(((group == "dp" || group == "tp" || group == "cp") &&
                 (op == "all_reduce" || op == "reduce_scatter" || op == "all_gatherv" || op == "all_to_allv" ||
                  op == "broadcast")) ||
                    (group == "pp" && op == "send/recv"),
-               where, ": [inject] site ", c.site, ": expected comm/GROUP/OP with GROUP dp or tp and OP all_reduce, ",
+               where, ": [inject] site ", c.site, ": expected comm/GROUP/OP with GROUP dp, tp or cp and OP all_reduce, ",
                "reduce_scatter, all_gatherv, all_to_allv or broadcast, or comm/pp/send/recv (the received buffer of ",
                "that group's operation; pp: a pipeline stage's activation or gradient)");
     LS_REQUIRE(head == "bitflip", where, ": [inject] site ", c.site, " (a received message) takes kind bitflip");

@@ -274,12 +274,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const auto any_fault = [&](bool (*at)(const std::string&)) {
     return std::any_of(faults.begin(), faults.end(), [&](const Injection& f) { return at(f.site); });
   };
-  // [verify] collectives, or an injection into a received message: the dp, tp and pp groups carry
+  // [verify] collectives, or an injection into a received message: the dp, tp, pp and cp groups carry
   // checksums beside their messages (verify/detect/verified_comm.hpp), or only let the injection
   // see what arrives.
   detect::CollectiveLog collective_log;
   detect::ReceiveHook on_received;  // the injector's, once it exists
-  std::optional<detect::VerifiedCommunicator> verified_dp, verified_tp, verified_pp;
+  std::optional<detect::VerifiedCommunicator> verified_dp, verified_tp, verified_pp, verified_cp;
   if (world.size() > 1 && (cfg.verify.collectives || any_fault(is_comm_site))) {
     const detect::ReceiveHook hook = [&on_received](std::string_view group, std::string_view op,
                                                     std::span<const detect::ReceivedBytes> blocks) {
@@ -288,6 +288,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     verified_dp.emplace(mesh.replicas(), collective_log, cfg.verify.collectives, hook);
     verified_tp.emplace(mesh.group(parallel::Axis::kTp), collective_log, cfg.verify.collectives, hook);
     verified_pp.emplace(mesh.group(parallel::Axis::kPp), collective_log, cfg.verify.collectives, hook);
+    verified_cp.emplace(mesh.group(parallel::Axis::kCp), collective_log, cfg.verify.collectives, hook);
   }
   // The gradient reduction's group: dp, or dp x cp under context parallelism.
   comm::Communicator& dpc = verified_dp ? static_cast<comm::Communicator&>(*verified_dp) : mesh.replicas();
@@ -302,7 +303,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const parallel::DpBatch part = parallel::plan_dp_batch(B, MB, T, dp * epc.size(), tc.mode, cfg.source,
                                                          parallel::data_ranks_name(epc.size()));
   // Context parallelism: each rank holds T / cp positions of every sequence.
-  comm::Communicator& cpc = mesh.group(parallel::Axis::kCp);
+  comm::Communicator& cpc =
+      verified_cp ? static_cast<comm::Communicator&>(*verified_cp) : mesh.group(parallel::Axis::kCp);
   parallel::check_cp_layout(cfg.model, cpc.size(),
                             {.precision = tc.precision_recipe(),
                              .pp = pc.pp,

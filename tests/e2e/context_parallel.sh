@@ -8,6 +8,8 @@
 #  - evaluation: the cp ranks evaluate each window together and give the one process's val loss;
 #  - a rank holds T / cp positions: the layout line says so and the attention's traffic is counted;
 #  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 and on one process bitwise;
+#  - verified collectives cover the cp group: a clean run has no finding, a flipped bit in a k/v
+#    gather is found and named;
 #  - canonical dumps of cp2 and cp2 x dp2 runs are bitwise the one process's, tensor by tensor;
 #  - fast mode: cp2 x dp2 and cp2 x tp2 dump every tensor of 2 steps (of 2 sequences) as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
@@ -55,6 +57,8 @@ mpi 4 "${eval[@]}" --log.metrics=eval_cp2.jsonl --parallel.cp=2 --parallel.dp=2 
 # A cp2 checkpoint (step 2) resumes under cp2 x dp2 (zero 1) and on one process, bitwise.
 mpi 2 --parallel.cp=2 --checkpoint.dir=ck --checkpoint.every=2 --train.stop_after=1 > ck_first.log 2>&1 \
   || fail "cp2 checkpoint: $(tail -5 ck_first.log)"
+"$LOCKSTEP" ckpt info ck/step_00000002 > info.log 2>&1 || fail "ckpt info: $(cat info.log)"
+grep -q "^layout cp=2 dp=1 pp=1 tp=1" info.log || fail "ckpt info layout: $(cat info.log)"
 cp -r ck ck_one
 on_hash resumed_cp2_dp2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --checkpoint.dir=ck \
   --checkpoint.every=2
@@ -62,6 +66,17 @@ grep -q "^resumed from ck/step_00000002" resumed_cp2_dp2.log || fail "cp2 x dp2 
 run --checkpoint.dir=ck_one --checkpoint.every=2 > resumed_one.log 2>&1
 grep -q "^resumed from ck_one/step_00000002" resumed_one.log || fail "one process did not resume"
 same_hash "cp2 checkpoint resumed on one process" resumed_one.log
+
+# Verified collectives: a clean cp2 run has no finding and the one-process hash; a bit flipped in
+# a k/v gather as rank 1 receives it is a finding naming the operation on cp and the sender.
+on_hash checked_cp2 "$want" 2 --parallel.cp=2 --verify.collectives=true
+grep -q '^finding' checked_cp2.log && fail "a clean cp2 run reported: $(grep '^finding' checked_cp2.log)"
+status=0
+mpi 2 --parallel.cp=2 --verify.collectives=true --inject.site=comm/cp/all_gatherv --inject.step=1 --inject.rank=1 \
+  --inject.kind=bitflip:bit=28,index=5 > cp_flip.log 2>&1 || status=$?
+[ "$status" -eq 6 ] || fail "cp flip: expected exit 6, got $status: $(tail -3 cp_flip.log)"
+grep -Eq '^finding: after step 2, detector collectives, site all_gatherv on cp, ranks 1: .*world rank\(s\) 0 ' cp_flip.log \
+  || fail "cp flip: no finding naming rank 1 and its peer 0: $(grep -E '^(finding|error)' cp_flip.log)"
 
 # Canonical dumps: every tensor of the first two steps, gathered over cp (and dp), bitwise the one
 # process's.

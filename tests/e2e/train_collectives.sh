@@ -73,7 +73,7 @@ mpi4 --inject.site=comm/tp/all_gatherv --inject.step=2 --inject.rank=3 --inject.
 grep -Eq '^finding: after step 3, detector collectives, site all_gatherv on tp, ranks 3: .*world rank\(s\) 2 ' tp_flip.log \
   || fail "tp flip: no finding naming rank 3 and its peer 2: $(grep '^finding' tp_flip.log)"
 
-expect_error 'comm/pp/all_reduce: expected comm/GROUP/OP with GROUP dp or tp' \
+expect_error 'comm/pp/all_reduce: expected comm/GROUP/OP with GROUP dp, tp or cp' \
   "$LOCKSTEP" train --config cfg.toml --inject.site=comm/pp/all_reduce --inject.kind=bitflip:bit=1
 expect_error 'comm/dp/alltoall: expected comm/GROUP/OP' \
   "$LOCKSTEP" train --config cfg.toml --inject.site=comm/dp/alltoall --inject.kind=bitflip:bit=1
