@@ -198,6 +198,10 @@ class LayerContext {
     return it == moe_bias_.end() ? nullptr : it->second.data();
   }
 
+  // A split backward (ModelOptions::split_backward): layers leave their linears' weight gradients
+  // to Layer::backward_weight.
+  bool defers_weight_grads() const { return defer_weight_grads_; }
+
   // Observers see each tensor once: not again when a recomputed forward makes it a second time.
   bool observing() const { return static_cast<bool>(hook_) && !recomputing_; }
   void observe(const std::string& name, float* data, std::initializer_list<int64_t> shape) const {
@@ -267,6 +271,7 @@ class LayerContext {
   std::vector<float> scratch_;
   std::vector<float> transient_;
   Recompute recompute_ = Recompute::kNone;
+  bool defer_weight_grads_ = false;
   bool recomputing_ = false;  // a recomputed forward is running
   bool evaluating_ = false;   // an evaluation's forward is running
   std::map<std::string, std::shared_ptr<void>> shared_activations_;
@@ -333,6 +338,11 @@ class Layer {
   // the input goes (== dout for a residual layer; nullptr for a layer that reads tokens); `in` as
   // in forward.
   virtual void backward(LayerContext& ctx, const Pass& p, const float* in, float* dout, float* dinp) = 0;
+  // Where the context defers weight gradients (LayerContext::defers_weight_grads), backward leaves
+  // those of the layer's linears — the GEMMs a zero-bubble schedule moves into the pipeline's idle
+  // time — to this pass, run later for the same slot with the same `in`, and computes the rest. A
+  // layer whose parameter gradients all come in its backward keeps this empty one.
+  virtual void backward_weight(LayerContext& ctx, const Pass& p, const float* in) {}
   // y = x + f(x): backward updates the stream gradient in place.
   virtual bool residual() const { return false; }
   // Floats of LayerContext::scratch its backward uses for a micro-batch of max_tokens tokens.

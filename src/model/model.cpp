@@ -198,6 +198,9 @@ Model::Model(ModelDesc desc, Mode mode, int64_t micro_batch, ModelOptions option
   }
 
   ctx_.recompute_ = options_.recompute;
+  LS_CHECK(!options_.split_backward || options_.recompute == Recompute::kNone,
+           "a split backward with recomputation: the recomputed layers' activations are gone by the weight pass");
+  ctx_.defer_weight_grads_ = options_.split_backward;
   for (const LayerDesc& l : desc_.layers) {
     if (l.kind == LayerKind::kMoe && l.selection_bias) ctx_.moe_bias_[l.prefix + "moe"].assign(static_cast<size_t>(l.experts), 0.0f);
   }
@@ -500,6 +503,20 @@ void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last
     dout = dinp;
   }
   input_grad_ = dout;
+  if (!options_.split_backward) s.mb = -1;
+}
+
+void Model::backward_weight(int64_t mb, bool last_micro, size_t chunk) {
+  LS_CHECK(options_.split_backward, "backward_weight without a split backward (ModelOptions::split_backward)");
+  Chunk& c = chunks_.at(chunk);
+  Slot& s = find(c, mb);
+  Pass& p = s.pass;
+  p.last_micro = last_micro;
+  for (size_t i = c.layer_end; i-- > c.layer_begin;) {
+    const float* in = i > c.layer_begin ? layers_[i - 1]->output(p.slot)
+                                        : (c.range.first > 0 ? s.stage_input.data() : nullptr);
+    layers_[i]->backward_weight(ctx_, p, in);
+  }
   s.mb = -1;
 }
 

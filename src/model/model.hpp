@@ -18,6 +18,11 @@
 // Recomputation (ModelOptions::recompute): the recomputed layers' forward runs again just before
 // their backward, their activations shared (layer.hpp, SlotActivations).
 //
+// A split backward (ModelOptions::split_backward): backward(mb) computes the gradient of the
+// chunk's input and leaves the linears' weight gradients to backward_weight(mb), which the caller
+// runs later (ZB-H1 fills the pipeline's idle time with them). In canonical mode the bits do not
+// change: the weight gradients are the same products, added exactly.
+//
 // Gradients: fast mode accumulates into the fp32 gradient buffer; canonical mode accumulates every
 // chunk partial exactly (ExactAccumulator) across micro-batches and rounds once in finish_grads(),
 // so the gradient does not depend on how the batch was split, nor on the order of micro-batches.
@@ -61,6 +66,10 @@ struct ModelOptions {
   PrecisionRecipe precision = {};   // fp32 unless set (precision.hpp)
   std::vector<LayerChunk> chunks = {LayerChunk{}};  // in list order, disjoint (default: every layer)
   Recompute recompute = Recompute::kNone;  // layers whose forward runs again before their backward
+  // The backward runs in two passes (a zero-bubble pipeline schedule): backward(mb) everything but
+  // the weight gradients of the linears, backward_weight(mb) those (layer.hpp,
+  // Layer::backward_weight); a micro-batch holds its slot until the second. Not with recompute.
+  bool split_backward = false;
   // The parameters are not held whole (ZeRO-3): params() is nullptr until hold_params, and a
   // ParamStorage (set_param_storage) gives each layer's before it runs. Not for a pipeline stage
   // with a tied copy of wte, nor with fp8 linears.
@@ -202,7 +211,12 @@ class Model {
   // computes the per-token losses with their gradient scaled by dloss (1 / tokens in the global
   // batch) and adds them, chunk by chunk, to loss_sum; parameter gradients accumulate. last_micro:
   // the step's last micro-batch in this chunk (grad-ready hook).
+  // With a split backward (ModelOptions::split_backward) the linears' weight gradients wait for
+  // backward_weight(mb), and the micro-batch stays in flight until then.
   void backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro, size_t chunk = 0);
+  // The weight gradients a split backward of mb left (after backward(mb), before mb's next forward);
+  // last_micro as backward's, for these gradients.
+  void backward_weight(int64_t mb, bool last_micro, size_t chunk = 0);
   // A chunk after the embedding: where the previous stage's output for mb goes before forward(mb).
   float* stage_input(int64_t mb, size_t chunk = 0);
   // After forward(mb): the chunk's last layer's output of mb (the stream, or a loss layer's logits).

@@ -59,7 +59,7 @@ DataParallel::DataParallel(Model& model, comm::Communicator& dp, comm::Communica
   std::vector<int64_t> chunk_starts;
   for (size_t c = 1; c < model_.num_chunks(); ++c) chunk_starts.push_back(model_.chunk_params_first(c));
   std::vector<GradBucket> buckets =
-      plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_, zero_ >= 2, chunk_starts);
+      plan_grad_buckets(model_.param_layout(), bucket_elems_, sp_ || options.split_backward, zero_ >= 2, chunk_starts);
   if (zero_ >= 2) {
     // Budget: the largest bucket and three of the next largest (zero2_grads.hpp).
     std::vector<int64_t> sizes;

@@ -128,6 +128,12 @@ struct DpOptions {
   // The model runs under sequence parallelism (its norm gradients cover this tp rank's tokens
   // until sum_norm_grads_over_tp).
   bool sequence_parallel = false;
+  // The model's backward is split in two passes (ModelOptions::split_backward): the buckets are cut
+  // between norm tensors and others as under sequence parallelism, so that none mixes the two
+  // passes' gradients — every run of other tensors between two norms is one layer's linears (the
+  // weight pass) or its embedding or MoE tensors (the first pass) — since ZeRO-2 stages a bucket
+  // per micro-batch.
+  bool split_backward = false;
   // The pipeline group when the model is one stage of several: the gradient norm then sums every
   // stage's part (exactly, as it sums dp and tp parts).
   comm::Communicator* pipeline = nullptr;

@@ -233,7 +233,7 @@ std::vector<int64_t> chunk_peaks(const std::vector<Pass>& row, int64_t chunks) {
     const auto c = static_cast<size_t>(pass.chunk);
     if (pass.kind == PassKind::kForward) {
       peak[c] = std::max(peak[c], ++in_flight[c]);
-    } else if (pass.kind != PassKind::kBackwardWeight) {
+    } else if (pass.kind != PassKind::kBackwardInput) {
       --in_flight[c];
     }
   }

@@ -88,12 +88,13 @@ struct Timeline {
   double bubble = 0;  // idle share of pp × makespan
   std::vector<int64_t> peak_in_flight;  // per rank: (chunk, micro-batch)s between forward and B or Bi at once
   // Per rank: the sum of its chunks' own peaks (chunk_peaks) — the activation sets a rank allocates
-  // when each chunk keeps its own; peak_in_flight without interleaving.
+  // when each chunk keeps its own; peak_in_flight without interleaving nor a split backward.
   std::vector<int64_t> chunk_slots;
 };
 
-// The most micro-batches of each chunk between their forward and their B or Bi at once in one
-// rank's row of a table with `chunks` chunks a rank.
+// The most micro-batches of each chunk whose activations one rank holds at once in its row of a
+// table with `chunks` chunks a rank: from a forward to its B, or where the backward is split to its
+// W, since the weight gradients read the layers' inputs.
 std::vector<int64_t> chunk_peaks(const std::vector<Pass>& row, int64_t chunks);
 
 // Runs the table: each rank's passes in its order, each starting when the rank's previous pass

@@ -260,9 +260,9 @@ Problem Planner::problem(const Layout& layout) {
     const std::string why = parallel::zero3_layout_problem(layout.pp, request_.precision);
     if (!why.empty()) return {"zero", "zero 3 does not run with " + why};
   }
-  if (layout.pp > 1 && !trainer_runs(layout.schedule)) {
-    return {"schedule", str_cat("the trainer runs the gpipe, 1f1b and interleaved schedules, not ",
-                                parallel::schedule_name(layout.schedule))};
+  if (layout.pp > 1 && layout.schedule == parallel::ScheduleKind::kZeroBubble) {
+    const std::string why = zero_bubble_problem(layout.recompute, request_.precision);
+    if (!why.empty()) return {"schedule", "the zero-bubble schedule does not run " + why};
   }
   // The trainer's own checks: context parallelism, the batch split, the schedule's shape, tensor
   // parallelism, stages.

@@ -151,6 +151,17 @@ std::vector<StageLayers> plan_stages(const ModelDesc& desc, int64_t stages, cons
   return out;
 }
 
+std::string zero_bubble_problem(Recompute recompute, Precision precision) {
+  if (recompute != Recompute::kNone) {
+    return str_cat("with recompute \"", recompute_name(recompute),
+                   "\": a weight-gradient pass reads the layers' inputs after their recomputed activations are gone");
+  }
+  if (precision == Precision::kFp8) {
+    return "with fp8 linears is not run yet: they record their gradient statistics in one backward pass";
+  }
+  return {};
+}
+
 std::string stage_text(const ModelDesc& desc, const StageLayers& s) {
   const auto name = [&](size_t l) {
     const LayerDesc& d = desc.layers[l];
@@ -167,9 +178,11 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   if (pp == 1) return out;
   const std::string& src = cfg.source;
   const parallel::ScheduleKind kind = parallel::parse_schedule_kind(cfg.parallel.schedule, src + ": [parallel] schedule");
-  LS_REQUIRE(trainer_runs(kind), src, ": [parallel] schedule \"", cfg.parallel.schedule,
-             "\": the trainer runs \"gpipe\", \"1f1b\" and \"interleaved\" so far (`lockstep schedule` prints the ",
-             "others)");
+  if (kind == parallel::ScheduleKind::kZeroBubble) {
+    const std::string why =
+        zero_bubble_problem(parse_recompute(cfg.train.recompute, src + ": [train] recompute"), cfg.train.precision);
+    LS_REQUIRE(why.empty(), src, ": [parallel] schedule \"zb\" ", why, " (schedule \"1f1b\" runs it)");
+  }
   LS_REQUIRE(cfg.verify.buddy_every == 0, src, ": [verify] buddy_every with [parallel] pp > 1: buddy replay names ",
              "a faulty rank by the first tensor whose hashes differ within a dp group, which does not order tensors of ",
              "different pipeline stages; use [verify] replay_every (or pp = 1)");
@@ -180,6 +193,7 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
   out.stages = stages;
   out.passes = schedule.ranks[static_cast<size_t>(rank)];
   // Each chunk's slots: the most of its micro-batches between their forward and their backward.
+  out.split_backward = kind == parallel::ScheduleKind::kZeroBubble;
   const std::vector<int64_t> peaks = parallel::chunk_peaks(out.passes, schedule.chunks);
   out.chunks.clear();
   for (size_t c = 0; c < peaks.size(); ++c) {
@@ -225,14 +239,18 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
     sends.push_back(pp.isend(outbox.back().data(), floats, DType::kF32, stage_rank(stage, p), tag));
   };
   const bool tied = tied_across_stages(model, pp);
-  // Each chunk's last backward: its gradients are final there (grad-ready hook). The rank's very
-  // last pass is chunk 0's: the first rank's embedding, whose wte takes the head's gradient then.
-  std::vector<size_t> last_backward(model.num_chunks(), 0);
-  size_t final_backward = 0;
+  // Each chunk's last pass of input gradients (B or Bi) and of weight gradients (B or W): the
+  // gradients they compute are final there (grad-ready hook). The rank's last input-gradient pass
+  // is chunk 0's: on the first rank the embedding's, whose wte takes the head's gradient then;
+  // the last rank's last weight-gradient pass completes the head's.
+  using parallel::PassKind;
+  std::vector<size_t> last_input(model.num_chunks(), 0), last_weight(model.num_chunks(), 0);
+  size_t final_input = 0, final_weight = 0;
   for (size_t i = 0; i < passes.size(); ++i) {
-    if (passes[i].kind == parallel::PassKind::kForward) continue;
-    last_backward[static_cast<size_t>(passes[i].chunk)] = i;
-    final_backward = i;
+    const PassKind kind = passes[i].kind;
+    const auto c = static_cast<size_t>(passes[i].chunk);
+    if (kind == PassKind::kBackward || kind == PassKind::kBackwardInput) last_input[c] = final_input = i;
+    if (kind == PassKind::kBackward || kind == PassKind::kBackwardWeight) last_weight[c] = final_weight = i;
   }
   for (size_t i = 0; i < passes.size(); ++i) {
     const parallel::Pass& pass = passes[i];
@@ -241,7 +259,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
     const auto chunk = static_cast<size_t>(pass.chunk);
     const int64_t stage = pass.chunk * p + r;
     const int64_t at = pass.micro * batch.micro * T;
-    if (pass.kind == parallel::PassKind::kForward) {
+    if (pass.kind == PassKind::kForward) {
       if (stage > 0) {
         pp.recv(model.stage_input(pass.micro, chunk), floats, DType::kF32, stage_rank(stage - 1, p), activation_tag(stage));
       }
@@ -249,17 +267,18 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
         model.forward(pass.micro, {batch.inputs + at, batch.targets + at, batch.micro, batch.first_token + at}, chunk);
       });
       if (stage + 1 < stages) send(model.stage_output(pass.micro, chunk), stage + 1, activation_tag(stage + 1));
+    } else if (pass.kind == PassKind::kBackwardWeight) {
+      timed([&] { model.backward_weight(pass.micro, i == last_weight[chunk], chunk); });
+      if (last && tied && i == final_weight) send_tied_grad(model, pp);
     } else {
-      LS_CHECK(pass.kind == parallel::PassKind::kBackward, "a split backward (", parallel::pass_letter(pass.kind),
-               ") in a schedule the trainer runs");
       if (stage + 1 < stages) {
         pp.recv(model.stage_output_grad(), floats, DType::kF32, stage_rank(stage + 1, p), gradient_tag(stage));
       }
-      // The last stage has run all its backwards: its head gradient of wte is complete.
-      if (first && tied && i == final_backward) receive_tied_grad(model, pp, model.param("wte").numel);
-      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_backward[chunk], chunk); });
+      // The last stage has run all its weight gradients: its head gradient of wte is complete.
+      if (first && tied && i == final_input) receive_tied_grad(model, pp, model.param("wte").numel);
+      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_input[chunk], chunk); });
       if (stage > 0) send(model.stage_input_grad(), stage - 1, gradient_tag(stage - 1));
-      if (last && tied && i == final_backward) send_tied_grad(model, pp);
+      if (last && tied && i == final_weight) send_tied_grad(model, pp);
     }
   }
   for (comm::Handle& h : sends) h.wait();

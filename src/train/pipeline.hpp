@@ -3,7 +3,8 @@
 // pipeline_schedule.hpp), with the activations sent to the next stage and the gradients to the
 // previous one over the pipeline group. With the interleaved schedule a rank holds `virtual_stages`
 // stages as model chunks: stage s = chunk · pp + rank, so that a micro-batch goes round the ranks
-// once per chunk (Megatron-LM's interleaving).
+// once per chunk (Megatron-LM's interleaving). With the zero-bubble schedule a backward is two
+// passes, Bi then W (ModelOptions::split_backward), and a micro-batch is in flight until its W.
 //
 // Canonical bits: a stage is a contiguous range of the layer list, its model accumulates the
 // canonical gradient exactly across micro-batches in any order (src/model/model.hpp), and the
@@ -49,21 +50,19 @@ struct Pipeline {
   std::vector<LayerChunk> chunks;
   std::vector<StageLayers> stages;
   std::vector<parallel::Pass> passes;
+  bool split_backward = false;  // the schedule splits the backward (zb): ModelOptions::split_backward
   double unit_bubble = 0;   // the schedule's bubble on unit pass costs
   std::string description;  // the start-up line ("" without pipeline parallelism)
 };
 
 // For pp rank `rank` of `pp`, with `micro_batches` micro-batches a step on each rank. ConfigError
-// naming the config for what the trainer's pipeline does not run: the zero-bubble schedule (not
-// yet), and with pp > 1 buddy replay.
+// naming the config for what the trainer's pipeline does not run: the zero-bubble schedule where
+// zero_bubble_problem says, and with pp > 1 buddy replay.
 Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t micro_batches);
 
-// Whether run_stage_passes runs `kind`: gpipe, 1f1b and interleaved (zero-bubble needs a backward
-// split into its input- and weight-gradient halves).
-inline bool trainer_runs(parallel::ScheduleKind kind) {
-  return kind == parallel::ScheduleKind::kGpipe || kind == parallel::ScheduleKind::kOneFOneB ||
-         kind == parallel::ScheduleKind::kInterleaved;
-}
+// Why the zero-bubble schedule does not run with these settings, as the end of a sentence ("with
+// recompute ..."); empty where it runs.
+std::string zero_bubble_problem(Recompute recompute, Precision precision);
 
 // One rank's part of a step: micro-batch i reads (micro · T) tokens from inputs and targets at
 // i · micro · T; its tokens are first_token + that in the global batch.

@@ -367,6 +367,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                .precision = tc.precision_recipe(),
                .chunks = pipeline.chunks,
                .recompute = parse_recompute(tc.recompute, cfg.source + ": [train] recompute"),
+               .split_backward = pipeline.split_backward,
                .sharded_params = pc.zero == 3 && dpc.size() > 1});
   if (abft) abft->name_weights(model);
   const auto reduce = pc.reduce == "exact" ? parallel::ReduceMode::kExact : parallel::ReduceMode::kFast;
@@ -379,7 +380,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   parallel::DataParallel ddp(model, dpc, tpc, stage_group ? *stage_group : world, static_cast<int>(pc.zero), reduce,
                              tc.adamw(),
                              parallel::DpOptions{static_cast<int64_t>(pc.bucket_mb * (1 << 20)), pc.overlap,
-                                                 tp > 1 && pc.sp, &ppc, &epc});
+                                                 tp > 1 && pc.sp, pipeline.split_backward, &ppc, &epc});
   TrainRun run{cfg,  world, dpc, tpc, model, ddp, sampler, out, T, B, MB, part.local_batch, part.local_micro,
                build_param_layout(cfg.model), &ppc, pipeline.passes, stage_params(model.desc(), pipeline.stages),
                &epc, mesh.data_rank(), &cpc};

@@ -94,6 +94,18 @@ same_hash() {
   [ "$got" = "$expected" ] || fail "$1: model hash '$got' != single-process $expected: $(tail -3 "$2")"
 }
 
+# A 20-step run's LOG: its step-20 line without the timing, its evaluation line.
+step20() { grep '^step *20/' "$1" | sed 's/ | [0-9]* tok\/s.*//'; }
+eval20() { grep '^eval step 20 ' "$1"; }
+
+# same_run NAME LOG VAL: LOG ends on the single-process model ($want) and step-20 line ($loss), and
+# its evaluation line is VAL.
+same_run() {
+  same_hash "$1" "$2"
+  [ "$(step20 "$2")" = "$loss" ] || fail "$1: $(step20 "$2") vs $loss"
+  [ "$(eval20 "$2")" = "$3" ] || fail "$1: $(eval20 "$2") vs $3"
+}
+
 # on_hash NAME WANT NP ARGS...: the script's `mpi` on NP ranks with ARGS ends on WANT.
 on_hash() {
   local name=$1 hash=$2 np=$3

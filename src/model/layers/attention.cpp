@@ -61,7 +61,7 @@ void declare(LayerDesc& d) {
 class Attention final : public ResidualBranch {
  public:
   Attention(const LayerDesc& desc, const LayerBuild& b)
-      : ResidualBranch(desc, b, "ln1", "attn/qkv", "attn/proj"),
+      : ResidualBranch(desc, b, "ln1", "attn/qkv", "attn/proj", b.local.qkv_width()),
         m_(b.local),
         qkv_name_(name("attn/qkv")),
         att_name_(name("attn/att")),

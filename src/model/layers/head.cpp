@@ -83,17 +83,28 @@ class Head final : public Layer {
     ctx.observe(losses_name_, a.losses.data(), {p.B, p.T});
     ctx.observe(grad_logits_name_, a.logits.data(), {p.B, p.T, V_});
     add_losses(*p.loss_sum, a.losses.data(), p.BT);
-    linear_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, V_}, p.token_offset, dinp, ctx.sink(w_), {}, a.logits.data(), x,
-                      ctx.linear_weight(w_, kHeadLinear));
-    // A tied weight is the embedding's too: its gradient is final after the embedding's backward.
-    if (!desc().tied) ctx.grads_ready(p, w_);
+    const bool now = !ctx.defers_weight_grads();
+    linear_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, V_}, p.token_offset, dinp, now ? ctx.sink(w_) : GradSink{},
+                      {}, a.logits.data(), x, ctx.linear_weight(w_, kHeadLinear));
+    if (now) weight_ready(ctx, p);
     ctx.observe(grad_in_name_, dinp, {p.RB, p.RT, C_});
+  }
+
+  // The weight's gradient from the slot's dlogits (over its logits) and input.
+  void backward_weight(LayerContext& ctx, const Pass& p, const float* x) override {
+    linear_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, V_}, p.token_offset, nullptr, ctx.sink(w_), {},
+                      acts_[static_cast<size_t>(p.slot)].logits.data(), x, ctx.linear_weight(w_, kHeadLinear));
+    weight_ready(ctx, p);
   }
 
  private:
   struct Acts {
     std::vector<float> logits, losses;
   };
+  // A tied weight is the embedding's too: its gradient is final after the embedding's backward.
+  void weight_ready(LayerContext& ctx, const Pass& p) const {
+    if (!desc().tied) ctx.grads_ready(p, w_);
+  }
   int64_t C_, V_;
   const ParamTensor* w_;
   std::unique_ptr<LinearOp> linear_;

@@ -55,7 +55,7 @@ void declare(LayerDesc& d) {
 class Mlp final : public ResidualBranch {
  public:
   Mlp(const LayerDesc& desc, const LayerBuild& b)
-      : ResidualBranch(desc, b, "ln2", "mlp/fc", "mlp/proj"),
+      : ResidualBranch(desc, b, "ln2", "mlp/fc", "mlp/proj", ffn_fc_width(desc, b.local.F)),
         F_(b.local.F),
         fc_out_(ffn_fc_width(desc, F_)),
         fc_name_(name("mlp/fc")),

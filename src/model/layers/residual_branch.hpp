@@ -4,12 +4,16 @@
 //                   stream after the branch (always its own), and the norm's forward and backward;
 //   ResidualBranch  adds the linear into the branch (column-parallel under tensor parallelism)
 //                   and the one back into the stream (row-parallel): y = x + out(f(in(norm(x)))),
-//                   with the first and last steps of the forward and the backward.
+//                   with the first and last steps of the forward and the backward, and — where
+//                   the context defers weight gradients — the two linears' weight gradients in
+//                   backward_weight, from copies of their output gradients (the stream's gradient
+//                   and the branch's change before then; their inputs are the slot's).
 // attention.cpp and mlp.cpp fill in f of a ResidualBranch, moe.cpp the whole branch of a
 // PreNormBranch.
 // Not here: the declarations (each kind declares its own names), f itself.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,8 +84,10 @@ class PreNormBranch : public Layer {
 
 class ResidualBranch : public PreNormBranch {
  protected:
-  // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv").
-  ResidualBranch(const LayerDesc& desc, const LayerBuild& b, const char* norm, const char* in, const char* out)
+  // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv");
+  // in_features: in's outputs here.
+  ResidualBranch(const LayerDesc& desc, const LayerBuild& b, const char* norm, const char* in, const char* out,
+                 int64_t in_features)
       : PreNormBranch(desc, b, norm),
         in_w_(b.ctx.find_param(name(std::string(in) + "/weight"))),
         in_b_(b.ctx.find_param(name(std::string(in) + "/bias"))),
@@ -90,7 +96,27 @@ class ResidualBranch : public PreNormBranch {
         in_linear_(name(in)),
         out_linear_(name(out)),
         in_(b.ctx.linear(this->desc(), *in_w_, in_linear_)),
-        out_(b.ctx.linear(this->desc(), *out_w_, out_linear_)) {}
+        out_(b.ctx.linear(this->desc(), *out_w_, out_linear_)) {
+    if (!b.ctx.defers_weight_grads()) return;
+    deferred_.resize(static_cast<size_t>(b.slots));
+    for (Deferred& d : deferred_) {
+      d.dout.resize(static_cast<size_t>(b.max_stream * C_));
+      d.din.resize(static_cast<size_t>(b.max_tokens * in_features));
+    }
+  }
+
+ public:
+  void backward_weight(LayerContext& ctx, const Pass& p, const float*) override {
+    const Deferred& d = deferred_[static_cast<size_t>(p.slot)];
+    out_->backward(ctx.backend(), ctx.mode(), {p.BT, d.branch_features, C_}, p.token_offset, nullptr, ctx.sink(out_w_),
+                   ctx.sink(out_b_), d.dout.data(), d.branch, ctx.linear_weight(out_w_, out_linear_));
+    ctx.grads_ready(p, out_w_, out_b_);
+    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, d.in_features}, p.token_offset, nullptr, ctx.sink(in_w_),
+                  ctx.sink(in_b_), d.din.data(), slot(p).ln.data(), ctx.linear_weight(in_w_, in_linear_));
+    ctx.grads_ready(p, in_w_, in_b_);
+  }
+
+ protected:
 
   void norm_forward(LayerContext& ctx, const Pass& p, const float* x) { PreNormBranch::norm_forward(ctx, p, x, in_linear_); }
   // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
@@ -101,9 +127,19 @@ class ResidualBranch : public PreNormBranch {
     ctx.backend().residual_forward(p.RS * C_, y, y, x);
     ctx.observe(desc().output, y, {p.RB, p.RT, C_});
   }
-  // dbranch = out's input gradient from dres (the stream's); out's parameter gradients.
+  // dbranch = out's input gradient from dres (the stream's); out's parameter gradients (or what
+  // backward_weight needs for them).
   void out_backward(LayerContext& ctx, const Pass& p, const float* dres, float* dbranch, const float* branch,
                     int64_t K) {
+    if (ctx.defers_weight_grads()) {
+      Deferred& d = deferred_[static_cast<size_t>(p.slot)];
+      std::copy_n(dres, p.RS * C_, d.dout.data());
+      d.branch = branch;
+      d.branch_features = K;
+      out_->backward(ctx.backend(), ctx.mode(), {p.BT, K, C_}, p.token_offset, dbranch, {}, {}, dres, branch,
+                     ctx.linear_weight(out_w_, out_linear_));
+      return;
+    }
     out_->backward(ctx.backend(), ctx.mode(), {p.BT, K, C_}, p.token_offset, dbranch, ctx.sink(out_w_),
                    ctx.sink(out_b_), dres, branch, ctx.linear_weight(out_w_, out_linear_));
     ctx.grads_ready(p, out_w_, out_b_);
@@ -112,15 +148,32 @@ class ResidualBranch : public PreNormBranch {
   // (dnorm: the stream's tokens), then the norm's backward (PreNormBranch::norm_backward).
   void in_norm_backward(LayerContext& ctx, const Pass& p, const float* x, float* dres, float* dnorm, const float* din,
                         int64_t K) {
-    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
-                  din, slot(p).ln.data(), ctx.linear_weight(in_w_, in_linear_));
-    ctx.grads_ready(p, in_w_, in_b_);
+    if (ctx.defers_weight_grads()) {
+      Deferred& d = deferred_[static_cast<size_t>(p.slot)];
+      std::copy_n(din, p.BT * K, d.din.data());
+      d.in_features = K;
+      in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, {}, {}, din, slot(p).ln.data(),
+                    ctx.linear_weight(in_w_, in_linear_));
+    } else {
+      in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, K}, p.token_offset, dnorm, ctx.sink(in_w_), ctx.sink(in_b_),
+                    din, slot(p).ln.data(), ctx.linear_weight(in_w_, in_linear_));
+      ctx.grads_ready(p, in_w_, in_b_);
+    }
     norm_backward(ctx, p, x, dres, dnorm);
   }
 
   const ParamTensor *in_w_, *in_b_, *out_w_, *out_b_;
   std::string in_linear_, out_linear_;  // the linears' names (precision.hpp)
   std::unique_ptr<LinearOp> in_, out_;
+
+ private:
+  // A slot's operands of the deferred weight gradients.
+  struct Deferred {
+    std::vector<float> dout, din;  // out's output gradient (the stream's rows), in's (all tokens)
+    const float* branch = nullptr;  // out's input, in the slot's activations
+    int64_t branch_features = 0, in_features = 0;
+  };
+  std::vector<Deferred> deferred_;  // per slot, where the context defers weight gradients
 };
 
 }  // namespace lockstep

@@ -3,7 +3,7 @@
 // needs), backwards in another order than the forwards; with tied embeddings the last stage's head
 // computes with a copy of wte whose exact gradient sums join the first stage's. Canonical gradients
 // and the loss must be bitwise those of the whole model run one micro-batch after the other, for
-// every cut.
+// every cut, and with the backward split into its input- and weight-gradient passes.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -79,6 +79,8 @@ void expect_whole_grads(const Model& part, const Model& whole) {
   }
 }
 
+// With a split backward (a zero-bubble schedule) each backward leaves the linears' weight
+// gradients to a weight pass run later, in another order; a micro-batch holds its slot until then.
 TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
   for (bool tied : {false, true}) {
     const WholeStep w(tied);
@@ -86,43 +88,54 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
     const int64_t T = w.cfg.seq_len;
     const Model& whole = *w.model;
 
-    for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
-      SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", stages [0, " << cut << ") and [" << cut
-                                      << ", " << desc.layers.size() << ")");
-      Model first(desc, Mode::kCanonical, 1, {.chunks = {{.end = cut, .slots = static_cast<int>(kMicro)}}});
-      Model last(desc, Mode::kCanonical, 1, {.chunks = {{.first = cut}}});
-      ASSERT_EQ(first.num_params() + last.num_params(), whole.num_params());
-      first.init_parameters();
-      last.init_parameters();
-      // A tied head computes with a copy of the first stage's wte.
-      ASSERT_EQ(last.tied_copy().size(), tied ? static_cast<size_t>(first.param("wte").numel) : 0u);
-      std::copy(first.params(), first.params() + last.tied_copy().size(), last.tied_copy().begin());
-      first.zero_grad();
-      last.zero_grad();
-      const int64_t rows = first.stream_tokens(1) * w.cfg.d_model;
-      // All forwards of the first stage, then each micro-batch through the last stage, the first
-      // stage's backwards in the order 0, 2, 1, 3.
-      std::vector<std::vector<float>> grads_in(kMicro);
-      ChunkCombiner loss;
-      for (int64_t mb = 0; mb < kMicro; ++mb) {
-        const MicroBatch batch{w.tok.data() + mb * T, w.tok.data() + mb * T + 1, 1, mb * T};
-        first.forward(mb, batch);
-        std::copy(first.stage_output(mb), first.stage_output(mb) + rows, last.stage_input(mb));
-        last.forward(mb, batch);
-        last.backward(mb, w.dloss, loss, mb == kMicro - 1);
-        grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
+    for (bool split : {false, true}) {
+      for (size_t cut = 1; cut + 1 < desc.layers.size(); ++cut) {
+        SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << (split ? ", split backward" : "")
+                                        << ", stages [0, " << cut << ") and [" << cut << ", " << desc.layers.size()
+                                        << ")");
+        Model first(desc, Mode::kCanonical, 1,
+                    {.chunks = {{.end = cut, .slots = static_cast<int>(kMicro)}}, .split_backward = split});
+        Model last(desc, Mode::kCanonical, 1, {.chunks = {{.first = cut, .slots = 2}}, .split_backward = split});
+        ASSERT_EQ(first.num_params() + last.num_params(), whole.num_params());
+        first.init_parameters();
+        last.init_parameters();
+        // A tied head computes with a copy of the first stage's wte.
+        ASSERT_EQ(last.tied_copy().size(), tied ? static_cast<size_t>(first.param("wte").numel) : 0u);
+        std::copy(first.params(), first.params() + last.tied_copy().size(), last.tied_copy().begin());
+        first.zero_grad();
+        last.zero_grad();
+        const int64_t rows = first.stream_tokens(1) * w.cfg.d_model;
+        // All forwards of the first stage, then each micro-batch through the last stage (split:
+        // its weight pass one micro-batch later), the first stage's backwards in the order 0, 2,
+        // 1, 3 (split: then its weight passes in the order 3, 0, 2, 1).
+        std::vector<std::vector<float>> grads_in(kMicro);
+        ChunkCombiner loss;
+        for (int64_t mb = 0; mb < kMicro; ++mb) {
+          const MicroBatch batch{w.tok.data() + mb * T, w.tok.data() + mb * T + 1, 1, mb * T};
+          first.forward(mb, batch);
+          std::copy(first.stage_output(mb), first.stage_output(mb) + rows, last.stage_input(mb));
+          last.forward(mb, batch);
+          last.backward(mb, w.dloss, loss, mb == kMicro - 1);
+          grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
+          if (split && mb == 1) EXPECT_THROW(last.stage_input(kMicro), InternalError);  // 0 and 1 hold both slots
+          if (split && mb > 0) last.backward_weight(mb - 1, false);
+        }
+        if (split) last.backward_weight(kMicro - 1, true);
+        add_head_grad(first, last);
+        for (int64_t mb : {0, 2, 1, 3}) {
+          const auto& g = grads_in[static_cast<size_t>(mb)];
+          std::copy(g.begin(), g.end(), first.stage_output_grad());
+          first.backward(mb, w.dloss, loss, mb == 3);
+        }
+        if (split) {
+          for (int64_t mb : {3, 0, 2, 1}) first.backward_weight(mb, mb == 1);
+        }
+        first.finish_grads();
+        last.finish_grads();
+        EXPECT_EQ(f32_bits(loss.finish()), f32_bits(w.loss));
+        expect_whole_grads(first, whole);
+        expect_whole_grads(last, whole);
       }
-      add_head_grad(first, last);
-      for (int64_t mb : {0, 2, 1, 3}) {
-        const auto& g = grads_in[static_cast<size_t>(mb)];
-        std::copy(g.begin(), g.end(), first.stage_output_grad());
-        first.backward(mb, w.dloss, loss, mb == 3);
-      }
-      first.finish_grads();
-      last.finish_grads();
-      EXPECT_EQ(f32_bits(loss.finish()), f32_bits(w.loss));
-      expect_whole_grads(first, whole);
-      expect_whole_grads(last, whole);
     }
   }
 }
