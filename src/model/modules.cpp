@@ -163,6 +163,10 @@ void ModelPlan::gather_stream(const float* stream, float* all, int64_t BT, int64
   std::copy_n(stream, BT * C, all);
 }
 
+void ModelPlan::gather_positions(const float* local, float* whole, int64_t B, int64_t T, int64_t width) const {
+  std::copy_n(local, B * T * width, whole);
+}
+
 std::unique_ptr<EmbeddingOp> ModelPlan::embedding(const LayerDesc& layer) const {
   return std::make_unique<Embedding>(layer);
 }

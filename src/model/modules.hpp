@@ -149,6 +149,10 @@ class ModelPlan {
   // all (BT, C) = the stream rows of every rank (this rank's: `stream`), in token order: the
   // stream itself without sequence parallelism.
   virtual void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const;
+  // whole (B, T, width) in position order = the rows of every rank's positions (this rank's:
+  // `local`, in sequence()'s order): what a layer whose decisions span a sequence reads (a MoE
+  // layer's router). One device: a copy.
+  virtual void gather_positions(const float* local, float* whole, int64_t B, int64_t T, int64_t width) const;
   virtual std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const;
   virtual std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const;
   virtual std::unique_ptr<LossOp> loss(const LayerDesc& layer) const;
@@ -175,6 +179,9 @@ class ForwardingPlan : public ModelPlan {
   }
   void gather_stream(const float* stream, float* all, int64_t BT, int64_t C) const override {
     inner_.gather_stream(stream, all, BT, C);
+  }
+  void gather_positions(const float* local, float* whole, int64_t B, int64_t T, int64_t width) const override {
+    inner_.gather_positions(local, whole, B, T, width);
   }
   std::unique_ptr<EmbeddingOp> embedding(const LayerDesc& layer) const override { return inner_.embedding(layer); }
   std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override { return inner_.attention(layer); }

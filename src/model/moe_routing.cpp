@@ -12,44 +12,54 @@ int64_t moe_capacity(double factor, int64_t group, int64_t top_k, int64_t expert
   return static_cast<int64_t>(std::ceil(factor * static_cast<double>(group * top_k) / static_cast<double>(experts)));
 }
 
-void MoeRouting::size_for(int64_t max_tokens, int64_t K, int64_t E) {
+void MoeRouting::size_for(int64_t max_tokens, int64_t K, int64_t E, int64_t max_routed) {
   const auto n = static_cast<size_t>(max_tokens * K);
   if (rows.size() < n) rows.resize(n);
   if (token_of_row.size() < n) token_of_row.resize(n);
+  if (keep_.size() < static_cast<size_t>(max_routed * K)) keep_.resize(static_cast<size_t>(max_routed * K));
   expert_first.resize(static_cast<size_t>(E + 1));
   routed.resize(static_cast<size_t>(E));
   in_group_.resize(static_cast<size_t>(E));
 }
 
-void MoeRouting::assign(const int32_t* experts, int64_t N, int64_t K, int64_t group, int64_t capacity) {
+void MoeRouting::assign(const int32_t* experts, int64_t N, int64_t K, int64_t group, int64_t capacity,
+                        const int32_t* local) {
   const auto E = static_cast<int64_t>(routed.size());
-  LS_CHECK(N * K <= static_cast<int64_t>(rows.size()) && group >= 1 && N % group == 0, "MoE routing of ", N,
+  LS_CHECK(N * K <= static_cast<int64_t>(keep_.size()) && group >= 1 && N % group == 0, "MoE routing of ", N,
            " tokens in groups of ", group);
+  const auto here = [&](int64_t n) -> int64_t { return local == nullptr ? n : local[n]; };
   std::fill(routed.begin(), routed.end(), 0);
   std::fill(expert_first.begin(), expert_first.end(), 0);
-  // Kept choices marked 0, dropped −1; each expert's kept count in expert_first[e + 1].
+  // Every choice within the capacity is kept; each expert's kept count here in expert_first[e + 1].
   for (int64_t g0 = 0; g0 < N; g0 += group) {
     std::fill(in_group_.begin(), in_group_.end(), 0);
     for (int64_t i = g0 * K; i < (g0 + group) * K; ++i) {
       const int32_t e = experts[i];
       LS_CHECK(e >= 0 && e < E, "expert ", e, " of ", E);
-      ++routed[e];
       const bool keep = capacity == 0 || in_group_[e] < capacity;
-      rows[i] = keep ? 0 : -1;
-      if (!keep) continue;
-      ++in_group_[e];
-      ++expert_first[e + 1];
+      keep_[i] = keep ? 1 : 0;
+      in_group_[e] += keep ? 1 : 0;
+      if (here(i / K) < 0) continue;
+      ++routed[e];
+      expert_first[e + 1] += keep ? 1 : 0;
     }
   }
   for (int64_t e = 0; e < E; ++e) expert_first[e + 1] += expert_first[e];
   R = expert_first[E];
+  LS_CHECK(R <= static_cast<int64_t>(token_of_row.size()), "MoE routing: ", R, " rows here");
   // Rows in token order within each expert.
   std::copy(expert_first.begin(), expert_first.end() - 1, in_group_.begin());
   for (int64_t i = 0; i < N * K; ++i) {
-    if (rows[i] < 0) continue;
+    const int64_t n = here(i / K);
+    if (n < 0) continue;
+    const int64_t at = n * K + i % K;
+    if (keep_[i] == 0) {
+      rows[at] = -1;
+      continue;
+    }
     const int64_t r = in_group_[experts[i]]++;
-    rows[i] = static_cast<int32_t>(r);
-    token_of_row[r] = static_cast<int32_t>(i / K);
+    rows[at] = static_cast<int32_t>(r);
+    token_of_row[r] = static_cast<int32_t>(n);
   }
 }
 

@@ -7,6 +7,10 @@
 // token order (a token's choices in rank order); later ones are dropped — their gate counts for
 // nothing and the token's residual stream passes that expert by. capacity 0: dropless.
 //
+// Context parallelism: a rank holds some positions of each sequence, but the capacity counts every
+// choice of the sequence in position order, so every cp rank routes the whole micro-batch (its
+// choices gathered) and gives rows to its own tokens only (assign's `local`).
+//
 // Expert parallelism (ExpertRows): the rows a rank's experts compute come from every ep peer —
 // received peer by peer (each peer's rows of the rank's first expert, then its second, ...) and
 // computed expert by expert (expert k: peer 0's rows of it, then peer 1's, ...; each peer's in its
@@ -25,21 +29,26 @@ int64_t moe_capacity(double factor, int64_t group, int64_t top_k, int64_t expert
 
 // The rows of one micro-batch, in buffers sized once for the largest (no allocation per pass).
 struct MoeRouting {
-  std::vector<int32_t> rows;          // (N, K): the row of choice j of token n, −1 if dropped
-  std::vector<int32_t> token_of_row;  // (R)
+  std::vector<int32_t> rows;          // (tokens here, K): the row of choice j of token n, −1 if dropped
+  std::vector<int32_t> token_of_row;  // (R): the token here
   std::vector<int64_t> expert_first;  // (E + 1): expert e's rows are [expert_first[e], expert_first[e + 1])
-  std::vector<int64_t> routed;        // (E): choices of e, before the capacity
+  std::vector<int64_t> routed;        // (E): choices of e by the tokens here, before the capacity
   int64_t R = 0;                      // rows kept
 
-  // Sized for max_tokens tokens (only ever enlarged: recomputed layers share one).
-  void size_for(int64_t max_tokens, int64_t K, int64_t E);
+  // Sized for max_tokens tokens here and max_routed routed (only ever enlarged: recomputed layers
+  // share one).
+  void size_for(int64_t max_tokens, int64_t K, int64_t E, int64_t max_routed);
   int64_t kept(int64_t e) const { return expert_first[e + 1] - expert_first[e]; }
 
-  // From experts (N, K) (the router's choices): N tokens in groups of `group`.
-  void assign(const int32_t* experts, int64_t N, int64_t K, int64_t group, int64_t capacity);
+  // From experts (N, K) (the router's choices): N tokens in groups of `group`. local (N): each
+  // token's index among the tokens here, −1 for another rank's (nullptr: all are here, in order);
+  // each expert's rows are in the order of the N tokens.
+  void assign(const int32_t* experts, int64_t N, int64_t K, int64_t group, int64_t capacity,
+              const int32_t* local = nullptr);
 
  private:
   std::vector<int64_t> in_group_;  // (E): kept in the current group, then the next free row
+  std::vector<uint8_t> keep_;      // (N, K): within the capacity
 };
 
 // One micro-batch's rows of this rank's experts under expert parallelism (sized on demand: vectors

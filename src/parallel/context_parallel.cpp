@@ -19,7 +19,6 @@ void check_cp_layout(const ModelConfig& model, int64_t cp, const CpRun& run, con
   const auto not_yet = [&](bool used, const char* what) {
     LS_REQUIRE(!used, head, " does not run with ", what, " yet");
   };
-  not_yet(model.moe_experts > 0, "MoE layers ([model] moe_experts)");
   not_yet(run.precision.linears == Precision::kFp8, "fp8 linears ([train] precision = \"fp8\")");
   not_yet(run.pp > 1, "pipeline parallelism ([parallel] pp)");
   not_yet(run.buddy, "buddy replays ([verify] buddy_every)");
@@ -47,6 +46,15 @@ std::vector<std::vector<SeqBlock>> every_rank_blocks(int64_t T, int64_t cp) {
 }
 
 struct CpBuffers {
+  // Rank `rank`'s blocks of [0, T) under cp ranks (kept for the last T asked).
+  const std::vector<SeqBlock>& blocks_of(int64_t T, int64_t cp, int64_t rank) {
+    if (blocks.empty() || this->T != T) {
+      this->T = T;
+      blocks = every_rank_blocks(T, cp);
+    }
+    return blocks[static_cast<size_t>(rank)];
+  }
+
   int64_t T = 0;
   std::vector<std::vector<SeqBlock>> blocks;  // every cp rank's, for T
   std::vector<float> send, recv, all, partial, summed, shard;
@@ -112,13 +120,7 @@ class ContextParallelAttention final : public AttentionOp {
   }
 
  private:
-  const std::vector<SeqBlock>& blocks(int64_t T, int64_t rank) {
-    if (b_.blocks.empty() || b_.T != T) {
-      b_.T = T;
-      b_.blocks = every_rank_blocks(T, cp_.size());
-    }
-    return b_.blocks[static_cast<size_t>(rank)];
-  }
+  const std::vector<SeqBlock>& blocks(int64_t T, int64_t rank) { return b_.blocks_of(T, cp_.size(), rank); }
 
   // b_.all (B, T, width): every position's k and v from the ranks that hold it, q at this rank's.
   const float* gather(AttentionShape s, const float* qkv) {
@@ -180,6 +182,21 @@ ContextParallelPlan::~ContextParallelPlan() = default;
 
 std::unique_ptr<AttentionOp> ContextParallelPlan::attention(const LayerDesc&) const {
   return std::make_unique<ContextParallelAttention>(cp_, *buffers_);
+}
+
+void ContextParallelPlan::gather_positions(const float* local, float* whole, int64_t B, int64_t T, int64_t width) const {
+  CpBuffers& b = *buffers_;
+  const int64_t n = B * T / cp_.size() * width;
+  b.recv.resize(static_cast<size_t>(n * cp_.size()));
+  cp_.all_gather(local, b.recv.data(), n, DType::kF32);
+  for (int r = 0; r < cp_.size(); ++r) {
+    const float* from = b.recv.data() + r * n;
+    for (const SeqBlock& k : b.blocks_of(T, cp_.size(), r)) {
+      for (int64_t s = 0; s < B; ++s, from += k.length * width) {
+        std::copy_n(from, k.length * width, whole + (s * T + k.position) * width);
+      }
+    }
+  }
 }
 
 }  // namespace lockstep::parallel

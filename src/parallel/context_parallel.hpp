@@ -4,7 +4,8 @@
 // cp ranks of one data rank train on the same sequences, each on its positions' tokens: the
 // embedding, norms, linears, MLP and loss run on those tokens as they are (the linears' weight
 // gradients are token reductions whose chunks of 64 lie in one block); the attention is the one op
-// that crosses positions.
+// that crosses positions, and a MoE layer's routing, whose capacity and balancing loss span each
+// sequence, reads every position's router logits (gather_positions).
 //
 // Attention: each rank all-gathers every rank's k and v (its q stays), computes its query blocks
 // against the keys before them (kernels/ops/attention.hpp's _rows variants: each row bit for bit
@@ -48,8 +49,8 @@ struct CpRun {
   bool buddy = false, sp_dump = false, reference = false;
 };
 // ConfigError naming `source` and the field where cp cannot run: seq_len must be a multiple of
-// 2·cp·64 (whole chunks of 64 positions in every block); not yet with MoE layers, fp8 linears,
-// pipeline parallelism, buddy replays, dumps under sequence parallelism or the reference check.
+// 2·cp·64 (whole chunks of 64 positions in every block); not yet with fp8 linears, pipeline
+// parallelism, buddy replays, dumps under sequence parallelism or the reference check.
 void check_cp_layout(const ModelConfig& model, int64_t cp, const CpRun& run, const std::string& source);
 
 // Rank `rank`'s blocks of [0, T) under cp ranks: {r·c, c} and {(2·cp − 1 − r)·c, c}, c = T / (2·cp).
@@ -70,6 +71,8 @@ class ContextParallelPlan final : public ForwardingPlan {
   std::vector<SeqBlock> sequence(int64_t T) const override { return zigzag_blocks(T, cp_.size(), cp_.rank()); }
   // Every layer's op shares the plan's buffers.
   std::unique_ptr<AttentionOp> attention(const LayerDesc& layer) const override;
+  // An all-gather over cp, each rank's blocks put in place.
+  void gather_positions(const float* local, float* whole, int64_t B, int64_t T, int64_t width) const override;
 
  private:
   comm::Communicator& cp_;

@@ -5,16 +5,18 @@
 #    of one sequence, zero 2, zero 3), cp2 x tp2 (also with sequence parallelism), cp2 with
 #    selective recomputation, grouped-query attention, RoPE with RMSNorm and SwiGLU, and bf16
 #    linears, each on its own one-process hash;
+#  - MoE: cp2 with token dropping, cp4, cp2 x ep2, cp2 x tp2 with sp, shared experts and
+#    aux-loss-free balancing on the one-process hash, the per-expert statistics the one process's;
 #  - evaluation: the cp ranks evaluate each window together and give the one process's val loss;
 #  - a rank holds T / cp positions: the layout line says so and the attention's traffic is counted;
 #  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 and on one process bitwise;
 #  - verified collectives cover the cp group: a clean run has no finding, a flipped bit in a k/v
 #    gather is found and named;
 #  - canonical dumps of cp2 and cp2 x dp2 runs are bitwise the one process's, tensor by tensor;
-#  - fast mode: cp2 x dp2 and cp2 x tp2 dump every tensor of 2 steps (of 2 sequences) as global tensors, and
+#  - fast mode: cp2 x dp2, cp2 x tp2 and MoE cp2 dump every tensor of 2 steps (of 2 sequences) as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
-#  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with MoE layers, cp
-#    with pipeline parallelism, a cp that does not divide the ranks — one line each.
+#  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with pipeline
+#    parallelism, a cp that does not divide the ranks — one line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -41,6 +43,22 @@ on_hash cp2_gqa "$(one_process gqa "${gqa[@]}")" 2 --parallel.cp=2 "${gqa[@]}"
 llama=(--model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu)
 on_hash cp2_llama "$(one_process llama "${llama[@]}")" 2 --parallel.cp=2 "${llama[@]}"
 on_hash cp2_bf16 "$(one_process bf16 --train.precision=bf16)" 2 --parallel.cp=2 --train.precision=bf16
+
+# MoE: each cp rank routes the whole micro-batch (a sequence's capacity and balancing loss span its
+# positions) and computes its own tokens' rows.
+moe=(--model.moe_experts=4 --model.moe_top_k=2 --model.moe_ffn_hidden=128 --model.moe_capacity_factor=1.0
+     --model.moe_aux_weight=0.01 --log.moe=true --log.every=1)
+moe_want=$(one_process moe "${moe[@]}")
+on_hash cp2_moe "$moe_want" 2 --parallel.cp=2 "${moe[@]}"
+grep -q '^moe: .*dropped [1-9]' moe.log || fail "no dropped tokens to test: $(grep '^moe:' moe.log | tail -1)"
+[ "$(grep '^moe:' cp2_moe.log)" = "$(grep '^moe:' moe.log)" ] || fail "cp2 MoE statistics: $(grep '^moe:' cp2_moe.log | tail -1)"
+on_hash cp2_ep2_moe "$moe_want" 4 --parallel.cp=2 --parallel.ep=2 "${moe[@]}"
+on_hash cp2_tp2_sp_moe "$moe_want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true "${moe[@]}"
+config=long.toml on_hash cp4_moe "$(config=long.toml one_process long_moe "${moe[@]}")" 4 --parallel.cp=4 "${moe[@]}"
+shared=(--model.moe_shared_experts=1)
+on_hash cp2_moe_shared "$(one_process moe_shared "${moe[@]}" "${shared[@]}")" 2 --parallel.cp=2 "${moe[@]}" "${shared[@]}"
+free=(--model.moe_experts=4 --model.moe_top_k=2 --model.moe_ffn_hidden=128 --model.moe_bias_update=0.001)
+on_hash cp2_moe_free "$(one_process moe_free "${free[@]}")" 2 --parallel.cp=2 "${free[@]}"
 
 grep -q "cp 2 x ep 1 x pp 1 (world 2)" cp2.log || fail "no cp in the layout line: $(grep '^parallel' cp2.log)"
 grep -Eq "context parallel [1-9][0-9]*\)" cp2.log || fail "no context-parallel bytes: $(grep '^parallel' cp2.log)"
@@ -93,11 +111,11 @@ done
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
 fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- \
   "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2"
+rm -rf fast_single ck_fast
+fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 "${moe[@]}" -- "2 cp2_moe --parallel.cp=2"
 
 expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a multiple of 2 x cp x 64 = 512" \
   4 --parallel.cp=4
-expect_mpi_error "\[parallel\] cp = 2 does not run with MoE layers \(\[model\] moe_experts\) yet" \
-  2 --parallel.cp=2 --model.moe_experts=4 --model.moe_top_k=2
 expect_mpi_error "\[parallel\] cp = 2 does not run with pipeline parallelism \(\[parallel\] pp\) yet" \
   4 --parallel.cp=2 --parallel.pp=2
 expect_mpi_error "x cp \(3\) = 3 must divide the number of ranks \(2\)" 2 --parallel.cp=3

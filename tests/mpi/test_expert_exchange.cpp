@@ -44,7 +44,7 @@ TEST_P(ExpertExchangeTest, RowsReachTheirExpertsAndComeBack) {
     choice[n * kTopK + 1] = static_cast<int32_t>((choice[n * kTopK] + 1 + rng() % (E - 1)) % E);
   }
   MoeRouting r;
-  r.size_for(N, kTopK, E);
+  r.size_for(N, kTopK, E, N);
   r.assign(choice.data(), N, kTopK, N, c.capacity);
   // Row i holds (its global token, its expert, i).
   std::vector<float> rows(static_cast<size_t>(r.R * kWidth));

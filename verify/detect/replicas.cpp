@@ -1,5 +1,6 @@
 #include "verify/detect/replicas.hpp"
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -14,7 +15,7 @@ namespace {
 
 // What one rank contributes: its two hashes.
 struct RankHashes {
-  uint64_t params, replicated;
+  uint64_t params, replicated, group;
 };
 
 // Hash of the tensors this rank holds whole although tensor parallelism splits the model.
@@ -52,6 +53,14 @@ Odd odd_members(const std::vector<std::pair<int, uint64_t>>& members, const char
 
 }  // namespace
 
+ReplicaDetector::ReplicaDetector(const Model& model, comm::Communicator& world, comm::Communicator& dp,
+                                 comm::Communicator& tp, FindingLog& log, FaultAction action,
+                                 const StateAtRestDetector* at_rest)
+    : model_(model), world_(world), dp_(dp), tp_(tp), log_(log), action_(action), at_rest_(at_rest) {
+  const std::vector<int> members = dp_.all_gather(world_.rank());
+  replica_group_ = static_cast<uint64_t>(*std::min_element(members.begin(), members.end()));
+}
+
 void ReplicaDetector::end_step(const StepRecord& r) {
   const bool tp = tp_.size() > 1;
   if (dp_.size() == 1 && !tp) return;
@@ -60,18 +69,16 @@ void ReplicaDetector::end_step(const StepRecord& r) {
     const std::optional<uint64_t> taken = at_rest_ ? at_rest_->hash_after_update(r.step, "parameters") : std::nullopt;
     params = taken ? *taken : block_hash(model_.params(), static_cast<size_t>(model_.num_params()) * sizeof(float));
   }
-  const uint64_t mine[2] = {params, tp ? tp_replicated_hash(model_) : 0};
+  const uint64_t mine[3] = {params, tp ? tp_replicated_hash(model_) : 0, replica_group_};
   const std::vector<uint64_t> gathered = agreed_all_gather(world_, mine);
   std::vector<RankHashes> all(static_cast<size_t>(world_.size()));
-  for (size_t w = 0; w < all.size(); ++w) all[w] = {gathered[2 * w], gathered[2 * w + 1]};
+  for (size_t w = 0; w < all.size(); ++w) all[w] = {gathered[3 * w], gathered[3 * w + 1], gathered[3 * w + 2]};
 
-  // Groups: dp replicas differ only in their dp coordinate (the slowest axis of the world's
-  // ranks), the members of one tp group only in their tp coordinate (the fastest) — so that other
-  // axes between them (pipeline stages) group apart (src/parallel/mesh.hpp).
-  const uint64_t replica_size = all.size() / static_cast<size_t>(dp_.size());
+  // Groups: a replica group by its lowest world rank; the members of one tp group differ only in
+  // their tp coordinate (the fastest axis of the world's ranks: src/parallel/mesh.hpp).
   std::map<uint64_t, std::vector<std::pair<int, uint64_t>>> replicas, tp_groups;
   for (size_t w = 0; w < all.size(); ++w) {
-    replicas[w % replica_size].push_back({static_cast<int>(w), all[w].params});
+    replicas[all[w].group].push_back({static_cast<int>(w), all[w].params});
     tp_groups[w / static_cast<uint64_t>(tp_.size())].push_back({static_cast<int>(w), all[w].replicated});
   }
   // One finding per kind of replica, naming the odd ranks of every group: a fault reaches other
@@ -91,8 +98,10 @@ void ReplicaDetector::end_step(const StepRecord& r) {
     f.magnitude = static_cast<double>(f.ranks.size());
     log_.report(f, action_, kExitCorruption, "on_fault");
   };
-  const bool dp_tp = replica_size == static_cast<uint64_t>(tp_.size());  // no other axis
-  if (dp_.size() > 1) check(replicas, "parameter", "parameters of the dp replicas", dp_tp ? "tp rank" : "replica rank");
+  const bool dp_tp = static_cast<int>(all.size()) == dp_.size() * tp_.size();  // no other axis
+  if (dp_.size() > 1) {
+    check(replicas, "parameter", "parameters of the dp replicas", dp_tp ? "tp rank" : "replica group at world rank");
+  }
   if (tp) check(tp_groups, "replicated-tensor", "tensors every tp rank holds whole", dp_tp ? "dp rank" : "tp group");
 }
 

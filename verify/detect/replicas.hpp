@@ -1,10 +1,10 @@
 // Replica hashes ([verify] replicas): after every step, what must be equal across ranks is hashed
 // (checksum.hpp; the replicated tensors, small, with plain xxh64) and compared —
-//   - data-parallel replicas: every rank's whole parameter buffer, equal across the dp ranks that
-//     hold the same tensor-parallel shard;
+//   - data-parallel replicas: every rank's whole parameter buffer, equal across the ranks of its
+//     replica group (`dp`: the dp ranks, or dp x cp, that hold the same shards);
 //   - under tensor parallelism, the tensors every tp rank holds whole (norms, row-parallel biases,
 //     learned positions), equal across the tp ranks of one dp replica.
-// One all-gather over the world of (dp rank, tp rank, both hashes), 32 bytes per rank sent three
+// One all-gather over the world of (both hashes, the replica group), 24 bytes per rank sent three
 // times and read by majority (agreed.hpp), so that every rank judges every group and all reach the
 // same finding even when that message is corrupted. In each group the reference hash is
 // the most common one (the lowest rank's on a tie); the ranks that differ are named. Class
@@ -28,9 +28,9 @@ namespace lockstep::detect {
 class ReplicaDetector final : public StepObserver {
  public:
   // at_rest: the run's state-at-rest check, whose parameter hash it takes (nullptr: none).
+  // Collective over dp (the replica group's lowest world rank names it).
   ReplicaDetector(const Model& model, comm::Communicator& world, comm::Communicator& dp, comm::Communicator& tp,
-                  FindingLog& log, FaultAction action, const StateAtRestDetector* at_rest)
-      : model_(model), world_(world), dp_(dp), tp_(tp), log_(log), action_(action), at_rest_(at_rest) {}
+                  FindingLog& log, FaultAction action, const StateAtRestDetector* at_rest);
   void end_step(const StepRecord& r) override;
 
  private:
@@ -41,6 +41,7 @@ class ReplicaDetector final : public StepObserver {
   FindingLog& log_;
   FaultAction action_;
   const StateAtRestDetector* at_rest_;
+  uint64_t replica_group_;  // the lowest world rank of this rank's dp group
 };
 
 }  // namespace lockstep::detect

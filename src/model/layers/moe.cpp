@@ -23,6 +23,14 @@
 // expert-major order, each row with its global token index, so that the weight gradients' chunks
 // are those of one process); the backward sends the output gradients and brings back the input
 // gradients the same way. The router, the combine and the balancing loss stay on the token's rank.
+// Context parallelism (the plan's sequence holds some positions): the capacity and the balancing
+// loss span each whole sequence, so the router's logits are gathered over the positions
+// (ModelPlan::gather_positions) and every cp rank routes the whole micro-batch — scores, choices,
+// drops, the balancing loss and the router's backward, the same bits on each — while dispatching,
+// computing and combining its own tokens only; an expert row carries its token's global index, so
+// the weight gradients' chunks are the one process's (a chunk's 64 positions lie in one block).
+// Each rank records its own tokens' statistics, and the one holding position 0 the sequences'.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,6 +106,7 @@ class Moe final : public PreNormBranch {
       : PreNormBranch(desc, b, "ln2"),
         E_(desc.experts),
         K_(desc.top_k),
+        T_(desc.dims.T),
         F_(b.local.F),
         fc_out_(ffn_fc_width(desc, F_)),
         capacity_(moe_capacity(desc.capacity_factor, desc.dims.T, K_, E_)),
@@ -111,13 +120,22 @@ class Moe final : public PreNormBranch {
         shared_F_(desc.shared_F > 0 ? b.ctx.find_param(name("moe/shared/proj/weight"))->shape[1] : 0),
         shared_fc_out_(ffn_fc_width(desc, shared_F_)),
         sp_(b.max_stream < b.max_tokens),
+        seq_(b.ctx.plan().sequence(T_)),
+        cp_(seq_tokens(seq_) < T_),
+        first_positions_(std::any_of(seq_.begin(), seq_.end(), [](const SeqBlock& k) { return k.position == 0; })),
         acts_(b.ctx, LayerKind::kMoe, "moe", b.slots, [&](Acts& a) {
-          const int64_t BT = b.max_tokens, R = BT * K_;
-          grow_to(a.logits, BT * E_);
-          grow_to(a.probs, BT * E_);
-          grow_to(a.gates, BT * K_);
-          if (static_cast<int64_t>(a.experts.size()) < BT * K_) a.experts.resize(static_cast<size_t>(BT * K_));
-          a.routing.size_for(BT, K_, E_);
+          const int64_t BT = b.max_tokens, R = BT * K_, N = b.max_batch * T_;
+          grow_to(a.logits, N * E_);
+          grow_to(a.probs, N * E_);
+          grow_to(a.gates, N * K_);
+          if (static_cast<int64_t>(a.experts.size()) < N * K_) a.experts.resize(static_cast<size_t>(N * K_));
+          a.routing.size_for(BT, K_, E_, N);
+          if (cp_) {
+            grow_to(a.local_logits, BT * E_);
+            grow_to(a.local_gates, BT * K_);
+            if (static_cast<int64_t>(a.local_of.size()) < N) a.local_of.resize(static_cast<size_t>(N));
+            if (static_cast<int64_t>(a.global_of.size()) < BT) a.global_of.resize(static_cast<size_t>(BT));
+          }
           grow_to(a.xe, R * C_);
           grow_to(a.ye, R * C_);
           if (sp_) grow_to(a.combined, BT * C_);
@@ -138,8 +156,9 @@ class Moe final : public PreNormBranch {
     for (int64_t k = 0; k < held_.count; ++k) {
       experts_.push_back(make_expert(desc, b, expert_prefix(desc, held_.first + k)));
     }
-    const int64_t BT = b.max_tokens, R = BT * K_, G = b.max_batch;
+    const int64_t BT = b.max_tokens, R = BT * K_, G = b.max_batch, N = G * T_;
     scratch_ = BT * C_ + 2 * R * C_ + R * F_ + R * fc_out_ + BT * K_ + BT * E_ + G + 2 * G * E_ + (sp_ ? BT * C_ : 0);
+    if (cp_) scratch_ += N * (K_ + E_);
     if (shared_F_ > 0) {
       shared_ = make_expert(desc, b, name("moe/shared/"));
       scratch_ += BT * (shared_F_ + shared_fc_out_ + C_);
@@ -153,16 +172,22 @@ class Moe final : public PreNormBranch {
     Backend& be = ctx.backend();
     norm_forward(ctx, p, x, "");
     const float* ln = slot(p).ln.data();
-    router_->forward(be, ctx.mode_of(router_name_), {p.BT, C_, E_}, a.logits.data(), ln, ctx.param(router_w_), nullptr);
-    ctx.observe(router_name_, a.logits.data(), {p.B, p.T, E_});
+    float* logits = cp_ ? a.local_logits.data() : a.logits.data();
+    router_->forward(be, ctx.mode_of(router_name_), {p.BT, C_, E_}, logits, ln, ctx.param(router_w_), nullptr);
+    ctx.observe(router_name_, logits, {p.B, p.T, E_});
+    if (cp_) {
+      map_positions(a, p);
+      ctx.plan().gather_positions(logits, a.logits.data(), p.B, T_, E_);
+    }
     be.router_forward(router_shape(p), a.probs.data(), a.experts.data(), a.gates.data(), a.logits.data(),
                       ctx.moe_selection_bias(stats_name_));
     MoeRouting& r = a.routing;
-    r.assign(a.experts.data(), p.BT, K_, p.T, capacity_);
+    r.assign(a.experts.data(), p.B * T_, K_, T_, capacity_, cp_ ? a.local_of.data() : nullptr);
+    if (cp_) take_rows(a, p, a.gates.data(), a.local_gates.data(), K_);
     if (ctx.recording()) record(ctx.moe_stats(stats_), a, p);
     const MoeRowsShape rows{p.BT, r.R, C_, K_};
     be.moe_dispatch(rows, a.xe.data(), ln, r.token_of_row.data());
-    for (int64_t i = 0; i < r.R; ++i) a.row_token[i] = p.token_offset + r.token_of_row[i];
+    for (int64_t i = 0; i < r.R; ++i) a.row_token[i] = p.token_offset + global(a, r.token_of_row[i]);
     // Expert parallelism: the received rows' staging and the held experts' outputs, for this call.
     float* staging = nullptr;
     const ExpertSide side = held_.exchange ? receive_rows(ctx, a, staging) : own_rows(a);
@@ -186,7 +211,7 @@ class Moe final : public PreNormBranch {
     // rank's stream rows of it plus the residual.
     float* y = res(p);
     float* all = sp_ ? a.combined.data() : y;
-    be.moe_combine_forward(rows, all, a.ye.data(), r.rows.data(), a.gates.data());
+    be.moe_combine_forward(rows, all, a.ye.data(), r.rows.data(), gates(a));
     if (shared_) be.residual_forward(p.BT * C_, all, all, a.shared_y.data());
     be.residual_forward(p.RS * C_, y, all + stream_first(p) * C_, x);
     ctx.observe(desc().output, y, {p.RB, p.RT, C_});
@@ -210,6 +235,9 @@ class Moe final : public PreNormBranch {
     float* mean_probs = daux + G * E_;      // (G, E)
     float* dall = mean_probs + G * E_;      // (BT, C): every token's output gradient (sp)
     float* dshared = dall + (sp_ ? p.BT * C_ : 0);  // (BT, C): the shared experts' input gradient
+    // Context parallelism: the whole micro-batch's gate and logit gradients.
+    float* dgates_all = dshared + (shared_ ? p.BT * (shared_F_ + shared_fc_out_ + C_) : 0);  // (B·T, K)
+    float* dlogits_all = dgates_all + p.B * T_ * K_;                                     // (B·T, E)
     const MoeRowsShape rows{p.BT, R, C_, K_};
     if (sp_) {
       ctx.plan().gather_stream(dres, dall, p.BT, C_);
@@ -218,7 +246,7 @@ class Moe final : public PreNormBranch {
     }
     // The shared experts' parameters come last: their gradients first.
     if (shared_) shared_backward(ctx, p, a, dall, dshared);
-    be.moe_combine_backward(rows, dye, dgates, dall, a.ye.data(), r.rows.data(), a.gates.data());
+    be.moe_combine_backward(rows, dye, dgates, dall, a.ye.data(), r.rows.data(), gates(a));
     // The experts' rows: this rank's own, or (expert parallelism) its experts' rows from every
     // peer, their output gradients sent here as the inputs were.
     ExpertSide side{.x = a.xe.data(), .first = r.expert_first.data(), .token = a.row_token.data()};
@@ -243,14 +271,19 @@ class Moe final : public PreNormBranch {
     const RouterShape rs = router_shape(p);
     if (desc().aux_weight > 0) {
       be.moe_aux_loss(rs, desc().aux_weight, p.dloss, aux_loss, daux, mean_probs, a.probs.data(), a.experts.data());
-      if (ctx.recording()) {
+      if (ctx.recording() && first_positions_) {
         MoeLayerStats& s = ctx.moe_stats(stats_);
         for (int64_t g = 0; g < G; ++g) s.aux_loss += aux_loss[g];
         s.sequences += static_cast<double>(G);
       }
     }
-    be.router_backward(rs, dlogits, a.probs.data(), a.experts.data(), a.gates.data(), dgates,
-                       desc().aux_weight > 0 ? daux : nullptr);
+    if (cp_) {
+      std::fill_n(dgates_all, p.B * T_ * K_, 0.0f);
+      for (int64_t i = 0; i < p.BT; ++i) std::copy_n(dgates + i * K_, K_, dgates_all + a.global_of[i] * K_);
+    }
+    be.router_backward(rs, cp_ ? dlogits_all : dlogits, a.probs.data(), a.experts.data(), a.gates.data(),
+                       cp_ ? dgates_all : dgates, desc().aux_weight > 0 ? daux : nullptr);
+    if (cp_) take_rows(a, p, dlogits_all, dlogits, E_);
     router_->backward(be, ctx.mode(), {p.BT, C_, E_}, p.token_offset, dnorm, ctx.sink(router_w_), GradSink{}, dlogits,
                       slot(p).ln.data(), ctx.param(router_w_));
     ctx.grads_ready(p, router_w_);
@@ -266,6 +299,11 @@ class Moe final : public PreNormBranch {
     std::vector<int32_t> experts;
     MoeRouting routing;
     std::vector<int64_t> row_token;  // the global token index of each of this rank's own rows
+    // Context parallelism (logits, probs, gates and experts then hold every position's): the
+    // router's output and the gates of the tokens here, and the maps of map_positions.
+    std::vector<float> local_logits, local_gates;
+    std::vector<int32_t> local_of;
+    std::vector<int64_t> global_of;
     // Expert parallelism: the rows exchanged, and the held experts' input rows.
     ExpertRows exchanged;
     std::vector<float> xr;
@@ -298,11 +336,36 @@ class Moe final : public PreNormBranch {
     return x;
   }
 
+  // The router's work: every position of the micro-batch's sequences.
   RouterShape router_shape(const Pass& p) const {
-    return {.N = p.BT, .E = E_, .K = K_,
+    return {.N = p.B * T_, .E = E_, .K = K_,
             .score = desc().router == RouterKind::kSoftmax ? RouterScore::kSoftmax : RouterScore::kSigmoid,
-            .normalize = desc().normalize_gates, .group = p.T};
+            .normalize = desc().normalize_gates, .group = T_};
   }
+
+  // Context parallelism: the index among the micro-batch's B·T tokens of each token here, and of
+  // each of those its index here (−1: another rank's).
+  void map_positions(Acts& a, const Pass& p) const {
+    std::fill_n(a.local_of.data(), p.B * T_, -1);
+    int64_t i = 0;
+    for (const SeqBlock& k : seq_) {
+      for (int64_t s = 0; s < p.B; ++s) {
+        for (int64_t t = 0; t < k.length; ++t, ++i) {
+          const int64_t g = s * T_ + k.position + t;
+          a.global_of[static_cast<size_t>(i)] = g;
+          a.local_of[static_cast<size_t>(g)] = static_cast<int32_t>(i);
+        }
+      }
+    }
+  }
+  // Token n here among the micro-batch's B·T.
+  int64_t global(const Acts& a, int64_t n) const { return cp_ ? a.global_of[static_cast<size_t>(n)] : n; }
+  // local (p.BT, width) = the rows of whole (B·T, width) of the tokens here.
+  static void take_rows(const Acts& a, const Pass& p, const float* whole, float* local, int64_t width) {
+    for (int64_t i = 0; i < p.BT; ++i) std::copy_n(whole + a.global_of[static_cast<size_t>(i)] * width, width, local + i * width);
+  }
+  // The gates of the tokens here.
+  const float* gates(const Acts& a) const { return cp_ ? a.local_gates.data() : a.gates.data(); }
 
   // What the shared experts' fc reads: the norm's output, or its bf16 copy where fc runs in bf16
   // (the router reads the fp32 one).
@@ -340,7 +403,7 @@ class Moe final : public PreNormBranch {
       s.routed[e] += static_cast<double>(a.routing.routed[e]);
       s.kept[e] += static_cast<double>(a.routing.kept(e));
     }
-    s.add_entropy(a.probs.data(), p.BT, E_);
+    for (int64_t n = 0; n < p.BT; ++n) s.add_entropy(a.probs.data() + global(a, n) * E_, 1, E_);
   }
 
   // This rank's first stream row among the micro-batch's tokens (0 without sequence parallelism).
@@ -428,7 +491,7 @@ class Moe final : public PreNormBranch {
     }
   }
 
-  int64_t E_, K_, F_, fc_out_, capacity_;
+  int64_t E_, K_, T_, F_, fc_out_, capacity_;
   ExpertShard held_;  // the routed experts here
   std::string router_name_;
   const ParamTensor* router_w_;
@@ -437,6 +500,9 @@ class Moe final : public PreNormBranch {
   size_t stats_;
   int64_t shared_F_, shared_fc_out_;  // 0: no shared experts
   bool sp_;                           // the stream holds a share of the tokens (sequence parallelism)
+  std::vector<SeqBlock> seq_;         // the positions here (ModelPlan::sequence)
+  bool cp_;                           // some of them (context parallelism)
+  bool first_positions_;              // position 0 is here: this rank records the sequences' statistics
   std::vector<Expert> experts_;       // the held ones
   std::optional<Expert> shared_;
   SlotActivations<Acts> acts_;
