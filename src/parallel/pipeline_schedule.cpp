@@ -43,6 +43,7 @@ namespace {
 
 std::vector<Pass> gpipe(int64_t m) {
   std::vector<Pass> passes;
+  passes.reserve(static_cast<size_t>(2 * m));
   for (int64_t i = 0; i < m; ++i) passes.push_back({PassKind::kForward, i, 0});
   for (int64_t i = 0; i < m; ++i) passes.push_back({PassKind::kBackward, i, 0});
   return passes;
@@ -62,6 +63,7 @@ std::vector<Pass> one_f_one_b(int64_t p, int64_t m, int64_t v, int64_t rank) {
   const auto b = [&](int64_t k) { return Pass{PassKind::kBackward, micro(k), chunk(k, false)}; };
   const int64_t warmup = std::min(total, v == 1 ? p - rank - 1 : (p - rank - 1) * 2 + (v - 1) * p);
   std::vector<Pass> passes;
+  passes.reserve(static_cast<size_t>(2 * total));
   for (int64_t k = 0; k < warmup; ++k) passes.push_back(f(k));
   for (int64_t k = 0; k < total - warmup; ++k) {
     passes.push_back(f(warmup + k));
@@ -121,7 +123,7 @@ std::vector<std::vector<Pass>> zero_bubble(int64_t p, int64_t m) {
 
 }  // namespace
 
-PipelineSchedule make_schedule(ScheduleKind kind, int64_t pp, int64_t micro, int64_t chunks, const std::string& where) {
+void check_schedule_shape(ScheduleKind kind, int64_t pp, int64_t micro, int64_t chunks, const std::string& where) {
   LS_REQUIRE(pp >= 1, where, ": pp (", pp, ") must be >= 1");
   LS_REQUIRE(micro >= 1, where, ": the micro-batches of a step (", micro, ") must be >= 1");
   if (kind == ScheduleKind::kInterleaved) {
@@ -133,11 +135,16 @@ PipelineSchedule make_schedule(ScheduleKind kind, int64_t pp, int64_t micro, int
     LS_REQUIRE(chunks == 1, where, ": virtual_stages (", chunks, ") > 1 needs schedule = \"interleaved\"; ",
                schedule_name(kind), " runs one chunk a rank");
   }
+}
+
+PipelineSchedule make_schedule(ScheduleKind kind, int64_t pp, int64_t micro, int64_t chunks, const std::string& where) {
+  check_schedule_shape(kind, pp, micro, chunks, where);
   PipelineSchedule s{kind, pp, micro, chunks, {}};
   if (kind == ScheduleKind::kZeroBubble) {
     s.ranks = zero_bubble(pp, micro);
     return s;
   }
+  s.ranks.reserve(static_cast<size_t>(pp));
   for (int64_t r = 0; r < pp; ++r) {
     s.ranks.push_back(kind == ScheduleKind::kGpipe ? gpipe(micro) : one_f_one_b(pp, micro, chunks, r));
   }

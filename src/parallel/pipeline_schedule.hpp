@@ -69,6 +69,8 @@ struct PipelineSchedule {
 // naming `where` when the numbers do not fit: pp, micro, chunks >= 1; chunks > 1 only (and >= 2
 // always) for interleaved, whose micro-batches must be a multiple of pp.
 PipelineSchedule make_schedule(ScheduleKind kind, int64_t pp, int64_t micro, int64_t chunks, const std::string& where);
+// make_schedule's checks alone, without making the table (which runs to pp × 3·micro passes).
+void check_schedule_shape(ScheduleKind kind, int64_t pp, int64_t micro, int64_t chunks, const std::string& where);
 
 // Time of one pass on one stage, in any unit; a full backward costs Bi + W.
 struct PassCosts {

@@ -287,11 +287,7 @@ Problem Planner::problem(const Layout& layout) {
                                    layout.micro_batch)};
   }
   const int64_t micro = split.local_batch / split.local_micro;
-  try {
-    parallel::make_schedule(layout.schedule, layout.pp, micro, layout.chunks, request_.source);
-  } catch (const ConfigError& e) {
-    return {"schedule", e.what()};
-  }
+  if (const std::string& why = schedule_problem(layout, micro); !why.empty()) return {"schedule", why};
   try {
     parallel::check_tp_layout(cfg, layout.tp, layout.sp, layout.micro_batch * T / layout.cp, request_.mode,
                               request_.source);
@@ -306,7 +302,8 @@ Problem Planner::problem(const Layout& layout) {
   return {};
 }
 
-parallel::Timeline Planner::timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs) {
+Planner::PipelineTime Planner::timeline(const Layout& layout, int64_t micro,
+                                        const std::vector<parallel::PassCosts>& costs) {
   std::vector<double> figures;
   for (const parallel::PassCosts& c : costs) {
     figures.insert(figures.end(), {c.forward, c.backward_input, c.backward_weight, c.p2p});
@@ -314,12 +311,25 @@ parallel::Timeline Planner::timeline(const Layout& layout, int64_t micro, const 
   const auto key = std::make_pair(std::make_tuple(static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks),
                                   std::move(figures));
   auto it = timelines_.find(key);
-  if (it == timelines_.end()) {
-    const parallel::PipelineSchedule s =
-        parallel::make_schedule(layout.schedule, layout.pp, micro, layout.chunks, request_.source);
-    it = timelines_.emplace(key, parallel::simulate(s, costs)).first;
+  if (it != timelines_.end()) return it->second;
+  if (!last_table_ || last_table_->first != key.first) {
+    last_table_.emplace(key.first, parallel::make_schedule(layout.schedule, layout.pp, micro, layout.chunks, request_.source));
   }
-  return it->second;
+  const parallel::Timeline t = parallel::simulate(last_table_->second, costs);
+  return timelines_.emplace(key, PipelineTime{t.makespan, t.chunk_slots}).first->second;
+}
+
+const std::string& Planner::schedule_problem(const Layout& layout, int64_t micro) {
+  const ScheduleShape shape{static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks};
+  auto it = schedule_problems_.find(shape);
+  if (it != schedule_problems_.end()) return it->second;
+  std::string why;
+  try {
+    parallel::check_schedule_shape(layout.schedule, layout.pp, micro, layout.chunks, request_.source);
+  } catch (const ConfigError& e) {
+    why = e.what();
+  }
+  return schedule_problems_.emplace(shape, std::move(why)).first->second;
 }
 
 Prediction Planner::predict(const Layout& layout) {
@@ -331,15 +341,16 @@ Prediction Planner::predict(const Layout& layout) {
   const std::vector<RankCost> ranks = rank_costs(layout);
 
   // The mesh's order: tp fastest, then cp, ep, pp, dp. The gradients are reduced over dp × cp, the
-  // replicas; with cp > 1 the trainer runs neither ep nor pp, so they are neighbours tp apart.
-  LS_CHECK(layout.cp == 1 || layout.ep * layout.pp == 1);
+  // replicas; with cp > 1 the trainer runs no pp, so dp and cp ranks are tp · ep apart.
+  LS_CHECK(layout.cp == 1 || layout.pp == 1);
   const int64_t replicas = layout.dp * layout.cp;
   const Link& tp_link = group_link(cluster_, 1, layout.tp);
   const Link& cp_link = group_link(cluster_, layout.tp, layout.cp);
   const Link& ep_link = group_link(cluster_, layout.tp * layout.cp, layout.ep);
   const Link& pp_link = group_link(cluster_, layout.tp * layout.cp * layout.ep, layout.pp);
+  // With cp, a replica group's ranks span the cp and ep ranks between its dp ranks.
   const Link& replica_link = layout.cp == 1 ? group_link(cluster_, layout.tp * layout.ep * layout.pp, layout.dp)
-                                            : group_link(cluster_, layout.tp, replicas);
+                                            : group_link(cluster_, layout.tp, replicas * layout.ep);
   const double reduce = reduction_time(tokens * C * ab, layout.tp, tp_link);
   // Context parallelism, per attention layer: every position's k and v of the micro-batch (fp32)
   // all-gathered, and their gradients reduced.
@@ -384,7 +395,7 @@ Prediction Planner::predict(const Layout& layout) {
   std::vector<int64_t> in_flight(ranks.size(), 1);
   double makespan = busy;
   if (layout.pp > 1) {
-    const parallel::Timeline tl = timeline(layout, micro, by_rank);
+    const PipelineTime tl = timeline(layout, micro, by_rank);
     makespan = tl.makespan;
     in_flight = tl.chunk_slots;  // the trainer's activation sets: each chunk its own peak
   }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -65,7 +66,15 @@ class Planner {
   struct RankCost;
   std::vector<RankCost> rank_costs(const Layout& layout);
   const std::vector<std::vector<size_t>>& rank_layers(int64_t pp, int64_t chunks);
-  parallel::Timeline timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs);
+  // What a prediction reads of a pipeline's timeline.
+  struct PipelineTime {
+    double makespan = 0;
+    std::vector<int64_t> chunk_slots;  // parallel::Timeline's
+  };
+  PipelineTime timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs);
+  // make_schedule's error for a layout's schedule with `micro` micro-batches ("" where it fits),
+  // once per shape.
+  const std::string& schedule_problem(const Layout& layout, int64_t micro);
 
   // Seconds of a micro-batch's forward and backward through one rank's layers, and the
   // recomputed forwards its backward runs first.
@@ -93,8 +102,12 @@ class Planner {
   double model_forward_flops_ = 0;  // per token, every layer's
   double head_flops_ = 0;  // a tied head's product per token (declared with the embedding)
   std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<size_t>>> layers_;
-  // By schedule, pp, micro-batches, chunks and every rank's pass costs.
-  std::map<std::pair<std::tuple<int, int64_t, int64_t, int64_t>, std::vector<double>>, parallel::Timeline> timelines_;
+  // By schedule, pp, micro-batches and chunks (and every rank's pass costs). Tables run to pp × 3m
+  // passes, so only the last one made is kept: the search predicts a shape's layouts in runs.
+  using ScheduleShape = std::tuple<int, int64_t, int64_t, int64_t>;
+  std::map<ScheduleShape, std::string> schedule_problems_;
+  std::optional<std::pair<ScheduleShape, parallel::PipelineSchedule>> last_table_;
+  std::map<std::pair<ScheduleShape, std::vector<double>>, PipelineTime> timelines_;
 };
 
 }  // namespace lockstep::plan

@@ -12,7 +12,7 @@
 #  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 and on one process bitwise;
 #  - verified collectives cover the cp group: a clean run has no finding, a flipped bit in a k/v
 #    gather is found and named;
-#  - canonical dumps of cp2 and cp2 x dp2 runs are bitwise the one process's, tensor by tensor;
+#  - canonical dumps of cp2, cp2 x dp2 and MoE cp2 runs are bitwise the one process's, tensor by tensor;
 #  - fast mode: cp2 x dp2, cp2 x tp2 and MoE cp2 dump every tensor of 2 steps (of 2 sequences) as global tensors, and
 #    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
 #  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with pipeline
@@ -107,6 +107,10 @@ for layout in "2 cp2 --parallel.cp=2" "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2
   grep -Eq "^diff dump_single dump_$name \(mode exact\): agree \([0-9]+ tensors\)" "dump_$name.txt" \
     || fail "$name dump diff: $(head -2 "dump_$name.txt")"
 done
+run --train.stop_after=1 --dump.dir=dump_moe "${moe[@]}" > dump_moe.log 2>&1 || fail "MoE dump: $(tail -3 dump_moe.log)"
+mpi 2 --train.stop_after=1 --dump.dir=dump_cp2_moe --parallel.cp=2 "${moe[@]}" > dump_cp2_moe.log 2>&1 ||
+  fail "cp2 MoE dump: $(tail -3 dump_cp2_moe.log)"
+"$LOCKSTEP" diff dump_moe dump_cp2_moe > dump_cp2_moe.txt || fail "cp2 MoE dump differs: $(head -3 dump_cp2_moe.txt)"
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
 fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- \

@@ -315,7 +315,8 @@ TEST(PlanCostModel, ContextParallelismRunsWhereTheTrainerRunsIt) {
   m.moe_experts = 8;
   moe.model = describe_model(m);
   Planner moe_planner(moe, c);
-  refused(moe_planner, {.dp = 8, .cp = 8}, "MoE layers");
+  EXPECT_EQ(moe_planner.problem({.dp = 4, .cp = 8, .ep = 2}).kind, "");  // MoE layers run under cp, with ep too
+  EXPECT_GT(moe_planner.predict({.dp = 4, .cp = 8, .ep = 2}).time.cp_comm, 0);
 }
 
 // A profile with every pass of a shape at the given seconds (no recomputation: as given; with
