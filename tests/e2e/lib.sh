@@ -61,6 +61,13 @@ write_tp_config() {
   printf '[parallel]\ntimeout_s = 60\n' >> cfg.toml
 }
 
+# The pipeline scripts' model: write_tp_config 384 128 with four blocks (11 layers, enough for pp4 x
+# 2 virtual stages) and an evaluation every 10 steps.
+write_pipeline_config() {
+  write_tp_config 384 128
+  sed -i -e 's/^n_layers = .*/n_layers = 4/' -e 's/^every = 0$/every = 10/' cfg.toml
+}
+
 # expect_error "regex" command...: the command must exit with status 2 and print one line
 # `error: ...` matching the regex on stderr.
 expect_error() {

@@ -9,9 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
-write_tp_config 384 128
-# Four blocks: 11 layers. Evaluation every 10 steps.
-sed -i -e 's/^n_layers = .*/n_layers = 4/' -e 's/^every = 0$/every = 10/' cfg.toml
+write_pipeline_config
 train=("$LOCKSTEP" train --config cfg.toml --train.threads=1 --train.steps=20 --train.micro_batch_size=1)
 two=("$LOCKSTEP" train --config cfg.toml --train.threads=1 --train.steps=2 --train.micro_batch_size=1)
 run() { "${two[@]}" "$@"; }
