@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "src/model/layer.hpp"
 #include "src/parallel/pipeline_schedule.hpp"
@@ -17,6 +18,11 @@ namespace lockstep::plan {
 inline constexpr int64_t kSearchedMicroBatches[] = {1, 2, 4, 8, 16};
 // The stages a pipeline rank holds in the searched interleaved layouts (Megatron-LM's usual two).
 inline constexpr int64_t kSearchedChunks = 2;
+// The pipeline schedules the search tries, with the stages a rank holds in each.
+inline constexpr std::pair<parallel::ScheduleKind, int64_t> kSearchedSchedules[] = {
+    {parallel::ScheduleKind::kOneFOneB, 1},
+    {parallel::ScheduleKind::kZeroBubble, 1},
+    {parallel::ScheduleKind::kInterleaved, kSearchedChunks}};
 
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;

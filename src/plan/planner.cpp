@@ -29,6 +29,9 @@ struct Planner::RankCost {
   // and the bytes of that gather (bf16 for the matrices of a bf16 run, as the trainer sends them).
   std::vector<double> layer_params, layer_gather_bytes;
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
+  // A split backward's (zb) copies of the linears' output gradients, kept from Bi until W: fp32,
+  // the stream's and the branch's of each attention and MLP sub-layer.
+  double deferred_bytes = 0;
   double rebuilt_bytes = 0;  // the largest recomputed layer's, rebuilt one at a time
   // The backward's buffers, one micro-batch's: the scratch the layers share (the largest layer's
   // need, as attention.cpp and mlp.cpp size it) and the stream's gradient between layers (two).
@@ -156,6 +159,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           inside = C + qkv + probs + heads_out;  // the norm's output whole (gathered under sp)
           scratch = C * stream + qkv + heads_out + probs;
           recomputed = layout.recompute != Recompute::kNone;
+          r.deferred_bytes += 4 * (C * stream + qkv);
           ++r.attention_layers;
           if (recomputed) ++r.recomputed_attention;
           if (layout.cp == 1) break;
@@ -176,6 +180,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           inside = C + fc_out + static_cast<double>(m.F) / t;
           scratch = C * stream + fc_out + static_cast<double>(m.F) / t;
           recomputed = layout.recompute == Recompute::kFull;
+          r.deferred_bytes += 4 * (C * stream + fc_out);
           break;
         case LayerKind::kFinalNorm:
           input = C * stream;
@@ -448,7 +453,9 @@ Prediction Planner::predict(const Layout& layout) {
     }
     m.optimizer = r.params * 8 / (layout.zero >= 1 ? shards : 1);
     const double in_flight_tokens = static_cast<double>(in_flight[i]) * tokens / static_cast<double>(layout.chunks);
-    m.activations = in_flight_tokens * r.kept_bytes + (r.rebuilt_bytes + r.scratch_bytes) * tokens +
+    const bool split = layout.pp > 1 && layout.schedule == parallel::ScheduleKind::kZeroBubble;
+    m.activations = in_flight_tokens * (r.kept_bytes + (split ? r.deferred_bytes : 0)) +
+                    (r.rebuilt_bytes + r.scratch_bytes) * tokens +
                     (r.cp_held_bytes + r.cp_reduce_bytes) * static_cast<double>(layout.micro_batch) * T;
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
@@ -535,9 +542,10 @@ SearchResult Planner::search() {
               for (bool sp : {false, true}) {
                 if (sp && tp == 1) continue;
                 for (Recompute rc : kRecomputes) {
-                  // A pipeline runs 1F1B, or interleaved with each rank holding kSearchedChunks stages.
-                  for (int64_t chunks : {int64_t{1}, kSearchedChunks}) {
-                    if (chunks > 1 && pp == 1) continue;
+                  // A pipeline runs 1F1B, zero-bubble, or interleaved with each rank holding
+                  // kSearchedChunks stages.
+                  for (const auto& [schedule, chunks] : kSearchedSchedules) {
+                    if (pp == 1 && schedule != parallel::ScheduleKind::kOneFOneB) continue;
                     const Layout l{.dp = N / (tp * pp * ep * cp),
                                    .tp = tp,
                                    .pp = pp,
@@ -548,8 +556,7 @@ SearchResult Planner::search() {
                                    .zero = zero,
                                    .sp = sp,
                                    .recompute = rc,
-                                   .schedule = chunks > 1 ? parallel::ScheduleKind::kInterleaved
-                                                          : parallel::ScheduleKind::kOneFOneB};
+                                   .schedule = schedule};
                     ++out.considered;
                     if (Problem why = problem(l); !why.empty()) {
                       reject(l, why);

@@ -7,8 +7,8 @@
 // pp any divisor that leaves each stage a layer, cp a power of two, ep a divisor of a MoE model's
 // routed experts (1 for a dense one); micro-batches of 1, 2, 4, 8 or 16 sequences that divide
 // a replica's share of the batch; zero 0 to 3; sequence parallelism off and on (tp > 1); no,
-// selective or full recomputation; 1F1B across stages, or interleaved with two stages a rank (the
-// zero-bubble schedule is not searched; --explain and --validate take it). What the trainer
+// selective or full recomputation; 1F1B, zero-bubble or interleaved with two stages a rank across
+// stages (kSearchedSchedules). What the trainer
 // refuses — zero-bubble with recompute or fp8, ZeRO-3 with pipelining or fp8, and cp with
 // pipelining, fp8 or a sequence that 2·cp blocks of 64-position chunks do not tile — is a
 // problem: --explain names it. A layout the trainer refuses, or that does not fit in the GPU's HBM, is rejected with the
