@@ -83,6 +83,19 @@ class PreNormBranch : public Layer {
 };
 
 class ResidualBranch : public PreNormBranch {
+ public:
+  // The two linears' weight gradients from the slot's kept output gradients, out's first (backward
+  // order).
+  void backward_weight(LayerContext& ctx, const Pass& p, const float*) override {
+    const Deferred& d = deferred_[static_cast<size_t>(p.slot)];
+    out_->backward(ctx.backend(), ctx.mode(), {p.BT, d.branch_features, C_}, p.token_offset, nullptr, ctx.sink(out_w_),
+                   ctx.sink(out_b_), d.dout.data(), d.branch, ctx.linear_weight(out_w_, out_linear_));
+    ctx.grads_ready(p, out_w_, out_b_);
+    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, d.in_features}, p.token_offset, nullptr, ctx.sink(in_w_),
+                  ctx.sink(in_b_), d.din.data(), slot(p).ln.data(), ctx.linear_weight(in_w_, in_linear_));
+    ctx.grads_ready(p, in_w_, in_b_);
+  }
+
  protected:
   // norm, in and out: the local names of the norm ("ln1") and of the two linears ("attn/qkv");
   // in_features: in's outputs here.
@@ -104,19 +117,6 @@ class ResidualBranch : public PreNormBranch {
       d.din.resize(static_cast<size_t>(b.max_tokens * in_features));
     }
   }
-
- public:
-  void backward_weight(LayerContext& ctx, const Pass& p, const float*) override {
-    const Deferred& d = deferred_[static_cast<size_t>(p.slot)];
-    out_->backward(ctx.backend(), ctx.mode(), {p.BT, d.branch_features, C_}, p.token_offset, nullptr, ctx.sink(out_w_),
-                   ctx.sink(out_b_), d.dout.data(), d.branch, ctx.linear_weight(out_w_, out_linear_));
-    ctx.grads_ready(p, out_w_, out_b_);
-    in_->backward(ctx.backend(), ctx.mode(), {p.BT, C_, d.in_features}, p.token_offset, nullptr, ctx.sink(in_w_),
-                  ctx.sink(in_b_), d.din.data(), slot(p).ln.data(), ctx.linear_weight(in_w_, in_linear_));
-    ctx.grads_ready(p, in_w_, in_b_);
-  }
-
- protected:
 
   void norm_forward(LayerContext& ctx, const Pass& p, const float* x) { PreNormBranch::norm_forward(ctx, p, x, in_linear_); }
   // res = x + out(branch) (branch: K features of every token), shown under the layer's output name.
