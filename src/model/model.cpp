@@ -460,17 +460,20 @@ const float* Model::stage_output(int64_t mb, size_t chunk) const {
 
 void Model::run_forward(Chunk& c, Slot& s) {
   ctx_.refresh_weight_copies();
-  const float* in = c.range.first > 0 ? s.stage_input.data() : nullptr;
   for (size_t i = c.layer_begin; i < c.layer_end; ++i) {
     ctx_.gather_layer(i, i + 1 < c.layer_end ? i + 1 : SIZE_MAX);
-    layers_[i]->forward(ctx_, s.pass, in);
-    in = layers_[i]->output(s.pass.slot);
+    layers_[i]->forward(ctx_, s.pass, layer_input(c, s, i));
   }
 }
 
 void Model::forward(int64_t mb, const MicroBatch& batch, size_t chunk) {
   Chunk& c = chunks_.at(chunk);
   run_forward(c, acquire(c, mb, batch));
+}
+
+const float* Model::layer_input(const Chunk& c, const Slot& s, size_t i) const {
+  if (i > c.layer_begin) return layers_[i - 1]->output(s.pass.slot);
+  return c.range.first > 0 ? s.stage_input.data() : nullptr;
 }
 
 void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last_micro, size_t chunk) {
@@ -484,8 +487,7 @@ void Model::backward(int64_t mb, float dloss, ChunkCombiner& loss_sum, bool last
   float* dout = has_loss ? nullptr : stream_grad_[0].data();
   for (size_t i = c.layer_end; i-- > c.layer_begin;) {
     Layer& layer = *layers_[i];
-    const float* in = i > c.layer_begin ? layers_[i - 1]->output(p.slot)
-                                        : (c.range.first > 0 ? s.stage_input.data() : nullptr);
+    const float* in = layer_input(c, s, i);
     // The next pass after the first layer's backward is most often the next micro-batch's forward.
     ctx_.gather_layer(i, i > c.layer_begin ? i - 1 : c.layer_begin);
     if (ctx_.recomputed(layer.desc().kind)) {
@@ -513,8 +515,7 @@ void Model::backward_weight(int64_t mb, bool last_micro, size_t chunk) {
   Pass& p = s.pass;
   p.last_micro = last_micro;
   for (size_t i = c.layer_end; i-- > c.layer_begin;) {
-    const float* in = i > c.layer_begin ? layers_[i - 1]->output(p.slot)
-                                        : (c.range.first > 0 ? s.stage_input.data() : nullptr);
+    const float* in = layer_input(c, s, i);
     layers_[i]->backward_weight(ctx_, p, in);
   }
   s.mb = -1;

@@ -262,6 +262,9 @@ class Model {
   Slot& find(Chunk& c, int64_t mb);
   const Slot& find(const Chunk& c, int64_t mb) const;
   void run_forward(Chunk& c, Slot& s);
+  // Layer i's input in chunk c for the micro-batch in slot s: the previous layer's output, the
+  // chunk's stage input, or nothing (the embedding reads tokens).
+  const float* layer_input(const Chunk& c, const Slot& s, size_t i) const;
 
   ModelDesc desc_;
   ModelOptions options_;

@@ -55,6 +55,17 @@ struct SeqBlock {
   int64_t position = 0, length = 0;
 };
 int64_t seq_tokens(std::span<const SeqBlock> blocks);  // Σ lengths
+// f(i, s, position) for each token of B sequences at the positions `seq`, in that order: i its
+// index among them, s its sequence, position its position in the whole sequence.
+template <class F>
+void for_each_token(std::span<const SeqBlock> seq, int64_t B, F&& f) {
+  int64_t i = 0;
+  for (const SeqBlock& k : seq) {
+    for (int64_t s = 0; s < B; ++s) {
+      for (int64_t t = 0; t < k.length; ++t, ++i) f(i, s, k.position + t);
+    }
+  }
+}
 
 // The embedding kernels over B sequences' tokens at the positions `seq` (the tensor-parallel
 // plan's vocabulary shard in `s`, whose T is ignored): each block a call of its own, with the

@@ -102,21 +102,16 @@ class ContextParallelAttention final : public AttentionOp {
     const float scale = attention_scale(s.HS);
     const float* dk = b_.summed.data();
     const float* dv = dk + n / 2;
-    row = 0;
-    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
-      for (int64_t b = 0; b < s.B; ++b) {
-        for (int64_t t = 0; t < k.length; ++t, ++row) {
-          float* r = dqkv + row * W;
-          for (int64_t g = 0; g < s.NKV; ++g) {
-            const int64_t at = ((b * s.NKV + g) * s.T + k.position + t) * s.HS;
-            for (int64_t d = 0; d < s.HS; ++d) {
-              r[(s.NH + g) * s.HS + d] = dk[at + d] * scale;
-              r[(s.NH + s.NKV + g) * s.HS + d] = dv[at + d];
-            }
-          }
+    for_each_token(blocks(s.T, cp_.rank()), s.B, [&](int64_t i, int64_t b, int64_t position) {
+      float* r = dqkv + i * W;
+      for (int64_t g = 0; g < s.NKV; ++g) {
+        const int64_t at = ((b * s.NKV + g) * s.T + position) * s.HS;
+        for (int64_t d = 0; d < s.HS; ++d) {
+          r[(s.NH + g) * s.HS + d] = dk[at + d] * scale;
+          r[(s.NH + s.NKV + g) * s.HS + d] = dv[at + d];
         }
       }
-    }
+    });
   }
 
  private:
@@ -134,18 +129,13 @@ class ContextParallelAttention final : public AttentionOp {
     cp_.all_gather(b_.send.data(), b_.recv.data(), local * KV, DType::kF32);
     for (int r = 0; r < cp_.size(); ++r) {
       const float* from = b_.recv.data() + r * local * KV;
-      for (const SeqBlock& k : blocks(s.T, r)) {
-        for (int64_t b = 0; b < s.B; ++b) {
-          for (int64_t t = 0; t < k.length; ++t, from += KV) std::copy_n(from, KV, all + (b * s.T + k.position + t) * W + Q);
-        }
-      }
+      for_each_token(blocks(s.T, r), s.B, [&](int64_t i, int64_t b, int64_t position) {
+        std::copy_n(from + i * KV, KV, all + (b * s.T + position) * W + Q);
+      });
     }
-    int64_t i = 0;
-    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
-      for (int64_t b = 0; b < s.B; ++b) {
-        for (int64_t t = 0; t < k.length; ++t, ++i) std::copy_n(qkv + i * W, Q, all + (b * s.T + k.position + t) * W);
-      }
-    }
+    for_each_token(blocks(s.T, cp_.rank()), s.B, [&](int64_t i, int64_t b, int64_t position) {
+      std::copy_n(qkv + i * W, Q, all + (b * s.T + position) * W);
+    });
     return all;
   }
 
@@ -191,11 +181,9 @@ void ContextParallelPlan::gather_positions(const float* local, float* whole, int
   cp_.all_gather(local, b.recv.data(), n, DType::kF32);
   for (int r = 0; r < cp_.size(); ++r) {
     const float* from = b.recv.data() + r * n;
-    for (const SeqBlock& k : b.blocks_of(T, cp_.size(), r)) {
-      for (int64_t s = 0; s < B; ++s, from += k.length * width) {
-        std::copy_n(from, k.length * width, whole + (s * T + k.position) * width);
-      }
-    }
+    for_each_token(b.blocks_of(T, cp_.size(), r), B, [&](int64_t i, int64_t s, int64_t position) {
+      std::copy_n(from + i * width, width, whole + (s * T + position) * width);
+    });
   }
 }
 

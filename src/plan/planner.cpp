@@ -313,8 +313,7 @@ Planner::PipelineTime Planner::timeline(const Layout& layout, int64_t micro,
   for (const parallel::PassCosts& c : costs) {
     figures.insert(figures.end(), {c.forward, c.backward_input, c.backward_weight, c.p2p});
   }
-  const auto key = std::make_pair(std::make_tuple(static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks),
-                                  std::move(figures));
+  const auto key = std::make_pair(schedule_shape(layout, micro), std::move(figures));
   auto it = timelines_.find(key);
   if (it != timelines_.end()) return it->second;
   if (!last_table_ || last_table_->first != key.first) {
@@ -325,7 +324,7 @@ Planner::PipelineTime Planner::timeline(const Layout& layout, int64_t micro,
 }
 
 const std::string& Planner::schedule_problem(const Layout& layout, int64_t micro) {
-  const ScheduleShape shape{static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks};
+  const ScheduleShape shape = schedule_shape(layout, micro);
   auto it = schedule_problems_.find(shape);
   if (it != schedule_problems_.end()) return it->second;
   std::string why;

@@ -105,6 +105,9 @@ class Planner {
   // By schedule, pp, micro-batches and chunks (and every rank's pass costs). Tables run to pp × 3m
   // passes, so only the last one made is kept: the search predicts a shape's layouts in runs.
   using ScheduleShape = std::tuple<int, int64_t, int64_t, int64_t>;
+  static ScheduleShape schedule_shape(const Layout& layout, int64_t micro) {
+    return {static_cast<int>(layout.schedule), layout.pp, micro, layout.chunks};
+  }
   std::map<ScheduleShape, std::string> schedule_problems_;
   std::optional<std::pair<ScheduleShape, parallel::PipelineSchedule>> last_table_;
   std::map<std::pair<ScheduleShape, std::vector<double>>, PipelineTime> timelines_;

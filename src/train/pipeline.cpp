@@ -192,8 +192,8 @@ Pipeline plan_pipeline(const RunConfig& cfg, int64_t rank, int64_t pp, int64_t m
       plan_stages(desc, schedule.stages(), cfg.parallel.stage_layers, src + ": [parallel]");
   out.stages = stages;
   out.passes = schedule.ranks[static_cast<size_t>(rank)];
-  // Each chunk's slots: the most of its micro-batches between their forward and their backward.
   out.split_backward = kind == parallel::ScheduleKind::kZeroBubble;
+  // Each chunk's slots: the most of its micro-batches whose activations it holds at once.
   const std::vector<int64_t> peaks = parallel::chunk_peaks(out.passes, schedule.chunks);
   out.chunks.clear();
   for (size_t c = 0; c < peaks.size(); ++c) {
@@ -269,7 +269,6 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
       if (stage + 1 < stages) send(model.stage_output(pass.micro, chunk), stage + 1, activation_tag(stage + 1));
     } else if (pass.kind == PassKind::kBackwardWeight) {
       timed([&] { model.backward_weight(pass.micro, i == last_weight[chunk], chunk); });
-      if (last && tied && i == final_weight) send_tied_grad(model, pp);
     } else {
       if (stage + 1 < stages) {
         pp.recv(model.stage_output_grad(), floats, DType::kF32, stage_rank(stage + 1, p), gradient_tag(stage));
@@ -278,8 +277,8 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
       if (first && tied && i == final_input) receive_tied_grad(model, pp, model.param("wte").numel);
       timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_input[chunk], chunk); });
       if (stage > 0) send(model.stage_input_grad(), stage - 1, gradient_tag(stage - 1));
-      if (last && tied && i == final_weight) send_tied_grad(model, pp);
     }
+    if (last && tied && i == final_weight) send_tied_grad(model, pp);
   }
   for (comm::Handle& h : sends) h.wait();
   times.total_s = std::chrono::duration<double>(Clock::now() - started).count();

@@ -115,7 +115,6 @@ mpi 2 --train.stop_after=1 --dump.dir=dump_cp2_moe --parallel.cp=2 "${moe[@]}" >
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
 fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- \
   "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2"
-rm -rf fast_single ck_fast
 fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 "${moe[@]}" -- "2 cp2_moe --parallel.cp=2"
 
 expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a multiple of 2 x cp x 64 = 512" \

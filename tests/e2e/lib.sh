@@ -137,6 +137,7 @@ fast_within_bounds() {
   while [ "$1" != "--" ]; do extra+=("$1"); shift; done
   shift
   local fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1 "${extra[@]}") layout np name flags
+  rm -rf ck_fast fast_single  # a second call's single run starts afresh
   run "${fast[@]}" --checkpoint.dir=ck_fast --dump.dir=fast_single > fast_single.log 2>&1 \
     || fail "fast single: $(tail -5 fast_single.log)"
   for layout in "$@"; do

@@ -347,16 +347,11 @@ class Moe final : public PreNormBranch {
   // each of those its index here (−1: another rank's).
   void map_positions(Acts& a, const Pass& p) const {
     std::fill_n(a.local_of.data(), p.B * T_, -1);
-    int64_t i = 0;
-    for (const SeqBlock& k : seq_) {
-      for (int64_t s = 0; s < p.B; ++s) {
-        for (int64_t t = 0; t < k.length; ++t, ++i) {
-          const int64_t g = s * T_ + k.position + t;
-          a.global_of[static_cast<size_t>(i)] = g;
-          a.local_of[static_cast<size_t>(g)] = static_cast<int32_t>(i);
-        }
-      }
-    }
+    for_each_token(seq_, p.B, [&](int64_t i, int64_t s, int64_t position) {
+      const int64_t g = s * T_ + position;
+      a.global_of[static_cast<size_t>(i)] = g;
+      a.local_of[static_cast<size_t>(g)] = static_cast<int32_t>(i);
+    });
   }
   // Token n here among the micro-batch's B·T.
   int64_t global(const Acts& a, int64_t n) const { return cp_ ? a.global_of[static_cast<size_t>(n)] : n; }
