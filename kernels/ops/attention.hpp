@@ -28,6 +28,30 @@
 // never spans two blocks), and the call adds its chunk partials to exact sums, which the caller
 // combines over the blocks (the ranks) and rounds once; dk is left unscaled there, the caller
 // multiplying by scale after rounding, as the whole op does. Fast mode gives fp32 partial sums.
+//
+// Blockwise (context parallelism's ring of key/value blocks): the _blocks ops compute the same
+// query rows without the (rows, T) probabilities, against one block of keys at a time, in passes
+// over every block the rows see; per (b, h, row) the caller keeps the statistics of the online
+// softmax, BlockSoftmax, between calls and passes. Blocks may come in any order.
+//   forward, canonical:  kMax     m = max of the block's scores (the running max; -inf first)
+//                        kSum     Z's chunk partials of e = exp(s − m) into `exact`
+//                        end      Z rounded once into `denom`
+//                        kValues  out's chunk partials of (e / Z)·v into `exact`
+//                        end      out rounded once
+//   forward, fast:       kMax, then kSum: denom += Σ e and sums += Σ e·v (fp32); end: out = sums / denom
+//   backward, canonical: kDelta   att recomputed from (m, Z): the same bits as the forward's;
+//                                 datt = dout·v as above; D's chunk partials of att·datt into `exact`
+//                        end      D rounded once into `delta`
+//                        kGrads   ds = att·(datt − D); dq's chunk partials of ds·k into `exact`, and
+//                                 the block's dk, dv chunk partials into KeyGrads, as the _rows op
+//                        end      dq rounded once, then · scale
+//   backward, fast:      the same passes with fp32 sums in `delta` and `sums`.
+// Every chunk of a chain is the contract's (keys, rows, T multiples of 64), and exact sums do not
+// depend on the order of their partials: the canonical results are the _rows op's bits, for any
+// cut of the keys into blocks and any order of the blocks. The row max is the same value in any
+// order but for the sign of a zero maximum, which no e = exp(s − m) can see. Fast mode: the
+// blocks' sums in any order; out's division after the sum instead of before each term is within
+// the same bound (Σ|e·v|/Z, one more rounding per term either way).
 #pragma once
 
 #include <cmath>
@@ -58,6 +82,31 @@ struct KeyGrads {
   float* partial = nullptr;
 };
 
+// A blockwise pass (the header's "Blockwise").
+enum class BlockPass : uint8_t { kMax, kSum, kValues, kDelta, kGrads };
+
+// The statistics of the query rows a _blocks call computes, kept by the caller across its calls:
+// max, denom and delta (B, NH, rows); canonical mode's exact sums (Z and D at element (b, h, row),
+// out and dq at ((b, h, row), d)) and fast mode's fp32 sums (B, NH, rows, HS), zero before a
+// pass's first call (an end call leaves them zero). max starts at -inf; fast mode's denom and delta
+// are running sums, zero before kSum and kDelta.
+struct BlockSoftmax {
+  float* max = nullptr;
+  float* denom = nullptr;
+  float* delta = nullptr;
+  ExactAccumulator* exact = nullptr;
+  float* sums = nullptr;
+};
+
+// A _blocks call's key/value block: keys [first, first + count) of each sequence, rows
+// (B, count, 2·NKV·HS) laid out [k: NKV heads | v: NKV heads], and where its gradients go: [dk | dv],
+// each (B, NKV, count, HS), from element `at` of the KeyGrads.
+struct KeyBlock {
+  int64_t first = 0, count = 0;
+  const float* kv = nullptr;
+  int64_t at = 0;
+};
+
 }  // namespace lockstep
 
 namespace lockstep::cpu {
@@ -85,5 +134,16 @@ void attention_backward_rows(Mode mode, AttentionShape s, QueryRows rows,
                              float* scratch,                      // (B, NH, rows, T) workspace
                              const float* dout,                   // (B, rows, NH*HS)
                              const float* qkv, const float* att);
+
+// Blockwise: one pass (kMax, kSum, kValues forward; kDelta, kGrads backward) over one key block.
+// q holds the rows' [q | k | v] (B, rows, (NH+2NKV)*HS) — only q is read; dout (B, rows, NH*HS).
+void attention_blocks_forward(Mode mode, AttentionShape s, BlockPass pass, QueryRows rows, KeyBlock keys,
+                              BlockSoftmax stats, const float* q);
+void attention_blocks_backward(Mode mode, AttentionShape s, BlockPass pass, QueryRows rows, KeyBlock keys,
+                               BlockSoftmax stats, KeyGrads grads, const float* dout, const float* q);
+// The end of a pass over every block: kSum, kValues (forward: out (B, rows, NH*HS) when it is
+// complete), kDelta, kGrads (backward: dq's q columns of (B, rows, (NH+2NKV)*HS)).
+void attention_blocks_end(Mode mode, AttentionShape s, BlockPass pass, QueryRows rows, BlockSoftmax stats,
+                          float* out);
 
 }  // namespace lockstep::cpu

@@ -114,6 +114,12 @@ class EmbeddingOp {
 class AttentionOp {
  public:
   virtual ~AttentionOp() = default;
+  // What the forward keeps for the backward (the layer's attn/att activation) and the backward's
+  // workspace, in floats per query token: the probabilities, NH·T, both by default.
+  // keeps_probabilities(): whether what is kept is attn/att itself (observed, dumped).
+  virtual int64_t kept_floats(const LayerDims& m) const { return m.NH * m.T; }
+  virtual int64_t scratch_floats(const LayerDims& m) const { return m.NH * m.T; }
+  virtual bool keeps_probabilities() const { return true; }
   virtual void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) = 0;
   virtual void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float* scratch, const float* dout,
                         const float* qkv, const float* att) = 0;

@@ -2,6 +2,8 @@
 #include "src/parallel/context_parallel.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
@@ -25,6 +27,14 @@ void check_cp_layout(const ModelConfig& model, int64_t cp, const CpRun& run, con
   not_yet(run.sp_dump, "dumps under sequence parallelism ([dump] dir with [parallel] sp)");
   not_yet(run.reference, "the reference check ([verify] reference_every)");
 }
+
+CpComm parse_cp_comm(const std::string& name, const std::string& source) {
+  if (name == "all_gather") return CpComm::kAllGather;
+  LS_REQUIRE(name == "p2p", source, ": [parallel] cp_comm must be \"all_gather\" or \"p2p\" (got \"", name, "\")");
+  return CpComm::kP2p;
+}
+
+const char* cp_comm_name(CpComm c) { return c == CpComm::kP2p ? "p2p" : "all_gather"; }
 
 std::vector<SeqBlock> zigzag_blocks(int64_t T, int64_t cp, int64_t rank) {
   const int64_t c = T / (2 * cp);
@@ -61,6 +71,13 @@ struct CpBuffers {
   ExactAccumulator exact;
   ShardPlan shards;
   std::vector<int64_t> counts, displs;
+  // The ring's: every rank's k and v by rank, and each query block's running sums.
+  std::vector<float> ring;
+  struct QuerySums {
+    std::vector<float> delta, sums;
+    ExactAccumulator exact;
+  };
+  QuerySums query_sums[2];
 };
 
 namespace {
@@ -163,14 +180,201 @@ class ContextParallelAttention final : public AttentionOp {
   CpBuffers& b_;
 };
 
+// The ring ([parallel] cp_comm = "p2p", context_parallel.hpp): the blockwise attention over every
+// rank's key blocks, which travel around the cp ranks.
+class RingAttention final : public AttentionOp {
+ public:
+  RingAttention(comm::Communicator& cp, CpBuffers& buffers) : cp_(cp), b_(buffers) {}
+
+  int64_t kept_floats(const LayerDims& m) const override { return 2 * m.NH; }  // max and Z a head
+  int64_t scratch_floats(const LayerDims&) const override { return 0; }
+  bool keeps_probabilities() const override { return false; }
+
+  void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) override {
+    const std::vector<Queries> qs = queries(s, mode, att, qkv, nullptr);
+    for (const Queries& q : qs) {
+      std::fill_n(q.stats.max, q.n, -INFINITY);
+      std::fill_n(q.stats.denom, q.n, 0.0f);
+    }
+    ring(s, qkv, [&](const KeyBlock& k) {
+      for (const Queries& q : qs) {
+        if (sees(q, k)) be.attention_blocks_forward(mode, s, BlockPass::kMax, q.rows, k, q.stats, q.q);
+      }
+    });
+    const std::vector<BlockPass> passes = mode == Mode::kCanonical ? std::vector{BlockPass::kSum, BlockPass::kValues}
+                                                                   : std::vector{BlockPass::kSum};
+    for (BlockPass pass : passes) {
+      every_block(s, [&](const KeyBlock& k) {
+        for (const Queries& q : qs) {
+          if (sees(q, k)) be.attention_blocks_forward(mode, s, pass, q.rows, k, q.stats, q.q);
+        }
+      });
+      for (const Queries& q : qs) be.attention_blocks_end(mode, s, pass, q.rows, q.stats, out + q.row * s.NH * s.HS);
+    }
+  }
+
+  void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float*, const float* dout, const float* qkv,
+                const float* att) override {
+    const std::vector<Queries> qs = queries(s, mode, const_cast<float*>(att), qkv, dout);
+    for (const Queries& q : qs) std::fill_n(q.stats.delta, q.n, 0.0f);
+    const int64_t n = 2 * s.B * s.NKV * s.T * s.HS;
+    KeyGrads grads;
+    if (mode == Mode::kCanonical) {
+      if (static_cast<int64_t>(b_.exact.size()) != n) b_.exact.reset(static_cast<size_t>(n));
+      b_.exact.zero();
+      grads.exact = &b_.exact;
+    } else {
+      b_.partial.assign(static_cast<size_t>(n), 0.0f);
+      grads.partial = b_.partial.data();
+    }
+    ring(s, qkv, [&](const KeyBlock& k) {
+      for (const Queries& q : qs) {
+        if (sees(q, k)) be.attention_blocks_backward(mode, s, BlockPass::kDelta, q.rows, k, q.stats, grads, q.dout, q.q);
+      }
+    });
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS;
+    for (const Queries& q : qs) be.attention_blocks_end(mode, s, BlockPass::kDelta, q.rows, q.stats, nullptr);
+    every_block(s, [&](const KeyBlock& k) {
+      for (const Queries& q : qs) {
+        if (sees(q, k)) be.attention_blocks_backward(mode, s, BlockPass::kGrads, q.rows, k, q.stats, grads, q.dout, q.q);
+      }
+    });
+    for (const Queries& q : qs) be.attention_blocks_end(mode, s, BlockPass::kGrads, q.rows, q.stats, dqkv + q.row * W);
+    owners_keys(s, mode, dqkv);
+  }
+
+ private:
+  // One of this rank's query blocks: its rows, first local token, q (and dout) rows, statistics
+  // (max and Z in the layer's kept floats) and how many rows of statistics (B·NH·rows).
+  struct Queries {
+    QueryRows rows;
+    int64_t row = 0, n = 0;
+    const float *q = nullptr, *dout = nullptr;
+    BlockSoftmax stats;
+  };
+
+  const std::vector<SeqBlock>& blocks(int64_t T, int rank) { return b_.blocks_of(T, cp_.size(), rank); }
+
+  std::vector<Queries> queries(AttentionShape s, Mode mode, float* kept, const float* qkv, const float* dout) {
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS;
+    std::vector<Queries> qs;
+    int64_t row = 0;
+    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
+      const auto i = qs.size();
+      CpBuffers::QuerySums& sums = b_.query_sums[i];
+      const int64_t n = s.B * s.NH * k.length;
+      sums.delta.resize(static_cast<size_t>(n));
+      if (mode == Mode::kCanonical) {
+        if (static_cast<int64_t>(sums.exact.size()) != n * s.HS) sums.exact.reset(static_cast<size_t>(n * s.HS));
+      } else {
+        sums.sums.assign(static_cast<size_t>(n * s.HS), 0.0f);
+      }
+      float* max = kept + 2 * s.NH * row;
+      qs.push_back({.rows = {k.position, k.length},
+                    .row = row,
+                    .n = n,
+                    .q = qkv + row * W,
+                    .dout = dout != nullptr ? dout + row * s.NH * s.HS : nullptr,
+                    .stats = {max, max + n, sums.delta.data(), &sums.exact, sums.sums.data()}});
+      row += s.B * k.length;
+    }
+    return qs;
+  }
+
+  // Whether a query block sees any key of a key block (causal: a key before its last row).
+  static bool sees(const Queries& q, const KeyBlock& k) { return k.first < q.rows.first + q.rows.count; }
+
+  // Rank r's i-th block in b_.ring, and where its key gradients lie: by owner, then block.
+  KeyBlock key_block(AttentionShape s, int r, size_t i) {
+    const SeqBlock& k = blocks(s.T, r)[i];
+    const int64_t KV = 2 * s.NKV * s.HS, local = s.B * s.T / cp_.size();
+    const int64_t grads = 2 * s.B * s.NKV * k.length * s.HS;
+    return {k.position, k.length, b_.ring.data() + (r * local + static_cast<int64_t>(i) * s.B * k.length) * KV,
+            (2 * r + static_cast<int64_t>(i)) * grads};
+  }
+
+  void every_block(AttentionShape s, const std::function<void(const KeyBlock&)>& f) {
+    for (int r = 0; r < cp_.size(); ++r) {
+      for (size_t i = 0; i < 2; ++i) f(key_block(s, r, i));
+    }
+  }
+
+  // Every rank's k and v into b_.ring around the ring: step i holds rank (me − i)'s, sends it on to
+  // me + 1 and receives (me − i − 1)'s from me − 1 while `arrived` runs on its blocks.
+  void ring(AttentionShape s, const float* qkv, const std::function<void(const KeyBlock&)>& arrived) {
+    const int p = cp_.size(), me = cp_.rank();
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Q = s.NH * s.HS, KV = 2 * s.NKV * s.HS;
+    const int64_t local = s.B * s.T / p, n = local * KV;
+    b_.ring.resize(static_cast<size_t>(p * n));
+    float* own = b_.ring.data() + me * n;
+    for (int64_t i = 0; i < local; ++i) std::copy_n(qkv + i * W + Q, KV, own + i * KV);
+    for (int step = 0; step < p; ++step) {
+      const int held = (me - step + p) % p;
+      comm::Handle sent, received;
+      if (step + 1 < p) {
+        const int next = (held - 1 + p) % p;
+        sent = cp_.isend(b_.ring.data() + held * n, n, DType::kF32, (me + 1) % p, kRingTag);
+        received = cp_.irecv(b_.ring.data() + next * n, n, DType::kF32, (me - 1 + p) % p, kRingTag);
+      }
+      for (size_t i = 0; i < 2; ++i) arrived(key_block(s, held, i));
+      sent.wait();
+      received.wait();
+    }
+  }
+
+  // The key gradients summed over the cp ranks into their owners' rows of dqkv: an exact (fp32)
+  // reduce-scatter of the owner-ordered sums, then dk (scaled after the rounding) and dv in place.
+  void owners_keys(AttentionShape s, Mode mode, float* dqkv) {
+    const int p = cp_.size();
+    const int64_t n = 2 * s.B * s.NKV * s.T * s.HS, per_rank = n / p;
+    if (b_.shards.begin.empty() || b_.shards.begin.back() != n) {
+      b_.shards.begin.clear();
+      for (int r = 0; r <= p; ++r) b_.shards.begin.push_back(per_rank * r);
+      b_.counts = b_.shards.sizes();
+    }
+    b_.shard.resize(static_cast<size_t>(per_rank));
+    if (mode == Mode::kCanonical) {
+      exact_reduce_scatter(b_.exact, b_.shards, cp_, b_.shard.data());
+    } else {
+      cp_.reduce_scatter(b_.partial.data(), b_.shard.data(), b_.counts, DType::kF32, comm::ReduceOp::kSum);
+    }
+    const float scale = attention_scale(s.HS);
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS;
+    int64_t row = 0, at = 0;
+    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
+      const float* dk = b_.shard.data() + at;
+      const float* dv = dk + s.B * s.NKV * k.length * s.HS;
+      for (int64_t b = 0; b < s.B; ++b) {
+        for (int64_t t = 0; t < k.length; ++t) {
+          float* r = dqkv + (row + b * k.length + t) * W;
+          for (int64_t g = 0; g < s.NKV; ++g) {
+            const int64_t from = ((b * s.NKV + g) * k.length + t) * s.HS;
+            for (int64_t d = 0; d < s.HS; ++d) {
+              r[(s.NH + g) * s.HS + d] = dk[from + d] * scale;
+              r[(s.NH + s.NKV + g) * s.HS + d] = dv[from + d];
+            }
+          }
+        }
+      }
+      row += s.B * k.length;
+      at += 2 * s.B * s.NKV * k.length * s.HS;
+    }
+  }
+
+  static constexpr int kRingTag = 7100;
+  comm::Communicator& cp_;
+  CpBuffers& b_;
+};
+
 }  // namespace
 
-ContextParallelPlan::ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp)
-    : ForwardingPlan(inner), cp_(cp), buffers_(std::make_unique<CpBuffers>()) {}
+ContextParallelPlan::ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp, CpComm comm)
+    : ForwardingPlan(inner), cp_(cp), comm_(comm), buffers_(std::make_unique<CpBuffers>()) {}
 
 ContextParallelPlan::~ContextParallelPlan() = default;
 
 std::unique_ptr<AttentionOp> ContextParallelPlan::attention(const LayerDesc&) const {
+  if (comm_ == CpComm::kP2p) return std::make_unique<RingAttention>(cp_, *buffers_);
   return std::make_unique<ContextParallelAttention>(cp_, *buffers_);
 }
 

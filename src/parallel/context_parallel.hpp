@@ -17,6 +17,20 @@
 // plus one set of whole-sequence buffers ((B, T, width) q, k and v, the gradients of k and v and
 // their exact sums) that every layer's op uses in turn.
 //
+// The ring ([parallel] cp_comm = "p2p"): instead of the all-gather, every rank's k and v travel
+// around the cp ranks, rank r sending on to r + 1 the block it received from r − 1 while it
+// computes its queries against it, and the attention runs blockwise (kernels/ops/attention.hpp,
+// "Blockwise"): per query row the online softmax's statistics — max, Z, and the output's sums —
+// pass over the key blocks, nothing (T, T)-shaped exists, and the layer keeps the rows' max and Z
+// (2·NH floats a token) instead of their probabilities. Canonical mode needs three passes forward
+// (max; Z; the weighted values, with the exact Z) and two backward (D; the gradients), the first of
+// each overlapping the ring's messages, the others over the blocks received; every sum over keys
+// is exact, so the bits are the all-gather's, which are the one process's. The keys' gradients
+// are laid out by owner (rank, block) and reduce-scattered straight to their owners. Cost per layer
+// and micro-batch: the same k and v bytes as the all-gather, forward and backward, and
+// 4·B·T·KV·(cp−1)/cp bytes of key gradients (exact sums: 9 bytes an element); the scores are
+// computed three times forward and twice backward (fast mode: twice and twice).
+//
 // Gradients: the cp ranks hold the same parameters and each a part of every gradient, so the
 // data-parallel reduction (and ZeRO's shards) runs over dp × cp, as Megatron-LM's does; the loss
 // sums over it too. Canonical bits: every gradient is an exact sum rounded once, so the model hash
@@ -28,7 +42,7 @@
 // reduce-scatter and an fp32 all-gather (12·B·T·KV·(cp−1)/cp bytes sent), fast, an fp32
 // all-reduce. The data-parallel reduction's bytes are dp × cp's.
 //
-// Not here: the kernels (kernels/cpu/attention.cpp), the dp × cp group (mesh.hpp).
+// Not here: the kernels (kernels/cpu/attention.cpp, attention_blocks.cpp), the dp × cp group (mesh.hpp).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +55,14 @@
 #include "src/model/precision.hpp"
 
 namespace lockstep::parallel {
+
+// How the cp ranks exchange keys and values ([parallel] cp_comm): "all_gather", the probabilities
+// kept (attn/att), or "p2p", the ring with the blockwise attention (its dumps hold every tensor but
+// attn/att; op-local bounds then take the reference's own probabilities).
+enum class CpComm : uint8_t { kAllGather, kP2p };
+// ConfigError naming `source` and the field for a name other than "all_gather" and "p2p".
+CpComm parse_cp_comm(const std::string& name, const std::string& source);
+const char* cp_comm_name(CpComm c);
 
 // What else a run with context parallelism uses.
 struct CpRun {
@@ -65,7 +87,7 @@ struct CpBuffers;
 class ContextParallelPlan final : public ForwardingPlan {
  public:
   // Both must outlive the plan.
-  ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp);
+  ContextParallelPlan(const ModelPlan& inner, comm::Communicator& cp, CpComm comm);
   ~ContextParallelPlan() override;
 
   std::vector<SeqBlock> sequence(int64_t T) const override { return zigzag_blocks(T, cp_.size(), cp_.rank()); }
@@ -76,6 +98,7 @@ class ContextParallelPlan final : public ForwardingPlan {
 
  private:
   comm::Communicator& cp_;
+  CpComm comm_;
   std::unique_ptr<CpBuffers> buffers_;
 };
 

@@ -11,6 +11,7 @@
 #include "src/core/check.hpp"
 #include "src/core/comma_list.hpp"
 #include "src/model/layer.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/parallel/data_parallel.hpp"
 #include "src/train/inject.hpp"
 #include "src/train/toml_file.hpp"
@@ -280,6 +281,7 @@ void read_all(RunConfig& c, const toml::table* root, std::map<std::string, std::
   p.field("pp", c.parallel.pp);
   p.field("ep", c.parallel.ep);
   p.field("cp", c.parallel.cp);
+  p.field("cp_comm", c.parallel.cp_comm);
   p.field("sp", c.parallel.sp);
   p.field("zero", c.parallel.zero);
   p.field("reduce", c.parallel.reduce);
@@ -454,6 +456,7 @@ void validate(const RunConfig& c, ConfigUse use) {
              "state, gradients and parameters)");
   LS_REQUIRE(p.reduce == "exact" || p.reduce == "fast", c.source,
              ": [parallel] reduce: expected \"exact\" or \"fast\", got \"", p.reduce, "\"");
+  parallel::parse_cp_comm(p.cp_comm, c.source);
   LS_REQUIRE(p.bucket_mb > 0 && p.bucket_mb <= 1 << 20, c.source, ": [parallel] bucket_mb (", p.bucket_mb,
              ") must be > 0 and at most 1048576 (MiB of fp32 gradient per reduction bucket)");
   LS_REQUIRE(p.timeout_s > 0, c.source, ": [parallel] timeout_s (", p.timeout_s, ") must be > 0");

@@ -109,7 +109,8 @@ struct EvalConfig {
 // Parallel layout (src/parallel/mesh.hpp) and data-parallel options (data_parallel.hpp).
 struct ParallelConfig {
   int64_t dp = 0;  // data-parallel ranks (0 = all ranks left by the other axes)
-  int64_t tp = 1, pp = 1, ep = 1, cp = 1;  // ep and cp: only 1 is implemented so far
+  int64_t tp = 1, pp = 1, ep = 1, cp = 1;
+  std::string cp_comm = "all_gather";  // how cp ranks exchange keys and values: "all_gather" | "p2p" (the ring)
   bool sp = false;                  // sequence parallel: norms and residuals split over tp by tokens
   int64_t zero = 0;                 // 0: replicated AdamW; 1: sharded AdamW state; 2: + sharded gradients
   std::string reduce = "exact";     // gradient reduction: "exact" (rank-count independent) | "fast"

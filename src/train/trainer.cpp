@@ -167,7 +167,8 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
   // spill flag per element).
   costs.full_grad_bytes = N * (tc.mode == Mode::kCanonical ? sizeof(float) + sizeof(double) + 1 : sizeof(float));
   if (run.world.size() == 1) return costs;
-  out << "parallel: " << mesh.describe() << (pc.sp ? ", sequence parallel" : "") << ", zero " << pc.zero
+  out << "parallel: " << mesh.describe() << (pc.sp ? ", sequence parallel" : "")
+      << (run.context_parallel() ? str_cat(", cp_comm ", pc.cp_comm) : "") << ", zero " << pc.zero
       << ", reduce " << pc.reduce << "; rank batch " << run.BL << " (micro-batch " << run.MBL << "); " << N
       << " parameters per rank" << held_params_note(run) << "; optimizer state " << run.ddp.optimizer_state_bytes() << " bytes per rank (replicated: "
       << 8 * N << "); minimum sent per rank per step " << costs.min_bytes << " bytes (gradient sync " << dp_min_bytes
@@ -354,7 +355,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   const ModelPlan* plan = ep_plan ? static_cast<const ModelPlan*>(&*ep_plan) : tp_plan ? &*tp_plan : nullptr;
   std::optional<parallel::ContextParallelPlan> cp_plan;
   if (cpc.size() > 1) {
-    cp_plan.emplace(plan != nullptr ? *plan : one_device, cpc);
+    cp_plan.emplace(plan != nullptr ? *plan : one_device, cpc, parallel::parse_cp_comm(pc.cp_comm, cfg.source));
     plan = &*cp_plan;
   }
   // [verify] abft, or an injection at a GEMM product: the ops run through the backend that watches

@@ -4,19 +4,24 @@
 #  - canonical mode: the one-process model hash for cp2, cp4, cp2 x dp2 (zero 1 with micro-batches
 #    of one sequence, zero 2, zero 3), cp2 x tp2 (also with sequence parallelism), cp2 with
 #    selective recomputation, grouped-query attention, RoPE with RMSNorm and SwiGLU, and bf16
-#    linears, each on its own one-process hash;
+#    linears, each on its own one-process hash; the ring (cp_comm = "p2p", the blockwise attention)
+#    runs about half of them (zero 2, sp, recomputation, cp4, GQA, RoPE, shared experts), the
+#    all-gather the others;
 #  - MoE: cp2 with token dropping, cp4, cp2 x ep2, cp2 x tp2 with sp, shared experts and
 #    aux-loss-free balancing on the one-process hash, the per-expert statistics the one process's;
 #  - evaluation: the cp ranks evaluate each window together and give the one process's val loss;
 #  - a rank holds T / cp positions: the layout line says so and the attention's traffic is counted;
-#  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 and on one process bitwise;
+#  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 over the ring and on one process
+#    bitwise;
 #  - verified collectives cover the cp group: a clean run has no finding, a flipped bit in a k/v
 #    gather is found and named;
-#  - canonical dumps of cp2, cp2 x dp2 and MoE cp2 runs are bitwise the one process's, tensor by tensor;
-#  - fast mode: cp2 x dp2, cp2 x tp2 and MoE cp2 dump every tensor of 2 steps (of 2 sequences) as global tensors, and
-#    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
+#  - canonical dumps of cp2, cp2 x dp2 (the ring: every tensor but the probabilities it does not
+#    hold) and MoE cp2 runs are bitwise the one process's, tensor by tensor;
+#  - fast mode: cp2 x dp2, cp2 x tp2 over the ring and MoE cp2 dump every tensor of 2 steps (of 2
+#    sequences) as global tensors, and `lockstep diff --bounds` finds each within its op-local bound
+#    of the one-process fast run;
 #  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with pipeline
-#    parallelism, a cp that does not divide the ranks — one line each.
+#    parallelism, a cp that does not divide the ranks, an unknown cp_comm — one line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -32,16 +37,17 @@ want=$(one_process single)
 [ -n "$want" ] || fail "no model hash in single.log"
 on_hash cp2 "$want" 2 --parallel.cp=2
 on_hash cp2_dp2_z1 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
-on_hash cp2_dp2_z2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=2
+ring=(--parallel.cp_comm=p2p)
+on_hash cp2_dp2_z2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=2 "${ring[@]}"
 on_hash cp2_z3 "$want" 2 --parallel.cp=2 --parallel.zero=3
 on_hash cp2_tp2 "$want" 4 --parallel.cp=2 --parallel.tp=2
-on_hash cp2_tp2_sp "$want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true
-on_hash cp2_recompute "$want" 2 --parallel.cp=2 --train.recompute=selective
-config=long.toml on_hash cp4 "$(config=long.toml one_process long)" 4 --parallel.cp=4
+on_hash cp2_tp2_sp "$want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true "${ring[@]}"
+on_hash cp2_recompute "$want" 2 --parallel.cp=2 --train.recompute=selective "${ring[@]}"
+config=long.toml on_hash cp4 "$(config=long.toml one_process long)" 4 --parallel.cp=4 "${ring[@]}"
 gqa=(--model.n_kv_heads=2)
-on_hash cp2_gqa "$(one_process gqa "${gqa[@]}")" 2 --parallel.cp=2 "${gqa[@]}"
+on_hash cp2_gqa "$(one_process gqa "${gqa[@]}")" 2 --parallel.cp=2 "${gqa[@]}" "${ring[@]}"
 llama=(--model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu)
-on_hash cp2_llama "$(one_process llama "${llama[@]}")" 2 --parallel.cp=2 "${llama[@]}"
+on_hash cp2_llama "$(one_process llama "${llama[@]}")" 2 --parallel.cp=2 "${llama[@]}" "${ring[@]}"
 on_hash cp2_bf16 "$(one_process bf16 --train.precision=bf16)" 2 --parallel.cp=2 --train.precision=bf16
 
 # MoE: each cp rank routes the whole micro-batch (a sequence's capacity and balancing loss span its
@@ -56,11 +62,13 @@ on_hash cp2_ep2_moe "$moe_want" 4 --parallel.cp=2 --parallel.ep=2 "${moe[@]}"
 on_hash cp2_tp2_sp_moe "$moe_want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true "${moe[@]}"
 config=long.toml on_hash cp4_moe "$(config=long.toml one_process long_moe "${moe[@]}")" 4 --parallel.cp=4 "${moe[@]}"
 shared=(--model.moe_shared_experts=1)
-on_hash cp2_moe_shared "$(one_process moe_shared "${moe[@]}" "${shared[@]}")" 2 --parallel.cp=2 "${moe[@]}" "${shared[@]}"
+on_hash cp2_moe_shared "$(one_process moe_shared "${moe[@]}" "${shared[@]}")" 2 --parallel.cp=2 "${moe[@]}" "${shared[@]}" \
+  "${ring[@]}"
 free=(--model.moe_experts=4 --model.moe_top_k=2 --model.moe_ffn_hidden=128 --model.moe_bias_update=0.001)
 on_hash cp2_moe_free "$(one_process moe_free "${free[@]}")" 2 --parallel.cp=2 "${free[@]}"
 
-grep -q "cp 2 x ep 1 x pp 1 (world 2)" cp2.log || fail "no cp in the layout line: $(grep '^parallel' cp2.log)"
+grep -q "cp 2 x ep 1 x pp 1 (world 2), cp_comm all_gather" cp2.log || fail "no cp in the layout line: $(grep '^parallel' cp2.log)"
+grep -q "cp_comm p2p" cp4.log || fail "no ring in the layout line: $(grep '^parallel' cp4.log)"
 grep -Eq "context parallel [1-9][0-9]*\)" cp2.log || fail "no context-parallel bytes: $(grep '^parallel' cp2.log)"
 
 # Evaluation: every window on both cp ranks, each its positions; the val loss is the one process's.
@@ -79,7 +87,7 @@ mpi 2 --parallel.cp=2 --checkpoint.dir=ck --checkpoint.every=2 --train.stop_afte
 grep -q "^layout cp=2 dp=1 pp=1 tp=1" info.log || fail "ckpt info layout: $(cat info.log)"
 cp -r ck ck_one
 on_hash resumed_cp2_dp2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --checkpoint.dir=ck \
-  --checkpoint.every=2
+  --checkpoint.every=2 "${ring[@]}"
 grep -q "^resumed from ck/step_00000002" resumed_cp2_dp2.log || fail "cp2 x dp2 did not resume: $(head -5 resumed_cp2_dp2.log)"
 run --checkpoint.dir=ck_one --checkpoint.every=2 > resumed_one.log 2>&1
 grep -q "^resumed from ck_one/step_00000002" resumed_one.log || fail "one process did not resume"
@@ -99,7 +107,7 @@ grep -Eq '^finding: after step 2, detector collectives, site all_gatherv on cp, 
 # Canonical dumps: every tensor of the first two steps, gathered over cp (and dp), bitwise the one
 # process's.
 run --train.stop_after=1 --dump.dir=dump_single > dump_single.log 2>&1 || fail "dump: $(tail -3 dump_single.log)"
-for layout in "2 cp2 --parallel.cp=2" "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2"; do
+for layout in "2 cp2 --parallel.cp=2" "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.cp_comm=p2p"; do
   read -r np name flags <<< "$layout"
   # shellcheck disable=SC2086
   mpi "$np" --train.stop_after=1 --dump.dir="dump_$name" $flags > "dump_$name.log" 2>&1 || fail "$name dump: $(tail -3 "dump_$name.log")"
@@ -107,6 +115,10 @@ for layout in "2 cp2 --parallel.cp=2" "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2
   grep -Eq "^diff dump_single dump_$name \(mode exact\): agree \([0-9]+ tensors\)" "dump_$name.txt" \
     || fail "$name dump diff: $(head -2 "dump_$name.txt")"
 done
+# The ring's dump lacks the probabilities alone.
+grep -q "^only in dump_single: .*attn/att" dump_cp2_dp2.txt || fail "ring dump: attn/att $(grep -c '^only in' dump_cp2_dp2.txt)"
+! grep '^only in' dump_cp2_dp2.txt | grep -qv 'attn/att' || fail "ring dump lacks: $(grep '^only in' dump_cp2_dp2.txt | head -3)"
+! grep -q '^only in' dump_cp2.txt || fail "cp2 dump lacks: $(grep '^only in' dump_cp2.txt | head -3)"
 run --train.stop_after=1 --dump.dir=dump_moe "${moe[@]}" > dump_moe.log 2>&1 || fail "MoE dump: $(tail -3 dump_moe.log)"
 mpi 2 --train.stop_after=1 --dump.dir=dump_cp2_moe --parallel.cp=2 "${moe[@]}" > dump_cp2_moe.log 2>&1 ||
   fail "cp2 MoE dump: $(tail -3 dump_cp2_moe.log)"
@@ -114,7 +126,7 @@ mpi 2 --train.stop_after=1 --dump.dir=dump_cp2_moe --parallel.cp=2 "${moe[@]}" >
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
 fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- \
-  "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2"
+  "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2 --parallel.cp_comm=p2p"
 fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 "${moe[@]}" -- "2 cp2_moe --parallel.cp=2"
 
 expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a multiple of 2 x cp x 64 = 512" \
@@ -122,4 +134,5 @@ expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a mu
 expect_mpi_error "\[parallel\] cp = 2 does not run with pipeline parallelism \(\[parallel\] pp\) yet" \
   4 --parallel.cp=2 --parallel.pp=2
 expect_mpi_error "x cp \(3\) = 3 must divide the number of ranks \(2\)" 2 --parallel.cp=3
+expect_mpi_error "\[parallel\] cp_comm must be \"all_gather\" or \"p2p\" \(got \"ring\"\)" 2 --parallel.cp=2 --parallel.cp_comm=ring
 echo "context parallelism: OK"

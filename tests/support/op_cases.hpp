@@ -448,6 +448,58 @@ class AttentionRowsCase : public OpCase {
     reference::attention_forward(s_.B, s_.T, s_.NH, s_.NKV, s_.HS, out.data(), att.data(), q.data());
     return {rows_of(out, s_.B, s_.T, s_.NH * s_.HS), rows_of(att, s_.B * s_.NH, s_.T, s_.T)};
   }
+  // dk (scaled once) and dv as (B, T, NKV·HS) from their sums [dk | dv], each (B, NKV, T, HS).
+  std::pair<std::vector<float>, std::vector<float>> key_grads(const std::vector<float>& sums) const {
+    const int64_t KV = s_.NKV * s_.HS;
+    std::vector<float> dk(static_cast<size_t>(s_.B * s_.T * KV)), dv(dk.size());
+    const float scale = attention_scale(s_.HS);
+    for (int64_t b = 0; b < s_.B; ++b) {
+      for (int64_t g = 0; g < s_.NKV; ++g) {
+        for (int64_t t = 0; t < s_.T; ++t) {
+          for (int64_t d = 0; d < s_.HS; ++d) {
+            const size_t from = static_cast<size_t>(((b * s_.NKV + g) * s_.T + t) * s_.HS + d);
+            const size_t to = static_cast<size_t>((b * s_.T + t) * KV + g * s_.HS + d);
+            dk[to] = sums[from] * scale;
+            dv[to] = sums[from + dk.size()];
+          }
+        }
+      }
+    }
+    return {dk, dv};
+  }
+  // dq of the rows, and dk, dv (B, T, NKV·HS) from the rows' pairs alone, given the rows'
+  // probabilities (B, NH, rows, T): the whole op on the sequence's first first + count positions
+  // with q, dout and the probabilities of the rows before the block zeroed.
+  template <class Real>
+  std::vector<std::vector<Real>> ref_backward(const std::vector<Real>& att_rows) const {
+    const int64_t T1 = rows_.first + rows_.count, Q = s_.NH * s_.HS, KV = s_.NKV * s_.HS;
+    std::vector<float> qkv(static_cast<size_t>(s_.B * T1 * row())), dout(static_cast<size_t>(s_.B * T1 * Q), 0.0f);
+    std::vector<Real> att(static_cast<size_t>(s_.B * s_.NH * T1 * T1), Real(0));
+    for (int64_t b = 0; b < s_.B; ++b) {
+      std::copy_n(qkv_.begin() + b * s_.T * row(), T1 * row(), qkv.begin() + b * T1 * row());
+      for (int64_t t = 0; t < rows_.first; ++t) std::fill_n(qkv.begin() + (b * T1 + t) * row(), Q, 0.0f);
+      std::copy_n(dout_.begin() + b * rows_.count * Q, rows_.count * Q, dout.begin() + (b * T1 + rows_.first) * Q);
+      for (int64_t h = 0; h < s_.NH; ++h) {
+        for (int64_t t = 0; t < rows_.count; ++t) {
+          std::copy_n(att_rows.begin() + ((b * s_.NH + h) * rows_.count + t) * s_.T, T1,
+                      att.begin() + ((b * s_.NH + h) * T1 + rows_.first + t) * T1);
+        }
+      }
+    }
+    std::vector<Real> dqkv(qkv.size()), scratch(att.size());
+    const auto q = as<Real>(qkv), o = as<Real>(dout);
+    reference::attention_backward(s_.B, T1, s_.NH, s_.NKV, s_.HS, dqkv.data(), scratch.data(), o.data(), q.data(), att.data());
+    std::vector<Real> dq, dk(static_cast<size_t>(s_.B * s_.T * KV), Real(0)), dv(dk.size(), Real(0));
+    for (int64_t b = 0; b < s_.B; ++b) {
+      for (int64_t t = 0; t < T1; ++t) {
+        auto r = dqkv.begin() + (b * T1 + t) * row();
+        if (t >= rows_.first) dq.insert(dq.end(), r, r + Q);
+        std::copy_n(r + Q, KV, dk.begin() + (b * s_.T + t) * KV);
+        std::copy_n(r + Q + KV, KV, dv.begin() + (b * s_.T + t) * KV);
+      }
+    }
+    return {dq, dk, dv};
+  }
   AttentionShape s_;
   QueryRows rows_;
   std::vector<float> qkv_, dout_, out_, att_;
@@ -485,67 +537,144 @@ class AttentionBackwardRows final : public AttentionRowsCase {
     mode_ = mode;
   }
   std::vector<Check> checks(Mode mode) const override {
-    const auto b = ref<Bd>();
+    const auto b = ref_backward<Bd>(as<Bd>(att_));
     const auto got = computed();
-    return {check_of("dq", got[0], b[0], mode, [&] { return floats(ref<Cf>()[0]); }),
-            check_of("dk", got[1], b[1], mode, [&] { return floats(ref<Cf>()[1]); }),
-            check_of("dv", got[2], b[2], mode, [&] { return floats(ref<Cf>()[2]); })};
+    const auto exact = [&](int i) { return floats(ref_backward<Cf>(as<Cf>(att_))[static_cast<size_t>(i)]); };
+    return {check_of("dq", got[0], b[0], mode, [&] { return exact(0); }),
+            check_of("dk", got[1], b[1], mode, [&] { return exact(1); }),
+            check_of("dv", got[2], b[2], mode, [&] { return exact(2); })};
   }
 
  private:
   // The kernel's q columns of the rows, and dk, dv as (B, T, NKV·HS) (dk scaled after rounding).
   std::vector<std::vector<float>> computed() const {
-    const int64_t KV = s_.NKV * s_.HS, Q = s_.NH * s_.HS;
-    std::vector<float> dq = columns(dq_, s_.B * rows_.count, row(), 0, Q);
-    const std::vector<float> sums = keys_.values(mode_);
-    std::vector<float> dk(static_cast<size_t>(s_.B * s_.T * KV)), dv(dk.size());
-    const float scale = attention_scale(s_.HS);
-    for (int64_t b = 0; b < s_.B; ++b) {
-      for (int64_t g = 0; g < s_.NKV; ++g) {
-        for (int64_t t = 0; t < s_.T; ++t) {
-          for (int64_t d = 0; d < s_.HS; ++d) {
-            const size_t from = static_cast<size_t>(((b * s_.NKV + g) * s_.T + t) * s_.HS + d);
-            const size_t to = static_cast<size_t>((b * s_.T + t) * KV + g * s_.HS + d);
-            dk[to] = sums[from] * scale;
-            dv[to] = sums[from + dk.size()];
-          }
-        }
-      }
-    }
-    return {dq, dk, dv};
-  }
-  template <class Real>
-  std::vector<std::vector<Real>> ref() const {
-    const int64_t T1 = rows_.first + rows_.count, Q = s_.NH * s_.HS, KV = s_.NKV * s_.HS;
-    std::vector<float> qkv(static_cast<size_t>(s_.B * T1 * row())), dout(static_cast<size_t>(s_.B * T1 * Q), 0.0f),
-        att(static_cast<size_t>(s_.B * s_.NH * T1 * T1), 0.0f);
-    for (int64_t b = 0; b < s_.B; ++b) {
-      std::copy_n(qkv_.begin() + b * s_.T * row(), T1 * row(), qkv.begin() + b * T1 * row());
-      for (int64_t t = 0; t < rows_.first; ++t) std::fill_n(qkv.begin() + (b * T1 + t) * row(), Q, 0.0f);
-      std::copy_n(dout_.begin() + b * rows_.count * Q, rows_.count * Q, dout.begin() + (b * T1 + rows_.first) * Q);
-      for (int64_t h = 0; h < s_.NH; ++h) {
-        for (int64_t t = 0; t < rows_.count; ++t) {
-          std::copy_n(att_.begin() + ((b * s_.NH + h) * rows_.count + t) * s_.T, T1,
-                      att.begin() + ((b * s_.NH + h) * T1 + rows_.first + t) * T1);
-        }
-      }
-    }
-    std::vector<Real> dqkv(qkv.size()), scratch(att.size());
-    const auto q = as<Real>(qkv), o = as<Real>(dout), a = as<Real>(att);
-    reference::attention_backward(s_.B, T1, s_.NH, s_.NKV, s_.HS, dqkv.data(), scratch.data(), o.data(), q.data(), a.data());
-    std::vector<Real> dq, dk(static_cast<size_t>(s_.B * s_.T * KV), Real(0)), dv(dk.size(), Real(0));
-    for (int64_t b = 0; b < s_.B; ++b) {
-      for (int64_t t = 0; t < T1; ++t) {
-        auto r = dqkv.begin() + (b * T1 + t) * row();
-        if (t >= rows_.first) dq.insert(dq.end(), r, r + Q);
-        std::copy_n(r + Q, KV, dk.begin() + (b * s_.T + t) * KV);
-        std::copy_n(r + Q + KV, KV, dv.begin() + (b * s_.T + t) * KV);
-      }
-    }
+    const std::vector<float> dq = columns(dq_, s_.B * rows_.count, row(), 0, s_.NH * s_.HS);
+    auto [dk, dv] = key_grads(keys_.values(mode_));
     return {dq, dk, dv};
   }
   std::vector<float> dq_, scratch_;
   GradBuffer keys_;
+  Mode mode_ = Mode::kCanonical;
+};
+
+// The blockwise ops (context parallelism's ring): the rows of AttentionRowsCase against the keys
+// [0, first + count), one block (odd seeds) or cut into [64, first + count), which holds the
+// diagonal chunk and, where there are any, keys before it, and [0, 64) — passed later block
+// first (even seeds); every pass of the
+// contract over both, checked against the rows of the whole op's reference (the backward with the
+// reference forward's probabilities: the kernel recomputes them from its own statistics).
+class AttentionBlocksCase : public AttentionRowsCase {
+ public:
+  explicit AttentionBlocksCase(const CaseSpec& c) : AttentionRowsCase(c) {
+    const int64_t T1 = rows_.first + rows_.count, n = s_.B * s_.NH * rows_.count;
+    cuts_ = T1 > kCanonicalChunk && c.seed % 2 == 0
+                ? std::vector<QueryRows>{{kCanonicalChunk, T1 - kCanonicalChunk}, {0, kCanonicalChunk}}
+                : std::vector<QueryRows>{{0, T1}};
+    q_ = rows_of(qkv_, s_.B, s_.T, row());
+    const int64_t Q = s_.NH * s_.HS, KV = 2 * s_.NKV * s_.HS;
+    for (const QueryRows& k : cuts_) {
+      std::vector<float> kv;
+      for (int64_t b = 0; b < s_.B; ++b) {
+        for (int64_t t = k.first; t < k.first + k.count; ++t) {
+          auto from = qkv_.begin() + (b * s_.T + t) * row() + Q;
+          kv.insert(kv.end(), from, from + KV);
+        }
+      }
+      kv_.push_back(std::move(kv));
+    }
+    max_.resize(static_cast<size_t>(n));
+    denom_.resize(static_cast<size_t>(n));
+    delta_.resize(static_cast<size_t>(n));
+    sums_.assign(static_cast<size_t>(n * s_.HS), 0.0f);
+    exact_.reset(static_cast<size_t>(n * s_.HS));
+  }
+
+ protected:
+  BlockSoftmax stats() { return {max_.data(), denom_.data(), delta_.data(), &exact_, sums_.data()}; }
+  // Block i: its keys, rows and where its gradients start (blocks back to back).
+  KeyBlock block(size_t i) const {
+    int64_t at = 0;
+    for (size_t k = 0; k < i; ++k) at += 2 * s_.B * s_.NKV * cuts_[k].count * s_.HS;
+    return {cuts_[i].first, cuts_[i].count, kv_[i].data(), at};
+  }
+  // Every forward pass over every block: out_ and the statistics.
+  void forward(Backend& be, Mode mode) {
+    std::fill(max_.begin(), max_.end(), -INFINITY);
+    std::fill(denom_.begin(), denom_.end(), 0.0f);
+    const std::vector<BlockPass> passes =
+        mode == Mode::kCanonical ? std::vector<BlockPass>{BlockPass::kMax, BlockPass::kSum, BlockPass::kValues}
+                                 : std::vector<BlockPass>{BlockPass::kMax, BlockPass::kSum};
+    for (BlockPass pass : passes) {
+      for (size_t i = 0; i < cuts_.size(); ++i) be.attention_blocks_forward(mode, s_, pass, rows_, block(i), stats(), q_.data());
+      if (pass != BlockPass::kMax) be.attention_blocks_end(mode, s_, pass, rows_, stats(), out_.data());
+    }
+  }
+  std::vector<QueryRows> cuts_;
+  std::vector<std::vector<float>> kv_;
+  std::vector<float> q_, max_, denom_, delta_, sums_;
+  ExactAccumulator exact_;
+};
+
+class AttentionBlocksForward final : public AttentionBlocksCase {
+ public:
+  using AttentionBlocksCase::AttentionBlocksCase;
+  void run(Backend& be, Mode mode) override { forward(be, mode); }
+  std::vector<Check> checks(Mode mode) const override {
+    return {check_of("out", out_, ref_forward<Bd>()[0], mode, [&] { return floats(ref_forward<Cf>()[0]); })};
+  }
+};
+
+// kDelta and kGrads over both blocks after the forward's passes (the end op of each pass is run
+// by both cases).
+class AttentionBlocksBackward final : public AttentionBlocksCase {
+ public:
+  explicit AttentionBlocksBackward(const CaseSpec& c)
+      : AttentionBlocksCase(c), grads_(2 * s_.B * s_.NKV * (rows_.first + rows_.count) * s_.HS) {}
+  void run(Backend& be, Mode mode) override {
+    forward(be, mode);
+    std::fill(delta_.begin(), delta_.end(), 0.0f);
+    std::fill(grads_.f32.begin(), grads_.f32.end(), 0.0f);
+    grads_.exact.zero();
+    dq_.assign(static_cast<size_t>(s_.B * rows_.count * row()), -1.0f);
+    const GradSink sink = grads_.sink(mode);
+    for (BlockPass pass : {BlockPass::kDelta, BlockPass::kGrads}) {
+      for (size_t i = 0; i < cuts_.size(); ++i) {
+        be.attention_blocks_backward(mode, s_, pass, rows_, block(i), stats(), {sink.exact, sink.f32}, dout_.data(), q_.data());
+      }
+      be.attention_blocks_end(mode, s_, pass, rows_, stats(), dq_.data());
+    }
+    mode_ = mode;
+  }
+  std::vector<Check> checks(Mode mode) const override {
+    const auto b = ref_backward<Bd>(ref_forward<Bd>()[1]);
+    const auto got = computed();
+    const auto exact = [&](int i) { return floats(ref_backward<Cf>(ref_forward<Cf>()[1])[static_cast<size_t>(i)]); };
+    return {check_of("dq", got[0], b[0], mode, [&] { return exact(0); }),
+            check_of("dk", got[1], b[1], mode, [&] { return exact(1); }),
+            check_of("dv", got[2], b[2], mode, [&] { return exact(2); })};
+  }
+
+ private:
+  // dq's q columns, and dk, dv gathered from the blocks' regions into (B, NKV, T, HS).
+  std::vector<std::vector<float>> computed() const {
+    const std::vector<float> dq = columns(dq_, s_.B * rows_.count, row(), 0, s_.NH * s_.HS);
+    const std::vector<float> regions = grads_.values(mode_);
+    const int64_t whole = s_.B * s_.NKV * s_.T * s_.HS;
+    std::vector<float> sums(static_cast<size_t>(2 * whole), 0.0f);
+    for (size_t i = 0; i < cuts_.size(); ++i) {
+      const KeyBlock k = block(i);
+      for (int64_t part = 0; part < 2; ++part) {
+        for (int64_t bg = 0; bg < s_.B * s_.NKV; ++bg) {
+          const int64_t from = k.at + (part * s_.B * s_.NKV + bg) * k.count * s_.HS;
+          std::copy_n(regions.begin() + from, k.count * s_.HS, sums.begin() + part * whole + (bg * s_.T + k.first) * s_.HS);
+        }
+      }
+    }
+    auto [dk, dv] = key_grads(sums);
+    return {dq, dk, dv};
+  }
+  GradBuffer grads_;
+  std::vector<float> dq_;
   Mode mode_ = Mode::kCanonical;
 };
 
@@ -1176,6 +1305,16 @@ inline std::unique_ptr<OpCase> make_attention_forward_rows(const CaseSpec& c) {
 }
 inline std::unique_ptr<OpCase> make_attention_backward_rows(const CaseSpec& c) {
   return std::make_unique<AttentionBackwardRows>(c);
+}
+inline std::unique_ptr<OpCase> make_attention_blocks_forward(const CaseSpec& c) {
+  return std::make_unique<AttentionBlocksForward>(c);
+}
+inline std::unique_ptr<OpCase> make_attention_blocks_backward(const CaseSpec& c) {
+  return std::make_unique<AttentionBlocksBackward>(c);
+}
+// The end op runs inside both blockwise cases; its own case is the backward's, which ends every pass.
+inline std::unique_ptr<OpCase> make_attention_blocks_end(const CaseSpec& c) {
+  return std::make_unique<AttentionBlocksBackward>(c);
 }
 inline std::unique_ptr<OpCase> make_rope_tables(const CaseSpec& c) { return std::make_unique<RopeTables>(c); }
 inline std::unique_ptr<OpCase> make_rope_forward(const CaseSpec& c) { return std::make_unique<RopeCase>(c, false); }

@@ -3,7 +3,7 @@
 //   attn/qkv  [q | k | v] of every token, after RoPE                (B, T, (NH + 2·NKV)·HS)
 //   attn/att  causal softmax of the scores                          (B, NH, T, T)
 //             (of the queries held here: context parallelism's blocks of positions, each against
-//             every key; the plan's AttentionOp)
+//             every key; the plan's AttentionOp, which may keep less: the ring's row statistics)
 //   attn/out  attention-weighted values                             (B, T, NH·HS)
 //   attn/res  the stream plus the projection                        (B, T, C)
 // Tensor parallelism splits the heads: qkv is column-parallel (each rank its heads' q, k and v
@@ -72,11 +72,11 @@ class Attention final : public ResidualBranch {
         op_(b.ctx.plan().attention(desc)),
         acts_(b.ctx, LayerKind::kAttention, "attention", b.slots, [&](Acts& a) {
           grow_to(a.qkv, b.max_tokens * m_.qkv_width());
-          grow_to(a.att, b.max_tokens * m_.NH * m_.T);
+          grow_to(a.att, b.max_tokens * op_->kept_floats(m_));
           grow_to(a.out, b.max_tokens * m_.NH * m_.HS);
         }) {
     const int64_t BT = b.max_tokens;
-    scratch_ = b.max_stream * m_.C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + BT * m_.NH * m_.T;
+    scratch_ = b.max_stream * m_.C + BT * m_.qkv_width() + BT * m_.NH * m_.HS + BT * op_->scratch_floats(m_);
     if (desc.pos == PosKind::kRope) {
       const int64_t half = m_.HS / 2;
       rope_cos_.resize(m_.T * half);
@@ -100,7 +100,7 @@ class Attention final : public ResidualBranch {
     }
     ctx.observe(qkv_name_, a.qkv.data(), {p.B, p.T, m_.qkv_width()});
     op_->forward(be, ctx.mode_of(att_name_), as, a.out.data(), a.att.data(), a.qkv.data());
-    ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, m_.T});
+    if (op_->keeps_probabilities()) ctx.observe(att_name_, a.att.data(), {p.B, m_.NH, p.T, m_.T});
     ctx.store_for(out_linear_, a.out.data(), p.BT * m_.NH * m_.HS);
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, m_.NH * m_.HS});
     out_forward(ctx, p, x, a.out.data(), m_.NH * m_.HS);
@@ -115,7 +115,7 @@ class Attention final : public ResidualBranch {
     float* dnorm = ctx.scratch();               // (stream tokens, C)
     float* dqkv = dnorm + p.RS * m_.C;          // (BT, qkv)
     float* dout = dqkv + p.BT * m_.qkv_width(); // (BT, A)
-    float* datt = dout + p.BT * A;              // (B, NH, tokens, T)
+    float* datt = dout + p.BT * A;              // the op's workspace: (B, NH, tokens, T) by default
     out_backward(ctx, p, dres, dout, a.out.data(), A);
     ctx.observe(grad_out_name_, dout, {p.B, p.T, A});
     op_->backward(be, ctx.mode(), as, dqkv, datt, dout, a.qkv.data(), a.att.data());
