@@ -224,34 +224,43 @@ void keys_times_rows(Mode mode, const Pair& p, const Seen& sn, const float* W, c
   }
 }
 
-void forward_pair(Mode mode, BlockPass pass, const Pair& p, const BlockSoftmax& st, const float* q, const float* kv,
-                  float scale) {
+// f(r0, seen, tiles) for each tile [r0, r0 + 64) of the pair's rows that sees a key of the block,
+// with the thread's tiles fitted to it and the tile's scores in tiles.a.
+template <class F>
+void for_each_tile(Mode mode, const Pair& p, const float* q, const float* kv, float scale, F&& f) {
   Tiles& tiles = thread_tiles();
   for (int64_t r0 = p.first; r0 < p.first + p.n; r0 += kTile) {
     const Seen sn = seen(r0, p.kf, p.kc);
+    if (sn.columns() == 0) continue;
+    tiles.fit(sn.columns(), p.HS);
+    scores(mode, p, r0, sn.columns(), scale, q, kv, tiles.a.data());
+    f(r0, sn, tiles);
+  }
+}
+
+void forward_pair(Mode mode, BlockPass pass, const Pair& p, const BlockSoftmax& st, const float* q, const float* kv,
+                  float scale) {
+  for_each_tile(mode, p, q, kv, scale, [&](int64_t r0, const Seen& sn, Tiles& tiles) {
     const int64_t cols = sn.columns();
-    if (cols == 0) continue;
-    tiles.fit(cols, p.HS);
     float* S = tiles.a.data();
-    scores(mode, p, r0, cols, scale, q, kv, S);
     const int64_t at0 = p.stat + r0 - p.first;
     if (pass == BlockPass::kMax) {
       for (int64_t i = 0; i < kTile; ++i) {
         const float m = simd::first_max(S + i * cols, sn.of_row(i));
         if (m > st.max[at0 + i]) st.max[at0 + i] = m;
       }
-      continue;
+      return;
     }
     if (pass == BlockPass::kValues) {
       probabilities(p, st, r0, sn, S);
       rows_times_keys(mode, p, sn, S, kv + p.kv_v, p.KVW, r0, st.exact, at0, nullptr, tiles.chain.data());
-      continue;
+      return;
     }
     // kSum
     for (int64_t i = 0; i < kTile; ++i) exp_row(S + i * cols, sn.of_row(i), st.max[at0 + i]);
     if (mode == Mode::kCanonical) {
       add_key_sums<false>(sn, S, S, cols, *st.exact, at0);
-      continue;
+      return;
     }
     for (int64_t i = 0; i < kTile; ++i) {
       float z = 0.0f;
@@ -259,19 +268,14 @@ void forward_pair(Mode mode, BlockPass pass, const Pair& p, const BlockSoftmax& 
       st.denom[at0 + i] += z;
     }
     rows_times_keys(mode, p, sn, S, kv + p.kv_v, p.KVW, r0, nullptr, 0, st.sums + at0 * p.HS, nullptr);
-  }
+  });
 }
 
 void backward_pair(Mode mode, BlockPass pass, const Pair& p, const BlockSoftmax& st, const KeyGrads& grads,
                    const float* dout, const float* q, const float* kv, float scale) {
-  Tiles& tiles = thread_tiles();
-  for (int64_t r0 = p.first; r0 < p.first + p.n; r0 += kTile) {
-    const Seen sn = seen(r0, p.kf, p.kc);
+  for_each_tile(mode, p, q, kv, scale, [&](int64_t r0, const Seen& sn, Tiles& tiles) {
     const int64_t cols = sn.columns();
-    if (cols == 0) continue;
-    tiles.fit(cols, p.HS);
     float *A = tiles.a.data(), *dS = tiles.b.data();
-    scores(mode, p, r0, cols, scale, q, kv, A);
     probabilities(p, st, r0, sn, A);
     // datt[i, c] = dout[r0 + i]·v[kf + c]   (forward: out = Σ att·v)
     const float* dy = dout + p.dout + (r0 - p.first) * p.dout_row;
@@ -285,10 +289,10 @@ void backward_pair(Mode mode, BlockPass pass, const Pair& p, const BlockSoftmax&
       // D[t] = Σ over the visible keys of att·datt
       if (mode == Mode::kCanonical) {
         add_key_sums<true>(sn, A, dS, cols, *st.exact, at0);
-        continue;
+        return;
       }
       for (int64_t i = 0; i < kTile; ++i) st.delta[at0 + i] += dot_any_order(A + i * cols, dS + i * cols, sn.of_row(i));
-      continue;
+      return;
     }
     // kGrads: ds = att·(datt − D)   (forward: att = exp(s − m) / Z)
     for (int64_t i = 0; i < kTile; ++i) {
@@ -304,7 +308,7 @@ void backward_pair(Mode mode, BlockPass pass, const Pair& p, const BlockSoftmax&
     // dk[u] = Σ ds·q (unscaled), dv[u] = Σ att·dout   (forward: s = (q·k)·scale, out = Σ att·v)
     keys_times_rows(mode, p, sn, dS, q + p.q + (r0 - p.first) * p.W, p.W, r0, grads, p.dk, chain);
     keys_times_rows(mode, p, sn, A, dy, p.dout_row, r0, grads, p.dv, chain);
-  }
+  });
 }
 
 }  // namespace

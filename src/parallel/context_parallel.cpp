@@ -65,6 +65,17 @@ struct CpBuffers {
     return blocks[static_cast<size_t>(rank)];
   }
 
+  // n zeroed sums of key gradients: exact (canonical) or fp32.
+  KeyGrads key_grads(Mode mode, int64_t n) {
+    if (mode != Mode::kCanonical) {
+      partial.assign(static_cast<size_t>(n), 0.0f);
+      return {.partial = partial.data()};
+    }
+    if (static_cast<int64_t>(exact.size()) != n) exact.reset(static_cast<size_t>(n));
+    exact.zero();
+    return {.exact = &exact};
+  }
+
   int64_t T = 0;
   std::vector<std::vector<SeqBlock>> blocks;  // every cp rank's, for T
   std::vector<float> send, recv, all, partial, summed, shard;
@@ -99,15 +110,7 @@ class ContextParallelAttention final : public AttentionOp {
                 const float* qkv, const float* att) override {
     const float* all = gather(s, qkv);
     const int64_t W = (s.NH + 2 * s.NKV) * s.HS, n = 2 * s.B * s.NKV * s.T * s.HS;
-    KeyGrads keys;
-    if (mode == Mode::kCanonical) {
-      if (static_cast<int64_t>(b_.exact.size()) != n) b_.exact.reset(static_cast<size_t>(n));
-      b_.exact.zero();
-      keys.exact = &b_.exact;
-    } else {
-      b_.partial.assign(static_cast<size_t>(n), 0.0f);
-      keys.partial = b_.partial.data();
-    }
+    const KeyGrads keys = b_.key_grads(mode, n);
     int64_t row = 0;
     for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
       be.attention_backward_rows(mode, s, {k.position, k.length}, dqkv + row * W, keys, scratch + row * s.NH * s.T,
@@ -218,15 +221,7 @@ class RingAttention final : public AttentionOp {
     const std::vector<Queries> qs = queries(s, mode, const_cast<float*>(att), qkv, dout);
     for (const Queries& q : qs) std::fill_n(q.stats.delta, q.n, 0.0f);
     const int64_t n = 2 * s.B * s.NKV * s.T * s.HS;
-    KeyGrads grads;
-    if (mode == Mode::kCanonical) {
-      if (static_cast<int64_t>(b_.exact.size()) != n) b_.exact.reset(static_cast<size_t>(n));
-      b_.exact.zero();
-      grads.exact = &b_.exact;
-    } else {
-      b_.partial.assign(static_cast<size_t>(n), 0.0f);
-      grads.partial = b_.partial.data();
-    }
+    const KeyGrads grads = b_.key_grads(mode, n);
     ring(s, qkv, [&](const KeyBlock& k) {
       for (const Queries& q : qs) {
         if (sees(q, k)) be.attention_blocks_backward(mode, s, BlockPass::kDelta, q.rows, k, q.stats, grads, q.dout, q.q);

@@ -11,6 +11,10 @@ cd "$WORK"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# Whether the script runs its full campaign (set by a wrapper in e2e/slow/, label `slow`) rather
+# than the default suite's share of it.
+full_campaign() { [ "${LS_E2E_FULL:-0}" = 1 ]; }
+
 # A small Markov data set in ./data (fast to make; enough tokens for a few hundred windows).
 make_data() {
   "$LOCKSTEP" data synth --out data --order 2 --alphabet 8 --branch 3 --tokens 200000 --seed 7 >/dev/null

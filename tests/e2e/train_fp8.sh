@@ -2,7 +2,8 @@
 # FP8 training ([train] precision = "fp8" with an [fp8] recipe, src/model/fp8_recipe.hpp):
 #  - each recipe (delayed, current, mxfp8; blockwise where the dims allow its 128-wide blocks) has
 #    one canonical model hash on threads, ISAs, dp2, tp2, dp2 x tp2 with sequence parallelism and
-#    pp2, different from the others' and bf16's; fp8.gemms = "" is the bf16 run bit for bit;
+#    pp2, different from the others' and bf16's (threads, ISAs and dp2 x tp2: delayed here, every
+#    recipe in the full campaign, e2e/slow/fp8_recipes.sh); fp8.gemms = "" is the bf16 run bit for bit;
 #  - delayed scaling: the micro-batch split, evaluation, recomputation and step replays change no
 #    bit; a checkpoint at step 4 resumed by tp2 ends on the straight run's hash (the amax histories
 #    and scales travel in the checkpoint), and another recipe may not resume it;
@@ -34,6 +35,8 @@ for recipe in delayed current mxfp8; do
   hashes[$recipe]=$want
   grep -q "^precision: fp8 $recipe scaling, hybrid (e4m3 activations and weights, e5m2 gradients)" $recipe.log \
     || fail "$recipe: no precision line: $(grep '^precision' $recipe.log)"
+  # Threads, ISA and dp2 x tp2: every recipe in the full campaign, delayed scaling by default.
+  [ $recipe = delayed ] || full_campaign || continue
   run --train.threads=2 --train.isa=avx2 --fp8.recipe=$recipe > ${recipe}_t2.log
   same_hash "$recipe threads 2 avx2" ${recipe}_t2.log "$want"
   mpi 4 --fp8.recipe=$recipe --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=1 \
@@ -143,4 +146,4 @@ for recipe in delayed current mxfp8; do
   grep -Eq '^grad/layer/0/mlp/fc/weight +\[512,128\] +bitwise ' verify_$recipe.log \
     || fail "verify step $recipe not bitwise: $(grep 'grad/layer/0/mlp/fc/weight' verify_$recipe.log)"
 done
-echo "train_fp8: canonical hashes delayed ${hashes[delayed]} current ${hashes[current]} mxfp8 ${hashes[mxfp8]} blockwise $blockwise on threads, ISAs, dp2, tp2, dp2 x tp2 sp, pp2"
+echo "train_fp8: canonical hashes delayed ${hashes[delayed]} current ${hashes[current]} mxfp8 ${hashes[mxfp8]} blockwise $blockwise (threads, ISAs, dp2 x tp2 sp: $(full_campaign && echo every recipe || echo delayed)); dp2, tp2, pp2"

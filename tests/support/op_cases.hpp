@@ -467,6 +467,16 @@ class AttentionRowsCase : public OpCase {
     }
     return {dk, dv};
   }
+  // The checks of a backward's dq, dk and dv (got), against the references from the rows'
+  // probabilities: Bounded ones always, CanonicalF32 ones (made only in canonical mode) by `exact_att`.
+  std::vector<Check> backward_checks(Mode mode, const std::vector<std::vector<float>>& got, const std::vector<Bd>& att,
+                                     const std::function<std::vector<Cf>()>& exact_att) const {
+    const auto b = ref_backward<Bd>(att);
+    const auto exact = [&](int i) { return floats(ref_backward<Cf>(exact_att())[static_cast<size_t>(i)]); };
+    return {check_of("dq", got[0], b[0], mode, [&] { return exact(0); }),
+            check_of("dk", got[1], b[1], mode, [&] { return exact(1); }),
+            check_of("dv", got[2], b[2], mode, [&] { return exact(2); })};
+  }
   // dq of the rows, and dk, dv (B, T, NKV·HS) from the rows' pairs alone, given the rows'
   // probabilities (B, NH, rows, T): the whole op on the sequence's first first + count positions
   // with q, dout and the probabilities of the rows before the block zeroed.
@@ -537,12 +547,7 @@ class AttentionBackwardRows final : public AttentionRowsCase {
     mode_ = mode;
   }
   std::vector<Check> checks(Mode mode) const override {
-    const auto b = ref_backward<Bd>(as<Bd>(att_));
-    const auto got = computed();
-    const auto exact = [&](int i) { return floats(ref_backward<Cf>(as<Cf>(att_))[static_cast<size_t>(i)]); };
-    return {check_of("dq", got[0], b[0], mode, [&] { return exact(0); }),
-            check_of("dk", got[1], b[1], mode, [&] { return exact(1); }),
-            check_of("dv", got[2], b[2], mode, [&] { return exact(2); })};
+    return backward_checks(mode, computed(), as<Bd>(att_), [&] { return as<Cf>(att_); });
   }
 
  private:
@@ -646,12 +651,7 @@ class AttentionBlocksBackward final : public AttentionBlocksCase {
     mode_ = mode;
   }
   std::vector<Check> checks(Mode mode) const override {
-    const auto b = ref_backward<Bd>(ref_forward<Bd>()[1]);
-    const auto got = computed();
-    const auto exact = [&](int i) { return floats(ref_backward<Cf>(ref_forward<Cf>()[1])[static_cast<size_t>(i)]); };
-    return {check_of("dq", got[0], b[0], mode, [&] { return exact(0); }),
-            check_of("dk", got[1], b[1], mode, [&] { return exact(1); }),
-            check_of("dv", got[2], b[2], mode, [&] { return exact(2); })};
+    return backward_checks(mode, computed(), ref_forward<Bd>()[1], [&] { return ref_forward<Cf>()[1]; });
   }
 
  private:
