@@ -103,7 +103,8 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
   for (const auto& [k, v] : opt.overrides) argv.push_back("--" + k + "=" + v);
   for (const std::string& a : {
            str_cat("--parallel.dp=", l.dp), str_cat("--parallel.tp=", l.tp), str_cat("--parallel.pp=", l.pp),
-           str_cat("--parallel.cp=", l.cp), str_cat("--parallel.ep=", l.ep),
+           str_cat("--parallel.cp=", l.cp), str_cat("--parallel.cp_comm=", l.ring ? "p2p" : "all_gather"),
+           str_cat("--parallel.ep=", l.ep),
            str_cat("--parallel.zero=", l.zero), str_cat("--parallel.sp=", l.sp ? "true" : "false"),
            str_cat("--parallel.schedule=", parallel::schedule_name(l.schedule)),
            str_cat("--parallel.virtual_stages=", l.chunks),

@@ -8,7 +8,7 @@
 namespace lockstep::plan {
 
 std::string Layout::text() const {
-  std::string s = str_cat("dp", dp, " tp", tp, " pp", pp, cp > 1 ? str_cat(" cp", cp) : std::string(),
+  std::string s = str_cat("dp", dp, " tp", tp, " pp", pp, cp > 1 ? str_cat(" cp", cp, ring ? " p2p" : "") : std::string(),
                           ep > 1 ? str_cat(" ep", ep) : std::string(), " mb", micro_batch, " zero", zero);
   if (sp) s += " sp";
   if (pp > 1) {
@@ -32,7 +32,7 @@ Layout parse_layout(const std::string& text, const std::string& where) {
       LS_REQUIRE(used == t.size() - skip && v >= 0, "");
     } catch (const std::exception&) {
       throw ConfigError(
-          str_cat(where, ": '", t, "' is not a layout item (dpN tpN ppN cpN epN mbN zeroN sp SCHEDULE[:V] recompute=R)"));
+          str_cat(where, ": '", t, "' is not a layout item (dpN tpN ppN cpN p2p epN mbN zeroN sp SCHEDULE[:V] recompute=R)"));
     }
     return v;
   };
@@ -55,6 +55,8 @@ Layout parse_layout(const std::string& text, const std::string& where) {
       l.zero = static_cast<int>(count(token, 4));
     } else if (token == "sp") {
       l.sp = true;
+    } else if (token == "p2p") {
+      l.ring = true;
     } else if (token.rfind("recompute=", 0) == 0) {
       l.recompute = parse_recompute(token.substr(10), where + ": recompute");
     } else {

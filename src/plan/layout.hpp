@@ -27,6 +27,7 @@ inline constexpr std::pair<parallel::ScheduleKind, int64_t> kSearchedSchedules[]
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t cp = 1;  // context parallelism: each sequence's positions over cp ranks; dp x cp replicas
+  bool ring = false;  // cp's keys and values over the ring ([parallel] cp_comm = "p2p"): blockwise attention
   int64_t ep = 1;  // expert parallelism: the data ranks are dp x ep
   int64_t chunks = 1;  // virtual stages a pipeline rank holds (interleaved)
   int64_t micro_batch = 1;  // sequences per micro-batch

@@ -39,6 +39,8 @@ struct Planner::RankCost {
   // Context parallelism's buffers per position of a micro-batch's sequences (they hold every
   // position's): the attention ops' shared set, and one exact reduction's.
   double cp_held_bytes = 0, cp_reduce_bytes = 0;
+  // The ring's recomputed attention products a token (context_parallel.hpp): forward and backward.
+  double ring_forward_flops = 0, ring_backward_flops = 0;
 };
 
 Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile)
@@ -57,13 +59,17 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     // what it adds to the backward.
     const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone});
     const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute});
+    // The ring's recomputed products at the forward's rate.
     const double share = r.forward_flops / model_forward_flops_ / static_cast<double>(layout.cp);
-    return {plain.forward * share, plain.backward * share, (with.backward - plain.backward) * share};
+    const double ring = plain.forward / model_forward_flops_ / static_cast<double>(layout.cp);
+    return {plain.forward * share + ring * r.ring_forward_flops, plain.backward * share + ring * r.ring_backward_flops,
+            (with.backward - plain.backward) * share};
   }
   const double rate = cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp);
   const double tokens = rank_tokens(layout);
   const double f = r.forward_flops * tokens / rate;
-  return {f, 2 * f, r.recompute_flops * tokens / rate};
+  return {f + r.ring_forward_flops * tokens / rate, 2 * f + r.ring_backward_flops * tokens / rate,
+          r.recompute_flops * tokens / rate};
 }
 
 double Planner::rank_tokens(const Layout& layout) const {
@@ -155,9 +161,12 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
         case LayerKind::kAttention: {
           ++r.forward_reduces;
           ++r.backward_reduces;
+          // The ring keeps each row's max and Z instead of its probabilities, and needs no
+          // (tokens, T) workspace.
+          const bool ring = layout.cp > 1 && layout.ring;
           input = C * stream;
-          inside = C + qkv + probs + heads_out;  // the norm's output whole (gathered under sp)
-          scratch = C * stream + qkv + heads_out + probs;
+          inside = C + qkv + (ring ? 2 * static_cast<double>(m.NH) / t : probs) + heads_out;  // the norm's output whole (gathered under sp)
+          scratch = C * stream + qkv + heads_out + (ring ? 0 : probs);
           recomputed = layout.recompute != Recompute::kNone;
           r.deferred_bytes += 4 * (C * stream + qkv);
           ++r.attention_layers;
@@ -169,8 +178,22 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           // rank's doubles of it and sums them exactly; fast: their fp32 partial sums.
           const double kv = static_cast<double>(2 * m.NKV * m.HS) / t, cp = static_cast<double>(layout.cp);
           const bool exact = request_.mode == Mode::kCanonical;
-          r.cp_held_bytes = std::max(r.cp_held_bytes, 4 * (qkv + 2 * kv + kv / cp) + (exact ? 9 * kv + 4 * kv / cp : 4 * kv));
           if (exact) r.cp_reduce_bytes = std::max(r.cp_reduce_bytes, 8 * kv + 9 * kv / cp);
+          if (!ring) {
+            r.cp_held_bytes = std::max(r.cp_held_bytes, 4 * (qkv + 2 * kv + kv / cp) + (exact ? 9 * kv + 4 * kv / cp : 4 * kv));
+            break;
+          }
+          // The ring's set: every rank's k and v, the keys' gradient sums and this rank's shard of
+          // them, and its query rows' running sums (exact: a double and a flag each) and D.
+          const double heads = heads_out / cp;
+          r.cp_held_bytes = std::max(r.cp_held_bytes, 4 * kv + (exact ? 9 : 4) * kv + 4 * kv / cp +
+                                                          (exact ? 9 : 4) * heads + 4 * static_cast<double>(m.NH) / t / cp);
+          // Of attention's six products a token (activation_flops), the ring computes the scores
+          // three times forward in canonical mode (twice in fast), and the scores and datt twice
+          // backward.
+          const double product = l.activation_flops / 6;
+          r.ring_forward_flops += product * (exact ? 2 : 1);
+          r.ring_backward_flops += product * 3;
           break;
         }
         case LayerKind::kMlp:
@@ -561,7 +584,14 @@ SearchResult Planner::search() {
                       reject(l, why);
                       continue;
                     }
-                    const Prediction p = predict(l);
+                    Prediction p = predict(l);
+                    // Where the all-gather's probabilities do not fit, the ring (more compute, the
+                    // same bytes, less memory); where they fit, the ring would only be slower.
+                    if (l.cp > 1 && !fits(p).empty()) {
+                      Layout ring = l;
+                      ring.ring = true;
+                      p = predict(ring);
+                    }
                     if (!out.any_predicted || p.memory.total() < out.least_memory.memory.total()) out.least_memory = p;
                     out.any_predicted = true;
                     if (Problem why = fits(p); !why.empty()) {

@@ -271,6 +271,36 @@ TEST(PlanCostModel, ContextParallelismSplitsTheSequence) {
               1e-12 * one.memory.activations);
 }
 
+// The ring (p2p): no probabilities kept and no (tokens, T) workspace, the ring's own buffers
+// instead; the same bytes sent; the recomputed products (canonical: two forward, three backward of
+// attention's six a token; fast: one and three) at the GEMM rate. Its layout text round-trips.
+TEST(PlanCostModel, TheRingKeepsNoProbabilitiesAndRecomputesTheScores) {
+  for (Mode mode : {Mode::kFast, Mode::kCanonical}) {
+    PlanRequest r = long_request(mode);
+    const ModelConfig& cfg = r.model.config;
+    const Cluster c = cluster(8, 1, 80, 0);
+    Planner planner(r, c);
+    const Layout gather{.cp = 4, .micro_batch = 2}, ring{.cp = 4, .ring = true, .micro_batch = 2};
+    const Prediction g = planner.predict(gather), p = planner.predict(ring);
+    EXPECT_EQ(p.time.cp_comm, g.time.cp_comm);
+    const auto T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.d_model);
+    const double tokens = 2 * T / 4, layers = static_cast<double>(cfg.n_layers);
+    const double product = 2 * C * T;  // one of the six: 12·C·T a token
+    const double rate = c.gemm_flops(Precision::kBf16);
+    const bool exact = mode == Mode::kCanonical;
+    const double extra = (exact ? 5 : 4) * product * tokens * layers / rate * static_cast<double>(g.micro_batches);
+    EXPECT_NEAR(p.time.compute - g.time.compute, extra, 1e-9 * extra);
+    // Memory: nothing (T, T)-shaped, so linear in T, where the all-gather's grows faster; and less
+    // by at least the kept probabilities (NH·T a token, bf16) beyond the ring's max and Z (2·NH).
+    Planner longer(long_request(mode, Precision::kBf16, 2 * cfg.seq_len), c);
+    EXPECT_NEAR(longer.predict(ring).memory.activations, 2 * p.memory.activations, 1e-9 * p.memory.activations);
+    EXPECT_GT(longer.predict(gather).memory.activations, 3 * g.memory.activations);
+    const double NH = static_cast<double>(cfg.n_heads);
+    EXPECT_GE(g.memory.activations - p.memory.activations, layers * tokens * (NH * T - 2 * NH) * 2);
+  }
+  EXPECT_EQ(parse_layout("dp2 tp1 pp1 cp4 p2p mb1 zero1", "test").text(), "dp2 tp1 pp1 cp4 p2p mb1 zero1");
+}
+
 // The cp ranks hold the same parameters: the gradients are reduced, and ZeRO shards them, over
 // dp × cp — as over as many data-parallel ranks (zero 2's reduce-scatter runs in each of dp 2's
 // four micro-batches, dp 8's one).
@@ -502,6 +532,16 @@ TEST(PlanSearch, LongSequencesNeedContextParallelism) {
         << cp;
   }
   for (const Prediction& p : s.ranked) EXPECT_GT(p.layout.cp * p.layout.tp, 1) << p.layout.text();
+  // The ring where, and only where, the all-gather's probabilities do not fit.
+  int64_t rings = 0;
+  for (const Prediction& p : s.ranked) {
+    if (!p.layout.ring) continue;
+    ++rings;
+    Layout twin = p.layout;
+    twin.ring = false;
+    EXPECT_FALSE(planner.fits(planner.predict(twin)).empty()) << p.layout.text();
+  }
+  EXPECT_GT(rings, 0);
   const Prediction whole = planner.predict({.dp = 8, .micro_batch = 1, .recompute = Recompute::kFull});
   EXPECT_FALSE(planner.fits(whole).empty());
 }
