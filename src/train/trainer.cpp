@@ -403,6 +403,12 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
                cfg.source, ": [inject] site ", f.site, ": no checkpoint is written after step ", f.step,
                " ([checkpoint] dir and every; the last step's is always written)");
   }
+  // The ring keeps no attention probabilities: nothing for a fault there to act on.
+  for (const Injection& f : faults) {
+    LS_REQUIRE(!(cpc.size() > 1 && pc.cp_comm == "p2p" && f.site.ends_with("/attn/att")), cfg.source, ": [inject] site ",
+               f.site, ": [parallel] cp_comm = \"p2p\" holds no attention probabilities (the ring keeps each row's max "
+               "and Z); inject into attn/out or use cp_comm = \"all_gather\"");
+  }
   Injector injector(faults, process, model, ddp.moments_m(), ddp.moments_v(), [&] { return ddp.reduced_grads(); });
   // Under pipeline parallelism a site is on one stage: an [inject] that no rank can act on is an error.
   if (ppc.size() > 1 && cfg.inject.campaign.empty() && faults.front().kind != Injection::Kind::kNone) {

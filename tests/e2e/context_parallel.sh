@@ -21,7 +21,8 @@
 #    sequences) as global tensors, and `lockstep diff --bounds` finds each within its op-local bound
 #    of the one-process fast run;
 #  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with pipeline
-#    parallelism, a cp that does not divide the ranks, an unknown cp_comm — one line each.
+#    parallelism, a cp that does not divide the ranks, an unknown cp_comm, a fault injected into the
+#    probabilities the ring does not hold — one line each.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_data
@@ -135,4 +136,6 @@ expect_mpi_error "\[parallel\] cp = 2 does not run with pipeline parallelism \(\
   4 --parallel.cp=2 --parallel.pp=2
 expect_mpi_error "x cp \(3\) = 3 must divide the number of ranks \(2\)" 2 --parallel.cp=3
 expect_mpi_error "\[parallel\] cp_comm must be \"all_gather\" or \"p2p\" \(got \"ring\"\)" 2 --parallel.cp=2 --parallel.cp_comm=ring
+expect_mpi_error "\[inject\] site layer/0/attn/att: \[parallel\] cp_comm = \"p2p\" holds no attention probabilities" \
+  2 --parallel.cp=2 --parallel.cp_comm=p2p --inject.site=layer/0/attn/att --inject.step=0 --inject.kind=bitflip:bit=28,index=5
 echo "context parallelism: OK"
