@@ -218,6 +218,7 @@ class RingAttention final : public AttentionOp {
 
   void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float*, const float* dout, const float* qkv,
                 const float* att) override {
+    // The backward passes read the kept max and Z only (BlockSoftmax holds them writable for the forward).
     const std::vector<Queries> qs = queries(s, mode, const_cast<float*>(att), qkv, dout);
     for (const Queries& q : qs) std::fill_n(q.stats.delta, q.n, 0.0f);
     const int64_t n = 2 * s.B * s.NKV * s.T * s.HS;
