@@ -36,12 +36,6 @@
 namespace lockstep::cpu {
 namespace {
 
-void check_shape(AttentionShape s, const char* op) {
-  LS_REQUIRE(s.B > 0 && s.T > 0 && s.NH > 0 && s.NKV > 0 && s.HS > 0, op,
-             ": B, T, NH, NKV, HS must be positive (got B=", s.B, " T=", s.T, " NH=", s.NH,
-             " NKV=", s.NKV, " HS=", s.HS, ")");
-  LS_REQUIRE(s.NH % s.NKV == 0, op, ": NH (", s.NH, ") must be a multiple of NKV (", s.NKV, ")");
-}
 
 // A _rows call's query rows lie on the contract's chunks: T, first and count multiples of 64 (a
 // chunk of a key's chain never spans two calls), first + count <= T.
@@ -177,12 +171,7 @@ void softmax_rows_canonical(float* A, int64_t r0, int64_t r1, int64_t T, float s
     float* a = A + (t - r0) * T;
     for (int64_t u = 0; u <= t; ++u) a[u] = a[u] * scale;
     // a NaN score is skipped here but makes Z, so the row, NaN
-    const float m = simd::first_max(a, t + 1);
-    const int64_t nv = (t + 1) / 8 * 8;
-    for (int64_t u = 0; u < nv; u += 8) {
-      _mm256_storeu_ps(a + u, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), simd::set1(m))));
-    }
-    for (int64_t u = nv; u <= t; ++u) a[u] = ls_expf(a[u] - m);
+    exp_row(a, t + 1, simd::first_max(a, t + 1));
   }
   canonical_rows<false>(A, A, T, r0, r1, Z);  // y is not read by a plain sum
   for (int64_t t = r0; t < r1; ++t) {

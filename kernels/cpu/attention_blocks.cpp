@@ -35,8 +35,7 @@ constexpr int64_t kTile = kCanonicalChunk;
 
 void check_call(AttentionShape s, QueryRows rows, const KeyBlock& keys, const BlockSoftmax& st, Mode mode,
                 const char* op) {
-  LS_REQUIRE(s.B > 0 && s.T > 0 && s.NH > 0 && s.NKV > 0 && s.HS > 0 && s.NH % s.NKV == 0, op,
-             ": B, T, NH, NKV, HS must be positive and NH a multiple of NKV");
+  check_shape(s, op);
   const auto aligned = [&](int64_t first, int64_t count) {
     return first >= 0 && count > 0 && first + count <= s.T && first % kTile == 0 && count % kTile == 0;
   };
@@ -115,15 +114,6 @@ void scores(Mode mode, const Pair& p, int64_t r0, int64_t cols, float scale, con
     return;
   }
   sgemm_serial(false, true, kTile, cols, p.HS, scale, qr, p.W, k, p.KVW, 0.0f, S, cols);
-}
-
-// e = exp(s − m) over a row's visible prefix (8 lanes, then the scalar tail: the same bits).
-void exp_row(float* a, int64_t n, float m) {
-  const int64_t nv = n / 8 * 8;
-  for (int64_t u = 0; u < nv; u += 8) {
-    _mm256_storeu_ps(a + u, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), simd::set1(m))));
-  }
-  for (int64_t u = nv; u < n; ++u) a[u] = ls_expf(a[u] - m);
 }
 
 // Σ over each of the tile's rows' visible keys of x (kDot: of x·y), x and y (64, cols) at ld cols,

@@ -1,5 +1,6 @@
-// Internal: the small row loops both attention kernels run (attention.cpp, attention_blocks.cpp):
-// one link of HS chains, fast mode's diagonal-block terms and its any-order dot product.
+// Internal: what both attention kernels share (attention.cpp, attention_blocks.cpp): the shape
+// check, a row's exp(s − m), one link of HS chains, fast mode's diagonal-block terms and its
+// any-order dot product.
 #pragma once
 
 #include <immintrin.h>
@@ -7,7 +8,28 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/simd_math.hpp"
+#include "kernels/ops/attention.hpp"
+#include "kernels/ops/transcendental.hpp"
+#include "src/core/check.hpp"
+
 namespace lockstep::cpu {
+
+inline void check_shape(AttentionShape s, const char* op) {
+  LS_REQUIRE(s.B > 0 && s.T > 0 && s.NH > 0 && s.NKV > 0 && s.HS > 0, op,
+             ": B, T, NH, NKV, HS must be positive (got B=", s.B, " T=", s.T, " NH=", s.NH,
+             " NKV=", s.NKV, " HS=", s.HS, ")");
+  LS_REQUIRE(s.NH % s.NKV == 0, op, ": NH (", s.NH, ") must be a multiple of NKV (", s.NKV, ")");
+}
+
+// e = exp(s − m) over a row's visible prefix (8 lanes, then the scalar tail: the same bits).
+inline void exp_row(float* a, int64_t n, float m) {
+  const int64_t nv = n / 8 * 8;
+  for (int64_t u = 0; u < nv; u += 8) {
+    _mm256_storeu_ps(a + u, simd::expf8(_mm256_sub_ps(_mm256_loadu_ps(a + u), simd::set1(m))));
+  }
+  for (int64_t u = nv; u < n; ++u) a[u] = ls_expf(a[u] - m);
+}
 
 // One link of HS chains: acc[d] = fma(w, x[d], acc[d]).
 inline void fma_link(float* acc, float w, const float* x, int64_t n) {

@@ -2,8 +2,9 @@
 #include "src/parallel/context_parallel.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <functional>
+#include <span>
 
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
@@ -33,8 +34,6 @@ CpComm parse_cp_comm(const std::string& name, const std::string& source) {
   LS_REQUIRE(name == "p2p", source, ": [parallel] cp_comm must be \"all_gather\" or \"p2p\" (got \"", name, "\")");
   return CpComm::kP2p;
 }
-
-const char* cp_comm_name(CpComm c) { return c == CpComm::kP2p ? "p2p" : "all_gather"; }
 
 std::vector<SeqBlock> zigzag_blocks(int64_t T, int64_t cp, int64_t rank) {
   const int64_t c = T / (2 * cp);
@@ -93,6 +92,23 @@ struct CpBuffers {
 
 namespace {
 
+// This rank's tokens' k and v (B·T/cp rows of qkv) to dst, rows of 2·NKV·HS: what it sends.
+void copy_keys_values(AttentionShape s, int64_t tokens, const float* qkv, float* dst) {
+  const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Q = s.NH * s.HS, KV = 2 * s.NKV * s.HS;
+  for (int64_t i = 0; i < tokens; ++i) std::copy_n(qkv + i * W + Q, KV, dst + i * KV);
+}
+
+// A token's rows of dk (times the scale, after the sum's rounding) and dv in its qkv row r, key/value
+// head g's at dk[g·stride], dv[g·stride].
+void put_key_grads(AttentionShape s, float* r, const float* dk, const float* dv, int64_t stride, float scale) {
+  for (int64_t g = 0; g < s.NKV; ++g) {
+    for (int64_t d = 0; d < s.HS; ++d) {
+      r[(s.NH + g) * s.HS + d] = dk[g * stride + d] * scale;
+      r[(s.NH + s.NKV + g) * s.HS + d] = dv[g * stride + d];
+    }
+  }
+}
+
 class ContextParallelAttention final : public AttentionOp {
  public:
   ContextParallelAttention(comm::Communicator& cp, CpBuffers& buffers) : cp_(cp), b_(buffers) {}
@@ -123,14 +139,8 @@ class ContextParallelAttention final : public AttentionOp {
     const float* dk = b_.summed.data();
     const float* dv = dk + n / 2;
     for_each_token(blocks(s.T, cp_.rank()), s.B, [&](int64_t i, int64_t b, int64_t position) {
-      float* r = dqkv + i * W;
-      for (int64_t g = 0; g < s.NKV; ++g) {
-        const int64_t at = ((b * s.NKV + g) * s.T + position) * s.HS;
-        for (int64_t d = 0; d < s.HS; ++d) {
-          r[(s.NH + g) * s.HS + d] = dk[at + d] * scale;
-          r[(s.NH + s.NKV + g) * s.HS + d] = dv[at + d];
-        }
-      }
+      const int64_t at = (b * s.NKV * s.T + position) * s.HS;
+      put_key_grads(s, dqkv + i * W, dk + at, dv + at, s.T * s.HS, scale);
     });
   }
 
@@ -145,7 +155,7 @@ class ContextParallelAttention final : public AttentionOp {
     b_.recv.resize(static_cast<size_t>(local * KV * cp_.size()));
     b_.all.resize(static_cast<size_t>(s.B * s.T * W));
     float* all = b_.all.data();
-    for (int64_t i = 0; i < local; ++i) std::copy_n(qkv + i * W + Q, KV, b_.send.data() + i * KV);
+    copy_keys_values(s, local, qkv, b_.send.data());
     cp_.all_gather(b_.send.data(), b_.recv.data(), local * KV, DType::kF32);
     for (int r = 0; r < cp_.size(); ++r) {
       const float* from = b_.recv.data() + r * local * KV;
@@ -194,18 +204,18 @@ class RingAttention final : public AttentionOp {
   bool keeps_probabilities() const override { return false; }
 
   void forward(Backend& be, Mode mode, AttentionShape s, float* out, float* att, const float* qkv) override {
-    const std::vector<Queries> qs = queries(s, mode, att, qkv, nullptr);
+    const QueryBlocks qs = queries(s, mode, att, qkv, nullptr);
     for (const Queries& q : qs) {
       std::fill_n(q.stats.max, q.n, -INFINITY);
-      std::fill_n(q.stats.denom, q.n, 0.0f);
+      if (mode == Mode::kFast) std::fill_n(q.stats.denom, q.n, 0.0f);  // a running sum there
     }
     ring(s, qkv, [&](const KeyBlock& k) {
       for (const Queries& q : qs) {
         if (sees(q, k)) be.attention_blocks_forward(mode, s, BlockPass::kMax, q.rows, k, q.stats, q.q);
       }
     });
-    const std::vector<BlockPass> passes = mode == Mode::kCanonical ? std::vector{BlockPass::kSum, BlockPass::kValues}
-                                                                   : std::vector{BlockPass::kSum};
+    static constexpr BlockPass kCanonicalPasses[] = {BlockPass::kSum, BlockPass::kValues};
+    const std::span<const BlockPass> passes(kCanonicalPasses, mode == Mode::kCanonical ? 2 : 1);
     for (BlockPass pass : passes) {
       every_block(s, [&](const KeyBlock& k) {
         for (const Queries& q : qs) {
@@ -219,7 +229,7 @@ class RingAttention final : public AttentionOp {
   void backward(Backend& be, Mode mode, AttentionShape s, float* dqkv, float*, const float* dout, const float* qkv,
                 const float* att) override {
     // The backward passes read the kept max and Z only (BlockSoftmax holds them writable for the forward).
-    const std::vector<Queries> qs = queries(s, mode, const_cast<float*>(att), qkv, dout);
+    const QueryBlocks qs = queries(s, mode, const_cast<float*>(att), qkv, dout);
     for (const Queries& q : qs) std::fill_n(q.stats.delta, q.n, 0.0f);
     const int64_t n = 2 * s.B * s.NKV * s.T * s.HS;
     const KeyGrads grads = b_.key_grads(mode, n);
@@ -249,29 +259,32 @@ class RingAttention final : public AttentionOp {
     BlockSoftmax stats;
   };
 
+  // The zig-zag's two blocks of this rank.
+  using QueryBlocks = std::array<Queries, 2>;
+
   const std::vector<SeqBlock>& blocks(int64_t T, int rank) { return b_.blocks_of(T, cp_.size(), rank); }
 
-  std::vector<Queries> queries(AttentionShape s, Mode mode, float* kept, const float* qkv, const float* dout) {
+  // The running sums start zero and every pass's end leaves them zero: they are set up (zeroed)
+  // only when their size changes.
+  QueryBlocks queries(AttentionShape s, Mode mode, float* kept, const float* qkv, const float* dout) {
     const int64_t W = (s.NH + 2 * s.NKV) * s.HS;
-    std::vector<Queries> qs;
+    QueryBlocks qs;
     int64_t row = 0;
-    for (const SeqBlock& k : blocks(s.T, cp_.rank())) {
-      const auto i = qs.size();
+    for (size_t i = 0; i < qs.size(); ++i) {
+      const SeqBlock& k = blocks(s.T, cp_.rank())[i];
       CpBuffers::QuerySums& sums = b_.query_sums[i];
       const int64_t n = s.B * s.NH * k.length;
+      const auto elements = static_cast<size_t>(n * s.HS);
       sums.delta.resize(static_cast<size_t>(n));
-      if (mode == Mode::kCanonical) {
-        if (static_cast<int64_t>(sums.exact.size()) != n * s.HS) sums.exact.reset(static_cast<size_t>(n * s.HS));
-      } else {
-        sums.sums.assign(static_cast<size_t>(n * s.HS), 0.0f);
-      }
+      if (mode == Mode::kCanonical && sums.exact.size() != elements) sums.exact.reset(elements);
+      if (mode == Mode::kFast && sums.sums.size() != elements) sums.sums.assign(elements, 0.0f);
       float* max = kept + 2 * s.NH * row;
-      qs.push_back({.rows = {k.position, k.length},
-                    .row = row,
-                    .n = n,
-                    .q = qkv + row * W,
-                    .dout = dout != nullptr ? dout + row * s.NH * s.HS : nullptr,
-                    .stats = {max, max + n, sums.delta.data(), &sums.exact, sums.sums.data()}});
+      qs[i] = {.rows = {k.position, k.length},
+               .row = row,
+               .n = n,
+               .q = qkv + row * W,
+               .dout = dout != nullptr ? dout + row * s.NH * s.HS : nullptr,
+               .stats = {max, max + n, sums.delta.data(), &sums.exact, sums.sums.data()}};
       row += s.B * k.length;
     }
     return qs;
@@ -289,7 +302,8 @@ class RingAttention final : public AttentionOp {
             (2 * r + static_cast<int64_t>(i)) * grads};
   }
 
-  void every_block(AttentionShape s, const std::function<void(const KeyBlock&)>& f) {
+  template <class F>
+  void every_block(AttentionShape s, F&& f) {
     for (int r = 0; r < cp_.size(); ++r) {
       for (size_t i = 0; i < 2; ++i) f(key_block(s, r, i));
     }
@@ -297,13 +311,12 @@ class RingAttention final : public AttentionOp {
 
   // Every rank's k and v into b_.ring around the ring: step i holds rank (me − i)'s, sends it on to
   // me + 1 and receives (me − i − 1)'s from me − 1 while `arrived` runs on its blocks.
-  void ring(AttentionShape s, const float* qkv, const std::function<void(const KeyBlock&)>& arrived) {
+  template <class F>
+  void ring(AttentionShape s, const float* qkv, F&& arrived) {
     const int p = cp_.size(), me = cp_.rank();
-    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Q = s.NH * s.HS, KV = 2 * s.NKV * s.HS;
-    const int64_t local = s.B * s.T / p, n = local * KV;
+    const int64_t local = s.B * s.T / p, n = local * 2 * s.NKV * s.HS;
     b_.ring.resize(static_cast<size_t>(p * n));
-    float* own = b_.ring.data() + me * n;
-    for (int64_t i = 0; i < local; ++i) std::copy_n(qkv + i * W + Q, KV, own + i * KV);
+    copy_keys_values(s, local, qkv, b_.ring.data() + me * n);
     for (int step = 0; step < p; ++step) {
       const int held = (me - step + p) % p;
       comm::Handle sent, received;
@@ -342,14 +355,8 @@ class RingAttention final : public AttentionOp {
       const float* dv = dk + s.B * s.NKV * k.length * s.HS;
       for (int64_t b = 0; b < s.B; ++b) {
         for (int64_t t = 0; t < k.length; ++t) {
-          float* r = dqkv + (row + b * k.length + t) * W;
-          for (int64_t g = 0; g < s.NKV; ++g) {
-            const int64_t from = ((b * s.NKV + g) * k.length + t) * s.HS;
-            for (int64_t d = 0; d < s.HS; ++d) {
-              r[(s.NH + g) * s.HS + d] = dk[from + d] * scale;
-              r[(s.NH + s.NKV + g) * s.HS + d] = dv[from + d];
-            }
-          }
+          const int64_t from = (b * s.NKV * k.length + t) * s.HS;
+          put_key_grads(s, dqkv + (row + b * k.length + t) * W, dk + from, dv + from, k.length * s.HS, scale);
         }
       }
       row += s.B * k.length;

@@ -62,7 +62,6 @@ namespace lockstep::parallel {
 enum class CpComm : uint8_t { kAllGather, kP2p };
 // ConfigError naming `source` and the field for a name other than "all_gather" and "p2p".
 CpComm parse_cp_comm(const std::string& name, const std::string& source);
-const char* cp_comm_name(CpComm c);
 
 // What else a run with context parallelism uses.
 struct CpRun {

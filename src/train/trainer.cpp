@@ -353,9 +353,10 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
     ep_plan.emplace(tp_plan ? static_cast<const ModelPlan&>(*tp_plan) : one_device, *expert_exchange);
   }
   const ModelPlan* plan = ep_plan ? static_cast<const ModelPlan*>(&*ep_plan) : tp_plan ? &*tp_plan : nullptr;
+  const parallel::CpComm cp_comm = parallel::parse_cp_comm(pc.cp_comm, cfg.source);
   std::optional<parallel::ContextParallelPlan> cp_plan;
   if (cpc.size() > 1) {
-    cp_plan.emplace(plan != nullptr ? *plan : one_device, cpc, parallel::parse_cp_comm(pc.cp_comm, cfg.source));
+    cp_plan.emplace(plan != nullptr ? *plan : one_device, cpc, cp_comm);
     plan = &*cp_plan;
   }
   // [verify] abft, or an injection at a GEMM product: the ops run through the backend that watches
@@ -405,7 +406,8 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   }
   // The ring keeps no attention probabilities: nothing for a fault there to act on.
   for (const Injection& f : faults) {
-    LS_REQUIRE(!(cpc.size() > 1 && pc.cp_comm == "p2p" && f.site.ends_with("/attn/att")), cfg.source, ": [inject] site ",
+    LS_REQUIRE(!(cpc.size() > 1 && cp_comm == parallel::CpComm::kP2p && f.site.ends_with("/attn/att")), cfg.source,
+               ": [inject] site ",
                f.site, ": [parallel] cp_comm = \"p2p\" holds no attention probabilities (the ring keeps each row's max "
                "and Z); inject into attn/out or use cp_comm = \"all_gather\"");
   }
