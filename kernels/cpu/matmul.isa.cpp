@@ -73,9 +73,12 @@ namespace {
 // of max |t_j| exceeds max(field(min nonzero |p_j|), 1) by at most this much.
 constexpr int64_t kExactWindow = 925;
 
-// K block of a long product (a multiple of the chunk): 20 KiB of an AVX-512 A micro-panel (L1),
-// 64 KiB of a B panel (L2); measured faster than 1024 on the head's input gradient (K = 8192).
-constexpr int64_t kKBlock = 8 * kCanonicalChunk;
+// K block of a long product (a multiple of the chunk): 2048 k's. A tile's sums (TileSums, 20
+// bytes an element of the whole output) are stored after each block and read before the next, so
+// shorter blocks multiply that traffic: with 512 the head's input gradient (K = 8192, N = 512 on
+// bench_medium's shapes) spent more time moving its 10 MiB of sums than on the panels' cache misses
+// that a longer block brings (measured on Zen 5: canonical 45 -> 35 ms bf16, fast fp32 54 -> 49 ms).
+constexpr int64_t kKBlock = 32 * kCanonicalChunk;
 
 // Register budget: 2·kMr accumulators + 2 B vectors + 1 broadcast of A must fit the register file
 // (16 ymm for AVX2: 6 rows). AVX-512's 32 zmm would take 12 rows; 10 leave the combination of the
@@ -314,8 +317,8 @@ struct alignas(kAlign) TileSums {
 // to kGroup chunks, and the group is added into the tile's sums chunk by chunk in order, each
 // element's state loaded and stored once a group. Storing the sums (20 bytes an element) after
 // every chunk cost the FMA loop about a fifth of its time on Zen 5, where 512-bit stores take
-// issue slots from the FMAs. Eight chunks make a long product's K block (kKBlock) one group: its
-// tiles' sums, carried between blocks through memory, are then read and written once a block.
+// issue slots from the FMAs. Eight chunks: the two group buffers (20 KiB on AVX-512) stay in L1;
+// a K block (kKBlock) is four groups, between which the tile's sums stay in L1 too.
 constexpr int kGroup = 8;
 constexpr int kVecs = kMr * kNr / kLanes;  // vectors of a tile
 static_assert(kVecs <= 32, "a tile's vectors fit a uint32_t mask");
@@ -783,10 +786,11 @@ LeftVectors drain_pending(TilePipeline& pl) {
   return retire_pending(pl, combine_alone(pl.pending, pl.group[pl.filling ^ 1]), PendingGroup{});
 }
 
-// Row strides of A micro-panels packed row by row (matmul_packed): a K block of up to kKBlock or
-// 2·kKBlock floats, plus a cache line so that the micro-panel's rows fall in different L1 sets.
-constexpr int kRowsShort = kKBlock + 16;
-constexpr int kRowsLong = 2 * kKBlock + 16;
+// Row strides of A micro-panels packed row by row (matmul_packed): the packed rows of a K block of
+// up to kKBlock or 2·kKBlock k's, plus a cache line so that the micro-panel's rows fall in
+// different L1 sets.
+constexpr int kRowsShort = packed_k(kKBlock) + 16;
+constexpr int kRowsLong = 2 * packed_k(kKBlock) + 16;
 
 // f(std::integral_constant<int, a_stride>{}) for the A micro-panels' layout: k-major (a_stride 0)
 // or row by row (kRowsShort, kRowsLong), so that tile loops take the stride as a constant.

@@ -1,11 +1,11 @@
 // Properties of the linear layer (forward, backward with parameter gradients) and of
-// matmul_canonical, in both modes, over random shapes (1, primes, odd sizes, K up to 2000) and
+// matmul_canonical, in both modes, over random shapes (1, primes, odd sizes, K up to 2000 or 5000) and
 // values (±0, subnormals, large magnitudes, NaN/Inf).
 //
 // Reference: Bounded<Mpfr64> (reference/linear.hpp, rigorous: MPFR values, order-free γ bounds).
 // Canonical mode is also bitwise equal to spec.hpp (canonical_dot transcribed), on every ISA.
 // Large values: inp up to 2^100 with weights/dout below 2^4, so that Σ|terms| < FLT_MAX for
-// K <= 2^11 and the running error analysis (which assumes no overflow) still holds.
+// K <= 2^13 and the running error analysis (which assumes no overflow) still holds.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -171,14 +171,15 @@ StridedProduct gen_strided_product(int64_t K) {
   return p;
 }
 
-// matmul_canonical with general strides (A row- or column-major, B either), K up to 2000:
+// matmul_canonical with general strides (A row- or column-major, B either), K up to 2000 or 5000
+// (K blocks whose sums carry from block to block):
 // bitwise equal to canonical_dot per element on every ISA, and within the Bounded<Mpfr64> dot
-// bound. Large values: A up to 2^100, B below 2^4 (Σ|a·b| < 2^115 < FLT_MAX).
+// bound. Large values: A up to 2^100, B below 2^4 (Σ|a·b| < 2^117 < FLT_MAX).
 RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
   const auto [M, N, K, sam, sak, sbk, sbn, ldc, A, B, where] =
       gen_strided_product(*rc::gen::weightedOneOf<int64_t>(
           {{2, rc::gen::inRange<int64_t>(1, 200)}, {1, rc::gen::inRange<int64_t>(200, 2001)},
-           {1, rc::gen::element<int64_t>(63, 64, 65, 127, 128, 129, 1999)}}));
+           {1, rc::gen::element<int64_t>(63, 64, 65, 127, 128, 129, 1999, 5000)}}));
 
   std::vector<float> spec(M * ldc, 7.0f);
   std::vector<BM> ref(M * ldc, BM(7.0));
@@ -200,7 +201,7 @@ RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
 }
 
 // matmul_fast (fast mode's GEMM where OpenBLAS's kernel is narrower than the CPU) with general
-// strides, K up to 2048 (several K blocks), alpha ±1, beta 0 over a C of NaNs (not read) or 1
+// strides, K up to 2048 or 5000 (several K blocks), alpha ±1, beta 0 over a C of NaNs (not read) or 1
 // (C's values one more term of the sum): within the order-free Bounded<Mpfr64> bound of
 // Σ alpha·a·b (+ C), on every ISA; the row padding of C stays untouched. (alpha scales the sums
 // after their roundings: a |alpha| > 1 would scale their underflow errors too, beyond the bound of
@@ -209,7 +210,7 @@ RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
   const auto [M, N, K, sam, sak, sbk, sbn, ldc, A, B, shape] =
       gen_strided_product(*rc::gen::weightedOneOf<int64_t>(
           {{2, rc::gen::inRange<int64_t>(0, 200)}, {1, rc::gen::inRange<int64_t>(200, 2049)},
-           {1, rc::gen::element<int64_t>(63, 64, 65, 1024, 1025, 1999, 2048)}}));
+           {1, rc::gen::element<int64_t>(63, 64, 65, 1024, 1025, 1999, 2048, 4097, 5000)}}));
   const float alpha = *rc::gen::element(1.0f, -1.0f);
   const float beta = *rc::gen::element(0.0f, 1.0f);
   const std::string where = shape + " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);

@@ -119,7 +119,8 @@ TEST(MatmulBf16, CanonicalEqualsCanonicalDotOnEveryPathAndThreadCount) {
     int64_t M, N, K;
   };
   const Shape shapes[] = {{1, 1, 1},    {7, 33, 63},   {13, 40, 64},  {21, 70, 65},
-                          {30, 31, 129}, {45, 65, 1000}, {12, 100, 1500}, {64, 50, 3000}};
+                          {30, 31, 129}, {45, 65, 1000}, {12, 100, 1500}, {64, 50, 3000},
+                          {20, 40, 5000}};
   uint64_t seed = 1;
   for (const Shape& s : shapes) {
     for (bool special : {false, true}) {
@@ -163,7 +164,7 @@ TEST(MatmulBf16, FastWithinTheDotBoundPlusFlushes) {
   ScopedIsa isa(Isa::kAvx512);
   ScopedBf16Kernel dots(Bf16Kernel::kDot);
   uint64_t seed = 100;
-  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{9, 40, 77}, {40, 70, 1100}, {70, 33, 300}}) {
+  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{9, 40, 77}, {40, 70, 4500}, {70, 33, 300}}) {
     for (int la = 0; la < test::kLayouts; la += 2) {
       // Spread normals, and rows and columns of tiny ones whose products fall below 2^-126 (there
       // the whole dot is flushed, far outside the dot bound alone); no inf or NaN.
@@ -238,7 +239,7 @@ TEST(MatmulBf16, FmaKernelGivesTheSameCanonicalBits) {
 // afterwards, bit for bit, in both modes, on every kernel that can run them (fused into
 // matmul_fast's stores; a pass after OpenBLAS; the canonical product's epilogue).
 TEST(MatmulBf16, RoundedOutputsEqualTheProductRoundedAfter) {
-  const LinearShape base{70, 1100, 130};  // the forward's K = 1100 runs in K blocks
+  const LinearShape base{70, 4500, 130};  // the forward's K = 4500 runs in K blocks
   std::mt19937_64 g(3);
   std::vector<float> inp(base.N * base.IC), w(base.OC * base.IC), b(base.OC), dout(base.N * base.OC);
   for (auto* v : {&inp, &w, &b, &dout})
