@@ -59,17 +59,15 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     // what it adds to the backward.
     const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone});
     const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute});
-    // The ring's recomputed products at the forward's rate.
     const double share = r.forward_flops / model_forward_flops_ / static_cast<double>(layout.cp);
-    const double ring = plain.forward / model_forward_flops_ / static_cast<double>(layout.cp);
-    return {plain.forward * share + ring * r.ring_forward_flops, plain.backward * share + ring * r.ring_backward_flops,
-            (with.backward - plain.backward) * share};
+    // The ring's recomputed products at the forward's time a FLOP.
+    const double forward_per_flop = plain.forward / model_forward_flops_ / static_cast<double>(layout.cp);
+    return {forward_per_flop * (r.forward_flops + r.ring_forward_flops),
+            plain.backward * share + forward_per_flop * r.ring_backward_flops, (with.backward - plain.backward) * share};
   }
-  const double rate = cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp);
-  const double tokens = rank_tokens(layout);
-  const double f = r.forward_flops * tokens / rate;
-  return {f + r.ring_forward_flops * tokens / rate, 2 * f + r.ring_backward_flops * tokens / rate,
-          r.recompute_flops * tokens / rate};
+  const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));
+  return {(r.forward_flops + r.ring_forward_flops) * per_flop,
+          (2 * r.forward_flops + r.ring_backward_flops) * per_flop, r.recompute_flops * per_flop};
 }
 
 double Planner::rank_tokens(const Layout& layout) const {
