@@ -67,6 +67,12 @@ nlohmann::json run_bench_report(const ValidateOptions& opt, const std::vector<st
   }
 }
 
+// Field by field.
+plan::PassTimes faster(const plan::PassTimes& a, const plan::PassTimes& b) {
+  return {std::min(a.forward, b.forward), std::min(a.backward, b.backward), std::min(a.optimizer, b.optimizer),
+          std::min(a.backward_input, b.backward_input), std::min(a.backward_weight, b.backward_weight)};
+}
+
 }  // namespace
 
 plan::CollectiveBench run_collective_bench(const ValidateOptions& opt) {
@@ -144,10 +150,17 @@ std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::
                                          const std::function<plan::Prediction(const plan::Layout&)>& predict,
                                          std::ostream& progress) {
   std::vector<Validation> best(layouts.size());
+  // Each layout's passes, the fastest of its rounds' timings, shape by shape: the table sets the
+  // fastest round's step beside a prediction from them, so that a moment the machine ran slow
+  // spoils neither side alone (its passes timed slow, or its run).
+  std::vector<plan::ComputeProfile> fastest(layouts.size());
   for (int64_t round = 0; round < opt.rounds; ++round) {
     for (size_t i = 0; i < layouts.size(); ++i) {
       const plan::ComputeProfile fresh = run_pass_profile(opt, &layouts[i]);
-      for (const auto& [shape, t] : fresh.times()) profile.set(shape, t);
+      for (const auto& [shape, t] : fresh.times()) {
+        profile.set(shape, t);
+        fastest[i].set(shape, round == 0 ? t : faster(fastest[i].at(shape), t));
+      }
       const Validation v{predict(layouts[i]), measure_layout(opt, layouts[i])};
       progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
                << v.measured.layout.text() << ": predicted " << std::fixed << std::setprecision(1)
@@ -160,6 +173,10 @@ std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::
       if (round == 0 || v.measured.step_s < b.measured.step_s) b = v;
       b.measured.peak_bytes = peak;
     }
+  }
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    for (const auto& [shape, t] : fastest[i].times()) profile.set(shape, t);
+    best[i].predicted = predict(layouts[i]);
   }
   return best;
 }

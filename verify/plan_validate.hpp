@@ -65,7 +65,8 @@ struct Validation {
 // Every layout in turn, opt.rounds times: its passes timed again (the shapes it needs, into
 // `profile`), the layout predicted from them at once (`predict`, a planner reading `profile`),
 // then run. A shared machine's speed drifts from one minute to the next: each prediction is made
-// beside its run, and each layout keeps its fastest round. A line per run to `progress`.
+// beside its run (a line per run to `progress`), and each layout keeps its fastest round, predicted
+// again at the end from the fastest of its passes' timings.
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
                                          plan::ComputeProfile& profile,
                                          const std::function<plan::Prediction(const plan::Layout&)>& predict,

@@ -107,19 +107,23 @@ int bench_passes(Args& args) {
     world.barrier();  // every rank times the same shape at once
     const plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
     // The slowest rank's: a layout's ranks wait for it.
-    double slowest[] = {t.forward, t.backward, t.optimizer};
+    double slowest[] = {t.forward, t.backward, t.optimizer, t.backward_input, t.backward_weight};
     world.all_reduce(std::span<double>(slowest), comm::ReduceOp::kMax);
-    profile.set(shape, {slowest[0], slowest[1], slowest[2]});
+    profile.set(shape, {slowest[0], slowest[1], slowest[2], slowest[3], slowest[4]});
   }
   if (world.rank() != 0) return 0;
   std::cout << "passes: " << *config << ", one thread on each of " << world.size()
             << " ranks at once (the slowest rank's median of " << repeats << "); a rank holds " << std::fixed
             << std::setprecision(0) << profile.runtime_bytes / (1 << 20) << " MiB before its model\n"
-            << "  tp  sp  micro-batch  recompute  forward ms  backward ms  optimizer ms\n";
+            << "  tp  sp  micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
   for (const auto& [s, t] : profile.times()) {
     std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(13) << s.micro_batch
               << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
-              << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3 << "\n";
+              << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3;
+    if (s.recompute == Recompute::kNone) {
+      std::cout << std::setw(12) << t.backward_input * 1e3 << " + " << t.backward_weight * 1e3;
+    }
+    std::cout << "\n";
   }
   if (json_path) write_json(*json_path, profile.to_json());
   return 0;

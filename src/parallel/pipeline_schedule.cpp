@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 #include "src/core/check.hpp"
@@ -155,9 +156,21 @@ Timeline simulate(const PipelineSchedule& s, const PassCosts& costs) {
   return simulate(s, std::vector<PassCosts>(static_cast<size_t>(s.pp), costs));
 }
 
-Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank) {
+FinalPasses final_passes(const std::vector<Pass>& row) {
+  FinalPasses f;
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (row[i].kind == PassKind::kBackward || row[i].kind == PassKind::kBackwardInput) f.input = i;
+    if (row[i].kind == PassKind::kBackward || row[i].kind == PassKind::kBackwardWeight) f.weight = i;
+  }
+  return f;
+}
+
+Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank, TiedEmbedding tied) {
   const int64_t p = s.pp;
   LS_CHECK(static_cast<int64_t>(by_rank.size()) == p, "simulate: ", by_rank.size(), " ranks' costs for pp ", p);
+  tied.tied = tied.tied && p > 1;
+  const size_t head_done = final_passes(s.ranks.back()).weight, embedding_waits = final_passes(s.ranks.front()).input;
+  std::optional<double> head_sent;  // when the head's gradient of wte reaches the first rank
   // End time of each (kind, stage, micro-batch) placed so far; a full backward counts as Bi too.
   std::map<std::tuple<PassKind, int64_t, int64_t>, double> ended;
   const auto end_of = [&](PassKind k, int64_t stage, int64_t micro) -> const double* {
@@ -205,8 +218,13 @@ Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_ra
             cost = costs.backward_weight;
             break;
         }
+        if (tied.tied && r == 0 && next[R] == embedding_waits) {
+          if (!head_sent) break;
+          ready = std::max(ready, *head_sent);
+        }
         if (!inputs) break;
         const double end = ready + cost;
+        if (tied.tied && r == p - 1 && next[R] == head_done) head_sent = end + tied.send;
         ended[{pass.kind == PassKind::kBackward ? PassKind::kBackwardInput : pass.kind, stage, pass.micro}] = end;
         t.passes.push_back({r, pass, ready, end});
         free_at[R] = end;

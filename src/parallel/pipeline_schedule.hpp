@@ -99,15 +99,30 @@ struct Timeline {
 // W, since the weight gradients read the layers' inputs.
 std::vector<int64_t> chunk_peaks(const std::vector<Pass>& row, int64_t chunks);
 
+// Where in a rank's row its gradients are final: the index of its last input-gradient pass (B or
+// Bi) and of its last weight-gradient pass (B or W).
+struct FinalPasses {
+  size_t input = 0, weight = 0;
+};
+FinalPasses final_passes(const std::vector<Pass>& row);
+
+// A model whose embedding (first stage) and head (last stage) share wte: the first rank's last
+// input-gradient pass waits for the head's gradient of wte, which the last rank sends after its
+// last weight-gradient pass and which takes `send` to arrive (pipeline.hpp's trainer does so).
+struct TiedEmbedding {
+  bool tied = false;
+  double send = 0;
+};
+
 // Runs the table: each rank's passes in its order, each starting when the rank's previous pass
 // has ended and its inputs are there (a forward: the previous stage's forward of its micro-batch;
-// a backward or Bi: its own forward and the next stage's backward or Bi; a W: its Bi). A
-// micro-batch is in flight from its forward to its B or Bi.
+// a backward or Bi: its own forward and the next stage's backward or Bi; a W: its Bi; and with a
+// tied embedding, TiedEmbedding's wait). A micro-batch is in flight from its forward to its B or Bi.
 // InternalError when the table cannot complete (a pass waits for one that never comes): a table
 // that would hang the pipeline.
 Timeline simulate(const PipelineSchedule& s, const PassCosts& costs);
 // The same with each pipeline rank's own costs (by_rank[r]; a send costs the receiver's p2p).
-Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank);
+Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank, TiedEmbedding tied = {});
 
 // The bubble the literature gives for `kind` with F = Bi = W and no p2p time (1f1b, gpipe:
 // (p − 1)/(m + p − 1); interleaved: (p − 1)/(v·m + p − 1); zb: (p − 1)/(3m + p − 1) for m ≥ p,

@@ -52,13 +52,21 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   SoloTpGroup group(shape.tp);
   std::optional<parallel::TensorParallelPlan> tp_plan;
   if (shape.tp > 1) tp_plan.emplace(group, shape.sp);
-  Model model(run.model, tc.mode, shape.micro_batch,
-              {.plan = tp_plan ? &*tp_plan : nullptr,
-               .backend = &backend,
-               .precision = tc.precision_recipe(),
-               .recompute = shape.recompute});
+  const ModelOptions options{.plan = tp_plan ? &*tp_plan : nullptr,
+                             .backend = &backend,
+                             .precision = tc.precision_recipe(),
+                             .recompute = shape.recompute};
+  Model model(run.model, tc.mode, shape.micro_batch, options);
   model.init_parameters();
   AdamW adamw(model, tc.adamw());
+  // The split backward's model, timed in turn with the other so that both see the same machine.
+  std::optional<Model> split;
+  if (shape.recompute == Recompute::kNone) {
+    ModelOptions o = options;
+    o.split_backward = true;
+    split.emplace(run.model, tc.mode, shape.micro_batch, o);
+    split->init_parameters();
+  }
 
   // Uniform tokens (a pass's cost does not depend on their values).
   const int64_t T = run.model.seq_len;
@@ -73,7 +81,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   // Untimed passes first: the first touch their buffers, and a process's first milliseconds run
   // slower than its steady state.
   constexpr int64_t kUntimed = 3;
-  std::vector<double> forward, backward, optimizer;
+  std::vector<double> forward, backward, optimizer, backward_input, backward_weight;
   for (int64_t i = 0; i < kUntimed + repeats; ++i) {
     ChunkCombiner loss;
     auto t0 = std::chrono::steady_clock::now();
@@ -90,13 +98,28 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     clip_grad_norm(model, static_cast<float>(tc.grad_clip));
     adamw.update(model, tc.lr, i + 1);
     o += seconds_since(t0);
+    double bi = 0, w = 0;
+    if (split) {
+      ChunkCombiner split_loss;
+      split->zero_grad();
+      split->forward(0, batch);
+      t0 = std::chrono::steady_clock::now();
+      split->backward(0, dloss, split_loss, true);
+      bi = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      split->backward_weight(0, true);
+      w = seconds_since(t0);
+    }
     if (i < kUntimed) continue;
     forward.push_back(f);
     backward.push_back(b);
     optimizer.push_back(o);
+    backward_input.push_back(bi);
+    backward_weight.push_back(w);
   }
   // Medians, as a run's step time is its steps' median.
-  return {stats_of(forward).median, stats_of(backward).median, stats_of(optimizer).median};
+  return {stats_of(forward).median, stats_of(backward).median, stats_of(optimizer).median,
+          stats_of(backward_input).median, stats_of(backward_weight).median};
 }
 
 const PassTimes& ComputeProfile::at(const PassShape& shape) const {
@@ -111,7 +134,8 @@ nlohmann::json ComputeProfile::to_json() const {
   for (const auto& [s, t] : times_) {
     shapes.push_back({{"tp", s.tp}, {"sp", s.sp}, {"micro_batch", s.micro_batch},
                       {"recompute", recompute_name(s.recompute)}, {"forward_s", t.forward},
-                      {"backward_s", t.backward}, {"optimizer_s", t.optimizer}});
+                      {"backward_s", t.backward}, {"optimizer_s", t.optimizer},
+                      {"backward_input_s", t.backward_input}, {"backward_weight_s", t.backward_weight}});
   }
   return {{"passes", shapes},
           {"runtime_mib", runtime_bytes / (1 << 20)},
@@ -128,7 +152,8 @@ ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::str
     for (const auto& s : j.at("passes")) {
       p.set({s.at("tp").get<int64_t>(), s.at("sp").get<bool>(), s.at("micro_batch").get<int64_t>(),
              parse_recompute(s.at("recompute").get<std::string>(), where)},
-            {s.at("forward_s").get<double>(), s.at("backward_s").get<double>(), s.at("optimizer_s").get<double>()});
+            {s.at("forward_s").get<double>(), s.at("backward_s").get<double>(), s.at("optimizer_s").get<double>(),
+             s.at("backward_input_s").get<double>(), s.at("backward_weight_s").get<double>()});
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(str_cat(where, ": not a `lockstep bench --passes` report (", e.what(), ")"));

@@ -26,9 +26,12 @@
 namespace lockstep::plan {
 
 // Seconds of one micro-batch's passes through the whole model on one rank, and of one AdamW
-// update of the rank's parameters.
+// update of the rank's parameters; without recomputation also the backward split in two passes
+// as the zero-bubble schedule runs it (ModelOptions::split_backward): everything but the linears'
+// weight gradients, then those. The two take longer than the backward in one.
 struct PassTimes {
   double forward = 0, backward = 0, optimizer = 0;
+  double backward_input = 0, backward_weight = 0;
 };
 
 struct PassShape {

@@ -63,7 +63,8 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     // The ring's recomputed products at the forward's time a FLOP.
     const double forward_per_flop = plain.forward / model_forward_flops_ / static_cast<double>(layout.cp);
     return {forward_per_flop * (r.forward_flops + r.ring_forward_flops),
-            plain.backward * share + forward_per_flop * r.ring_backward_flops, (with.backward - plain.backward) * share};
+            plain.backward * share + forward_per_flop * r.ring_backward_flops, (with.backward - plain.backward) * share,
+            plain.backward_input / plain.backward, plain.backward_weight / plain.backward};
   }
   const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));
   return {(r.forward_flops + r.ring_forward_flops) * per_flop,
@@ -329,8 +330,8 @@ Problem Planner::problem(const Layout& layout) {
 }
 
 Planner::PipelineTime Planner::timeline(const Layout& layout, int64_t micro,
-                                        const std::vector<parallel::PassCosts>& costs) {
-  std::vector<double> figures;
+                                        const std::vector<parallel::PassCosts>& costs, parallel::TiedEmbedding tied) {
+  std::vector<double> figures{tied.tied ? tied.send : -1};
   for (const parallel::PassCosts& c : costs) {
     figures.insert(figures.end(), {c.forward, c.backward_input, c.backward_weight, c.p2p});
   }
@@ -340,7 +341,7 @@ Planner::PipelineTime Planner::timeline(const Layout& layout, int64_t micro,
   if (!last_table_ || last_table_->first != key.first) {
     last_table_.emplace(key.first, parallel::make_schedule(layout.schedule, layout.pp, micro, layout.chunks, request_.source));
   }
-  const parallel::Timeline t = parallel::simulate(last_table_->second, costs);
+  const parallel::Timeline t = parallel::simulate(last_table_->second, costs, tied);
   return timelines_.emplace(key, PipelineTime{t.makespan, t.chunk_slots}).first->second;
 }
 
@@ -403,7 +404,11 @@ Prediction Planner::predict(const Layout& layout) {
     const double cf = attention * kv_gather;
     const double cb = (attention + static_cast<double>(r.recomputed_attention)) * kv_gather + attention * kv_reduce;
     const double f = t.forward + fc + ex + cf, b = t.backward + rc + bc + ex + cb;
-    by_rank.push_back({f / ch, b / (2 * ch), b / (2 * ch), p2p});
+    if (layout.schedule == parallel::ScheduleKind::kZeroBubble) {
+      by_rank.push_back({f / ch, b * t.input_share / ch, b * t.weight_share / ch, p2p});
+    } else {
+      by_rank.push_back({f / ch, b / (2 * ch), b / (2 * ch), p2p});  // B = Bi + W
+    }
     if (f + b <= forward + backward) continue;
     forward = f;
     backward = b;
@@ -420,7 +425,12 @@ Prediction Planner::predict(const Layout& layout) {
   std::vector<int64_t> in_flight(ranks.size(), 1);
   double makespan = busy;
   if (layout.pp > 1) {
-    const PipelineTime tl = timeline(layout, micro, by_rank);
+    // The head's gradient of a tied wte, sent from the last rank to the first (fp32, its tp shard).
+    const LayerDesc& head = request_.model.layers.back();
+    const parallel::TiedEmbedding tied{
+        head.kind == LayerKind::kHead && head.tied,
+        send_time(4 * static_cast<double>(head.dims.V * head.dims.C) / static_cast<double>(layout.tp), pp_link)};
+    const PipelineTime tl = timeline(layout, micro, by_rank, tied);
     makespan = tl.makespan;
     in_flight = tl.chunk_slots;  // the trainer's activation sets: each chunk its own peak
   }

@@ -71,15 +71,19 @@ class Planner {
     double makespan = 0;
     std::vector<int64_t> chunk_slots;  // parallel::Timeline's
   };
-  PipelineTime timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs);
+  PipelineTime timeline(const Layout& layout, int64_t micro, const std::vector<parallel::PassCosts>& costs,
+                        parallel::TiedEmbedding tied);
   // make_schedule's error for a layout's schedule with `micro` micro-batches ("" where it fits),
   // once per shape.
   const std::string& schedule_problem(const Layout& layout, int64_t micro);
 
   // Seconds of a micro-batch's forward and backward through one rank's layers, and the
   // recomputed forwards its backward runs first.
+  // The zero-bubble schedule's split backward: its two passes' shares of `backward` (measured, or
+  // on a declared cluster even; measured, their sum is a little over 1).
   struct Passes {
     double forward = 0, backward = 0, recompute = 0;
+    double input_share = 0.5, weight_share = 0.5;
   };
   Passes passes(const Layout& layout, const RankCost& r);
   // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.

@@ -245,13 +245,13 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
   // the last rank's last weight-gradient pass completes the head's.
   using parallel::PassKind;
   std::vector<size_t> last_input(model.num_chunks(), 0), last_weight(model.num_chunks(), 0);
-  size_t final_input = 0, final_weight = 0;
   for (size_t i = 0; i < passes.size(); ++i) {
     const PassKind kind = passes[i].kind;
     const auto c = static_cast<size_t>(passes[i].chunk);
-    if (kind == PassKind::kBackward || kind == PassKind::kBackwardInput) last_input[c] = final_input = i;
-    if (kind == PassKind::kBackward || kind == PassKind::kBackwardWeight) last_weight[c] = final_weight = i;
+    if (kind == PassKind::kBackward || kind == PassKind::kBackwardInput) last_input[c] = i;
+    if (kind == PassKind::kBackward || kind == PassKind::kBackwardWeight) last_weight[c] = i;
   }
+  const auto [final_input, final_weight] = parallel::final_passes(passes);
   for (size_t i = 0; i < passes.size(); ++i) {
     const parallel::Pass& pass = passes[i];
     LS_CHECK(static_cast<size_t>(pass.chunk) < model.num_chunks() && pass.micro < batch.count, "pass of chunk ",

@@ -29,6 +29,8 @@ shapes = {(s["tp"], s["sp"], s["micro_batch"], s["recompute"]) for s in p["passe
 # tp 1, tp 2 and tp 2 sp; micro-batches 1, 2, 4, 8; three recomputations.
 assert len(shapes) == 3 * 4 * 3 and (2, True, 1, "full") in shapes, sorted(shapes)
 assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in p["passes"]) and p["runtime_mib"] > 0, p
+# The zero-bubble schedule's split backward, timed where it runs (no recomputation).
+assert all((s["backward_input_s"] > 0 and s["backward_weight_s"] > 0) == (s["recompute"] == "none") for s in p["passes"]), p
 v = json.load(open(sys.argv[3]))["validate"]
 want = ["dp2 tp1 pp1 mb4 zero1", "dp1 tp2 pp1 mb4 zero0 sp", "dp1 tp1 pp2 mb2 zero0 1f1b", "dp1 tp1 pp1 cp2 mb4 zero0"]
 assert [r["layout"] for r in v] == want, [r["layout"] for r in v]

@@ -170,6 +170,42 @@ TEST(PipelineSchedule, ZeroBubbleSplitsTheBackwardAndFillsTheCooldown) {
   EXPECT_GT(slow.bubble, 3.0 / 11);
 }
 
+TEST(PipelineSchedule, ATiedEmbeddingWaitsForTheHeadsLastWeightGradient) {
+  // The first rank's last input-gradient pass starts after the last rank's last weight-gradient
+  // pass plus the send of the head's gradient, as the trainer orders them (pipeline.cpp).
+  const TiedEmbedding tied{true, 0.25};
+  for (ScheduleKind k : kAll) {
+    for (auto [p, m, v] : shapes(k)) {
+      if (p == 1) continue;
+      SCOPED_TRACE(testing::Message() << schedule_name(k) << " pp " << p << " m " << m << " v " << v);
+      const PipelineSchedule s = make_schedule(k, p, m, v, "test");
+      const std::vector<PassCosts> costs(static_cast<size_t>(p), PassCosts{});
+      const Timeline free = simulate(s, costs), t = simulate(s, costs, tied);
+      const auto placed = [&](const Timeline& tl, int64_t rank, size_t index) {
+        size_t seen = 0;
+        for (const TimedPass& x : tl.passes) {
+          if (x.rank == rank && seen++ == index) return x;
+        }
+        ADD_FAILURE() << "no pass " << index << " of rank " << rank;
+        return TimedPass{};
+      };
+      const TimedPass head = placed(t, p - 1, final_passes(s.ranks.back()).weight);
+      const TimedPass embedding = placed(t, 0, final_passes(s.ranks.front()).input);
+      EXPECT_GE(embedding.start, head.end + tied.send);
+      // Where the free table already orders them, the send is all the wait adds: at most once to the step.
+      if (placed(free, 0, final_passes(s.ranks.front()).input).start >= placed(free, p - 1, final_passes(s.ranks.back()).weight).end) {
+        EXPECT_LE(t.makespan, free.makespan + tied.send + 1e-12);
+      }
+      if (k != ScheduleKind::kZeroBubble) EXPECT_LE(t.makespan, free.makespan + tied.send + 1e-12);
+    }
+  }
+  // ZB with one micro-batch: the overlap of the last rank's W with the first rank's Bi is lost.
+  const PipelineSchedule one = make_schedule(ScheduleKind::kZeroBubble, 2, 1, 1, "test");
+  const std::vector<PassCosts> unit(2, PassCosts{});
+  EXPECT_DOUBLE_EQ(simulate(one, unit).makespan, 5);  // F F Bi Bi W
+  EXPECT_DOUBLE_EQ(simulate(one, unit, {true, 0}).makespan, 6);  // F F Bi W Bi W
+}
+
 TEST(PipelineSchedule, ATableThatWouldHangIsFound) {
   PipelineSchedule s = make_schedule(ScheduleKind::kOneFOneB, 2, 2, 1, "test");
   std::swap(s.ranks[1][0], s.ranks[1][1]);  // rank 1's first backward before its forward
