@@ -787,22 +787,29 @@ LeftVectors drain_pending(TilePipeline& pl) {
 }
 
 // Row strides of A micro-panels packed row by row (matmul_packed): the packed rows of a K block of
-// up to kKBlock or 2·kKBlock k's, plus a cache line so that the micro-panel's rows fall in
-// different L1 sets.
-constexpr int kRowsShort = packed_k(kKBlock) + 16;
-constexpr int kRowsLong = 2 * packed_k(kKBlock) + 16;
+// up to kKBlock / 4, kKBlock or 2·kKBlock k's, plus a cache line so that the micro-panel's rows
+// fall in different L1 sets. The short one keeps the packed A of a short K (a d_model of a few
+// hundred) near its size: at the whole block's stride, A of 2048 rows and K = 128 takes 17 MiB
+// instead of 4.
+constexpr int kRowsShortK = packed_k(kKBlock / 4) + 16;
+constexpr int kRowsBlock = packed_k(kKBlock) + 16;
+constexpr int kRowsLongK = 2 * packed_k(kKBlock) + 16;
+
+int64_t row_stride(int64_t kb) { return kb <= kKBlock / 4 ? kRowsShortK : kb <= kKBlock ? kRowsBlock : kRowsLongK; }
 
 // f(std::integral_constant<int, a_stride>{}) for the A micro-panels' layout: k-major (a_stride 0)
-// or row by row (kRowsShort, kRowsLong), so that tile loops take the stride as a constant.
+// or row by row (row_stride), so that tile loops take the stride as a constant.
 template <class F>
 decltype(auto) with_a_stride(int64_t a_stride, F&& f) {
   switch (a_stride) {
     case 0:
       return f(std::integral_constant<int, 0>{});
-    case kRowsShort:
-      return f(std::integral_constant<int, kRowsShort>{});
+    case kRowsShortK:
+      return f(std::integral_constant<int, kRowsShortK>{});
+    case kRowsBlock:
+      return f(std::integral_constant<int, kRowsBlock>{});
     default:
-      return f(std::integral_constant<int, kRowsLong>{});
+      return f(std::integral_constant<int, kRowsLongK>{});
   }
 }
 
@@ -1272,7 +1279,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
   // the B panels, so row by row pays only where they are few (measured: K >= 768 with N = 256 or
   // 512 took 2-12% less time, N >= 1024 2-3% more, single chunks more).
   const int64_t a_stride =
-      sak == 1 && !single_chunk && N <= 16 * kNr ? (kb <= kKBlock ? kRowsShort : kRowsLong) : 0;
+      sak == 1 && !single_chunk && N <= 16 * kNr ? row_stride(kb) : 0;
   // B panels are read with aligned loads: start them on a cache line after A's panels.
   constexpr int64_t kLineFloats = kAlign / static_cast<int64_t>(sizeof(float));
   const int64_t KP = packed_k(K);  // packed rows of a panel
