@@ -60,10 +60,21 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone});
     const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute});
     const double share = r.forward_flops / model_forward_flops_ / static_cast<double>(layout.cp);
+    // The recomputation's share is of the recomputed layers': a pipeline's last stage holds the
+    // head, a large share of the FLOPs, which no recomputation runs again.
+    double recompute_share = 0;
+    if (r.recompute_flops > 0) {
+      auto it = model_recompute_flops_.find(layout.recompute);
+      if (it == model_recompute_flops_.end()) {
+        it = model_recompute_flops_.emplace(layout.recompute, rank_costs({.recompute = layout.recompute}).front().recompute_flops).first;
+      }
+      recompute_share = r.recompute_flops / it->second / static_cast<double>(layout.cp);
+    }
     // The ring's recomputed products at the forward's time a FLOP.
     const double forward_per_flop = plain.forward / model_forward_flops_ / static_cast<double>(layout.cp);
     return {forward_per_flop * (r.forward_flops + r.ring_forward_flops),
-            plain.backward * share + forward_per_flop * r.ring_backward_flops, (with.backward - plain.backward) * share,
+            plain.backward * share + forward_per_flop * r.ring_backward_flops,
+            (with.backward - plain.backward) * recompute_share,
             plain.backward_input / plain.backward, plain.backward_weight / plain.backward};
   }
   const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));

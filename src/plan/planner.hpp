@@ -104,6 +104,8 @@ class Planner {
   Cluster cluster_;
   const ComputeProfile* profile_;
   double model_forward_flops_ = 0;  // per token, every layer's
+  // Per token, the forwards every layer runs again under each recomputation (rank_costs' rule).
+  std::map<Recompute, double> model_recompute_flops_;
   double head_flops_ = 0;  // a tied head's product per token (declared with the embedding)
   std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<size_t>>> layers_;
   // By schedule, pp, micro-batches and chunks (and every rank's pass costs). Tables run to pp × 3m
