@@ -377,6 +377,13 @@ TEST(PlanCostModel, MeasuredPassesReplaceTheGemmRate) {
   const Prediction pp2 = two.predict({.pp = 2, .micro_batch = 4});
   EXPECT_GT(pp2.time.compute, 16 * 0.015);
   EXPECT_LT(pp2.time.compute, 16 * 0.03);
+  // The recomputation by the busiest rank's share of the 4 recomputed blocks (a whole number of
+  // them), not of all FLOPs: the head on the last stage is never recomputed.
+  const double blocks = two.predict({.pp = 2, .micro_batch = 4, .recompute = Recompute::kFull}).time.recompute /
+                        (16 * 0.005) * 4;
+  EXPECT_NEAR(blocks, std::round(blocks), 1e-9);
+  EXPECT_GE(blocks, 1);
+  EXPECT_LE(blocks, 3);
   const Prediction z1 = two.predict({.dp = 2, .micro_batch = 4, .zero = 1});
   EXPECT_NEAR(z1.time.optimizer, 0.003 / 2, 1e-15);
 }
