@@ -156,11 +156,12 @@ Timeline simulate(const PipelineSchedule& s, const PassCosts& costs) {
   return simulate(s, std::vector<PassCosts>(static_cast<size_t>(s.pp), costs));
 }
 
-FinalPasses final_passes(const std::vector<Pass>& row) {
-  FinalPasses f;
+FinalPasses final_passes(const std::vector<Pass>& row, int64_t chunks) {
+  FinalPasses f{std::vector<size_t>(static_cast<size_t>(chunks), 0), std::vector<size_t>(static_cast<size_t>(chunks), 0)};
   for (size_t i = 0; i < row.size(); ++i) {
-    if (row[i].kind == PassKind::kBackward || row[i].kind == PassKind::kBackwardInput) f.input = i;
-    if (row[i].kind == PassKind::kBackward || row[i].kind == PassKind::kBackwardWeight) f.weight = i;
+    const auto c = static_cast<size_t>(row[i].chunk);
+    if (row[i].kind == PassKind::kBackward || row[i].kind == PassKind::kBackwardInput) f.input.at(c) = i;
+    if (row[i].kind == PassKind::kBackward || row[i].kind == PassKind::kBackwardWeight) f.weight.at(c) = i;
   }
   return f;
 }
@@ -168,8 +169,9 @@ FinalPasses final_passes(const std::vector<Pass>& row) {
 Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_rank, TiedEmbedding tied) {
   const int64_t p = s.pp;
   LS_CHECK(static_cast<int64_t>(by_rank.size()) == p, "simulate: ", by_rank.size(), " ranks' costs for pp ", p);
-  tied.tied = tied.tied && p > 1;
-  const size_t head_done = final_passes(s.ranks.back()).weight, embedding_waits = final_passes(s.ranks.front()).input;
+  const bool tied_wait = tied.tied && p > 1;
+  const size_t head_done = final_passes(s.ranks.back(), s.chunks).last_weight();
+  const size_t embedding_waits = final_passes(s.ranks.front(), s.chunks).last_input();
   std::optional<double> head_sent;  // when the head's gradient of wte reaches the first rank
   // End time of each (kind, stage, micro-batch) placed so far; a full backward counts as Bi too.
   std::map<std::tuple<PassKind, int64_t, int64_t>, double> ended;
@@ -218,13 +220,13 @@ Timeline simulate(const PipelineSchedule& s, const std::vector<PassCosts>& by_ra
             cost = costs.backward_weight;
             break;
         }
-        if (tied.tied && r == 0 && next[R] == embedding_waits) {
+        if (tied_wait && r == 0 && next[R] == embedding_waits) {
           if (!head_sent) break;
           ready = std::max(ready, *head_sent);
         }
         if (!inputs) break;
         const double end = ready + cost;
-        if (tied.tied && r == p - 1 && next[R] == head_done) head_sent = end + tied.send;
+        if (tied_wait && r == p - 1 && next[R] == head_done) head_sent = end + tied.send;
         ended[{pass.kind == PassKind::kBackward ? PassKind::kBackwardInput : pass.kind, stage, pass.micro}] = end;
         t.passes.push_back({r, pass, ready, end});
         free_at[R] = end;

@@ -29,6 +29,7 @@
 // Not here: running the passes (the trainer), the P2P messages (the Communicator).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -99,12 +100,15 @@ struct Timeline {
 // W, since the weight gradients read the layers' inputs.
 std::vector<int64_t> chunk_peaks(const std::vector<Pass>& row, int64_t chunks);
 
-// Where in a rank's row its gradients are final: the index of its last input-gradient pass (B or
-// Bi) and of its last weight-gradient pass (B or W).
+// Where in a rank's row (of `chunks` chunks) the gradients are final: the index of each chunk's
+// last input-gradient pass (B or Bi) and of its last weight-gradient pass (B or W); the rank's
+// last of each is the latest over its chunks.
 struct FinalPasses {
-  size_t input = 0, weight = 0;
+  std::vector<size_t> input, weight;  // by chunk
+  size_t last_input() const { return *std::max_element(input.begin(), input.end()); }
+  size_t last_weight() const { return *std::max_element(weight.begin(), weight.end()); }
 };
-FinalPasses final_passes(const std::vector<Pass>& row);
+FinalPasses final_passes(const std::vector<Pass>& row, int64_t chunks);
 
 // A model whose embedding (first stage) and head (last stage) share wte: the first rank's last
 // input-gradient pass waits for the head's gradient of wte, which the last rank sends after its

@@ -244,14 +244,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
   // is chunk 0's: on the first rank the embedding's, whose wte takes the head's gradient then;
   // the last rank's last weight-gradient pass completes the head's.
   using parallel::PassKind;
-  std::vector<size_t> last_input(model.num_chunks(), 0), last_weight(model.num_chunks(), 0);
-  for (size_t i = 0; i < passes.size(); ++i) {
-    const PassKind kind = passes[i].kind;
-    const auto c = static_cast<size_t>(passes[i].chunk);
-    if (kind == PassKind::kBackward || kind == PassKind::kBackwardInput) last_input[c] = i;
-    if (kind == PassKind::kBackward || kind == PassKind::kBackwardWeight) last_weight[c] = i;
-  }
-  const auto [final_input, final_weight] = parallel::final_passes(passes);
+  const parallel::FinalPasses finals = parallel::final_passes(passes, static_cast<int64_t>(model.num_chunks()));
   for (size_t i = 0; i < passes.size(); ++i) {
     const parallel::Pass& pass = passes[i];
     LS_CHECK(static_cast<size_t>(pass.chunk) < model.num_chunks() && pass.micro < batch.count, "pass of chunk ",
@@ -268,17 +261,17 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
       });
       if (stage + 1 < stages) send(model.stage_output(pass.micro, chunk), stage + 1, activation_tag(stage + 1));
     } else if (pass.kind == PassKind::kBackwardWeight) {
-      timed([&] { model.backward_weight(pass.micro, i == last_weight[chunk], chunk); });
+      timed([&] { model.backward_weight(pass.micro, i == finals.weight[chunk], chunk); });
     } else {
       if (stage + 1 < stages) {
         pp.recv(model.stage_output_grad(), floats, DType::kF32, stage_rank(stage + 1, p), gradient_tag(stage));
       }
       // The last stage has run all its weight gradients: its head gradient of wte is complete.
-      if (first && tied && i == final_input) receive_tied_grad(model, pp, model.param("wte").numel);
-      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == last_input[chunk], chunk); });
+      if (first && tied && i == finals.last_input()) receive_tied_grad(model, pp, model.param("wte").numel);
+      timed([&] { model.backward(pass.micro, dloss, loss_sum, i == finals.input[chunk], chunk); });
       if (stage > 0) send(model.stage_input_grad(), stage - 1, gradient_tag(stage - 1));
     }
-    if (last && tied && i == final_weight) send_tied_grad(model, pp);
+    if (last && tied && i == finals.last_weight()) send_tied_grad(model, pp);
   }
   for (comm::Handle& h : sends) h.wait();
   times.total_s = std::chrono::duration<double>(Clock::now() - started).count();
