@@ -73,8 +73,9 @@ int bench_passes(Args& args) {
   LS_REQUIRE(config.has_value(), "lockstep bench --passes: --config FILE is required");
   const auto json_path = args.take("json");
   const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "5"));
-  // One tensor-parallel shape and micro-batch only (every recomputation of it).
-  const auto only_tp = args.take("bench.tp"), only_sp = args.take("bench.sp"), only_micro = args.take("bench.micro");
+  // One tensor- and context-parallel shape and micro-batch only (every recomputation of it).
+  const auto only_tp = args.take("bench.tp"), only_sp = args.take("bench.sp"), only_cp = args.take("bench.cp"),
+             only_micro = args.take("bench.micro");
   const auto overrides = args.take_dotted();
   args.finish("bench --passes");
   LS_REQUIRE(!only_sp || *only_sp == "true" || *only_sp == "false", "--bench.sp: expected true or false, got '",
@@ -96,13 +97,15 @@ int bench_passes(Args& args) {
   profile.peak_bf16_flops = measured[2] * 1e9;
   std::vector<plan::PassShape> shapes = plan::profile_shapes(cfg, world.size(), cfg.train.batch_size);
   const std::optional<int64_t> tp = only_tp ? std::optional(parse_count("bench.tp", *only_tp)) : std::nullopt;
+  const std::optional<int64_t> cp = only_cp ? std::optional(parse_count("bench.cp", *only_cp)) : std::nullopt;
   const std::optional<int64_t> micro =
       only_micro ? std::optional(parse_count("bench.micro", *only_micro)) : std::nullopt;
   std::erase_if(shapes, [&](const plan::PassShape& s) {
-    return (tp && s.tp != *tp) || (only_sp && s.sp != (*only_sp == "true")) || (micro && s.micro_batch != *micro);
+    return (tp && s.tp != *tp) || (only_sp && s.sp != (*only_sp == "true")) || (cp && s.cp != *cp) ||
+           (micro && s.micro_batch != *micro);
   });
   LS_REQUIRE(!shapes.empty(), "lockstep bench --passes: no shape of ", *config, " on ", world.size(),
-             " ranks is left by --bench.tp, --bench.sp and --bench.micro");
+             " ranks is left by --bench.tp, --bench.sp, --bench.cp and --bench.micro");
   for (const plan::PassShape& shape : shapes) {
     world.barrier();  // every rank times the same shape at once
     const plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
@@ -115,9 +118,10 @@ int bench_passes(Args& args) {
   std::cout << "passes: " << *config << ", one thread on each of " << world.size()
             << " ranks at once (the slowest rank's median of " << repeats << "); a rank holds " << std::fixed
             << std::setprecision(0) << profile.runtime_bytes / (1 << 20) << " MiB before its model\n"
-            << "  tp  sp  micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
+            << "  tp  sp  cp  micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
   for (const auto& [s, t] : profile.times()) {
-    std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(13) << s.micro_batch
+    std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(4) << s.cp << std::setw(13)
+              << s.micro_batch
               << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
               << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3;
     if (s.recompute == Recompute::kNone) {
@@ -148,10 +152,11 @@ int cmd_bench(Args& args) {
                  "  times the all-reduce over 4 KiB to 16 MiB (median of R, default 20) and fits the ring\n"
                  "  model's latency and bandwidth (the planner's: lockstep plan --cluster local).\n"
                  "       [mpirun -np N] lockstep bench --passes --config FILE [--bench.repeats=R] [--bench.tp=T]\n"
-                 "                      [--bench.sp=true|false] [--bench.micro=M] [--json FILE]\n"
-                 "  times one rank's forward, backward and update (one thread) for each tensor-parallel shape,\n"
-                 "  micro-batch and recomputation the planner searches, on every rank at once (the slowest\n"
-                 "  rank's median of R, default 5), or only those --bench.tp, .sp and .micro name; the update:\n"
+                 "                      [--bench.sp=true|false] [--bench.cp=C] [--bench.micro=M] [--json FILE]\n"
+                 "  times one rank's forward, backward and update (one thread) for each tensor- and context-\n"
+                 "  parallel shape, micro-batch and recomputation the planner searches, on every rank at once\n"
+                 "  (the slowest rank's median of R, default 5), or only those --bench.tp, .sp, .cp and .micro\n"
+                 "  name; the update:\n"
                  "  zeroing and rounding the gradients, their norm, AdamW.\n";
     return 0;
   }

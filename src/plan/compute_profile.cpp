@@ -10,9 +10,11 @@
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 #include "src/optim/grad_clip.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/parallel/tp_plan.hpp"
 #include "src/plan/layout.hpp"
+#include "src/plan/solo_communicator.hpp"
 #include "src/plan/solo_tp_group.hpp"
 #include "src/train/bench.hpp"
 
@@ -27,18 +29,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64_t global_batch) {
+  parallel::CpRun cp_run;
+  cp_run.precision = run.train.precision_recipe();
   std::vector<PassShape> shapes;
   for (int64_t tp = 1; tp <= ranks; tp *= 2) {
-    for (bool sp : {false, true}) {
-      if (sp && tp == 1) continue;
-      for (int64_t mb : kSearchedMicroBatches) {
-        if (mb > global_batch) continue;
-        try {
-          parallel::check_tp_layout(run.model, tp, sp, mb * run.model.seq_len, run.train.mode, run.source);
-        } catch (const ConfigError&) {
-          continue;  // a layout the trainer refuses: never predicted
+    for (int64_t cp = 1; tp * cp <= ranks; cp *= 2) {
+      try {
+        parallel::check_cp_layout(run.model, cp, cp_run, run.source);
+      } catch (const ConfigError&) {
+        continue;  // a layout the trainer refuses: never predicted
+      }
+      for (bool sp : {false, true}) {
+        if (sp && tp == 1) continue;
+        for (int64_t mb : kSearchedMicroBatches) {
+          if (mb > global_batch) continue;
+          try {
+            parallel::check_tp_layout(run.model, tp, sp, mb * run.model.seq_len / cp, run.train.mode, run.source);
+          } catch (const ConfigError&) {
+            continue;
+          }
+          for (Recompute rc : kRecomputes) shapes.push_back({tp, sp, mb, rc, cp});
         }
-        for (Recompute rc : kRecomputes) shapes.push_back({tp, sp, mb, rc});
       }
     }
   }
@@ -52,7 +63,15 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   SoloTpGroup group(shape.tp);
   std::optional<parallel::TensorParallelPlan> tp_plan;
   if (shape.tp > 1) tp_plan.emplace(group, shape.sp);
-  const ModelOptions options{.plan = tp_plan ? &*tp_plan : nullptr,
+  const ModelPlan one_device;
+  SoloCommunicator cp_group(static_cast<int>(shape.cp), "cp");
+  std::optional<parallel::ContextParallelPlan> cp_plan;
+  if (shape.cp > 1) {
+    cp_plan.emplace(tp_plan ? static_cast<const ModelPlan&>(*tp_plan) : one_device, cp_group,
+                    parallel::CpComm::kAllGather);
+  }
+  const ModelPlan* plan = cp_plan ? static_cast<const ModelPlan*>(&*cp_plan) : tp_plan ? &*tp_plan : nullptr;
+  const ModelOptions options{.plan = plan,
                              .backend = &backend,
                              .precision = tc.precision_recipe(),
                              .recompute = shape.recompute};
@@ -124,7 +143,8 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
 
 const PassTimes& ComputeProfile::at(const PassShape& shape) const {
   const auto it = times_.find(shape);
-  LS_CHECK(it != times_.end(), "no measured passes for tp ", shape.tp, shape.sp ? " sp" : "", " micro-batch ",
+  LS_CHECK(it != times_.end(), "no measured passes for tp ", shape.tp, shape.sp ? " sp" : "", " cp ", shape.cp,
+           " micro-batch ",
            shape.micro_batch, " recompute ", recompute_name(shape.recompute));
   return it->second;
 }
@@ -132,7 +152,7 @@ const PassTimes& ComputeProfile::at(const PassShape& shape) const {
 nlohmann::json ComputeProfile::to_json() const {
   nlohmann::json shapes = nlohmann::json::array();
   for (const auto& [s, t] : times_) {
-    shapes.push_back({{"tp", s.tp}, {"sp", s.sp}, {"micro_batch", s.micro_batch},
+    shapes.push_back({{"tp", s.tp}, {"sp", s.sp}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
                       {"recompute", recompute_name(s.recompute)}, {"forward_s", t.forward},
                       {"backward_s", t.backward}, {"optimizer_s", t.optimizer},
                       {"backward_input_s", t.backward_input}, {"backward_weight_s", t.backward_weight}});
@@ -151,7 +171,7 @@ ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::str
     p.peak_bf16_flops = j.at("peak_bf16_gflops").get<double>() * 1e9;
     for (const auto& s : j.at("passes")) {
       p.set({s.at("tp").get<int64_t>(), s.at("sp").get<bool>(), s.at("micro_batch").get<int64_t>(),
-             parse_recompute(s.at("recompute").get<std::string>(), where)},
+             parse_recompute(s.at("recompute").get<std::string>(), where), s.at("cp").get<int64_t>()},
             {s.at("forward_s").get<double>(), s.at("backward_s").get<double>(), s.at("optimizer_s").get<double>(),
              s.at("backward_input_s").get<double>(), s.at("backward_weight_s").get<double>()});
     }

@@ -54,12 +54,12 @@ Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* pro
 
 Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
   if (profile_ != nullptr) {
-    // The measured passes of the whole model, the share of these layers by their FLOPs (of a
-    // cp rank's positions, 1/cp: the zig-zag blocks balance the attention); the recomputation,
-    // what it adds to the backward.
-    const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone});
-    const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute});
-    const double share = r.forward_flops / model_forward_flops_ / static_cast<double>(layout.cp);
+    // The measured passes of the whole model as one of the layout's ranks computes them (a cp
+    // rank: its blocks of each sequence), the share of these layers by their FLOPs; the
+    // recomputation, what it adds to the backward.
+    const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone, layout.cp});
+    const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute, layout.cp});
+    const double share = r.forward_flops / model_forward_flops_;
     // The recomputation's share is of the recomputed layers': a pipeline's last stage holds the
     // head, a large share of the FLOPs, which no recomputation runs again.
     double recompute_share = 0;
@@ -68,10 +68,10 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
       if (it == model_recompute_flops_.end()) {
         it = model_recompute_flops_.emplace(layout.recompute, rank_costs({.recompute = layout.recompute}).front().recompute_flops).first;
       }
-      recompute_share = r.recompute_flops / it->second / static_cast<double>(layout.cp);
+      recompute_share = r.recompute_flops / it->second;
     }
     // The ring's recomputed products at the forward's time a FLOP.
-    const double forward_per_flop = plain.forward / model_forward_flops_ / static_cast<double>(layout.cp);
+    const double forward_per_flop = plain.forward / model_forward_flops_;
     return {forward_per_flop * (r.forward_flops + r.ring_forward_flops),
             plain.backward * share + forward_per_flop * r.ring_backward_flops,
             (with.backward - plain.backward) * recompute_share,
@@ -501,7 +501,7 @@ Prediction Planner::predict(const Layout& layout) {
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
     if (profile_ != nullptr) {
-      const PassShape shape{layout.tp, layout.sp, layout.micro_batch, Recompute::kNone};
+      const PassShape shape{layout.tp, layout.sp, layout.micro_batch, Recompute::kNone, layout.cp};
       const double update = profile_->at(shape).optimizer * r.params / held_params;
       optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
     }

@@ -25,9 +25,9 @@ c = json.load(open(sys.argv[1]))
 assert c["ranks"] == 2 and len(c["all_reduce"]) == len(c["exact_all_reduce"]) == 7, c
 assert all(s["seconds"] > 0 for s in c["all_reduce"] + c["exact_all_reduce"]) and c["bandwidth_gbs"] > 0, c
 p = json.load(open(sys.argv[2]))
-shapes = {(s["tp"], s["sp"], s["micro_batch"], s["recompute"]) for s in p["passes"]}
-# tp 1, tp 2 and tp 2 sp; micro-batches 1, 2, 4, 8; three recomputations.
-assert len(shapes) == 3 * 4 * 3 and (2, True, 1, "full") in shapes, sorted(shapes)
+shapes = {(s["tp"], s["sp"], s["cp"], s["micro_batch"], s["recompute"]) for s in p["passes"]}
+# tp 1, tp 2, tp 2 sp and cp 2; micro-batches 1, 2, 4, 8; three recomputations.
+assert len(shapes) == 4 * 4 * 3 and (2, True, 1, 1, "full") in shapes and (1, False, 2, 1, "full") in shapes, sorted(shapes)
 assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in p["passes"]) and p["runtime_mib"] > 0, p
 # The zero-bubble schedule's split backward, timed where it runs (no recomputation).
 assert all((s["backward_input_s"] > 0 and s["backward_weight_s"] > 0) == (s["recompute"] == "none") for s in p["passes"]), p

@@ -4,8 +4,8 @@
 // pipeline's idle time the other stage's passes with free sends, memory that ZeRO and
 // tensor parallelism divide as they should, context parallelism's share of the tokens and its
 // gathers against the trainer's own byte count, communication exposed where it takes the compute's
-// core, canonical mode's exact reductions, the profile's shapes and report, the search's order and
-// rejections, and the cluster file's errors.
+// core, canonical mode's exact reductions, the profile's shapes and report, the solo group its cp
+// passes are timed in, the search's order and rejections, and the cluster file's errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "src/plan/compute_profile.hpp"
 #include "src/plan/goodput.hpp"
 #include "src/plan/planner.hpp"
+#include "src/plan/solo_communicator.hpp"
 
 namespace lockstep::plan {
 namespace {
@@ -386,6 +387,16 @@ TEST(PlanCostModel, MeasuredPassesReplaceTheGemmRate) {
   EXPECT_LE(blocks, 3);
   const Prediction z1 = two.predict({.dp = 2, .micro_batch = 4, .zero = 1});
   EXPECT_NEAR(z1.time.optimizer, 0.003 / 2, 1e-15);
+  // A cp rank's passes, timed as it computes them (its blocks of every sequence, the attention
+  // against all keys, its exact sums of their gradients), are taken as they are: not one rank's
+  // whole sequences divided by cp, which is what the passes of cp 1 would give (0.015 s).
+  ComputeProfile with_cp = measured;
+  with_cp.set({1, false, 4, Recompute::kNone, 2}, {0.007, 0.016, 0.003});
+  Planner cp_planner(r, cluster(2, 1, 80), &with_cp);
+  const Prediction cp2 = cp_planner.predict({.cp = 2, .micro_batch = 4});
+  ASSERT_EQ(cp2.micro_batches, 16);
+  EXPECT_NEAR(cp2.time.compute, 16 * 0.023, 1e-12);
+  EXPECT_GT(cp2.time.cp_comm, 0);
 }
 
 TEST(PlanCostModel, ZeroBubbleTakesTheMeasuredSplitAndTheTiedEmbeddingsWait) {
@@ -516,6 +527,45 @@ TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
   EXPECT_EQ(back.at({2, true, 2, Recompute::kFull}).backward, full.backward);
   EXPECT_THROW(back.at({2, true, 2, Recompute::kNone}), InternalError);
   EXPECT_THROW(ComputeProfile::from_json(nlohmann::json::object(), "bad.json"), DataError);
+
+  // 256 positions cut into 2·cp blocks of whole chunks of 64: cp 2 beside tp 1 (tp · cp ranks).
+  run.model.seq_len = 256;
+  const std::vector<PassShape> with_cp = profile_shapes(run, 2, 4);
+  EXPECT_EQ(with_cp.size(), 4u * 3u * 3u);
+  for (const PassShape& s : with_cp) EXPECT_TRUE(s.cp == 1 || s.tp == 1) << s.tp << " " << s.cp;
+  EXPECT_EQ(std::count_if(with_cp.begin(), with_cp.end(), [](const PassShape& s) { return s.cp == 2; }), 3 * 3);
+  // One cp rank of two, on its own (solo_communicator.hpp): half the positions of the sequence.
+  const PassShape cp2{1, false, 2, Recompute::kNone, 2};
+  const PassTimes half = time_passes(run, cp2, 2);
+  EXPECT_GT(half.forward, 0);
+  EXPECT_GT(half.backward, 0);
+  p.set(cp2, half);
+  EXPECT_EQ(ComputeProfile::from_json(p.to_json(), "report").at(cp2).forward, half.forward);
+  EXPECT_THROW(back.at({1, false, 2, Recompute::kNone, 2}), InternalError);
+}
+
+// A cp rank timed on its own: every other rank's contribution is the one it sends itself, copied
+// where the group's would arrive.
+TEST(PlanProfile, SoloGroupCopiesThisRanksPartOnly) {
+  SoloCommunicator g(3, "cp");
+  EXPECT_EQ(g.size(), 3);
+  EXPECT_EQ(g.rank(), 0);
+  const std::vector<float> mine = {1, 2};
+  std::vector<float> all(6, 0.0f);
+  g.all_gather(mine.data(), all.data(), 2, DType::kF32);
+  EXPECT_EQ(all, (std::vector<float>{1, 2, 1, 2, 1, 2}));
+  // all-to-all: the block this rank sends itself, in every rank's slot.
+  const std::vector<int64_t> send = {7, 8, 9};
+  std::vector<int64_t> recv(3, 0);
+  g.all_to_all(send.data(), recv.data(), 1, DType::kI64);
+  EXPECT_EQ(recv, (std::vector<int64_t>{7, 7, 7}));
+  // reduce-scatter: this rank's block of its own values.
+  const std::vector<float> full = {4, 5, 6};
+  float out = 0;
+  const std::vector<int64_t> counts = {1, 1, 1};
+  g.reduce_scatter(full.data(), &out, counts, DType::kF32, comm::ReduceOp::kSum);
+  EXPECT_EQ(out, 4.0f);
+  EXPECT_THROW(g.send(mine.data(), 2, DType::kF32, 1, 0), InternalError);
 }
 
 TEST(PlanSearch, RanksFittingLayoutsAndNamesEveryRejection) {
