@@ -37,9 +37,10 @@ struct Link {
 // The all-reduce measured on the cluster itself (the local cluster): its times over `ranks` ranks
 // by size, which the collectives of groups of that size follow instead of α–β (cost_model.hpp) —
 // of fp32 sums, and canonical mode's exact one (the exact sums' doubles reduce-scattered and added
-// exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp).
+// exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp), and that reduce-scatter
+// alone into running exact sums, as ZeRO-2 reduces a bucket.
 struct MeasuredAllReduce {
-  std::vector<CollectiveSample> fp32, exact;  // by increasing size
+  std::vector<CollectiveSample> fp32, exact, exact_scatter;  // by increasing size
   int64_t ranks = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "src/core/check.hpp"
+#include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/tensor_parallel.hpp"
 #include "src/train/bench.hpp"
 
@@ -39,7 +40,7 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
   constexpr int64_t kBackToBack = 10;
   constexpr int64_t kMaxFloats = int64_t{1} << 22;  // 16 MiB
   std::vector<float> buffer(static_cast<size_t>(kMaxFloats), 1.0f);
-  ExactAccumulator exact;
+  ExactAccumulator exact, shard_sums;
   parallel::CommTpGroup group(world);
   // The median over the repeats of the slowest rank's time of one collective.
   const auto timed = [&](const std::function<void()>& collective) {
@@ -62,6 +63,13 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
     exact.reset(static_cast<size_t>(floats));
     for (size_t i = 0; i < exact.size(); ++i) exact.add(i, 1.0 + static_cast<double>(i % 7));
     r.exact_all_reduce.push_back({bytes, timed([&] { group.all_reduce_exact(exact, buffer.data()); })});
+    // ZeRO-2's reduction of a bucket: every rank's exact sums of its shard added into the shard's
+    // running exact sums, which stay unrounded until the step's last micro-batch.
+    parallel::ShardPlan plan;
+    for (int64_t q = 0; q <= r.ranks; ++q) plan.begin.push_back(q * floats / r.ranks);
+    shard_sums.reset(static_cast<size_t>(plan.size(world.rank())));
+    r.exact_reduce_scatter.push_back(
+        {bytes, timed([&] { parallel::exact_reduce_scatter_add(exact, plan, world, shard_sums, 0, 0); })});
   }
   r.fit = fit_ring_all_reduce(r.all_reduce, r.ranks);
   return r;
@@ -76,6 +84,7 @@ nlohmann::json CollectiveBench::to_json() const {
   return {{"ranks", ranks},
           {"all_reduce", samples(all_reduce)},
           {"exact_all_reduce", samples(exact_all_reduce)},
+          {"exact_reduce_scatter", samples(exact_reduce_scatter)},
           {"latency_us", fit.latency * 1e6},
           {"bandwidth_gbs", fit.bandwidth / 1e9}};
 }
@@ -86,6 +95,9 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
     r.ranks = j.at("ranks").get<int64_t>();
     for (const auto& s : j.at("all_reduce")) r.all_reduce.push_back({s.at("bytes"), s.at("seconds")});
     for (const auto& s : j.at("exact_all_reduce")) r.exact_all_reduce.push_back({s.at("bytes"), s.at("seconds")});
+    for (const auto& s : j.at("exact_reduce_scatter")) {
+      r.exact_reduce_scatter.push_back({s.at("bytes"), s.at("seconds")});
+    }
     LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where,
                ": expected ranks >= 1 and, for more than one, two sizes or more");
     r.fit = {j.at("bandwidth_gbs").get<double>() * 1e9, j.at("latency_us").get<double>() * 1e-6};

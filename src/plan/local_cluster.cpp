@@ -21,7 +21,8 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
   c.gemm_efficiency = 1;  // the measured passes (compute_profile.hpp) carry the efficiency
   c.intra = collectives.fit;
   c.inter = collectives.fit;
-  c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.ranks};
+  c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
+                collectives.ranks};
   c.comm_beside_compute = collectives.ranks < cores;
   return c;
 }

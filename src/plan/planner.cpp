@@ -111,8 +111,7 @@ double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t 
 }
 
 double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link) const {
-  // Canonical: the exact all-reduce without its all-gather, the doubles' two thirds of its bytes.
-  if (request_.mode == Mode::kCanonical) return exact_all_reduce_time(fp32_bytes, n, link, cluster_.measured) * 2 / 3;
+  if (request_.mode == Mode::kCanonical) return exact_reduce_scatter_time(fp32_bytes, n, link, cluster_.measured);
   return all_reduce(fp32_bytes, n, link) / 2;
 }
 

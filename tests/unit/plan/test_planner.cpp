@@ -77,7 +77,7 @@ TEST(PlanCollectives, RingTimesByHand) {
 
 TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
   const Link l{1e9, 1e-5};
-  const MeasuredAllReduce m{{{1e3, 2e-5}, {1e6, 4e-4}, {4e6, 1e-3}}, {}, 2};
+  const MeasuredAllReduce m{{{1e3, 2e-5}, {1e6, 4e-4}, {4e6, 1e-3}}, {}, {}, 2};
   EXPECT_DOUBLE_EQ(all_reduce_time(10, 2, l, m), 2e-5);  // below the smallest: its time
   EXPECT_DOUBLE_EQ(all_reduce_time(1e6, 2, l, m), 4e-4);
   EXPECT_DOUBLE_EQ(all_reduce_time(2.5e6, 2, l, m), 7e-4);  // halfway between 1 and 4 MB
@@ -85,6 +85,14 @@ TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
   EXPECT_DOUBLE_EQ(all_reduce_time(5e6, 2, l, m), 1e-3 + 1e6 / 1e9);
   // Another group size: the α–β model.
   EXPECT_DOUBLE_EQ(all_reduce_time(1e6, 4, l, m), all_reduce_time(1e6, 4, l));
+  // ZeRO-2's exact reduce-scatter: measured where it was, else two thirds of the exact all-reduce
+  // (the doubles' share of its bytes).
+  const MeasuredAllReduce exact{{}, {{1e3, 3e-5}, {1e6, 9e-4}}, {}, 2};
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, exact), 6e-4);
+  MeasuredAllReduce scatter = exact;
+  scatter.exact_scatter = {{1e3, 2.5e-5}, {1e6, 8e-4}};
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, scatter), 8e-4);
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 1, l, scatter), 0);
 }
 
 TEST(PlanCollectives, RingFitRecoversLatencyAndBandwidth) {
@@ -479,7 +487,7 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
   PlanRequest r = request();
   const ComputeProfile measured = profile(2, false, 4, {0.01, 0.02, 0}, 0);
   Cluster c = cluster(2, 1, 80);
-  c.measured = {{{1e3, 1e-5}, {1e8, 1e-2}}, {{1e3, 3e-5}, {1e8, 5e-2}}, 2};
+  c.measured = {{{1e3, 1e-5}, {1e8, 1e-2}}, {{1e3, 3e-5}, {1e8, 5e-2}}, {}, 2};
   Planner fast(r, c, &measured);
   r.mode = Mode::kCanonical;
   Planner canonical(r, c, &measured);
@@ -493,6 +501,16 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
   EXPECT_NEAR(e.time.tp_comm, count * exact_all_reduce_time(bytes, 2, c.intra, c.measured), 1e-9);
   // The exact sums beside the fp32 gradients: 13 bytes a parameter instead of 4.
   EXPECT_NEAR(e.memory.grads, f.memory.grads * 13 / 4, 1e-6 * f.memory.grads);
+  // ZeRO-2 reduce-scatters each micro-batch's buckets into running exact sums: priced by that
+  // reduce-scatter where it was measured (here slower than two thirds of the exact all-reduce);
+  // ZeRO-1's one exact all-reduce a step is not.
+  const ComputeProfile one_rank = profile(1, false, 4, {0.01, 0.02, 0}, 0);
+  Cluster timed_scatter = c;
+  timed_scatter.measured.exact_scatter = {{1e3, 2.9e-5}, {1e8, 4.9e-2}};
+  Planner priced(r, c, &one_rank), timed(r, timed_scatter, &one_rank);
+  const Layout z1{.dp = 2, .micro_batch = 4, .zero = 1}, z2{.dp = 2, .micro_batch = 4, .zero = 2};
+  EXPECT_GT(timed.predict(z2).time.dp_exposed, priced.predict(z2).time.dp_exposed);
+  EXPECT_EQ(timed.predict(z1).time.dp_exposed, priced.predict(z1).time.dp_exposed);
 }
 
 TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
