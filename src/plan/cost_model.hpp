@@ -9,7 +9,7 @@
 //              attention's scores and values; a tied head's product counted on the head's stage)
 //              at the cluster's GEMM rate for the precision, over tp; recomputation re-runs the
 //              recomputed sub-layers' forwards before their backward. Measured: the passes of the
-//              rank's shape (tp, sp, micro-batch, recomputation) times its layers' share of the
+//              rank's shape (tp, sp, cp, micro-batch, recomputation) times its layers' share of the
 //              FLOPs, every kernel of them included;
 //   tp comm    per micro-batch, one all-reduce of the residual stream's micro-batch (mb·T·C
 //              activations) per attention and MLP sub-layer forward and backward, one more for the
@@ -21,8 +21,10 @@
 //              and reduces their gradients over cp — canonical: exact, as the gradients are; fast:
 //              an fp32 all-reduce; not hidden. A rank's tokens are mb·T/cp, so its compute, its tp
 //              collectives and its activations are 1/cp of a whole sequence's (the zig-zag blocks
-//              give every rank the same share of the causal attention); measured passes are scaled
-//              by 1/cp. Its gradients are reduced, and ZeRO shards them, over dp × cp;
+//              give every rank the same share of the causal attention); measured passes are the
+//              cp rank's own (its attention against every key, its exact sums of their
+//              gradients: compute_profile.hpp). Its gradients are reduced, and ZeRO shards them,
+//              over dp × cp;
 //   pipeline   the schedule's table (pipeline_schedule.hpp) timed by simulate() with each rank's
 //              own passes (F, B = Bi + W halved) and a p2p send of a micro-batch's activations: its
 //              makespan over the busiest rank's busy time is the bubble, the sends on the critical
