@@ -55,13 +55,15 @@ int bench_collectives(Args& args) {
   }
   std::cout << "collectives: all-reduce over " << r.ranks << " ranks (median of " << repeats
             << ", the slowest rank's time): of fp32 sums, and exact (canonical mode's), and the exact\n"
-            << "reduce-scatter alone into running sums (ZeRO-2's)\n";
+            << "reduce-scatter alone into running sums (ZeRO-2's), split evenly and owned by one rank\n";
   for (size_t i = 0; i < r.all_reduce.size(); ++i) {
-    const plan::CollectiveSample &s = r.all_reduce[i], &e = r.exact_all_reduce[i], &z = r.exact_reduce_scatter[i];
+    const plan::CollectiveSample &s = r.all_reduce[i], &e = r.exact_all_reduce[i], &z = r.exact_reduce_scatter[i],
+                                 &o = r.exact_reduce_scatter_owned[i];
     std::cout << "  " << std::setw(10) << static_cast<int64_t>(s.bytes) << " bytes  " << std::fixed << std::setprecision(1)
               << std::setw(9) << s.seconds * 1e6 << " us  " << std::setprecision(2) << std::setw(7)
               << s.bytes / s.seconds / 1e9 << " GB/s   exact " << std::setprecision(1) << std::setw(9) << e.seconds * 1e6
-              << " us   exact reduce-scatter " << std::setw(9) << z.seconds * 1e6 << " us\n";
+              << " us   exact reduce-scatter " << std::setw(9) << z.seconds * 1e6 << " us, owned " << std::setw(9)
+              << o.seconds * 1e6 << " us\n";
   }
   std::cout << "ring model t = 2(n-1) alpha + 2(n-1)/n S/beta: alpha " << std::setprecision(2) << r.fit.latency * 1e6
             << " us, beta " << r.fit.bandwidth / 1e9 << " GB/s\n";

@@ -38,9 +38,10 @@ struct Link {
 // by size, which the collectives of groups of that size follow instead of α–β (cost_model.hpp) —
 // of fp32 sums, and canonical mode's exact one (the exact sums' doubles reduce-scattered and added
 // exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp), and that reduce-scatter
-// alone into running exact sums, as ZeRO-2 reduces a bucket.
+// alone into running exact sums, as ZeRO-2 reduces a bucket: split evenly, and inside one rank's
+// shard (a bucket smaller than a shard).
 struct MeasuredAllReduce {
-  std::vector<CollectiveSample> fp32, exact, exact_scatter;  // by increasing size
+  std::vector<CollectiveSample> fp32, exact, exact_scatter, exact_scatter_owned;  // by increasing size
   int64_t ranks = 0;
 };
 

@@ -63,13 +63,25 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
     exact.reset(static_cast<size_t>(floats));
     for (size_t i = 0; i < exact.size(); ++i) exact.add(i, 1.0 + static_cast<double>(i % 7));
     r.exact_all_reduce.push_back({bytes, timed([&] { group.all_reduce_exact(exact, buffer.data()); })});
-    // ZeRO-2's reduction of a bucket: every rank's exact sums of its shard added into the shard's
-    // running exact sums, which stay unrounded until the step's last micro-batch.
-    parallel::ShardPlan plan;
-    for (int64_t q = 0; q <= r.ranks; ++q) plan.begin.push_back(q * floats / r.ranks);
-    shard_sums.reset(static_cast<size_t>(plan.size(world.rank())));
+    // ZeRO-2's reduction of a bucket: every rank's exact sums added into the owners' running exact
+    // sums, which stay unrounded until the step's last micro-batch. The shards are contiguous
+    // ranges of the gradient and the trainer reduces a bucket's window of them: a bucket as large
+    // as the gradient is split evenly, but one smaller than a shard lies in one rank's shard, and
+    // that rank receives and adds all of it — each rank in turn here, call by call.
+    parallel::ShardPlan even;
+    std::vector<parallel::ShardPlan> owned(static_cast<size_t>(r.ranks));
+    for (int64_t q = 0; q <= r.ranks; ++q) {
+      even.begin.push_back(q * floats / r.ranks);
+      for (int64_t owner = 0; owner < r.ranks; ++owner) owned[static_cast<size_t>(owner)].begin.push_back(q > owner ? floats : 0);
+    }
+    shard_sums.reset(static_cast<size_t>(floats));
     r.exact_reduce_scatter.push_back(
-        {bytes, timed([&] { parallel::exact_reduce_scatter_add(exact, plan, world, shard_sums, 0, 0); })});
+        {bytes, timed([&] { parallel::exact_reduce_scatter_add(exact, even, world, shard_sums, 0, 0); })});
+    int64_t call = 0;
+    r.exact_reduce_scatter_owned.push_back({bytes, timed([&] {
+                                              const parallel::ShardPlan& plan = owned[static_cast<size_t>(call++ % r.ranks)];
+                                              parallel::exact_reduce_scatter_add(exact, plan, world, shard_sums, 0, 0);
+                                            })});
   }
   r.fit = fit_ring_all_reduce(r.all_reduce, r.ranks);
   return r;
@@ -85,6 +97,7 @@ nlohmann::json CollectiveBench::to_json() const {
           {"all_reduce", samples(all_reduce)},
           {"exact_all_reduce", samples(exact_all_reduce)},
           {"exact_reduce_scatter", samples(exact_reduce_scatter)},
+          {"exact_reduce_scatter_owned", samples(exact_reduce_scatter_owned)},
           {"latency_us", fit.latency * 1e6},
           {"bandwidth_gbs", fit.bandwidth / 1e9}};
 }
@@ -97,6 +110,9 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
     for (const auto& s : j.at("exact_all_reduce")) r.exact_all_reduce.push_back({s.at("bytes"), s.at("seconds")});
     for (const auto& s : j.at("exact_reduce_scatter")) {
       r.exact_reduce_scatter.push_back({s.at("bytes"), s.at("seconds")});
+    }
+    for (const auto& s : j.at("exact_reduce_scatter_owned")) {
+      r.exact_reduce_scatter_owned.push_back({s.at("bytes"), s.at("seconds")});
     }
     LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where,
                ": expected ranks >= 1 and, for more than one, two sizes or more");

@@ -2,8 +2,8 @@
 // sizes, as nccl-tests' all_reduce_perf times NCCL's, and fitted to the ring model the planner
 // predicts with (cost_model.hpp): t = 2(n−1)·α + 2(n−1)/n · S/β; and canonical mode's exact
 // all-reduce (the tensor-parallel one, TpGroup::all_reduce_exact) and its reduce-scatter alone
-// into running exact sums (ZeRO-2's, exact_reduce_scatter_add) over the same sizes, whose exact
-// additions cost compute as well as bytes. Every size runs `repeats` times after one
+// into running exact sums (ZeRO-2's, exact_reduce_scatter_add: split evenly, and owned by one
+// rank) over the same sizes, whose exact additions cost compute as well as bytes. Every size runs `repeats` times after one
 // untimed run; a run's time is the slowest rank's (the collective ends for the job when it ends
 // there), and the median is kept.
 // The local cluster of `lockstep plan --cluster local` is built from these figures.
@@ -23,7 +23,9 @@ struct CollectiveBench {
   int64_t ranks = 0;
   std::vector<CollectiveSample> all_reduce;        // fp32 sums
   std::vector<CollectiveSample> exact_all_reduce;  // canonical mode's (bytes: its fp32 values')
-  std::vector<CollectiveSample> exact_reduce_scatter;  // its first half, as ZeRO-2 runs it (bytes: the same)
+  // Its first half, as ZeRO-2 runs it (bytes: the same): split evenly over the ranks, and inside one
+  // rank's shard (a bucket smaller than a shard).
+  std::vector<CollectiveSample> exact_reduce_scatter, exact_reduce_scatter_owned;
   Link fit;                   // α and β of the ring model, least squares over the samples
   nlohmann::json to_json() const;
 };

@@ -41,11 +41,13 @@ double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const 
   return interpolate(measured.exact, fp32_bytes, model);
 }
 
-double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
+double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
+                                 bool one_owner) {
   if (n <= 1) return 0;
   const auto model = [&](double b) { return exact_all_reduce_time(b, n, l, measured) * 2 / 3; };
-  if (n != measured.ranks || measured.exact_scatter.empty()) return model(fp32_bytes);
-  return interpolate(measured.exact_scatter, fp32_bytes, model);
+  const std::vector<CollectiveSample>& samples = one_owner ? measured.exact_scatter_owned : measured.exact_scatter;
+  if (n != measured.ranks || samples.empty()) return model(fp32_bytes);
+  return interpolate(samples, fp32_bytes, model);
 }
 
 double send_time(double bytes, const Link& l) { return l.latency + bytes / l.bandwidth; }

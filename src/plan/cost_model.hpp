@@ -122,9 +122,11 @@ double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAll
 // Canonical mode's exact all-reduce of fp32_bytes of values: as measured, else a reduce-scatter of
 // the exact sums' doubles and an all-gather of the fp32, 1.5 times an fp32 all-reduce's bytes.
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
-// Its reduce-scatter alone (ZeRO-2's: every rank's exact sums of its shard added into running
-// sums): as measured, else the doubles' two thirds of its bytes.
-double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
+// Its reduce-scatter alone (ZeRO-2's: every rank's exact sums added into the owners' running sums),
+// split evenly or, where `one_owner`, inside one rank's shard: as measured, else the doubles' two
+// thirds of its bytes.
+double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
+                                 bool one_owner);
 double send_time(double bytes, const Link& l);
 // An all-to-all(v) in which each of n ranks sends (n−1)/n of its `bytes` to the others, an equal
 // part each: (n−1)·α + (n−1)/n·bytes/β.

@@ -22,7 +22,7 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
   c.intra = collectives.fit;
   c.inter = collectives.fit;
   c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
-                collectives.ranks};
+                collectives.exact_reduce_scatter_owned, collectives.ranks};
   c.comm_beside_compute = collectives.ranks < cores;
   return c;
 }

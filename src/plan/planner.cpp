@@ -110,8 +110,10 @@ double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t 
   return cluster_.comm_beside_compute ? std::max(total - busy, first) : total;
 }
 
-double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link) const {
-  if (request_.mode == Mode::kCanonical) return exact_reduce_scatter_time(fp32_bytes, n, link, cluster_.measured);
+double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link, double shard_bytes) const {
+  if (request_.mode == Mode::kCanonical) {
+    return exact_reduce_scatter_time(fp32_bytes, n, link, cluster_.measured, fp32_bytes <= shard_bytes);
+  }
   return all_reduce(fp32_bytes, n, link) / 2;
 }
 
@@ -523,7 +525,7 @@ Prediction Planner::predict(const Layout& layout) {
     };
     double e = 0;
     if (sharded) {
-      const auto scatter = [&](double b) { return scatter_time(b, replicas, replica_link); };
+      const auto scatter = [&](double b) { return scatter_time(b, replicas, replica_link, fp32 / shards); };
       e = static_cast<double>(micro) * after_backward(bucketed(fp32, scatter) + ep_sum, scatter(bucket));
       if (zero3) {
         e += gathers_exposed(r.layer_gather_bytes, micro, busy, replica_link, replicas);

@@ -94,7 +94,8 @@ class Planner {
   // An all-reduce of the tensor-parallel activations or of the gradients (canonical mode's exact
   // one), and the reduce-scatter of ZeRO-2's gradients.
   double reduction_time(double fp32_bytes, int64_t n, const Link& link) const;
-  double scatter_time(double fp32_bytes, int64_t n, const Link& link) const;
+  // shard_bytes: a rank's shard of the gradient, which a smaller bucket lies inside.
+  double scatter_time(double fp32_bytes, int64_t n, const Link& link, double shard_bytes) const;
   // ZeRO-3: the step's per-layer parameter all-gathers over n ranks (layer_bytes: each layer's
   // gather) beyond the `busy` seconds of passes that hide them.
   double gathers_exposed(const std::vector<double>& layer_bytes, int64_t micro, double busy, const Link& link,

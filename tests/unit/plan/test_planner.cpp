@@ -77,7 +77,7 @@ TEST(PlanCollectives, RingTimesByHand) {
 
 TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
   const Link l{1e9, 1e-5};
-  const MeasuredAllReduce m{{{1e3, 2e-5}, {1e6, 4e-4}, {4e6, 1e-3}}, {}, {}, 2};
+  const MeasuredAllReduce m{.fp32 = {{1e3, 2e-5}, {1e6, 4e-4}, {4e6, 1e-3}}, .ranks = 2};
   EXPECT_DOUBLE_EQ(all_reduce_time(10, 2, l, m), 2e-5);  // below the smallest: its time
   EXPECT_DOUBLE_EQ(all_reduce_time(1e6, 2, l, m), 4e-4);
   EXPECT_DOUBLE_EQ(all_reduce_time(2.5e6, 2, l, m), 7e-4);  // halfway between 1 and 4 MB
@@ -87,12 +87,16 @@ TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
   EXPECT_DOUBLE_EQ(all_reduce_time(1e6, 4, l, m), all_reduce_time(1e6, 4, l));
   // ZeRO-2's exact reduce-scatter: measured where it was, else two thirds of the exact all-reduce
   // (the doubles' share of its bytes).
-  const MeasuredAllReduce exact{{}, {{1e3, 3e-5}, {1e6, 9e-4}}, {}, 2};
-  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, exact), 6e-4);
+  const MeasuredAllReduce exact{.exact = {{1e3, 3e-5}, {1e6, 9e-4}}, .ranks = 2};
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, exact, false), 6e-4);
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, exact, true), 6e-4);
+  // Split evenly, or inside one rank's shard: that rank receives and adds all of it.
   MeasuredAllReduce scatter = exact;
   scatter.exact_scatter = {{1e3, 2.5e-5}, {1e6, 8e-4}};
-  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, scatter), 8e-4);
-  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 1, l, scatter), 0);
+  scatter.exact_scatter_owned = {{1e3, 2.6e-5}, {1e6, 1.2e-3}};
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, scatter, false), 8e-4);
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, scatter, true), 1.2e-3);
+  EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 1, l, scatter, true), 0);
 }
 
 TEST(PlanCollectives, RingFitRecoversLatencyAndBandwidth) {
@@ -487,7 +491,7 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
   PlanRequest r = request();
   const ComputeProfile measured = profile(2, false, 4, {0.01, 0.02, 0}, 0);
   Cluster c = cluster(2, 1, 80);
-  c.measured = {{{1e3, 1e-5}, {1e8, 1e-2}}, {{1e3, 3e-5}, {1e8, 5e-2}}, {}, 2};
+  c.measured = {.fp32 = {{1e3, 1e-5}, {1e8, 1e-2}}, .exact = {{1e3, 3e-5}, {1e8, 5e-2}}, .ranks = 2};
   Planner fast(r, c, &measured);
   r.mode = Mode::kCanonical;
   Planner canonical(r, c, &measured);
@@ -502,15 +506,28 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
   // The exact sums beside the fp32 gradients: 13 bytes a parameter instead of 4.
   EXPECT_NEAR(e.memory.grads, f.memory.grads * 13 / 4, 1e-6 * f.memory.grads);
   // ZeRO-2 reduce-scatters each micro-batch's buckets into running exact sums: priced by that
-  // reduce-scatter where it was measured (here slower than two thirds of the exact all-reduce);
-  // ZeRO-1's one exact all-reduce a step is not.
+  // reduce-scatter where it was measured (here slower than two thirds of the exact all-reduce) —
+  // the one inside a rank's shard for buckets smaller than a shard, the even one for a bucket of
+  // the whole gradient; ZeRO-1's one exact all-reduce a step is not.
   const ComputeProfile one_rank = profile(1, false, 4, {0.01, 0.02, 0}, 0);
   Cluster timed_scatter = c;
   timed_scatter.measured.exact_scatter = {{1e3, 2.9e-5}, {1e8, 4.9e-2}};
-  Planner priced(r, c, &one_rank), timed(r, timed_scatter, &one_rank);
+  timed_scatter.measured.exact_scatter_owned = {{1e3, 3e-5}, {1e8, 6e-2}};
   const Layout z1{.dp = 2, .micro_batch = 4, .zero = 1}, z2{.dp = 2, .micro_batch = 4, .zero = 2};
-  EXPECT_GT(timed.predict(z2).time.dp_exposed, priced.predict(z2).time.dp_exposed);
-  EXPECT_EQ(timed.predict(z1).time.dp_exposed, priced.predict(z1).time.dp_exposed);
+  PlanRequest small_buckets = r, one_bucket = r;
+  small_buckets.bucket_bytes = 1 << 20;
+  one_bucket.bucket_bytes = 1e9;
+  for (const PlanRequest& b : {small_buckets, one_bucket}) {
+    Planner priced(b, c, &one_rank), timed(b, timed_scatter, &one_rank);
+    EXPECT_GT(timed.predict(z2).time.dp_exposed, priced.predict(z2).time.dp_exposed);
+    EXPECT_EQ(timed.predict(z1).time.dp_exposed, priced.predict(z1).time.dp_exposed);
+  }
+  Cluster owned_slower = timed_scatter;
+  owned_slower.measured.exact_scatter_owned = {{1e3, 6e-5}, {1e8, 1.2e-1}};
+  EXPECT_GT(Planner(small_buckets, owned_slower, &one_rank).predict(z2).time.dp_exposed,
+            Planner(small_buckets, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
+  EXPECT_EQ(Planner(one_bucket, owned_slower, &one_rank).predict(z2).time.dp_exposed,
+            Planner(one_bucket, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
 }
 
 TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
