@@ -124,8 +124,7 @@ int bench_passes(Args& args) {
             << "  tp  sp  cp  micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
   for (const auto& [s, t] : profile.times()) {
     std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(4) << s.cp << std::setw(13)
-              << s.micro_batch
-              << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
+              << s.micro_batch << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
               << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3;
     if (s.recompute == Recompute::kNone) {
       std::cout << std::setw(12) << t.backward_input * 1e3 << " + " << t.backward_weight * 1e3;
@@ -159,8 +158,7 @@ int cmd_bench(Args& args) {
                  "  times one rank's forward, backward and update (one thread) for each tensor- and context-\n"
                  "  parallel shape, micro-batch and recomputation the planner searches, on every rank at once\n"
                  "  (the slowest rank's median of R, default 5), or only those --bench.tp, .sp, .cp and .micro\n"
-                 "  name; the update:\n"
-                 "  zeroing and rounding the gradients, their norm, AdamW.\n";
+                 "  name; the update: zeroing and rounding the gradients, their norm, AdamW.\n";
     return 0;
   }
   const auto config = args.take("config");

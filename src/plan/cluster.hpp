@@ -41,7 +41,8 @@ struct Link {
 // alone into running exact sums, as ZeRO-2 reduces a bucket: split evenly, and inside one rank's
 // shard (a bucket smaller than a shard).
 struct MeasuredAllReduce {
-  std::vector<CollectiveSample> fp32, exact, exact_scatter, exact_scatter_owned;  // by increasing size
+  // By increasing size.
+  std::vector<CollectiveSample> fp32 = {}, exact = {}, exact_scatter = {}, exact_scatter_owned = {};
   int64_t ranks = 0;
 };
 

@@ -69,10 +69,10 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
     // as the gradient is split evenly, but one smaller than a shard lies in one rank's shard, and
     // that rank receives and adds all of it — each rank in turn here, call by call.
     parallel::ShardPlan even;
-    std::vector<parallel::ShardPlan> owned(static_cast<size_t>(r.ranks));
+    std::vector<parallel::ShardPlan> owned(static_cast<size_t>(r.ranks));  // owned[o]: all of it rank o's
     for (int64_t q = 0; q <= r.ranks; ++q) {
       even.begin.push_back(q * floats / r.ranks);
-      for (int64_t owner = 0; owner < r.ranks; ++owner) owned[static_cast<size_t>(owner)].begin.push_back(q > owner ? floats : 0);
+      for (int64_t o = 0; o < r.ranks; ++o) owned[static_cast<size_t>(o)].begin.push_back(q > o ? floats : 0);
     }
     shard_sums.reset(static_cast<size_t>(floats));
     r.exact_reduce_scatter.push_back(
@@ -106,14 +106,13 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
   CollectiveBench r;
   try {
     r.ranks = j.at("ranks").get<int64_t>();
-    for (const auto& s : j.at("all_reduce")) r.all_reduce.push_back({s.at("bytes"), s.at("seconds")});
-    for (const auto& s : j.at("exact_all_reduce")) r.exact_all_reduce.push_back({s.at("bytes"), s.at("seconds")});
-    for (const auto& s : j.at("exact_reduce_scatter")) {
-      r.exact_reduce_scatter.push_back({s.at("bytes"), s.at("seconds")});
-    }
-    for (const auto& s : j.at("exact_reduce_scatter_owned")) {
-      r.exact_reduce_scatter_owned.push_back({s.at("bytes"), s.at("seconds")});
-    }
+    const auto read = [&](const char* key, std::vector<CollectiveSample>& out) {
+      for (const auto& s : j.at(key)) out.push_back({s.at("bytes"), s.at("seconds")});
+    };
+    read("all_reduce", r.all_reduce);
+    read("exact_all_reduce", r.exact_all_reduce);
+    read("exact_reduce_scatter", r.exact_reduce_scatter);
+    read("exact_reduce_scatter_owned", r.exact_reduce_scatter_owned);
     LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where,
                ": expected ranks >= 1 and, for more than one, two sizes or more");
     r.fit = {j.at("bandwidth_gbs").get<double>() * 1e9, j.at("latency_us").get<double>() * 1e-6};

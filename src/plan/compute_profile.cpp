@@ -144,8 +144,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
 const PassTimes& ComputeProfile::at(const PassShape& shape) const {
   const auto it = times_.find(shape);
   LS_CHECK(it != times_.end(), "no measured passes for tp ", shape.tp, shape.sp ? " sp" : "", " cp ", shape.cp,
-           " micro-batch ",
-           shape.micro_batch, " recompute ", recompute_name(shape.recompute));
+           " micro-batch ", shape.micro_batch, " recompute ", recompute_name(shape.recompute));
   return it->second;
 }
 

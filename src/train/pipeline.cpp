@@ -245,6 +245,7 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
   // the last rank's last weight-gradient pass completes the head's.
   using parallel::PassKind;
   const parallel::FinalPasses finals = parallel::final_passes(passes, static_cast<int64_t>(model.num_chunks()));
+  const size_t final_input = finals.last_input(), final_weight = finals.last_weight();
   for (size_t i = 0; i < passes.size(); ++i) {
     const parallel::Pass& pass = passes[i];
     LS_CHECK(static_cast<size_t>(pass.chunk) < model.num_chunks() && pass.micro < batch.count, "pass of chunk ",
@@ -267,11 +268,11 @@ StageTimes run_stage_passes(Model& model, comm::Communicator& pp, const std::vec
         pp.recv(model.stage_output_grad(), floats, DType::kF32, stage_rank(stage + 1, p), gradient_tag(stage));
       }
       // The last stage has run all its weight gradients: its head gradient of wte is complete.
-      if (first && tied && i == finals.last_input()) receive_tied_grad(model, pp, model.param("wte").numel);
+      if (first && tied && i == final_input) receive_tied_grad(model, pp, model.param("wte").numel);
       timed([&] { model.backward(pass.micro, dloss, loss_sum, i == finals.input[chunk], chunk); });
       if (stage > 0) send(model.stage_input_grad(), stage - 1, gradient_tag(stage - 1));
     }
-    if (last && tied && i == finals.last_weight()) send_tied_grad(model, pp);
+    if (last && tied && i == final_weight) send_tied_grad(model, pp);
   }
   for (comm::Handle& h : sends) h.wait();
   times.total_s = std::chrono::duration<double>(Clock::now() - started).count();
