@@ -86,7 +86,9 @@ plan::ComputeProfile run_pass_profile(const ValidateOptions& opt, const plan::La
   if (layout != nullptr) {
     // Three shapes only: more passes of each for the same time.
     args.insert(args.end(), {str_cat("--bench.tp=", layout->tp), str_cat("--bench.sp=", layout->sp ? "true" : "false"),
-                             str_cat("--bench.cp=", layout->cp), str_cat("--bench.micro=", layout->micro_batch),
+                             str_cat("--bench.cp=", layout->cp),
+                             str_cat("--bench.cp_comm=", layout->ring ? "p2p" : "all_gather"),
+                             str_cat("--bench.micro=", layout->micro_batch),
                              std::string("--bench.repeats=11")});
   }
   // A layout's own shapes beside the other layouts' (not over the whole profile's report).

@@ -10,6 +10,7 @@
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/plan/collective_bench.hpp"
 #include "src/plan/compute_profile.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
@@ -78,11 +79,14 @@ int bench_passes(Args& args) {
   const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "5"));
   // One tensor- and context-parallel shape and micro-batch only (every recomputation of it).
   const auto only_tp = args.take("bench.tp"), only_sp = args.take("bench.sp"), only_cp = args.take("bench.cp"),
-             only_micro = args.take("bench.micro");
+             only_cp_comm = args.take("bench.cp_comm"), only_micro = args.take("bench.micro");
   const auto overrides = args.take_dotted();
   args.finish("bench --passes");
   LS_REQUIRE(!only_sp || *only_sp == "true" || *only_sp == "false", "--bench.sp: expected true or false, got '",
              *only_sp, "'");
+  const std::optional<bool> ring =
+      only_cp_comm ? std::optional(parallel::parse_cp_comm(*only_cp_comm, "--bench.cp_comm") == parallel::CpComm::kP2p)
+                   : std::nullopt;
   const RunConfig cfg = load_run_config(*config, overrides, ConfigUse::kBench);
   const comm::JobWorld job = comm::job_world(600);
   comm::Communicator& world = *job.world;
@@ -105,10 +109,10 @@ int bench_passes(Args& args) {
       only_micro ? std::optional(parse_count("bench.micro", *only_micro)) : std::nullopt;
   std::erase_if(shapes, [&](const plan::PassShape& s) {
     return (tp && s.tp != *tp) || (only_sp && s.sp != (*only_sp == "true")) || (cp && s.cp != *cp) ||
-           (micro && s.micro_batch != *micro);
+           (ring && s.cp > 1 && s.ring != *ring) || (micro && s.micro_batch != *micro);
   });
   LS_REQUIRE(!shapes.empty(), "lockstep bench --passes: no shape of ", *config, " on ", world.size(),
-             " ranks is left by --bench.tp, --bench.sp, --bench.cp and --bench.micro");
+             " ranks is left by --bench.tp, --bench.sp, --bench.cp, --bench.cp_comm and --bench.micro");
   for (const plan::PassShape& shape : shapes) {
     world.barrier();  // every rank times the same shape at once
     const plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
@@ -121,9 +125,10 @@ int bench_passes(Args& args) {
   std::cout << "passes: " << *config << ", one thread on each of " << world.size()
             << " ranks at once (the slowest rank's median of " << repeats << "); a rank holds " << std::fixed
             << std::setprecision(0) << profile.runtime_bytes / (1 << 20) << " MiB before its model\n"
-            << "  tp  sp  cp  micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
+            << "  tp  sp  cp  cp_comm     micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
   for (const auto& [s, t] : profile.times()) {
-    std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(4) << s.cp << std::setw(13)
+    std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(4) << s.cp << "  "
+              << std::left << std::setw(10) << (s.cp == 1 ? "-" : s.ring ? "p2p" : "all_gather") << std::right << std::setw(13)
               << s.micro_batch << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
               << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3;
     if (s.recompute == Recompute::kNone) {
@@ -154,11 +159,13 @@ int cmd_bench(Args& args) {
                  "  times the all-reduce over 4 KiB to 16 MiB (median of R, default 20) and fits the ring\n"
                  "  model's latency and bandwidth (the planner's: lockstep plan --cluster local).\n"
                  "       [mpirun -np N] lockstep bench --passes --config FILE [--bench.repeats=R] [--bench.tp=T]\n"
-                 "                      [--bench.sp=true|false] [--bench.cp=C] [--bench.micro=M] [--json FILE]\n"
+                 "                      [--bench.sp=true|false] [--bench.cp=C] [--bench.cp_comm=all_gather|p2p]\n"
+                 "                      [--bench.micro=M] [--json FILE]\n"
                  "  times one rank's forward, backward and update (one thread) for each tensor- and context-\n"
-                 "  parallel shape, micro-batch and recomputation the planner searches, on every rank at once\n"
-                 "  (the slowest rank's median of R, default 5), or only those --bench.tp, .sp, .cp and .micro\n"
-                 "  name; the update: zeroing and rounding the gradients, their norm, AdamW.\n";
+                 "  parallel shape (cp by all-gather and by the ring), micro-batch and recomputation the\n"
+                 "  planner searches, on every rank at once (the slowest rank's median of R, default 5), or\n"
+                 "  only those --bench.tp, .sp, .cp, .cp_comm and .micro name; the update: zeroing and\n"
+                 "  rounding the gradients, their norm, AdamW.\n";
     return 0;
   }
   const auto config = args.take("config");

@@ -48,19 +48,33 @@ namespace {
 // The planner's accuracy the issue asks of it, and a run the hypervisor disturbed.
 constexpr double kWithin = 0.15, kDisturbed = 0.05;
 
+// The ring variant of a context-parallel layout (cp_comm = "p2p").
+plan::Layout with_ring(plan::Layout l) {
+  l.ring = true;
+  return l;
+}
+
+// The layouts to validate: the ranked ones and, after each context-parallel one, the same layout
+// over the ring, which runs wherever the all-gather does (it holds less) though the search ranks
+// it only where the all-gather does not fit; or those `only` names, each ranked or the ring
+// variant of one ranked.
 std::vector<plan::Layout> chosen_layouts(const std::vector<plan::Prediction>& ranked, const std::string& only) {
   std::vector<plan::Layout> chosen;
   if (only.empty()) {
-    for (const plan::Prediction& p : ranked) chosen.push_back(p.layout);
+    for (const plan::Prediction& p : ranked) {
+      chosen.push_back(p.layout);
+      if (p.layout.cp > 1 && !p.layout.ring) chosen.push_back(with_ring(p.layout));
+    }
     return chosen;
   }
   for (const std::string_view text : split_commas(only)) {
-    const std::string want = plan::parse_layout(std::string(text), "lockstep plan: --layouts").text();
-    const auto it = std::find_if(ranked.begin(), ranked.end(),
-                                 [&](const plan::Prediction& p) { return p.layout.text() == want; });
-    LS_REQUIRE(it != ranked.end(), "lockstep plan: --layouts: ", want,
+    const plan::Layout want = plan::parse_layout(std::string(text), "lockstep plan: --layouts");
+    const auto it = std::find_if(ranked.begin(), ranked.end(), [&](const plan::Prediction& p) {
+      return p.layout.text() == want.text() || (want.ring && with_ring(p.layout).text() == want.text());
+    });
+    LS_REQUIRE(it != ranked.end(), "lockstep plan: --layouts: ", want.text(),
                " is not a layout that fits here (see the ranking)");
-    chosen.push_back(it->layout);
+    chosen.push_back(want.ring ? with_ring(it->layout) : it->layout);
   }
   return chosen;
 }

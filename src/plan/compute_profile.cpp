@@ -48,7 +48,10 @@ std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64
           } catch (const ConfigError&) {
             continue;
           }
-          for (Recompute rc : kRecomputes) shapes.push_back({tp, sp, mb, rc, cp});
+          for (bool ring : {false, true}) {
+            if (ring && cp == 1) continue;
+            for (Recompute rc : kRecomputes) shapes.push_back({tp, sp, mb, rc, cp, ring});
+          }
         }
       }
     }
@@ -68,7 +71,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   std::optional<parallel::ContextParallelPlan> cp_plan;
   if (shape.cp > 1) {
     cp_plan.emplace(tp_plan ? static_cast<const ModelPlan&>(*tp_plan) : one_device, cp_group,
-                    parallel::CpComm::kAllGather);
+                    shape.ring ? parallel::CpComm::kP2p : parallel::CpComm::kAllGather);
   }
   const ModelPlan* plan = cp_plan ? static_cast<const ModelPlan*>(&*cp_plan) : tp_plan ? &*tp_plan : nullptr;
   const ModelOptions options{.plan = plan,
@@ -144,14 +147,15 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
 const PassTimes& ComputeProfile::at(const PassShape& shape) const {
   const auto it = times_.find(shape);
   LS_CHECK(it != times_.end(), "no measured passes for tp ", shape.tp, shape.sp ? " sp" : "", " cp ", shape.cp,
-           " micro-batch ", shape.micro_batch, " recompute ", recompute_name(shape.recompute));
+           shape.ring ? " p2p" : "", " micro-batch ", shape.micro_batch, " recompute ", recompute_name(shape.recompute));
   return it->second;
 }
 
 nlohmann::json ComputeProfile::to_json() const {
   nlohmann::json shapes = nlohmann::json::array();
   for (const auto& [s, t] : times_) {
-    shapes.push_back({{"tp", s.tp}, {"sp", s.sp}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
+    shapes.push_back({{"tp", s.tp}, {"sp", s.sp}, {"cp", s.cp}, {"ring", s.ring},
+                      {"micro_batch", s.micro_batch},
                       {"recompute", recompute_name(s.recompute)}, {"forward_s", t.forward},
                       {"backward_s", t.backward}, {"optimizer_s", t.optimizer},
                       {"backward_input_s", t.backward_input}, {"backward_weight_s", t.backward_weight}});
@@ -170,7 +174,8 @@ ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::str
     p.peak_bf16_flops = j.at("peak_bf16_gflops").get<double>() * 1e9;
     for (const auto& s : j.at("passes")) {
       p.set({s.at("tp").get<int64_t>(), s.at("sp").get<bool>(), s.at("micro_batch").get<int64_t>(),
-             parse_recompute(s.at("recompute").get<std::string>(), where), s.at("cp").get<int64_t>()},
+             parse_recompute(s.at("recompute").get<std::string>(), where), s.at("cp").get<int64_t>(),
+             s.at("ring").get<bool>()},
             {s.at("forward_s").get<double>(), s.at("backward_s").get<double>(), s.at("optimizer_s").get<double>(),
              s.at("backward_input_s").get<double>(), s.at("backward_weight_s").get<double>()});
     }

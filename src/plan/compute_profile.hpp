@@ -3,13 +3,14 @@
 // backward of one micro-batch through every layer, as one tensor-parallel rank computes them (its
 // shards, and the local part of its reductions: solo_tp_group.hpp), or as one context-parallel
 // rank computes them (its blocks of every sequence, the attention against every position's keys,
-// the local part of its gathers and exact sums: solo_communicator.hpp), and the AdamW update of
-// that rank's parameters — for each shape a layout gives a rank (tp, sequence parallelism, cp,
-// micro-batch size, recomputation). `lockstep bench --passes` times them on every rank of the machine at once, so that each
-// pays what the others cost it (shared caches and memory bandwidth), as a layout's ranks do. The
-// planner scales these to a stage's layers by their FLOPs and adds what the timing leaves out:
-// the collectives' transfers, the pipeline's bubble, the gradient reduction, recomputation. Its
-// processes' resident memory before any model is the memory a rank needs beside the model.
+// the local part of its gathers, ring messages and exact sums: solo_communicator.hpp), and the
+// AdamW update of that rank's parameters — for each shape a layout gives a rank (tp, sequence
+// parallelism, cp by all-gather or ring, micro-batch size, recomputation). `lockstep bench
+// --passes` times them on every rank of the machine at once, so that each pays what the others
+// cost it (shared caches and memory bandwidth), as a layout's ranks do. The planner scales these
+// to a stage's layers by their FLOPs and adds what the timing leaves out: the collectives'
+// transfers, the pipeline's bubble, the gradient reduction, recomputation. Its processes' resident
+// memory before any model is the memory a rank needs beside the model.
 //
 // This is the measured efficiency of the cost model: a rank's passes, never a layout's step (the
 // figure `--validate` compares the prediction with).
@@ -42,13 +43,14 @@ struct PassShape {
   int64_t micro_batch = 1;
   Recompute recompute = Recompute::kNone;  // the backward then runs the recomputed forwards first
   int64_t cp = 1;  // the rank computes T / cp positions of each of its micro_batch sequences
+  bool ring = false;  // cp's keys and values around the ring (CpComm::kP2p), not all-gathered
   auto operator<=>(const PassShape&) const = default;
 };
 
 // The shapes a local cluster of `ranks` needs for a batch of `global_batch`: tp and cp powers of two
 // with tp·cp up to `ranks` that the model's layout allows (tensor_parallel.hpp,
-// context_parallel.hpp), with and without sp, micro-batches of 1, 2, 4, 8, 16 sequences up to the
-// batch, and each recomputation — the planner's search.
+// context_parallel.hpp), with and without sp, cp by all-gather and by the ring, micro-batches of
+// 1, 2, 4, 8, 16 sequences up to the batch, and each recomputation — the planner's search.
 std::vector<PassShape> profile_shapes(const RunConfig& run, int64_t ranks, int64_t global_batch);
 
 // Times one shape on this process with one thread: `repeats` passes after three untimed, medians.

@@ -55,10 +55,13 @@ Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* pro
 Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
   if (profile_ != nullptr) {
     // The measured passes of the whole model as one of the layout's ranks computes them (a cp
-    // rank: its blocks of each sequence), the share of these layers by their FLOPs; the
-    // recomputation, what it adds to the backward.
-    const PassTimes& plain = profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone, layout.cp});
-    const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute, layout.cp});
+    // rank: its blocks of each sequence, with the ring's recomputed products where it runs the
+    // ring), the share of these layers by their FLOPs; the recomputation, what it adds to the
+    // backward.
+    const bool ring = layout.cp > 1 && layout.ring;
+    const PassTimes& plain =
+        profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone, layout.cp, ring});
+    const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute, layout.cp, ring});
     const double share = r.forward_flops / model_forward_flops_;
     // The recomputation's share is of the recomputed layers': a pipeline's last stage holds the
     // head, a large share of the FLOPs, which no recomputation runs again.
@@ -70,11 +73,7 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
       }
       recompute_share = r.recompute_flops / it->second;
     }
-    // The ring's recomputed products at the forward's time a FLOP.
-    const double forward_per_flop = plain.forward / model_forward_flops_;
-    return {forward_per_flop * (r.forward_flops + r.ring_forward_flops),
-            plain.backward * share + forward_per_flop * r.ring_backward_flops,
-            (with.backward - plain.backward) * recompute_share,
+    return {plain.forward * share, plain.backward * share, (with.backward - plain.backward) * recompute_share,
             plain.backward_input / plain.backward, plain.backward_weight / plain.backward};
   }
   const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));

@@ -66,12 +66,31 @@ comm::Handle SoloCommunicator::iall_to_allv(const void* send, std::span<const in
 
 comm::Handle SoloCommunicator::ibroadcast(void*, int64_t, DType, int) { return comm::Handle(); }
 
-comm::Handle SoloCommunicator::isend(const void*, int64_t, DType, int dest, int) {
-  throw InternalError(str_cat("send to rank ", dest, " on the solo group ", name_, ": the profile times no ring"));
+void SoloCommunicator::match(const Unmatched& m) {
+  const auto partner = std::find_if(unmatched_.begin(), unmatched_.end(), [&](const Unmatched& u) {
+    return u.tag == m.tag && (u.send != nullptr) != (m.send != nullptr);
+  });
+  if (partner == unmatched_.end()) {
+    unmatched_.push_back(m);
+    return;
+  }
+  const Unmatched& send = m.send != nullptr ? m : *partner;
+  const Unmatched& recv = m.send != nullptr ? *partner : m;
+  LS_CHECK(send.t == recv.t, "solo group ", name_, ": a message of tag ", m.tag, " sent and received as different types");
+  copy_elements(send.send, 0, recv.recv, 0, std::min(send.count, recv.count), send.t);
+  unmatched_.erase(partner);
 }
 
-comm::Handle SoloCommunicator::irecv(void*, int64_t, DType, int source, int) {
-  throw InternalError(str_cat("recv from rank ", source, " on the solo group ", name_, ": the profile times no ring"));
+comm::Handle SoloCommunicator::isend(const void* buf, int64_t count, DType t, int dest, int tag) {
+  LS_CHECK(dest >= 0 && dest < size(), "send to rank ", dest, " of the solo group ", name_, " of ", size());
+  match({.send = buf, .count = count, .t = t, .tag = tag});
+  return comm::Handle();
+}
+
+comm::Handle SoloCommunicator::irecv(void* buf, int64_t count, DType t, int source, int tag) {
+  LS_CHECK(source >= 0 && source < size(), "recv from rank ", source, " of the solo group ", name_, " of ", size());
+  match({.recv = buf, .count = count, .t = t, .tag = tag});
+  return comm::Handle();
 }
 
 }  // namespace lockstep::plan

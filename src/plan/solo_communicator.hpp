@@ -4,7 +4,8 @@
 // into and out of its buffers — taking every other rank's contribution to be the one it sends
 // itself. The values are not the group's; what it keeps is the cost of a rank's passes apart from
 // the transfers, which the planner's collective model adds. The ring's point-to-point messages
-// are refused: the profile times the all-gather's attention.
+// likewise: a receive gets the message of the same tag this rank sends, as its neighbour sends
+// it the same share of the ring.
 #pragma once
 
 #include <string>
@@ -38,8 +39,21 @@ class SoloCommunicator final : public comm::Communicator {
   comm::Handle ibarrier() override { return comm::Handle(); }
 
  private:
+  // A send or a receive not matched yet (one of the two pointers set).
+  struct Unmatched {
+    const void* send = nullptr;
+    void* recv = nullptr;
+    int64_t count = 0;
+    DType t = DType::kF32;
+    int tag = 0;
+  };
+  // Pairs `m` with the unmatched message of the other direction and the same tag, copying the
+  // sent elements into the receive's buffer; keeps it for its partner where there is none yet.
+  void match(const Unmatched& m);
+
   std::string name_;
   std::vector<int> world_ranks_;
+  std::vector<Unmatched> unmatched_;
 };
 
 }  // namespace lockstep::plan

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # The planner against this machine (`lockstep plan --cluster local --validate`) on tiny.toml's
-# model: the collective
-# benchmark's report (fp32 and exact all-reduce by size) and the passes' (every shape the search
-# needs, timed on both ranks at once), four layouts run with `lockstep train` (data, tensor,
-# pipeline and context parallel), their rows in the table and the JSON with a measured step and the fullest
-# rank's peak memory (the runs' last metrics record), the memory prediction within 20% of it;
-# bad input: --validate without the local cluster, a layout that does not fit (on one rank).
+# model: the collective benchmark's report (fp32 and exact all-reduce by size) and the passes'
+# (every shape the search needs, timed on both ranks at once), five layouts run with `lockstep
+# train` (data, tensor, pipeline and context parallel, the last by all-gather and over the ring),
+# their rows in the table and the JSON with a measured step and the fullest rank's peak memory
+# (the runs' last metrics record), the memory prediction within 20% of it; bad input: --validate
+# without the local cluster, a layout that does not fit (on one rank).
 source "$(dirname "$0")/lib.sh"
 make_data
 write_config  # for the errors
 data=(--data.train=data/train.bin --data.val=data/val.bin)
 layouts="dp2 tp1 pp1 mb4 zero1,dp1 tp2 pp1 mb4 zero0 sp,dp1 tp1 pp2 mb2 zero0 1f1b,dp1 tp1 pp1 cp2 mb4 zero0"
+layouts+=",dp1 tp1 pp1 cp2 p2p mb4 zero0"
 "$LOCKSTEP" plan --model "$SRC/scripts/configs/tiny.toml" "${data[@]}" --cluster local --ranks 2 --precision fp32 \
   --validate --rounds 1 --steps 3 --layouts "$layouts" --out runs --json v.json > v.log 2>&1 \
   || fail "plan --validate: $(tail -5 v.log)"
 grep -q '^plan: .*tiny.toml .* on local (2 GPUs, 1 x 2, .*canonical mode$' v.log || fail "no header: $(head -1 v.log)"
 grep -Eq '^local: 2 ranks of one thread; GEMM peak [0-9.]+ GFLOP/s a rank; all-reduce ring fit alpha' v.log \
   || fail "no local cluster line: $(sed -n 2p v.log)"
-grep -Eq '^validate: step time [0-9]+ of 4 within 15%.*; peak memory [0-9]+ of 4 within 15%' v.log \
+grep -Eq '^validate: step time [0-9]+ of 5 within 15%.*; peak memory [0-9]+ of 5 within 15%' v.log \
   || fail "no validation summary: $(tail -3 v.log)"
 python3 - runs/collectives.json runs/passes.json v.json runs <<'PY' || fail "validation reports: $(tail -8 v.log)"
 import json, os, sys
@@ -27,14 +28,16 @@ assert c["ranks"] == 2 and all(len(c[k]) == 7 for k in series), c
 assert all(s["seconds"] > 0 for k in series for s in c[k]), c
 assert c["bandwidth_gbs"] > 0, c
 p = json.load(open(sys.argv[2]))
-shapes = {(s["tp"], s["sp"], s["cp"], s["micro_batch"], s["recompute"]) for s in p["passes"]}
-# tp 1, tp 2, tp 2 sp and cp 2; micro-batches 1, 2, 4, 8; three recomputations.
-assert len(shapes) == 4 * 4 * 3 and (2, True, 1, 1, "full") in shapes and (1, False, 2, 1, "full") in shapes, sorted(shapes)
+shapes = {(s["tp"], s["sp"], s["cp"], s["ring"], s["micro_batch"], s["recompute"]) for s in p["passes"]}
+# tp 1, tp 2, tp 2 sp, cp 2 and cp 2 over the ring; micro-batches 1, 2, 4, 8; three recomputations.
+assert len(shapes) == 5 * 4 * 3 and (2, True, 1, False, 1, "full") in shapes, sorted(shapes)
+assert (1, False, 2, False, 1, "full") in shapes and (1, False, 2, True, 1, "full") in shapes, sorted(shapes)
 assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in p["passes"]) and p["runtime_mib"] > 0, p
 # The zero-bubble schedule's split backward, timed where it runs (no recomputation).
 assert all((s["backward_input_s"] > 0 and s["backward_weight_s"] > 0) == (s["recompute"] == "none") for s in p["passes"]), p
 v = json.load(open(sys.argv[3]))["validate"]
-want = ["dp2 tp1 pp1 mb4 zero1", "dp1 tp2 pp1 mb4 zero0 sp", "dp1 tp1 pp2 mb2 zero0 1f1b", "dp1 tp1 pp1 cp2 mb4 zero0"]
+want = ["dp2 tp1 pp1 mb4 zero1", "dp1 tp2 pp1 mb4 zero0 sp", "dp1 tp1 pp2 mb2 zero0 1f1b", "dp1 tp1 pp1 cp2 mb4 zero0",
+        "dp1 tp1 pp1 cp2 p2p mb4 zero0"]
 assert [r["layout"] for r in v] == want, [r["layout"] for r in v]
 for r in v:
     assert r["measured_step_s"] > 0 and r["predicted"]["step_s"] > 0, r
@@ -45,7 +48,7 @@ for r in v:
     print(f'{r["layout"]}: predicted {1e3 * r["predicted"]["step_s"]:.1f} ms, measured {1e3 * r["measured_step_s"]:.1f} ms; '
           f'memory error {100 * r["memory_error"]:.1f}%')
 PY
-[ "$(grep -c '^  round 1/1, [1-4]/4: ' v.log)" -eq 4 ] || fail "expected a progress line per run: $(grep round v.log)"
+[ "$(grep -c '^  round 1/1, [1-5]/5: ' v.log)" -eq 5 ] || fail "expected a progress line per run: $(grep round v.log)"
 
 expect_error "--validate runs the layouts here: it needs --cluster local" \
   "$LOCKSTEP" plan --model cfg.toml --cluster "$SRC/scripts/clusters/a100_1024.toml" --validate

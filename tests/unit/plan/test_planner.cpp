@@ -409,6 +409,12 @@ TEST(PlanCostModel, MeasuredPassesReplaceTheGemmRate) {
   ASSERT_EQ(cp2.micro_batches, 16);
   EXPECT_NEAR(cp2.time.compute, 16 * 0.023, 1e-12);
   EXPECT_GT(cp2.time.cp_comm, 0);
+  // The ring's passes are its own shape's, with its recomputed products in them: nothing added.
+  EXPECT_THROW(cp_planner.predict({.cp = 2, .ring = true, .micro_batch = 4}), InternalError);
+  with_cp.set({1, false, 4, Recompute::kNone, 2, true}, {0.011, 0.021, 0.003});
+  Planner ring_planner(r, cluster(2, 1, 80), &with_cp);
+  EXPECT_NEAR(ring_planner.predict({.cp = 2, .ring = true, .micro_batch = 4}).time.compute, 16 * 0.032, 1e-12);
+  EXPECT_NEAR(ring_planner.predict({.cp = 2, .micro_batch = 4}).time.compute, 16 * 0.023, 1e-12);
 }
 
 TEST(PlanCostModel, ZeroBubbleTakesTheMeasuredSplitAndTheTiedEmbeddingsWait) {
@@ -565,10 +571,13 @@ TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
 
   // 256 positions cut into 2·cp blocks of whole chunks of 64: cp 2 beside tp 1 (tp · cp ranks).
   run.model.seq_len = 256;
+  // cp 2 by all-gather and by the ring.
   const std::vector<PassShape> with_cp = profile_shapes(run, 2, 4);
-  EXPECT_EQ(with_cp.size(), 4u * 3u * 3u);
+  EXPECT_EQ(with_cp.size(), 5u * 3u * 3u);
   for (const PassShape& s : with_cp) EXPECT_TRUE(s.cp == 1 || s.tp == 1) << s.tp << " " << s.cp;
-  EXPECT_EQ(std::count_if(with_cp.begin(), with_cp.end(), [](const PassShape& s) { return s.cp == 2; }), 3 * 3);
+  for (const PassShape& s : with_cp) EXPECT_TRUE(!s.ring || s.cp == 2) << s.tp << " " << s.cp;
+  EXPECT_EQ(std::count_if(with_cp.begin(), with_cp.end(), [](const PassShape& s) { return s.ring; }), 3 * 3);
+  EXPECT_EQ(std::count_if(with_cp.begin(), with_cp.end(), [](const PassShape& s) { return s.cp == 2; }), 2 * 3 * 3);
   // One cp rank of two, on its own (solo_communicator.hpp): half the positions of the sequence.
   const PassShape cp2{1, false, 2, Recompute::kNone, 2};
   const PassTimes half = time_passes(run, cp2, 2);
@@ -577,6 +586,16 @@ TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
   p.set(cp2, half);
   EXPECT_EQ(ComputeProfile::from_json(p.to_json(), "report").at(cp2).forward, half.forward);
   EXPECT_THROW(back.at({1, false, 2, Recompute::kNone, 2}), InternalError);
+  // The same rank over the ring (its messages matched on the solo group), recomputing the scores
+  // block by block: a shape of its own in the report.
+  const PassShape ring2{1, false, 2, Recompute::kNone, 2, true};
+  const PassTimes ring = time_passes(run, ring2, 2);
+  EXPECT_GT(ring.forward, 0);
+  EXPECT_GT(ring.backward, 0);
+  p.set(ring2, ring);
+  const ComputeProfile both = ComputeProfile::from_json(p.to_json(), "report");
+  EXPECT_EQ(both.at(ring2).backward, ring.backward);
+  EXPECT_EQ(both.at(cp2).backward, half.backward);
 }
 
 // A cp rank timed on its own: every other rank's contribution is the one it sends itself, copied
@@ -600,7 +619,23 @@ TEST(PlanProfile, SoloGroupCopiesThisRanksPartOnly) {
   const std::vector<int64_t> counts = {1, 1, 1};
   g.reduce_scatter(full.data(), &out, counts, DType::kF32, comm::ReduceOp::kSum);
   EXPECT_EQ(out, 4.0f);
-  EXPECT_THROW(g.send(mine.data(), 2, DType::kF32, 1, 0), InternalError);
+  // The ring: a receive gets the message of its tag this rank sends, posted before or after it.
+  std::vector<float> got(2, 0.0f);
+  comm::Handle sent = g.isend(mine.data(), 2, DType::kF32, 1, 5);
+  comm::Handle other = g.isend(full.data(), 2, DType::kF32, 1, 6);
+  comm::Handle received = g.irecv(got.data(), 2, DType::kF32, 2, 5);
+  sent.wait();
+  received.wait();
+  EXPECT_EQ(got, mine);
+  std::vector<float> later(2, 0.0f);
+  received = g.irecv(later.data(), 2, DType::kF32, 2, 7);
+  EXPECT_EQ(later, (std::vector<float>{0, 0}));  // nothing sent with tag 7 yet
+  sent = g.isend(mine.data() + 1, 1, DType::kF32, 1, 7);
+  EXPECT_EQ(later, (std::vector<float>{2, 0}));
+  received = g.irecv(got.data(), 2, DType::kF32, 2, 6);
+  EXPECT_EQ(got, (std::vector<float>{4, 5}));
+  EXPECT_THROW(g.send(mine.data(), 2, DType::kF32, 3, 0), InternalError);
+  other.wait();
 }
 
 TEST(PlanSearch, RanksFittingLayoutsAndNamesEveryRejection) {
