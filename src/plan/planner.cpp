@@ -43,6 +43,15 @@ struct Planner::RankCost {
   double ring_forward_flops = 0, ring_backward_flops = 0;
 };
 
+namespace {
+
+// The measured passes a rank of `layout` runs, with `recompute`.
+PassShape pass_shape(const Layout& layout, Recompute recompute) {
+  return {layout.tp, layout.sp, layout.micro_batch, recompute, layout.cp, layout.cp > 1 && layout.ring};
+}
+
+}  // namespace
+
 Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile)
     : request_(std::move(request)), cluster_(std::move(cluster)), profile_(profile) {
   const LayerDesc& last = request_.model.layers.back();
@@ -58,10 +67,8 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     // rank: its blocks of each sequence, with the ring's recomputed products where it runs the
     // ring), the share of these layers by their FLOPs; the recomputation, what it adds to the
     // backward.
-    const bool ring = layout.cp > 1 && layout.ring;
-    const PassTimes& plain =
-        profile_->at({layout.tp, layout.sp, layout.micro_batch, Recompute::kNone, layout.cp, ring});
-    const PassTimes& with = profile_->at({layout.tp, layout.sp, layout.micro_batch, layout.recompute, layout.cp, ring});
+    const PassTimes& plain = profile_->at(pass_shape(layout, Recompute::kNone));
+    const PassTimes& with = profile_->at(pass_shape(layout, layout.recompute));
     const double share = r.forward_flops / model_forward_flops_;
     // The recomputation's share is of the recomputed layers': a pipeline's last stage holds the
     // head, a large share of the FLOPs, which no recomputation runs again.
@@ -501,8 +508,7 @@ Prediction Planner::predict(const Layout& layout) {
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
     if (profile_ != nullptr) {
-      const PassShape shape{layout.tp, layout.sp, layout.micro_batch, Recompute::kNone, layout.cp};
-      const double update = profile_->at(shape).optimizer * r.params / held_params;
+      const double update = profile_->at(pass_shape(layout, Recompute::kNone)).optimizer * r.params / held_params;
       optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
     }
     // Expert parallelism: the replicated tensors' gradients summed over ep before the dp reduction
