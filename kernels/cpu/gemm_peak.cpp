@@ -53,7 +53,7 @@ GemmPeak with_fastest(GemmPeak peak) {
 }
 
 GemmPeak cpu::measure_gemm_peak() {
-  const int n = 1024;
+  const int n = kGemmPeakSize;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
   GemmPeak peak;
   peak.openblas_gflops = best_gflops(n, [&] {

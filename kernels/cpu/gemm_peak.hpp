@@ -14,6 +14,9 @@ namespace lockstep {
 // runs the kernel its environment selects (OPENBLAS_CORETYPE may hold it to AVX2, a DYNAMIC_ARCH
 // build that does not know the CPU falls back to an old core), while Lockstep's GEMMs always use
 // the widest ISA the CPU has; an MFU against a slower one could exceed 1.
+// The side of the square product the peak is measured on.
+inline constexpr int kGemmPeakSize = 1024;
+
 struct GemmPeak {
   double gflops = 0;            // the highest of the three
   double openblas_gflops = 0;   // cblas_sgemm

@@ -59,6 +59,11 @@ struct Cluster {
   // Whether a collective proceeds beside the compute (a GPU's copy engines and NCCL's own SMs);
   // not where each rank has one core, which its communication thread then takes from the compute.
   bool comm_beside_compute = true;
+  // Whether the GEMMs pack their operands into a scratch they keep, as large as the largest
+  // product's (the local CPU cluster: matmul.isa.cpp; a GPU's cuBLAS workspace is fixed, part of
+  // the reserved memory), and how many of its elements the reserved memory already holds.
+  bool keeps_packed_operands = false;
+  double packed_in_reserved = 0;
 
   int64_t gpus() const { return gpus_per_node * nodes; }
   // FLOP/s a GPU's GEMMs reach in `p` (0 where it has no such unit).

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/gemm_peak.hpp"
+
 namespace lockstep::plan {
 
 Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& passes, double memory_bytes,
@@ -24,6 +26,10 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
   c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
                 collectives.exact_reduce_scatter_owned, collectives.ranks};
   c.comm_beside_compute = collectives.ranks < cores;
+  // The start-up GEMM peak measurement (whose process memory is the reserved) packs both
+  // operands of its square product.
+  c.keeps_packed_operands = true;
+  c.packed_in_reserved = 2.0 * kGemmPeakSize * kGemmPeakSize;
   return c;
 }
 

@@ -28,6 +28,9 @@ struct Planner::RankCost {
   // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these,
   // and the bytes of that gather (bf16 for the matrices of a bf16 run, as the trainer sends them).
   std::vector<double> layer_params, layer_gather_bytes;
+  // The (input, output) features a token of each linear it runs: the largest product's operands
+  // size the GEMMs' packing scratch (packed_operands).
+  std::vector<std::pair<double, double>> linears;
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
   // A split backward's (zb) copies of the linears' output gradients, kept from Bi until W: fp32,
   // the stream's and the branch's of each attention and MLP sub-layer.
@@ -86,6 +89,19 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
   const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));
   return {(r.forward_flops + r.ring_forward_flops) * per_flop,
           (2 * r.forward_flops + r.ring_backward_flops) * per_flop, r.recompute_flops * per_flop};
+}
+
+double Planner::packed_operands(const RankCost& r, double tokens) const {
+  if (!cluster_.keeps_packed_operands) return 0;
+  // A linear of n tokens runs three products, each packing its two operands whole: the forward
+  // (n x in)(in x out), the input gradient (n x out)(out x in), the weight gradient
+  // (out x n)(n x in). A bf16 run's operands are packed in pairs, two bytes an element.
+  double elements = 0;
+  for (const auto& [in, out] : r.linears) {
+    elements = std::max({elements, (tokens + out) * in, (tokens + in) * out, (in + out) * tokens});
+  }
+  const double bytes = request_.precision == Precision::kF32 ? 4 : 2;
+  return std::max(0.0, elements - cluster_.packed_in_reserved) * bytes;
 }
 
 double Planner::rank_tokens(const Layout& layout) const {
@@ -186,6 +202,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           scratch = C * stream + qkv + heads_out + (ring ? 0 : probs);
           recomputed = layout.recompute != Recompute::kNone;
           r.deferred_bytes += 4 * (C * stream + qkv);
+          r.linears.insert(r.linears.end(), {{C, qkv}, {heads_out, C}});
           ++r.attention_layers;
           if (recomputed) ++r.recomputed_attention;
           if (layout.cp == 1) break;
@@ -221,6 +238,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           scratch = C * stream + fc_out + static_cast<double>(m.F) / t;
           recomputed = layout.recompute == Recompute::kFull;
           r.deferred_bytes += 4 * (C * stream + fc_out);
+          r.linears.insert(r.linears.end(), {{C, fc_out}, {static_cast<double>(m.F) / t, C}});
           break;
         case LayerKind::kFinalNorm:
           input = C * stream;
@@ -257,6 +275,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           ++r.backward_reduces;
           // fp32 logits of this rank's vocabulary share, and (tied, on a stage of its own) the copy of wte
           r.kept_bytes += static_cast<double>(m.V) / t * 4;
+          r.linears.push_back({C, static_cast<double>(m.V) / t});
           if (l.tied && layout.pp > 1) {
             r.params += static_cast<double>(m.V) * C / t;
             r.matmul_params += static_cast<double>(m.V) * C / t;
@@ -504,7 +523,8 @@ Prediction Planner::predict(const Layout& layout) {
     const bool split = layout.pp > 1 && layout.schedule == parallel::ScheduleKind::kZeroBubble;
     m.activations = in_flight_tokens * (r.kept_bytes + (split ? r.deferred_bytes : 0)) +
                     (r.rebuilt_bytes + r.scratch_bytes) * tokens +
-                    (r.cp_held_bytes + r.cp_reduce_bytes) * static_cast<double>(layout.micro_batch) * T;
+                    (r.cp_held_bytes + r.cp_reduce_bytes) * static_cast<double>(layout.micro_batch) * T +
+                    packed_operands(r, tokens);
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
     if (profile_ != nullptr) {

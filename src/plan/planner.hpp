@@ -88,6 +88,9 @@ class Planner {
   Passes passes(const Layout& layout, const RankCost& r);
   // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.
   double rank_tokens(const Layout& layout) const;
+  // Bytes of the GEMMs' packing scratch a rank of `r` grows beyond what the reserved memory holds,
+  // at `tokens` a micro-batch (0 where the cluster's GEMMs keep none).
+  double packed_operands(const RankCost& r, double tokens) const;
   // An all-reduce of `bytes` over n ranks on `link` (the cluster's measured one where it has it);
   // a ring's reduce-scatter and all-gather take half of it.
   double all_reduce(double bytes, int64_t n, const Link& link) const;

@@ -538,6 +538,36 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
             Planner(one_bucket, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
 }
 
+// On the local cluster the GEMMs keep a packing scratch as large as the largest product's two
+// operands; what the reserved memory (the start-up measurement's product) does not already hold
+// counts as the rank's. Here the head's input gradient: (tokens + d_model) x vocabulary elements,
+// two bytes each in bf16.
+TEST(PlanMemory, PackingScratchOfTheLargestProduct) {
+  ModelConfig m;
+  m.vocab_size = 8192;
+  m.seq_len = 256;
+  m.d_model = 256;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 4;
+  const PlanRequest r{.model = describe_model(m), .global_batch = 8, .precision = Precision::kBf16, .source = "test"};
+  const Cluster declared = cluster(1, 1, 80);
+  Cluster local = declared;
+  local.keeps_packed_operands = true;
+  local.packed_in_reserved = 2.0 * 1024 * 1024;
+  Planner without(r, declared), with(r, local);
+  for (const auto& [micro, tokens] : {std::pair{4, 1024.0}, std::pair{1, 256.0}}) {
+    const Layout l{.micro_batch = micro};
+    const double scratch = ((tokens + 256) * 8192 - 2.0 * 1024 * 1024) * 2;
+    EXPECT_NEAR(with.predict(l).memory.activations - without.predict(l).memory.activations, scratch, 1e-6 * scratch)
+        << micro;
+  }
+  // Nothing beyond the reserved one: a scratch it already holds.
+  local.packed_in_reserved = 1e9;
+  EXPECT_EQ(Planner(r, local).predict({.micro_batch = 4}).memory.activations,
+            without.predict({.micro_batch = 4}).memory.activations);
+}
+
 TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
   RunConfig run;
   run.source = "test";
