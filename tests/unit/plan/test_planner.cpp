@@ -43,27 +43,27 @@ Cluster cluster(int64_t gpus_per_node, int64_t nodes, double hbm_gib, double lat
   return c;
 }
 
-PlanRequest request(int64_t layers = 4, int64_t batch = 64) {
+// A GPT of the library's defaults but these sizes.
+ModelConfig gpt(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t layers, int64_t heads, int64_t kv_heads) {
   ModelConfig m;
-  m.vocab_size = 1024;
-  m.seq_len = 256;
-  m.d_model = 512;
+  m.vocab_size = vocab;
+  m.seq_len = seq_len;
+  m.d_model = d_model;
   m.n_layers = layers;
-  m.n_heads = 8;
-  m.n_kv_heads = 8;
+  m.n_heads = heads;
+  m.n_kv_heads = kv_heads;
+  return m;
+}
+
+PlanRequest request(int64_t layers = 4, int64_t batch = 64) {
+  const ModelConfig m = gpt(1024, 256, 512, layers, 8, 8);
   return {.model = describe_model(m), .global_batch = batch, .precision = Precision::kBf16, .source = "test model"};
 }
 
 // Long sequences, grouped-query attention (8 query heads, 4 of keys and values): the attention
 // probabilities (T per head per token) dwarf the rest of a token's activations.
 PlanRequest long_request(Mode mode = Mode::kFast, Precision precision = Precision::kBf16, int64_t T = 4096) {
-  ModelConfig m;
-  m.vocab_size = 1024;
-  m.seq_len = T;
-  m.d_model = 512;
-  m.n_layers = 4;
-  m.n_heads = 8;
-  m.n_kv_heads = 4;
+  const ModelConfig m = gpt(1024, T, 512, 4, 8, 4);
   return {.model = describe_model(m), .global_batch = 16, .precision = precision, .mode = mode, .source = "long model"};
 }
 
@@ -543,14 +543,7 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
 // counts as the rank's. Here the head's input gradient: (tokens + d_model) x vocabulary elements,
 // two bytes each in bf16.
 TEST(PlanMemory, PackingScratchOfTheLargestProduct) {
-  ModelConfig m;
-  m.vocab_size = 8192;
-  m.seq_len = 256;
-  m.d_model = 256;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 4;
-  const PlanRequest r{.model = describe_model(m), .global_batch = 8, .precision = Precision::kBf16, .source = "test"};
+  const PlanRequest r{.model = describe_model(gpt(8192, 256, 256, 2, 4, 4)), .global_batch = 8, .precision = Precision::kBf16, .source = "test"};
   const Cluster declared = cluster(1, 1, 80);
   Cluster local = declared;
   local.keeps_packed_operands = true;
