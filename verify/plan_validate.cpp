@@ -10,6 +10,7 @@
 #include "src/core/check.hpp"
 #include "src/core/child_process.hpp"
 #include "src/core/durable_io.hpp"
+#include "src/parallel/context_parallel.hpp"
 #include "src/train/bench.hpp"
 #include "verify/shell_words.hpp"
 
@@ -87,7 +88,7 @@ plan::ComputeProfile run_pass_profile(const ValidateOptions& opt, const plan::La
     // Three shapes only: more passes of each for the same time.
     args.insert(args.end(), {str_cat("--bench.tp=", layout->tp), str_cat("--bench.sp=", layout->sp ? "true" : "false"),
                              str_cat("--bench.cp=", layout->cp),
-                             str_cat("--bench.cp_comm=", layout->ring ? "p2p" : "all_gather"),
+                             str_cat("--bench.cp_comm=", parallel::cp_comm_name(layout->ring)),
                              str_cat("--bench.micro=", layout->micro_batch),
                              std::string("--bench.repeats=11")});
   }
@@ -112,7 +113,7 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
   for (const auto& [k, v] : opt.overrides) argv.push_back("--" + k + "=" + v);
   for (const std::string& a : {
            str_cat("--parallel.dp=", l.dp), str_cat("--parallel.tp=", l.tp), str_cat("--parallel.pp=", l.pp),
-           str_cat("--parallel.cp=", l.cp), str_cat("--parallel.cp_comm=", l.ring ? "p2p" : "all_gather"),
+           str_cat("--parallel.cp=", l.cp), str_cat("--parallel.cp_comm=", parallel::cp_comm_name(l.ring)),
            str_cat("--parallel.ep=", l.ep),
            str_cat("--parallel.zero=", l.zero), str_cat("--parallel.sp=", l.sp ? "true" : "false"),
            str_cat("--parallel.schedule=", parallel::schedule_name(l.schedule)),

@@ -115,7 +115,7 @@ std::string GemmPeak::describe() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1) << "the fastest of " << cpu::openblas_sgemm_name() << " " << openblas_gflops
     << ", " << lockstep_name("canonical") << " " << canonical_gflops << " and " << lockstep_name("fast")
-    << " " << fast_gflops << " GFLOP/s, 1024^3";
+    << " " << fast_gflops << " GFLOP/s, " << kGemmPeakSize << "^3";
   if (bf16_dot_gflops > 0) s << "; on bf16 operands VDPBF16PS (avx512bf16) " << bf16_dot_gflops << " GFLOP/s";
   return s.str();
 }

@@ -8,15 +8,15 @@
 
 namespace lockstep {
 
+// The side of the square product the peak is measured on.
+inline constexpr int kGemmPeakSize = 1024;
+
 // The fp32 GEMM peak MFU is reported against: the best of the GEMMs this process can run, each
 // timed on a square 1024 problem with the current thread count (measured, since nominal peaks are
 // not what a CPU sustains). Every candidate is timed because any may be the fastest: OpenBLAS
 // runs the kernel its environment selects (OPENBLAS_CORETYPE may hold it to AVX2, a DYNAMIC_ARCH
 // build that does not know the CPU falls back to an old core), while Lockstep's GEMMs always use
 // the widest ISA the CPU has; an MFU against a slower one could exceed 1.
-// The side of the square product the peak is measured on.
-inline constexpr int kGemmPeakSize = 1024;
-
 struct GemmPeak {
   double gflops = 0;            // the highest of the three
   double openblas_gflops = 0;   // cblas_sgemm

@@ -1175,7 +1175,7 @@ class PanelFlags {
 // of its own contiguous share (the tiles that read the A panels it packed), then from the rest of
 // the other shares. Two vCPUs of a shared host do not run at the same speed (the host's other
 // load), and with a fixed split the faster thread waited at the region's end for the slower one:
-// 6% of a bf16 step's cycles spun in libgomp's barrier. Which thread runs a tile changes no bit.
+// 8% of a bf16 step's cycles spun in libgomp's barrier. Which thread runs a tile changes no bit.
 // One per calling thread, like PanelFlags.
 class TileClaims {
  public:

@@ -128,7 +128,7 @@ int bench_passes(Args& args) {
             << "  tp  sp  cp  cp_comm     micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
   for (const auto& [s, t] : profile.times()) {
     std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(4) << s.cp << "  "
-              << std::left << std::setw(10) << (s.cp == 1 ? "-" : s.ring ? "p2p" : "all_gather") << std::right << std::setw(13)
+              << std::left << std::setw(10) << (s.cp == 1 ? "-" : parallel::cp_comm_name(s.ring)) << std::right << std::setw(13)
               << s.micro_batch << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
               << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3;
     if (s.recompute == Recompute::kNone) {

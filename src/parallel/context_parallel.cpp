@@ -35,6 +35,8 @@ CpComm parse_cp_comm(const std::string& name, const std::string& source) {
   return CpComm::kP2p;
 }
 
+const char* cp_comm_name(bool ring) { return ring ? "p2p" : "all_gather"; }
+
 std::vector<SeqBlock> zigzag_blocks(int64_t T, int64_t cp, int64_t rank) {
   const int64_t c = T / (2 * cp);
   return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};

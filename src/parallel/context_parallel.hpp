@@ -62,6 +62,8 @@ namespace lockstep::parallel {
 enum class CpComm : uint8_t { kAllGather, kP2p };
 // ConfigError naming `source` and the field for a name other than "all_gather" and "p2p".
 CpComm parse_cp_comm(const std::string& name, const std::string& source);
+// The name parse_cp_comm reads: "all_gather" or "p2p"; of the ring where `ring`.
+const char* cp_comm_name(bool ring);
 
 // What else a run with context parallelism uses.
 struct CpRun {

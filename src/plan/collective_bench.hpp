@@ -4,8 +4,8 @@
 // all-reduce (the tensor-parallel one, TpGroup::all_reduce_exact) and its reduce-scatter alone
 // into running exact sums (ZeRO-2's, exact_reduce_scatter_add: split evenly, and owned by one
 // rank) over the same sizes, whose exact additions cost compute as well as bytes. Every size runs
-// `repeats` times after one untimed run; a run's time is the slowest rank's (the collective ends for the job when it ends
-// there), and the median is kept.
+// `repeats` times after one untimed run; a run's time is the slowest rank's (the collective ends
+// for the job when it ends there), and the median is kept.
 // The local cluster of `lockstep plan --cluster local` is built from these figures.
 #pragma once
 

@@ -28,8 +28,9 @@ struct Planner::RankCost {
   // Elements each of its layers reads, in list order (a tied head: wte) — ZeRO-3 gathers these,
   // and the bytes of that gather (bf16 for the matrices of a bf16 run, as the trainer sends them).
   std::vector<double> layer_params, layer_gather_bytes;
-  // The (input, output) features a token of each linear it runs: the largest product's operands
-  // size the GEMMs' packing scratch (packed_operands).
+  // The (input, output) features a token of each attention, MLP and head linear it runs: the
+  // largest product's operands size the GEMMs' packing scratch (packed_operands). A MoE layer's
+  // experts, each on a share of the tokens, are not among them.
   std::vector<std::pair<double, double>> linears;
   double kept_bytes = 0;     // activations a micro-batch keeps until its backward
   // A split backward's (zb) copies of the linears' output gradients, kept from Bi until W: fp32,
