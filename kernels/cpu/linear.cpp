@@ -123,14 +123,8 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     matmul_canonical(s.N, s.OC, s.IC, out, s.OC, inp, s.IC, 1, weight, 1, s.IC, ep, s.operands);
     return;
   }
-  float beta = 0.0f;
-  if (bias != nullptr) {
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < s.N; ++n) std::copy(bias, bias + s.OC, out + n * s.OC);
-    beta = 1.0f;
-  }
-  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, beta, out, s.OC, s.operands,
-                s.round_outputs);
+  sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, 0.0f, out, s.OC, s.operands,
+                {.col_bias = bias, .round_bf16 = s.round_outputs});
 }
 
 void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp,
@@ -163,7 +157,7 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
   } else {
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
       sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands,
-                    s.round_outputs);
+                    {.round_bf16 = s.round_outputs});
     }
     if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
       sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,

@@ -95,14 +95,14 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K, ExactAccumulator& acc,
 
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam, int64_t sak,
                  const float* B, int64_t sbk, int64_t sbn, float beta, float* C, int64_t ldc, Operands operands,
-                 bool round_bf16) {
+                 MatmulEpilogue epilogue) {
   LS_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul_fast: M=", M, " N=", N, " K=", K);
   if (use_dots(operands)) {
-    avx512bf16::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, round_bf16);
+    avx512bf16::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue);
   } else if (active_isa() == Isa::kAvx512) {
-    avx512::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, round_bf16);
+    avx512::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue);
   } else {
-    avx2::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, round_bf16);
+    avx2::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue);
   }
 }
 

@@ -76,14 +76,16 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
                          const float* B, int64_t sbk, int64_t sbn,  // (K, N)
                          Operands operands = Operands::kFp32);
 
-// Fast mode's product without OpenBLAS: C (M, N) = alpha·A·B + beta·C (beta 0: C is not read),
-// each element one fp32 FMA chain per K block of the packed kernel, the blocks added into C in
-// order. No canonical order: the accuracy of any sgemm (docs/numerics.md, "Error bounds": the fast-mode dot bound).
+// Fast mode's product without OpenBLAS: C (M, N) = alpha·A·B + col_bias + beta·C (beta 0: C is not
+// read), each element one fp32 FMA chain per K block of the packed kernel, the blocks added into C
+// in order; the epilogue's bias is added to the first block's result (one addition, where copying
+// the bias into C to add it with beta = 1 wrote and read C once more) and its rounding to bf16
+// applies as the last block is stored. No canonical order: the accuracy of any sgemm
+// (docs/numerics.md, "Error bounds": the fast-mode dot bound).
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t sam, int64_t sak,  // (M, K)
                  const float* B, int64_t sbk, int64_t sbn,  // (K, N)
                  float beta, float* C, int64_t ldc,         // (M, N)
-                 Operands operands = Operands::kFp32,
-                 bool round_bf16 = false);                  // C rounded to bf16 as stored
+                 Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {});
 
 }  // namespace lockstep::cpu

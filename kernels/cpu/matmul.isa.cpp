@@ -814,22 +814,25 @@ decltype(auto) with_a_stride(int64_t a_stride, F&& f) {
 }
 
 // Output::kFast's tile: the fp32 chains over a K block (`partials`, laid out like the tile) times
-// alpha, plus beta·C (beta 0: C is not read), into the tile's rows x cols corner of C.
-// round: the results rounded to bf16 as they are stored (the last K block's).
-void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc, float alpha, float beta,
-                bool round) {
+// alpha, plus the tile's columns of bias (the first K block's; nullptr: none), plus beta·C (beta 0:
+// C is not read), into the tile's rows x cols corner of C. round: the results rounded to bf16 as
+// they are stored (the last K block's).
+void store_fast(const float* partials, int rows, int cols, float* c, int64_t ldc, float alpha, const float* bias,
+                float beta, bool round) {
   const VecF va = vset1(alpha), vb = vset1(beta);
   for (int r = 0; r < rows; ++r) {
     const float* p = partials + r * kNr;
     float* cr = c + r * ldc;
     int j = 0;
     for (; j + kLanes <= cols; j += kLanes) {
-      const VecF x = vmul(va, vload(p + j));
+      VecF x = vmul(va, vload(p + j));
+      if (bias != nullptr) x = vadd(x, vloadu(bias + j));
       const VecF y = beta == 0.0f ? x : vfma(vb, vloadu(cr + j), x);
       vstoreu(cr + j, round ? vround_bf16(y) : y);
     }
     for (; j < cols; ++j) {
-      const float y = beta == 0.0f ? alpha * p[j] : std::fma(beta, cr[j], alpha * p[j]);
+      const float x = bias != nullptr ? alpha * p[j] + bias[j] : alpha * p[j];
+      const float y = beta == 0.0f ? x : std::fma(beta, cr[j], x);
       cr[j] = round ? bf16_nearest(y) : y;
     }
   }
@@ -1303,7 +1306,6 @@ struct Sink {
   ExactAccumulator* acc = nullptr;
   int64_t offset = 0;
   float alpha = 1.0f, beta = 0.0f;  // Output::kFast
-  bool round_bf16 = false;           // Output::kFast: C rounded to bf16 as stored
 };
 
 // The scalar specification for one element of Output::kRound, then the epilogue.
@@ -1424,8 +1426,9 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
       with_a_stride(a_stride, [&](auto stride) {
         with_dots(dots, [&](auto d) { chunk_chains<stride, d>(kb_len, ap, bp, part, [] {}); });
       });
-      store_fast(part, rows, cols, sink.C + ip * kMr * sink.ldc + jp * kNr, sink.ldc, sink.alpha,
-                 kblock == 0 ? sink.beta : 1.0f, sink.round_bf16 && last_block);
+      const float* bias = kblock == 0 && sink.epilogue.col_bias ? sink.epilogue.col_bias + jp * kNr : nullptr;
+      store_fast(part, rows, cols, sink.C + ip * kMr * sink.ldc + jp * kNr, sink.ldc, sink.alpha, bias,
+                 kblock == 0 ? sink.beta : 1.0f, sink.epilogue.round_bf16 && last_block);
       return;
     }
     if (kOut == Output::kPartials || single_chunk) {
@@ -1547,13 +1550,13 @@ void matmul_chunk_partials_packed(int64_t M, int64_t N, int64_t K, float* C, int
 
 void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam,
                         int64_t sak, const float* B, int64_t sbk, int64_t sbn, float beta, float* C,
-                        int64_t ldc, bool round_bf16) {
+                        int64_t ldc, MatmulEpilogue epilogue) {
   Sink sink;
   sink.C = C;
   sink.ldc = ldc;
   sink.alpha = alpha;
   sink.beta = beta;
-  sink.round_bf16 = round_bf16;
+  sink.epilogue = epilogue;
   matmul_packed<Output::kFast>(M, N, K, A, sam, sak, B, sbk, sbn, sink);
 }
 

@@ -31,7 +31,7 @@
                                   const float* B, int64_t sbk, int64_t sbn);                  \
   void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A,       \
                           int64_t sam, int64_t sak, const float* B, int64_t sbk, int64_t sbn, \
-                          float beta, float* C, int64_t ldc, bool round_bf16);                \
+                          float beta, float* C, int64_t ldc, MatmulEpilogue epilogue);        \
   }
 
 LS_DECLARE_MATMUL_ISA(avx2)

@@ -12,6 +12,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/ops/cast.hpp"
+#include "src/core/check.hpp"
 
 namespace lockstep::cpu {
 namespace {
@@ -43,9 +44,9 @@ constexpr int64_t kSliceAlign = 64;
 // transposed operand read down its columns. Threads itself outside a parallel region.
 void run_matmul_fast(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                     Operands operands = Operands::kFp32, bool round_bf16 = false) {
+                     Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}) {
   matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb,
-              trans_b ? ldb : 1, beta, C, ldc, operands, round_bf16);
+              trans_b ? ldb : 1, beta, C, ldc, operands, epilogue);
 }
 
 }  // namespace
@@ -87,14 +88,22 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                   Operands operands, bool round_bf16) {
+                   Operands operands, MatmulEpilogue epilogue) {
   if (M == 0 || N == 0) return;
   if ((operands == Operands::kBf16 && active_bf16_kernel() == Bf16Kernel::kDot) ||
       active_fast_gemm() == FastGemm::kLockstep) {
-    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, operands, round_bf16);
+    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, operands, epilogue);
     return;
   }
-  if (round_bf16) {
+  // OpenBLAS has no epilogue: the bias goes into C first and is added with beta = 1 (the same
+  // single addition per element as matmul_fast's), the rounding after the product.
+  if (epilogue.col_bias != nullptr) {
+    LS_CHECK(beta == 0.0f, "sgemm_threads: a bias epilogue needs beta = 0, got ", beta);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; ++m) std::copy(epilogue.col_bias, epilogue.col_bias + N, C + m * ldc);
+    beta = 1.0f;
+  }
+  if (epilogue.round_bf16) {
     sgemm_threads(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (ldc == N) {
       round_to_bf16(M * N, C, C);

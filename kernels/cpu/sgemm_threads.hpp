@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/ops/mode.hpp"
 
 namespace lockstep::cpu {
@@ -63,11 +64,12 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 // The same product on the OpenMP threads: with OpenBLAS each thread takes a contiguous slice of
 // the rows of C or of its columns (whichever dimension is longer, in multiples of 64), each slice
 // one single-threaded OpenBLAS call; matmul_fast splits its tiles itself. Bf16 operands run
-// matmul_fast's VDPBF16PS kernel where active_bf16_kernel() is kDot. round_bf16: C rounded to bf16
-// (kernels/ops/cast.hpp) as matmul_fast stores it, or after OpenBLAS. Call outside parallel
-// regions.
+// matmul_fast's VDPBF16PS kernel where active_bf16_kernel() is kDot. The epilogue (matmul.hpp):
+// a column bias added to the product (needs beta 0 under OpenBLAS, which gets it as C's start),
+// and C rounded to bf16 (kernels/ops/cast.hpp) as matmul_fast stores it, or after OpenBLAS. Call
+// outside parallel regions.
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                   Operands operands = Operands::kFp32, bool round_bf16 = false);
+                   Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {});
 
 }  // namespace lockstep::cpu

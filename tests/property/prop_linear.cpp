@@ -202,10 +202,12 @@ RC_GTEST_PROP(MatmulProperty, CanonicalBitwiseToSpecAndWithinMpfrBound, ()) {
 
 // matmul_fast (fast mode's GEMM where OpenBLAS's kernel is narrower than the CPU) with general
 // strides, K up to 2048 or 5000 (several K blocks), alpha ±1, beta 0 over a C of NaNs (not read) or 1
-// (C's values one more term of the sum): within the order-free Bounded<Mpfr64> bound of
-// Σ alpha·a·b (+ C), on every ISA; the row padding of C stays untouched. (alpha scales the sums
-// after their roundings: a |alpha| > 1 would scale their underflow errors too, beyond the bound of
-// the scaled terms, so only exact sign changes are drawn.)
+// (C's values one more term of the sum), and with beta 0 maybe a column bias (one more term):
+// within the order-free Bounded<Mpfr64> bound of Σ alpha·a·b (+ C or bias), on every ISA; the row
+// padding of C stays untouched. The bias epilogue gives the very bits of the bias copied into C and
+// added with beta = 1 (its contract: one addition to the first K block's result). (alpha scales
+// the sums after their roundings: a |alpha| > 1 would scale their underflow errors too, beyond the
+// bound of the scaled terms, so only exact sign changes are drawn.)
 RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
   const auto [M, N, K, sam, sak, sbk, sbn, ldc, A, B, shape] =
       gen_strided_product(*rc::gen::weightedOneOf<int64_t>(
@@ -213,7 +215,9 @@ RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
            {1, rc::gen::element<int64_t>(63, 64, 65, 1024, 1025, 1999, 2048, 4097, 5000)}}));
   const float alpha = *rc::gen::element(1.0f, -1.0f);
   const float beta = *rc::gen::element(0.0f, 1.0f);
-  const std::string where = shape + " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
+  const std::vector<float> bias = beta == 0.0f && *rc::gen::arbitrary<bool>() ? gen_values(N, kWeights) : std::vector<float>{};
+  const std::string where = shape + " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta) +
+                            (bias.empty() ? "" : " bias");
   std::vector<float> C0(M * ldc, 7.0f);
   if (beta == 0.0f) {
     for (int64_t m = 0; m < M; ++m) std::fill_n(C0.begin() + m * ldc, N, std::nanf(""));
@@ -228,6 +232,7 @@ RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
     for (int64_t n = 0; n < N; ++n) {
       reference::OrderFree<Mpfr64> acc;
       if (beta != 0.0f) acc.add(BM(C0[m * ldc + n]));
+      if (!bias.empty()) acc.add(BM(bias[n]));
       for (int64_t k = 0; k < K; ++k) {
         acc.add_product(BM(alpha) * bA[m * sam + k * sak], bB[n * sbn + k * sbk]);
       }
@@ -238,8 +243,14 @@ RC_GTEST_PROP(MatmulProperty, FastWithinMpfrBound, ()) {
     cpu::ScopedIsa scoped(isa);
     const std::string w = where + " isa=" + std::string(cpu::isa_name(isa));
     std::vector<float> C = C0;
-    cpu::matmul_fast(M, N, K, alpha, A.data(), sam, sak, B.data(), sbk, sbn, beta, C.data(), ldc);
+    cpu::matmul_fast(M, N, K, alpha, A.data(), sam, sak, B.data(), sbk, sbn, beta, C.data(), ldc,
+                     Operands::kFp32, {.col_bias = bias.empty() ? nullptr : bias.data()});
     check_within("matmul_fast C", w, C, ref);
+    if (bias.empty()) continue;
+    std::vector<float> onto = C0;
+    for (int64_t m = 0; m < M; ++m) std::copy(bias.begin(), bias.end(), onto.begin() + m * ldc);
+    cpu::matmul_fast(M, N, K, alpha, A.data(), sam, sak, B.data(), sbk, sbn, 1.0f, onto.data(), ldc);
+    check_bitwise("matmul_fast C with its bias", w, C, onto);
   }
 }
 
