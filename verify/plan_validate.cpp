@@ -68,12 +68,6 @@ nlohmann::json run_bench_report(const ValidateOptions& opt, const std::vector<st
   }
 }
 
-// Field by field.
-plan::PassTimes faster(const plan::PassTimes& a, const plan::PassTimes& b) {
-  return {std::min(a.forward, b.forward), std::min(a.backward, b.backward), std::min(a.optimizer, b.optimizer),
-          std::min(a.backward_input, b.backward_input), std::min(a.backward_weight, b.backward_weight)};
-}
-
 }  // namespace
 
 plan::CollectiveBench run_collective_bench(const ValidateOptions& opt) {
@@ -149,40 +143,44 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
   return m;
 }
 
+Validation median_round(const std::vector<Validation>& rounds) {
+  LS_CHECK(!rounds.empty(), "median_round: no rounds");
+  std::vector<size_t> order(rounds.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return rounds[a].step_error() < rounds[b].step_error(); });
+  Validation v = rounds[order[(order.size() - 1) / 2]];
+  v.round_step_errors.clear();
+  for (const Validation& r : rounds) {
+    v.round_step_errors.push_back(r.step_error());
+    v.measured.peak_bytes = std::max(v.measured.peak_bytes, r.measured.peak_bytes);
+  }
+  return v;
+}
+
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
                                          plan::ComputeProfile& profile,
                                          const std::function<plan::Prediction(const plan::Layout&)>& predict,
                                          std::ostream& progress) {
-  std::vector<Validation> best(layouts.size());
-  // Each layout's passes, the fastest of its rounds' timings, shape by shape: the table sets the
-  // fastest round's step beside a prediction from them, so that a moment the machine ran slow
-  // spoils neither side alone (its passes timed slow, or its run).
-  std::vector<plan::ComputeProfile> fastest(layouts.size());
+  std::vector<std::vector<Validation>> rounds(layouts.size());
   for (int64_t round = 0; round < opt.rounds; ++round) {
     for (size_t i = 0; i < layouts.size(); ++i) {
       const plan::ComputeProfile fresh = run_pass_profile(opt, &layouts[i]);
-      for (const auto& [shape, t] : fresh.times()) {
-        profile.set(shape, t);
-        fastest[i].set(shape, round == 0 ? t : faster(fastest[i].at(shape), t));
-      }
-      const Validation v{predict(layouts[i]), measure_layout(opt, layouts[i])};
+      for (const auto& [shape, t] : fresh.times()) profile.set(shape, t);
+      const Validation v{predict(layouts[i]), measure_layout(opt, layouts[i]), {}};
       progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
                << v.measured.layout.text() << ": predicted " << std::fixed << std::setprecision(1)
-               << v.predicted.time.total * 1e3 << " ms, measured " << v.measured.step_s * 1e3 << " ms, "
-               << std::setprecision(0) << v.measured.peak_bytes / (1 << 20) << " MiB, " << std::setprecision(1)
-               << 100 * v.measured.steal << "% stolen\n"
+               << v.predicted.time.total * 1e3 << " ms, measured " << v.measured.step_s * 1e3 << " ms ("
+               << std::showpos << 100 * v.step_error() << std::noshowpos << "%), " << std::setprecision(0)
+               << v.measured.peak_bytes / (1 << 20) << " MiB, " << std::setprecision(1) << 100 * v.measured.steal
+               << "% stolen\n"
                << std::flush;
-      Validation& b = best[i];
-      const double peak = std::max(b.measured.peak_bytes, v.measured.peak_bytes);
-      if (round == 0 || v.measured.step_s < b.measured.step_s) b = v;
-      b.measured.peak_bytes = peak;
+      rounds[i].push_back(v);
     }
   }
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    for (const auto& [shape, t] : fastest[i].times()) profile.set(shape, t);
-    best[i].predicted = predict(layouts[i]);
-  }
-  return best;
+  std::vector<Validation> rows;
+  for (const std::vector<Validation>& r : rounds) rows.push_back(median_round(r));
+  return rows;
 }
 
 }  // namespace lockstep::verify

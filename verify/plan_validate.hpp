@@ -1,9 +1,10 @@
 // `lockstep plan --cluster local --validate`: the planner's predictions checked against this
 // machine. Each layout the planner ranks on the local cluster (src/plan/local_cluster.hpp) runs as
 // `lockstep train` under the launcher for a few steps, one thread a rank, on the config's data; its
-// step time is the median of the steps after the first two (of its fastest round), its memory the
-// fullest rank's peak resident memory over the steps (the metrics' last record); both are set
-// beside the prediction made from passes timed just before the run, with the error.
+// step time is the median of the steps after the first two, its memory the fullest rank's peak
+// resident memory over the steps (the metrics' last record); both are set beside the prediction
+// made from passes timed just before the run, with the error, and a layout's row is its median
+// round (validate_layouts).
 // The cost model's inputs come from other measurements, run here under the launcher — the
 // collective benchmark (`lockstep bench --collectives`) and a rank's passes (`lockstep bench
 // --passes`, src/plan/compute_profile.hpp) — never from these runs.
@@ -28,7 +29,7 @@ struct ValidateOptions {
   std::vector<std::pair<std::string, std::string>> overrides;
   int64_t ranks = 2;
   int64_t steps = 6;    // per layout; the first two are not timed
-  int64_t rounds = 2;   // runs of every layout, each round after the first profiled again
+  int64_t rounds = 3;   // runs of every layout, each after its passes are timed again
   std::string launcher = "mpirun --oversubscribe -np {np}";
   std::string bin;    // lockstep executable (default: this one)
   std::string out;    // where the runs write (a directory per layout)
@@ -58,15 +59,23 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& layou
 struct Validation {
   plan::Prediction predicted;
   Measurement measured;
+  // Each round's step-time error, in the order the rounds ran (validate_layouts' rows).
+  std::vector<double> round_step_errors;
   double step_error() const { return (predicted.time.total - measured.step_s) / measured.step_s; }
   double memory_error() const { return (predicted.memory.total() - measured.peak_bytes) / measured.peak_bytes; }
 };
 
+// A layout's row from its rounds, each a prediction beside the run it was made for: the round
+// of the median step-time error (the lower of the middle two for an even count), with the largest
+// peak memory of all rounds and every round's step-time error.
+Validation median_round(const std::vector<Validation>& rounds);
+
 // Every layout in turn, opt.rounds times: its passes timed again (the shapes it needs, into
 // `profile`), the layout predicted from them at once (`predict`, a planner reading `profile`),
-// then run. A shared machine's speed drifts from one minute to the next: each prediction is made
-// beside its run (a line per run to `progress`), and each layout keeps its fastest round, predicted
-// again at the end from the fastest of its passes' timings.
+// then run (a line per run to `progress`). A shared machine's speed drifts between states that
+// last seconds to minutes, so a prediction is only set beside the run it was timed for, and each
+// layout's row is its median round (median_round): a state change between one round's passes and
+// its run is outvoted by the other rounds instead of deciding the row.
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
                                          plan::ComputeProfile& profile,
                                          const std::function<plan::Prediction(const plan::Layout&)>& predict,

@@ -43,8 +43,8 @@ constexpr const char* kPlanUsage =
     "  --nodes N: the cluster file's machine with N nodes.\n"
     "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n"
     "  --validate (local): runs each layout that fits (or --layouts) for S steps (default 6) with\n"
-    "  `lockstep train`, R rounds (default 2), each run predicted from its passes timed just before\n"
-    "  it, and prints predicted against measured step time and peak memory (the fastest round).\n"
+    "  `lockstep train`, R rounds (default 3), each run predicted from its passes timed just before\n"
+    "  it, and prints predicted against measured step time and peak memory (the median round).\n"
     "  --launcher: words before the executable for more than one rank, {np} the count\n"
     "  (default 'mpirun --oversubscribe -np {np}'); --out: the runs' directory (default plan-validate).\n"
     "  --section.key=value: overrides of the config, also passed to the runs (e.g. --data.train=...).\n";
@@ -125,7 +125,7 @@ int cmd_plan(Args& args) {
   vopt.config = *model_path;
   vopt.ranks = parse_count("lockstep plan", "ranks", args.take_or("ranks", std::to_string(plan::online_cores())));
   vopt.steps = parse_count("lockstep plan", "steps", args.take_or("steps", "6"));
-  vopt.rounds = parse_count("lockstep plan", "rounds", args.take_or("rounds", "2"));
+  vopt.rounds = parse_count("lockstep plan", "rounds", args.take_or("rounds", "3"));
   vopt.launcher = args.take_or("launcher", vopt.launcher);
   vopt.out = args.take_or("out", "plan-validate");
   const std::string only = args.take_or("layouts", "");

@@ -102,11 +102,12 @@ nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& 
   const std::vector<verify::Validation> rows = verify::validate_layouts(
       opt, layouts, profile, [&](const plan::Layout& l) { return planner.predict(l); }, std::cout);
   std::cout << "validate: predicted (from the passes timed just before the run) against measured (the median step "
-               "after the first two, of the fastest round; the fullest rank's peak resident memory; the share of the\n"
-               "machine's CPU the hypervisor gave to others during that run)\n"
+               "after the first two; the fullest rank's peak resident memory of all rounds; the share of the\n"
+               "machine's CPU the hypervisor gave to others during that run), of each layout's round with the median "
+               "step-time error; every round's error last\n"
             << std::left << std::setw(46) << "layout" << std::right << std::setw(14) << "predicted ms" << std::setw(13)
             << "measured ms" << std::setw(9) << "error" << std::setw(15) << "predicted MiB" << std::setw(14)
-            << "measured MiB" << std::setw(9) << "error" << std::setw(9) << "stolen" << "\n";
+            << "measured MiB" << std::setw(9) << "error" << std::setw(9) << "stolen" << "  rounds' step error\n";
   nlohmann::json out = nlohmann::json::array();
   for (const verify::Validation& r : rows) {
     std::cout << std::left << std::setw(46) << r.predicted.layout.text() << std::right << std::setw(14)
@@ -114,13 +115,16 @@ nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& 
               << std::setw(8) << fixed(100 * r.step_error(), 1) << "%" << std::setw(15)
               << fixed(r.predicted.memory.total() / (1 << 20), 0) << std::setw(14)
               << fixed(r.measured.peak_bytes / (1 << 20), 0) << std::setw(8) << fixed(100 * r.memory_error(), 1)
-              << "%" << std::setw(8) << fixed(100 * r.measured.steal, 1) << "%\n";
+              << "%" << std::setw(8) << fixed(100 * r.measured.steal, 1) << "% ";
+    for (double e : r.round_step_errors) std::cout << " " << (e >= 0 ? "+" : "") << fixed(100 * e, 1) << "%";
+    std::cout << "\n";
     out.push_back({{"layout", r.predicted.layout.text()},
                    {"predicted", to_json(r.predicted)},
                    {"measured_step_s", r.measured.step_s},
                    {"measured_peak_bytes", r.measured.peak_bytes},
                    {"steal", r.measured.steal},
                    {"step_error", r.step_error()},
+                   {"round_step_errors", r.round_step_errors},
                    {"memory_error", r.memory_error()}});
   }
   if (!rows.empty()) {
