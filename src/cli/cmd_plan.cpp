@@ -103,7 +103,8 @@ void explain(const plan::Prediction& p, double hbm) {
             << "memory of the fullest GPU " << size(m.total()) << " of " << fixed(hbm / kGiB, 0)
             << " GiB: parameters " << size(m.params) << ", gradients " << size(m.grads) << ", optimizer "
             << size(m.optimizer) << ", activations " << size(m.activations) << ", reserved " << size(m.reserved) << "\n"
-            << fixed(p.tokens_per_s, 0) << " tokens/s, MFU " << fixed(100 * p.mfu, 1) << "%\n";
+            << fixed(p.tokens_per_s, 0) << " tokens/s, MFU " << fixed(100 * p.mfu, 1) << "% (HFU "
+            << fixed(100 * p.hfu, 1) << "%: the recomputed forwards' FLOPs counted too)\n";
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ nlohmann::json to_json(const plan::Prediction& p) {
           {"step_s", p.time.total},
           {"tokens_per_s", p.tokens_per_s},
           {"mfu", p.mfu},
+          {"hfu", p.hfu},
           {"micro_batches", p.micro_batches},
           {"time_s",
            {{"compute", p.time.compute},

@@ -112,6 +112,9 @@ struct Prediction {
   Memory memory;  // of the GPU that holds the most
   double tokens_per_s = 0;
   double mfu = 0;  // model FLOPs per second over the GPUs' peak in the precision
+  // Hardware FLOPs: the model's and the recomputed forwards', over the same peak — what papers
+  // that count the recomputation report (Megatron-LM SC'21's formula does).
+  double hfu = 0;
   int64_t micro_batches = 0;  // per step, per pipeline
 };
 

@@ -76,20 +76,21 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     const double share = r.forward_flops / model_forward_flops_;
     // The recomputation's share is of the recomputed layers': a pipeline's last stage holds the
     // head, a large share of the FLOPs, which no recomputation runs again.
-    double recompute_share = 0;
-    if (r.recompute_flops > 0) {
-      auto it = model_recompute_flops_.find(layout.recompute);
-      if (it == model_recompute_flops_.end()) {
-        it = model_recompute_flops_.emplace(layout.recompute, rank_costs({.recompute = layout.recompute}).front().recompute_flops).first;
-      }
-      recompute_share = r.recompute_flops / it->second;
-    }
+    const double recompute_share = r.recompute_flops > 0 ? r.recompute_flops / model_recompute_flops(layout.recompute) : 0;
     return {plain.forward * share, plain.backward * share, (with.backward - plain.backward) * recompute_share,
             plain.backward_input / plain.backward, plain.backward_weight / plain.backward};
   }
   const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));
   return {(r.forward_flops + r.ring_forward_flops) * per_flop,
           (2 * r.forward_flops + r.ring_backward_flops) * per_flop, r.recompute_flops * per_flop};
+}
+
+double Planner::model_recompute_flops(Recompute recompute) {
+  auto it = model_recompute_flops_.find(recompute);
+  if (it == model_recompute_flops_.end()) {
+    it = model_recompute_flops_.emplace(recompute, rank_costs({.recompute = recompute}).front().recompute_flops).first;
+  }
+  return it->second;
 }
 
 double Planner::packed_operands(const RankCost& r, double tokens) const {
@@ -570,8 +571,9 @@ Prediction Planner::predict(const Layout& layout) {
   p.time.total = makespan + exposed + optimizer;
   const double step_tokens = static_cast<double>(request_.global_batch) * T;
   p.tokens_per_s = step_tokens / p.time.total;
-  p.mfu = flops_per_token(request_.model) * p.tokens_per_s /
-          (static_cast<double>(cluster_.gpus()) * cluster_.peak(request_.precision));
+  const double peak = static_cast<double>(cluster_.gpus()) * cluster_.peak(request_.precision);
+  p.mfu = flops_per_token(request_.model) * p.tokens_per_s / peak;
+  p.hfu = (flops_per_token(request_.model) + model_recompute_flops(layout.recompute)) * p.tokens_per_s / peak;
   return p;
 }
 

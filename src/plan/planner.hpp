@@ -86,6 +86,9 @@ class Planner {
     double input_share = 0.5, weight_share = 0.5;
   };
   Passes passes(const Layout& layout, const RankCost& r);
+  // Per token of the whole model (not split over tp), the forward FLOPs `recompute` runs again
+  // (rank_costs' rule), computed once.
+  double model_recompute_flops(Recompute recompute);
   // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.
   double rank_tokens(const Layout& layout) const;
   // Bytes of the GEMMs' packing scratch a rank of `r` grows beyond what the reserved memory holds,

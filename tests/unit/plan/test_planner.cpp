@@ -138,6 +138,11 @@ TEST(PlanCostModel, OneGpuComputesTheModelsFlopsAtTheGemmRate) {
   EXPECT_GT(full.time.recompute, 0);
   EXPECT_NEAR(full.time.compute, p.time.compute + full.time.recompute, 1e-12 * p.time.compute);
   EXPECT_LT(full.memory.activations, p.memory.activations);
+  // Every FLOP runs at the GEMM rate, the recomputed ones too: the hardware FLOPs' utilization
+  // stays the rate's, the model's falls by the recomputation's share of the time.
+  EXPECT_DOUBLE_EQ(p.hfu, p.mfu);
+  EXPECT_NEAR(full.hfu, 0.5, 1e-12);
+  EXPECT_NEAR(full.mfu, 0.5 * p.time.compute / full.time.compute, 1e-12);
 }
 
 TEST(PlanCostModel, OneFOneBIdlesForTheOtherStagesPassWhenSendsAreFree) {
