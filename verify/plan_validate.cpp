@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <numeric>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -143,10 +145,16 @@ Measurement measure_layout(const ValidateOptions& opt, const plan::Layout& l) {
   return m;
 }
 
+std::string signed_percent(double error) {
+  std::ostringstream s;
+  s << std::showpos << std::fixed << std::setprecision(1) << 100 * error << "%";
+  return s.str();
+}
+
 Validation median_round(const std::vector<Validation>& rounds) {
   LS_CHECK(!rounds.empty(), "median_round: no rounds");
   std::vector<size_t> order(rounds.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return rounds[a].step_error() < rounds[b].step_error(); });
   Validation v = rounds[order[(order.size() - 1) / 2]];
@@ -171,7 +179,7 @@ std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::
       progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
                << v.measured.layout.text() << ": predicted " << std::fixed << std::setprecision(1)
                << v.predicted.time.total * 1e3 << " ms, measured " << v.measured.step_s * 1e3 << " ms ("
-               << std::showpos << 100 * v.step_error() << std::noshowpos << "%), " << std::setprecision(0)
+               << signed_percent(v.step_error()) << "), " << std::setprecision(0)
                << v.measured.peak_bytes / (1 << 20) << " MiB, " << std::setprecision(1) << 100 * v.measured.steal
                << "% stolen\n"
                << std::flush;

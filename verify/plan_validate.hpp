@@ -65,6 +65,9 @@ struct Validation {
   double memory_error() const { return (predicted.memory.total() - measured.peak_bytes) / measured.peak_bytes; }
 };
 
+// An error as a signed percentage with one decimal: "+3.1%", "-12.0%".
+std::string signed_percent(double error);
+
 // A layout's row from its rounds, each a prediction beside the run it was made for: the round
 // of the median step-time error (the lower of the middle two for an even count), with the largest
 // peak memory of all rounds and every round's step-time error.

@@ -117,7 +117,7 @@ nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& 
               << fixed(r.predicted.memory.total() / (1 << 20), 0) << std::setw(14)
               << fixed(r.measured.peak_bytes / (1 << 20), 0) << std::setw(8) << fixed(100 * r.memory_error(), 1)
               << "%" << std::setw(8) << fixed(100 * r.measured.steal, 1) << "% ";
-    for (double e : r.round_step_errors) std::cout << " " << (e >= 0 ? "+" : "") << fixed(100 * e, 1) << "%";
+    for (double e : r.round_step_errors) std::cout << " " << verify::signed_percent(e);
     std::cout << "\n";
     out.push_back({{"layout", r.predicted.layout.text()},
                    {"predicted", to_json(r.predicted)},

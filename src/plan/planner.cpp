@@ -572,8 +572,9 @@ Prediction Planner::predict(const Layout& layout) {
   const double step_tokens = static_cast<double>(request_.global_batch) * T;
   p.tokens_per_s = step_tokens / p.time.total;
   const double peak = static_cast<double>(cluster_.gpus()) * cluster_.peak(request_.precision);
-  p.mfu = flops_per_token(request_.model) * p.tokens_per_s / peak;
-  p.hfu = (flops_per_token(request_.model) + model_recompute_flops(layout.recompute)) * p.tokens_per_s / peak;
+  const double model_flops = flops_per_token(request_.model);
+  p.mfu = model_flops * p.tokens_per_s / peak;
+  p.hfu = (model_flops + model_recompute_flops(layout.recompute)) * p.tokens_per_s / peak;
   return p;
 }
 

@@ -40,6 +40,8 @@ TEST(PlanValidate, EvenRoundsTakeTheLowerMiddleAndOneRoundIsItself) {
   EXPECT_NEAR(one.step_error(), 0.20, 1e-12);
   ASSERT_EQ(one.round_step_errors.size(), 1u);
   EXPECT_THROW(median_round({}), InternalError);
+  EXPECT_EQ(signed_percent(two.step_error()), "-10.0%");
+  EXPECT_EQ(signed_percent(one.step_error()), "+20.0%");
 }
 
 }  // namespace
