@@ -1,6 +1,7 @@
 #include "verify/plan_validate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -72,9 +73,15 @@ nlohmann::json run_bench_report(const ValidateOptions& opt, const std::vector<st
 
 }  // namespace
 
-plan::CollectiveBench run_collective_bench(const ValidateOptions& opt) {
-  return plan::collective_bench_from_json(run_bench_report(opt, {"--collectives"}, "collectives"),
-                                          opt.out + "/collectives.json");
+plan::CollectiveBench run_collective_bench(const ValidateOptions& opt, const plan::Layout* layout) {
+  std::vector<std::string> args = {"--collectives"};
+  if (layout != nullptr) {
+    // Seconds, not the half minute of every size 20 times: once a round for every layout.
+    args.push_back(str_cat("--bench.largest_kib=", std::max<int64_t>(1, std::llround(opt.largest_message_bytes / 1024))));
+    args.emplace_back("--bench.repeats=3");
+  }
+  const std::string name = layout != nullptr ? "collectives/" + dir_name(*layout) : "collectives";
+  return plan::collective_bench_from_json(run_bench_report(opt, args, name), opt.out + "/" + name + ".json");
 }
 
 plan::ComputeProfile run_pass_profile(const ValidateOptions& opt, const plan::Layout* layout) {
@@ -167,15 +174,16 @@ Validation median_round(const std::vector<Validation>& rounds) {
 }
 
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
-                                         plan::ComputeProfile& profile,
-                                         const std::function<plan::Prediction(const plan::Layout&)>& predict,
-                                         std::ostream& progress) {
+                                         plan::ComputeProfile& profile, const plan::CollectiveBench& collectives,
+                                         const PredictFromLinks& predict, std::ostream& progress) {
   std::vector<std::vector<Validation>> rounds(layouts.size());
   for (int64_t round = 0; round < opt.rounds; ++round) {
     for (size_t i = 0; i < layouts.size(); ++i) {
       const plan::ComputeProfile fresh = run_pass_profile(opt, &layouts[i]);
       for (const auto& [shape, t] : fresh.times()) profile.set(shape, t);
-      const Validation v{predict(layouts[i]), measure_layout(opt, layouts[i]), {}};
+      const plan::CollectiveBench links =
+          layouts[i].gpus() > 1 ? run_collective_bench(opt, &layouts[i]) : collectives;
+      const Validation v{predict(layouts[i], links), measure_layout(opt, layouts[i]), {}};
       progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
                << v.measured.layout.text() << ": predicted " << std::fixed << std::setprecision(1)
                << v.predicted.time.total * 1e3 << " ms, measured " << v.measured.step_s * 1e3 << " ms ("

@@ -33,13 +33,18 @@ struct ValidateOptions {
   std::string launcher = "mpirun --oversubscribe -np {np}";
   std::string bin;    // lockstep executable (default: this one)
   std::string out;    // where the runs write (a directory per layout)
+  // The largest message a layout's collectives send (its gradients' fp32 bytes): the collectives
+  // timed beside a layout's passes stop at it.
+  double largest_message_bytes = 4.0 * plan::kMaxCollectiveFloats;
 };
 
 // ConfigError naming the option that is out of range.
 void check_options(const ValidateOptions& opt);
 
-// `lockstep bench --collectives` over opt.ranks ranks, its report read back.
-plan::CollectiveBench run_collective_bench(const ValidateOptions& opt);
+// `lockstep bench --collectives` over opt.ranks ranks, its report read back: every size, or for
+// `layout` (its report beside the layout's passes) those up to opt.largest_message_bytes with
+// fewer repeats.
+plan::CollectiveBench run_collective_bench(const ValidateOptions& opt, const plan::Layout* layout = nullptr);
 // `lockstep bench --passes` of the config over opt.ranks ranks: every shape, or those of `layout`
 // (its tp, sequence parallelism and micro-batch, each recomputation).
 plan::ComputeProfile run_pass_profile(const ValidateOptions& opt, const plan::Layout* layout = nullptr);
@@ -73,15 +78,20 @@ std::string signed_percent(double error);
 // peak memory of all rounds and every round's step-time error.
 Validation median_round(const std::vector<Validation>& rounds);
 
+// A layout's prediction from the collectives timed just before its run (a planner reading the
+// profile validate_layouts fills).
+using PredictFromLinks = std::function<plan::Prediction(const plan::Layout&, const plan::CollectiveBench&)>;
+
 // Every layout in turn, opt.rounds times: its passes timed again (the shapes it needs, into
-// `profile`), the layout predicted from them at once (`predict`, a planner reading `profile`),
-// then run (a line per run to `progress`). A shared machine's speed drifts between states that
-// last seconds to minutes, so a prediction is only set beside the run it was timed for, and each
-// layout's row is its median round (median_round): a state change between one round's passes and
-// its run is outvoted by the other rounds instead of deciding the row.
+// `profile`), then the collectives (run_collective_bench of the layout; of one rank's layout:
+// `collectives`, unused), the layout predicted from both at once (`predict`), then run (a line
+// per run to `progress`). A shared machine's speed drifts between states that last seconds to
+// minutes — its collectives' by half from one timing to the next — so a prediction is only set
+// beside the run it was timed for, and each layout's row is its median round (median_round): a
+// state change between one round's timings and its run is outvoted by the other rounds instead
+// of deciding the row.
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
-                                         plan::ComputeProfile& profile,
-                                         const std::function<plan::Prediction(const plan::Layout&)>& predict,
-                                         std::ostream& progress);
+                                         plan::ComputeProfile& profile, const plan::CollectiveBench& collectives,
+                                         const PredictFromLinks& predict, std::ostream& progress);
 
 }  // namespace lockstep::verify

@@ -1,6 +1,6 @@
 // `lockstep bench --config FILE [--json FILE] [--tokens-out FILE] [--bench.steps=N] [--bench.warmup=K]
 //  [--section.key=value ...]`, or under mpirun `lockstep bench --collectives [--bench.repeats=N]
-//  [--json FILE]`
+//  [--bench.largest_kib=K] [--json FILE]`
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -45,9 +45,14 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 int bench_collectives(Args& args) {
   const auto json_path = args.take("json");
   const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "20"));
+  // The largest message a job sends: larger sizes are not timed.
+  const int64_t largest_kib =
+      parse_count("bench.largest_kib", args.take_or("bench.largest_kib", std::to_string(plan::kMaxCollectiveFloats / 256)));
+  LS_REQUIRE(largest_kib >= 1, "--bench.largest_kib: expected at least 1, got ", largest_kib);
   args.finish("bench --collectives");
+  const double largest_bytes = static_cast<double>(largest_kib) * 1024;
   const comm::JobWorld job = comm::job_world(600);
-  const plan::CollectiveBench r = plan::bench_collectives(*job.world, repeats);
+  const plan::CollectiveBench r = plan::bench_collectives(*job.world, repeats, largest_bytes);
   if (job.world->rank() != 0) return 0;
   if (r.ranks == 1) {
     std::cout << "collectives: one process, nothing to time (run it under mpirun)\n";
@@ -155,9 +160,10 @@ int cmd_bench(Args& args) {
                  "  Without [data] train the tokens are synthetic (uniform over the vocabulary, fixed seed).\n"
                  "  --tokens-out FILE writes every step's batch: int32, (steps, 2, batch, seq_len), inputs\n"
                  "  then targets; the JSON has each step's loss and learning rate (losses, lrs).\n"
-                 "       mpirun -np N lockstep bench --collectives [--bench.repeats=R] [--json FILE]\n"
-                 "  times the all-reduce over 4 KiB to 16 MiB (median of R, default 20) and fits the ring\n"
-                 "  model's latency and bandwidth (the planner's: lockstep plan --cluster local).\n"
+                 "       mpirun -np N lockstep bench --collectives [--bench.repeats=R] [--bench.largest_kib=K] [--json FILE]\n"
+                 "  times the all-reduce over 4 KiB to 16 MiB, or to the first size that holds K KiB (median of\n"
+                 "  R, default 20) and fits the ring model's latency and bandwidth (the planner's: lockstep plan\n"
+                 "  --cluster local).\n"
                  "       [mpirun -np N] lockstep bench --passes --config FILE [--bench.repeats=R] [--bench.tp=T]\n"
                  "                      [--bench.sp=true|false] [--bench.cp=C] [--bench.cp_comm=all_gather|p2p]\n"
                  "                      [--bench.micro=M] [--json FILE]\n"

@@ -96,13 +96,19 @@ std::string summary(const std::vector<verify::Validation>& rows, Error error) {
 }  // namespace
 
 nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& planner, plan::ComputeProfile& profile,
-                             const std::vector<plan::Prediction>& ranked, const std::string& only) {
+                             const plan::CollectiveBench& collectives, const std::vector<plan::Prediction>& ranked,
+                             const std::string& only) {
   const std::vector<plan::Layout> layouts = chosen_layouts(ranked, only);
   std::cout << "validate: " << layouts.size() << " layouts, " << opt.rounds << " rounds of " << opt.steps
-            << " steps each, each run after its passes are timed again, runs in " << opt.out << "\n";
+            << " steps each, each run after its passes and collectives are timed again, runs in " << opt.out << "\n";
   const std::vector<verify::Validation> rows = verify::validate_layouts(
-      opt, layouts, profile, [&](const plan::Layout& l) { return planner.predict(l); }, std::cout);
-  std::cout << "validate: predicted (from the passes timed just before the run) against measured (the median step "
+      opt, layouts, profile, collectives,
+      [&](const plan::Layout& l, const plan::CollectiveBench& links) {
+        planner.set_measured_links(links);
+        return planner.predict(l);
+      },
+      std::cout);
+  std::cout << "validate: predicted (from the passes and collectives timed just before the run) against measured (the median step "
                "after the first two; the fullest rank's peak resident memory of all rounds; the share of the\n"
                "machine's CPU the hypervisor gave to others during that run), of each layout's round with the median "
                "step-time error; every round's error last\n"

@@ -30,39 +30,44 @@ Link fit_ring_all_reduce(const std::vector<CollectiveSample>& samples, int64_t n
   return {2 * k / static_cast<double>(n) / std::max(c1, kTiny), std::max(c0, kTiny) / (2 * k)};
 }
 
-CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
+CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats, double largest_bytes) {
   LS_REQUIRE(repeats >= 1, "lockstep bench --collectives: repeats must be >= 1");
+  LS_REQUIRE(largest_bytes > 0, "lockstep bench --collectives: the largest size must be > 0 bytes");
   CollectiveBench r;
   r.ranks = world.size();
   if (r.ranks == 1) return r;  // nothing to send
-  // Collectives back to back, as a step issues them, so that the ranks' skew leaving the barrier
-  // is spread over several (nccl-tests times its iterations the same way).
-  constexpr int64_t kBackToBack = 10;
-  constexpr int64_t kMaxFloats = int64_t{1} << 22;  // 16 MiB
-  std::vector<float> buffer(static_cast<size_t>(kMaxFloats), 1.0f);
+  // Sizes 4 KiB · 4^k up to the first that holds largest_bytes, two at least (the fit's).
+  int64_t max_floats = int64_t{1} << 12;
+  while (max_floats < kMaxCollectiveFloats && 4 * static_cast<double>(max_floats) < largest_bytes) max_floats *= 4;
+  std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f);
   ExactAccumulator exact, shard_sums;
   parallel::CommTpGroup group(world);
-  // The median over the repeats of the slowest rank's time of one collective.
-  const auto timed = [&](const std::function<void()>& collective) {
+  // The median over the repeats of the slowest rank's time of one collective of `floats`.
+  const auto timed = [&](int64_t floats, const std::function<void()>& collective) {
+    // Small collectives back to back, as a step issues them, so that the ranks' skew leaving the
+    // barrier is spread over several (nccl-tests times its iterations the same way); from a MiB
+    // on, a collective lasts long enough beside that skew.
+    const int64_t back_to_back = floats < (int64_t{1} << 18) ? 10 : 2;
     std::vector<double> times;
     for (int64_t i = 0; i <= repeats; ++i) {
       world.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t k = 0; k < kBackToBack; ++k) collective();
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kBackToBack;
+      for (int64_t k = 0; k < back_to_back; ++k) collective();
+      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                 static_cast<double>(back_to_back);
       world.all_reduce(&t, &t, 1, DType::kF64, comm::ReduceOp::kMax);
       if (i > 0) times.push_back(t);
     }
     return stats_of(times).median;
   };
-  for (int64_t floats = 1 << 10; floats <= kMaxFloats; floats *= 4) {
+  for (int64_t floats = 1 << 10; floats <= max_floats; floats *= 4) {
     const double bytes = static_cast<double>(floats) * 4;
-    r.all_reduce.push_back({bytes, timed([&] {
+    r.all_reduce.push_back({bytes, timed(floats, [&] {
                               world.all_reduce(buffer.data(), buffer.data(), floats, DType::kF32, comm::ReduceOp::kSum);
                             })});
     exact.reset(static_cast<size_t>(floats));
     for (size_t i = 0; i < exact.size(); ++i) exact.add(i, 1.0 + static_cast<double>(i % 7));
-    r.exact_all_reduce.push_back({bytes, timed([&] { group.all_reduce_exact(exact, buffer.data()); })});
+    r.exact_all_reduce.push_back({bytes, timed(floats, [&] { group.all_reduce_exact(exact, buffer.data()); })});
     // ZeRO-2's reduction of a bucket: every rank's exact sums added into the owners' running exact
     // sums, which stay unrounded until the step's last micro-batch. The shards are contiguous
     // ranges of the gradient and the trainer reduces a bucket's window of them: a bucket as large
@@ -76,9 +81,9 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats) {
     }
     shard_sums.reset(static_cast<size_t>(floats));
     r.exact_reduce_scatter.push_back(
-        {bytes, timed([&] { parallel::exact_reduce_scatter_add(exact, even, world, shard_sums, 0, 0); })});
+        {bytes, timed(floats, [&] { parallel::exact_reduce_scatter_add(exact, even, world, shard_sums, 0, 0); })});
     int64_t call = 0;
-    r.exact_reduce_scatter_owned.push_back({bytes, timed([&] {
+    r.exact_reduce_scatter_owned.push_back({bytes, timed(floats, [&] {
                                               const parallel::ShardPlan& plan = owned[static_cast<size_t>(call++ % r.ranks)];
                                               parallel::exact_reduce_scatter_add(exact, plan, world, shard_sums, 0, 0);
                                             })});

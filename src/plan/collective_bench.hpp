@@ -30,8 +30,14 @@ struct CollectiveBench {
   nlohmann::json to_json() const;
 };
 
+// The largest size timed: 16 MiB.
+inline constexpr int64_t kMaxCollectiveFloats = int64_t{1} << 22;
+
 // Collective over `world` (every rank returns the same figures); nothing to time in a world of one.
-CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats);
+// Sizes from 4 KiB by factors of 4 up to the first that holds `largest_bytes` (16 KiB at least,
+// 16 MiB at most): the cost model prices larger messages from the fit beyond the largest sample.
+CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats,
+                                  double largest_bytes = 4.0 * kMaxCollectiveFloats);
 
 CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::string& where);
 

@@ -21,16 +21,20 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
   c.peak_bf16 = passes.peak_bf16_flops;
   c.peak_fp8 = 0;  // fp8 products are emulated on the CPU
   c.gemm_efficiency = 1;  // the measured passes (compute_profile.hpp) carry the efficiency
-  c.intra = collectives.fit;
-  c.inter = collectives.fit;
-  c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
-                collectives.exact_reduce_scatter_owned, collectives.ranks};
+  set_measured_links(c, collectives);
   c.comm_beside_compute = collectives.ranks < cores;
   // The start-up GEMM peak measurement (whose process memory is the reserved) packs both
   // operands of its square product.
   c.keeps_packed_operands = true;
   c.packed_in_reserved = 2.0 * kGemmPeakSize * kGemmPeakSize;
   return c;
+}
+
+void set_measured_links(Cluster& c, const CollectiveBench& collectives) {
+  c.intra = collectives.fit;
+  c.inter = collectives.fit;
+  c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
+                collectives.exact_reduce_scatter_owned, collectives.ranks};
 }
 
 int64_t online_cores() { return std::max<int64_t>(1, sysconf(_SC_NPROCESSORS_ONLN)); }

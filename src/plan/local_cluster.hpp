@@ -20,6 +20,10 @@ namespace lockstep::plan {
 Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& passes, double memory_bytes,
                       int64_t cores);
 
+// The links of a local cluster from a collective benchmark over its ranks: the measured samples
+// and the ring model fitted to them, within and between nodes alike.
+void set_measured_links(Cluster& c, const CollectiveBench& collectives);
+
 // Physical memory and online cores of this machine (sysconf).
 double machine_memory_bytes();
 int64_t online_cores();

@@ -10,6 +10,7 @@
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/plan/local_cluster.hpp"
 #include "src/train/pipeline.hpp"
 
 namespace lockstep::plan {
@@ -63,6 +64,10 @@ Planner::Planner(PlanRequest request, Cluster cluster, const ComputeProfile* pro
     head_flops_ = 6.0 * static_cast<double>(last.dims.V) * static_cast<double>(last.dims.C);
   }
   for (const LayerDesc& l : request_.model.layers) model_forward_flops_ += layer_flops_per_token(l) / 3;
+}
+
+void Planner::set_measured_links(const CollectiveBench& collectives) {
+  plan::set_measured_links(cluster_, collectives);
 }
 
 Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {

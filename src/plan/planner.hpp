@@ -49,11 +49,17 @@ struct SearchResult {
   Prediction least_memory;
 };
 
+struct CollectiveBench;
+
 class Planner {
  public:
   // profile: a rank's passes measured on this machine (the local cluster), which then replace the
   // cluster's GEMM rate and add the optimizer's update; it must outlive the planner.
   Planner(PlanRequest request, Cluster cluster, const ComputeProfile* profile = nullptr);
+
+  // A local cluster's links measured again (set_measured_links): the predictions after it price
+  // communication at the machine's state of that measurement.
+  void set_measured_links(const CollectiveBench& collectives);
 
   Problem problem(const Layout& layout);
   // The prediction of a layout without a problem.

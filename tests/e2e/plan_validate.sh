@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner against this machine (`lockstep plan --cluster local --validate`) on tiny.toml's
 # model: the collective benchmark's report (fp32 and exact all-reduce by size) and the passes'
-# (every shape the search needs, timed on both ranks at once), five layouts run with `lockstep
+# (every shape the search needs, timed on both ranks at once), each layout's collectives timed
+# again before its run, five layouts run with `lockstep
 # train` (data, tensor, pipeline and context parallel, the last by all-gather and over the ring),
 # their rows in the table and the JSON with a measured step and the fullest rank's peak memory
 # (the runs' last metrics record), the memory prediction within 20% of it; bad input: --validate
@@ -35,6 +36,11 @@ assert (1, False, 2, False, 1, "full") in shapes and (1, False, 2, True, 1, "ful
 assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in p["passes"]) and p["runtime_mib"] > 0, p
 # The zero-bubble schedule's split backward, timed where it runs (no recomputation).
 assert all((s["backward_input_s"] > 0 and s["backward_weight_s"] > 0) == (s["recompute"] == "none") for s in p["passes"]), p
+# Each layout's collectives timed again before its run, up to the first size that holds the
+# gradients (tiny.toml's 3.4 MB: 4 KiB to 4 MiB).
+for name in [n for n in os.listdir(os.path.join(sys.argv[4], "collectives")) if n.endswith(".json")]:
+    l = json.load(open(os.path.join(sys.argv[4], "collectives", name)))
+    assert l["ranks"] == 2 and [s["bytes"] for s in l["all_reduce"]] == [4096 * 4**k for k in range(6)], (name, l)
 v = json.load(open(sys.argv[3]))["validate"]
 want = ["dp2 tp1 pp1 mb4 zero1", "dp1 tp2 pp1 mb4 zero0 sp", "dp1 tp1 pp2 mb2 zero0 1f1b", "dp1 tp1 pp1 cp2 mb4 zero0",
         "dp1 tp1 pp1 cp2 p2p mb4 zero0"]
@@ -42,7 +48,9 @@ assert [r["layout"] for r in v] == want, [r["layout"] for r in v]
 for r in v:
     assert r["measured_step_s"] > 0 and r["predicted"]["step_s"] > 0, r
     assert abs(r["memory_error"]) < 0.2, (r["layout"], r["memory_error"])
-    run = os.path.join(sys.argv[4], r["layout"].replace(" ", "_").replace("=", "-"), "metrics.jsonl")
+    name = r["layout"].replace(" ", "_").replace("=", "-")
+    assert os.path.exists(os.path.join(sys.argv[4], "collectives", name + ".json")), name
+    run = os.path.join(sys.argv[4], name, "metrics.jsonl")
     last = json.loads(open(run).read().splitlines()[-1])
     assert len(last["peak_mem_mib_by_rank"]) == 2 and max(last["peak_mem_mib_by_rank"]) * 2**20 == r["measured_peak_bytes"], last
     print(f'{r["layout"]}: predicted {1e3 * r["predicted"]["step_s"]:.1f} ms, measured {1e3 * r["measured_step_s"]:.1f} ms; '

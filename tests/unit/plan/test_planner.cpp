@@ -18,6 +18,7 @@
 #include "src/plan/collective_bench.hpp"
 #include "src/plan/compute_profile.hpp"
 #include "src/plan/goodput.hpp"
+#include "src/plan/local_cluster.hpp"
 #include "src/plan/planner.hpp"
 #include "src/plan/solo_communicator.hpp"
 
@@ -541,6 +542,46 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
             Planner(small_buckets, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
   EXPECT_EQ(Planner(one_bucket, owned_slower, &one_rank).predict(z2).time.dp_exposed,
             Planner(one_bucket, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
+}
+
+// The validation times a layout's collectives again just before its run: a planner given them
+// prices the layout as one built on them from the start, and the communication alone moves.
+TEST(PlanCostModel, MeasuredLinksSetAgainReplaceTheFirst) {
+  PlanRequest r = request();
+  r.mode = Mode::kCanonical;
+  ComputeProfile measured = profile(2, false, 4, {0.01, 0.02, 0}, 0);
+  measured.set({1, false, 4, Recompute::kNone}, {0.015, 0.03, 0.002});
+  CollectiveBench first, slower;
+  first.ranks = slower.ranks = 2;
+  first.all_reduce = {{1e3, 1e-5}, {1e8, 1e-2}};
+  first.exact_all_reduce = {{1e3, 3e-5}, {1e8, 5e-2}};
+  first.exact_reduce_scatter = first.exact_reduce_scatter_owned = {{1e3, 2e-5}, {1e8, 4e-2}};
+  first.fit = fit_ring_all_reduce(first.all_reduce, 2);
+  const auto half_again = [](std::vector<CollectiveSample> v) {
+    for (CollectiveSample& x : v) x.seconds *= 1.5;
+    return v;
+  };
+  slower.all_reduce = half_again(first.all_reduce);
+  slower.exact_all_reduce = half_again(first.exact_all_reduce);
+  slower.exact_reduce_scatter = slower.exact_reduce_scatter_owned = half_again(first.exact_reduce_scatter);
+  slower.fit = fit_ring_all_reduce(slower.all_reduce, 2);
+  Cluster c = cluster(2, 1, 80);
+  c.comm_beside_compute = false;
+  Cluster c_slower = c;
+  set_measured_links(c, first);
+  set_measured_links(c_slower, slower);
+  Planner again(r, c, &measured);
+  Planner built_slower(r, c_slower, &measured);
+  for (const Layout& l : {Layout{.tp = 2, .micro_batch = 4}, Layout{.dp = 2, .micro_batch = 4, .zero = 2}}) {
+    const Prediction before = again.predict(l);
+    again.set_measured_links(slower);
+    const Prediction after = again.predict(l), reference = built_slower.predict(l);
+    EXPECT_EQ(after.time.total, reference.time.total) << l.text();
+    EXPECT_GT(after.time.tp_comm + after.time.dp_exposed, before.time.tp_comm + before.time.dp_exposed) << l.text();
+    EXPECT_EQ(after.time.compute, before.time.compute) << l.text();
+    again.set_measured_links(first);
+    EXPECT_EQ(again.predict(l).time.total, before.time.total) << l.text();
+  }
 }
 
 // On the local cluster the GEMMs keep a packing scratch as large as the largest product's two
