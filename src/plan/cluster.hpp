@@ -42,7 +42,7 @@ struct Link {
 // shard (a bucket smaller than a shard).
 struct MeasuredAllReduce {
   // By increasing size.
-  std::vector<CollectiveSample> fp32 = {}, exact = {}, exact_scatter = {}, exact_scatter_owned = {};
+  std::vector<CollectiveSample> fp32 = {}, exact = {}, exact_scatter = {}, exact_scatter_owned = {}, gather = {};
   int64_t ranks = 0;
 };
 

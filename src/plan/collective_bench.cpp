@@ -39,7 +39,7 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats, do
   // Sizes 4 KiB · 4^k up to the first that holds largest_bytes, two at least (the fit's).
   int64_t max_floats = int64_t{1} << 12;
   while (max_floats < kMaxCollectiveFloats && 4 * static_cast<double>(max_floats) < largest_bytes) max_floats *= 4;
-  std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f);
+  std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f), gather_send(buffer);
   ExactAccumulator exact, shard_sums;
   parallel::CommTpGroup group(world);
   // The median over the repeats of the slowest rank's time of one collective of `floats`.
@@ -64,6 +64,14 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats, do
     const double bytes = static_cast<double>(floats) * 4;
     r.all_reduce.push_back({bytes, timed(floats, [&] {
                               world.all_reduce(buffer.data(), buffer.data(), floats, DType::kF32, comm::ReduceOp::kSum);
+                            })});
+    // The whole buffer gathered from the ranks' equal parts (the last takes the rest), from a
+    // separate send buffer as ZeRO's gathers send.
+    std::vector<int64_t> counts(static_cast<size_t>(r.ranks), floats / r.ranks), displs;
+    counts.back() += floats % r.ranks;
+    for (int64_t q = 0; q < r.ranks; ++q) displs.push_back(q * (floats / r.ranks));
+    r.all_gather.push_back({bytes, timed(floats, [&] {
+                              world.all_gatherv(gather_send.data(), buffer.data(), counts, displs, DType::kF32);
                             })});
     exact.reset(static_cast<size_t>(floats));
     for (size_t i = 0; i < exact.size(); ++i) exact.add(i, 1.0 + static_cast<double>(i % 7));
@@ -100,6 +108,7 @@ nlohmann::json CollectiveBench::to_json() const {
   };
   return {{"ranks", ranks},
           {"all_reduce", samples(all_reduce)},
+          {"all_gather", samples(all_gather)},
           {"exact_all_reduce", samples(exact_all_reduce)},
           {"exact_reduce_scatter", samples(exact_reduce_scatter)},
           {"exact_reduce_scatter_owned", samples(exact_reduce_scatter_owned)},
@@ -115,6 +124,7 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
       for (const auto& s : j.at(key)) out.push_back({s.at("bytes"), s.at("seconds")});
     };
     read("all_reduce", r.all_reduce);
+    read("all_gather", r.all_gather);
     read("exact_all_reduce", r.exact_all_reduce);
     read("exact_reduce_scatter", r.exact_reduce_scatter);
     read("exact_reduce_scatter_owned", r.exact_reduce_scatter_owned);

@@ -1,6 +1,7 @@
 // `lockstep bench --collectives` (under mpirun): the communicator's all-reduce timed over message
 // sizes, as nccl-tests' all_reduce_perf times NCCL's, and fitted to the ring model the planner
-// predicts with (cost_model.hpp): t = 2(n−1)·α + 2(n−1)/n · S/β; and canonical mode's exact
+// predicts with (cost_model.hpp): t = 2(n−1)·α + 2(n−1)/n · S/β; the all-gather of the ZeRO
+// parameters' and context parallelism's gathers; and canonical mode's exact
 // all-reduce (the tensor-parallel one, TpGroup::all_reduce_exact) and its reduce-scatter alone
 // into running exact sums (ZeRO-2's, exact_reduce_scatter_add: split evenly, and owned by one
 // rank) over the same sizes, whose exact additions cost compute as well as bytes. Every size runs
@@ -22,6 +23,7 @@ namespace lockstep::plan {
 struct CollectiveBench {
   int64_t ranks = 0;
   std::vector<CollectiveSample> all_reduce;        // fp32 sums
+  std::vector<CollectiveSample> all_gather;        // of fp32 (bytes: the gathered buffer's)
   std::vector<CollectiveSample> exact_all_reduce;  // canonical mode's (bytes: its fp32 values')
   // Its first half, as ZeRO-2 runs it (bytes: the same): split evenly over the ranks, and inside one
   // rank's shard (a bucket smaller than a shard).

@@ -34,6 +34,13 @@ double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAll
   return interpolate(measured.fp32, bytes, model);
 }
 
+double all_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
+  const auto model = [&](double b) { return all_reduce_time(b, n, l) / 2; };
+  if (n <= 1) return 0;
+  if (n != measured.ranks || measured.gather.empty()) return model(bytes);
+  return interpolate(measured.gather, bytes, model);
+}
+
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
   if (n <= 1) return 0;
   const auto model = [&](double b) { return (all_reduce_time(2 * b, n, l) + all_reduce_time(b, n, l)) / 2; };

@@ -122,6 +122,9 @@ struct Prediction {
 double all_reduce_time(double bytes, int64_t n, const Link& l);
 // The all-reduce as measured where the measurement covers n ranks (interpolated by size), else α–β.
 double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
+// An all-gather of `bytes` (the gathered buffer) over n ranks: as measured, else a ring all-reduce's
+// second half.
+double all_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
 // Canonical mode's exact all-reduce of fp32_bytes of values: as measured, else a reduce-scatter of
 // the exact sums' doubles and an all-gather of the fp32, 1.5 times an fp32 all-reduce's bytes.
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);

@@ -119,6 +119,10 @@ double Planner::all_reduce(double bytes, int64_t n, const Link& link) const {
   return all_reduce_time(bytes, n, link, cluster_.measured);
 }
 
+double Planner::all_gather(double bytes, int64_t n, const Link& link) const {
+  return all_gather_time(bytes, n, link, cluster_.measured);
+}
+
 double Planner::reduction_time(double fp32_bytes, int64_t n, const Link& link) const {
   if (request_.mode == Mode::kCanonical) return exact_all_reduce_time(fp32_bytes, n, link, cluster_.measured);
   return all_reduce(fp32_bytes, n, link);
@@ -128,7 +132,7 @@ double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t 
                                 int64_t n) const {
   // Each micro-batch's forward gathers every layer but the first (the last backward left it in
   // its window), its backward every layer but the last; the step's first forward its first too.
-  const auto gather = [&](double bytes) { return all_reduce(bytes, n, link) / 2; };
+  const auto gather = [&](double bytes) { return all_gather(bytes, n, link); };
   double every = 0;
   for (double bytes : layer_bytes) every += gather(bytes);
   const double first = gather(layer_bytes.front());
@@ -426,7 +430,7 @@ Prediction Planner::predict(const Layout& layout) {
   // all-gathered, and their gradients reduced.
   const double kv_bytes = 4 * static_cast<double>(layout.micro_batch) * T *
                           static_cast<double>(2 * cfg.n_kv_heads * cfg.head_size() / layout.tp);
-  const double kv_gather = all_reduce(kv_bytes, layout.cp, cp_link) / 2;
+  const double kv_gather = all_gather(kv_bytes, layout.cp, cp_link);
   const double kv_reduce = reduction_time(kv_bytes, layout.cp, cp_link);
   // Expert parallelism: a MoE layer's rows (top_k a token) to their experts' ranks and back, in
   // the forward and again in the backward.
@@ -543,7 +547,7 @@ Prediction Planner::predict(const Layout& layout) {
     const double ep_sum =
         layout.ep == 1 ? 0
         : request_.mode == Mode::kCanonical
-            ? all_reduce(8 * r.replicated_params * static_cast<double>(layout.ep), layout.ep, ep_link) / 2
+            ? all_gather(8 * r.replicated_params * static_cast<double>(layout.ep), layout.ep, ep_link)
             : all_reduce(4 * r.replicated_params, layout.ep, ep_link);
     if (replicas == 1) {
       exposed = std::max(exposed, ep_sum);  // after the backward, no buckets to overlap
@@ -562,12 +566,12 @@ Prediction Planner::predict(const Layout& layout) {
       if (zero3) {
         e += gathers_exposed(r.layer_gather_bytes, micro, busy, replica_link, replicas);
       } else {
-        e += all_reduce(fp32, replicas, replica_link) / 2;  // the parameters' all-gather
+        e += all_gather(fp32, replicas, replica_link);  // the parameters'
       }
     } else {
       const auto reduce_bucket = [&](double b) { return reduction_time(b, replicas, replica_link); };
       e = after_backward(bucketed(fp32, reduce_bucket) + ep_sum, reduce_bucket(bucket));
-      if (layout.zero == 1) e += all_reduce(fp32, replicas, replica_link) / 2;  // the parameters' all-gather
+      if (layout.zero == 1) e += all_gather(fp32, replicas, replica_link);  // the parameters'
     }
     exposed = std::max(exposed, e);
   }

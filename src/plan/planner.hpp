@@ -103,6 +103,8 @@ class Planner {
   // An all-reduce of `bytes` over n ranks on `link` (the cluster's measured one where it has it);
   // a ring's reduce-scatter and all-gather take half of it.
   double all_reduce(double bytes, int64_t n, const Link& link) const;
+  // An all-gather of `bytes` (the gathered buffer) over n ranks on `link`, likewise.
+  double all_gather(double bytes, int64_t n, const Link& link) const;
   // An all-reduce of the tensor-parallel activations or of the gradients (canonical mode's exact
   // one), and the reduce-scatter of ZeRO-2's gradients.
   double reduction_time(double fp32_bytes, int64_t n, const Link& link) const;

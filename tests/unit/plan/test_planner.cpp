@@ -98,6 +98,14 @@ TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
   EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, scatter, false), 8e-4);
   EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 2, l, scatter, true), 1.2e-3);
   EXPECT_DOUBLE_EQ(exact_reduce_scatter_time(1e6, 1, l, scatter, true), 0);
+  // The all-gather: measured where it was (here a quarter of the all-reduce, as MPI's is on shared
+  // memory), else the ring all-reduce's second half.
+  MeasuredAllReduce gathered = m;
+  EXPECT_DOUBLE_EQ(all_gather_time(1e6, 2, l, gathered), all_reduce_time(1e6, 2, l) / 2);
+  gathered.gather = {{1e3, 5e-6}, {1e6, 1e-4}};
+  EXPECT_DOUBLE_EQ(all_gather_time(1e6, 2, l, gathered), 1e-4);
+  EXPECT_DOUBLE_EQ(all_gather_time(1e6, 4, l, gathered), all_reduce_time(1e6, 4, l) / 2);
+  EXPECT_DOUBLE_EQ(all_gather_time(1e6, 1, l, gathered), 0);
 }
 
 TEST(PlanCollectives, RingFitRecoversLatencyAndBandwidth) {
@@ -556,6 +564,7 @@ TEST(PlanCostModel, MeasuredLinksSetAgainReplaceTheFirst) {
   first.all_reduce = {{1e3, 1e-5}, {1e8, 1e-2}};
   first.exact_all_reduce = {{1e3, 3e-5}, {1e8, 5e-2}};
   first.exact_reduce_scatter = first.exact_reduce_scatter_owned = {{1e3, 2e-5}, {1e8, 4e-2}};
+  first.all_gather = {{1e3, 3e-6}, {1e8, 3e-3}};
   first.fit = fit_ring_all_reduce(first.all_reduce, 2);
   const auto half_again = [](std::vector<CollectiveSample> v) {
     for (CollectiveSample& x : v) x.seconds *= 1.5;
@@ -564,6 +573,7 @@ TEST(PlanCostModel, MeasuredLinksSetAgainReplaceTheFirst) {
   slower.all_reduce = half_again(first.all_reduce);
   slower.exact_all_reduce = half_again(first.exact_all_reduce);
   slower.exact_reduce_scatter = slower.exact_reduce_scatter_owned = half_again(first.exact_reduce_scatter);
+  slower.all_gather = half_again(first.all_gather);
   slower.fit = fit_ring_all_reduce(slower.all_reduce, 2);
   Cluster c = cluster(2, 1, 80);
   c.comm_beside_compute = false;
@@ -582,6 +592,17 @@ TEST(PlanCostModel, MeasuredLinksSetAgainReplaceTheFirst) {
     again.set_measured_links(first);
     EXPECT_EQ(again.predict(l).time.total, before.time.total) << l.text();
   }
+  // The parameters' gathers (ZeRO-3's of each layer, ZeRO-1's after the update) are priced by the
+  // measured all-gather: ZeRO-0, which gathers nothing, does not move with it.
+  CollectiveBench slower_gathers = first;
+  slower_gathers.all_gather = slower.all_gather;
+  const Layout z0{.dp = 2, .micro_batch = 4}, z1{.dp = 2, .micro_batch = 4, .zero = 1},
+      z3{.dp = 2, .micro_batch = 4, .zero = 3};
+  const Prediction z0_before = again.predict(z0), z1_before = again.predict(z1), z3_before = again.predict(z3);
+  again.set_measured_links(slower_gathers);
+  EXPECT_GT(again.predict(z3).time.dp_exposed, z3_before.time.dp_exposed);
+  EXPECT_GT(again.predict(z1).time.dp_exposed, z1_before.time.dp_exposed);
+  EXPECT_EQ(again.predict(z0).time.dp_exposed, z0_before.time.dp_exposed);
 }
 
 // On the local cluster the GEMMs keep a packing scratch as large as the largest product's two
