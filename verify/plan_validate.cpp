@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iomanip>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -174,16 +175,16 @@ Validation median_round(const std::vector<Validation>& rounds) {
 }
 
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
-                                         plan::ComputeProfile& profile, const plan::CollectiveBench& collectives,
-                                         const PredictFromLinks& predict, std::ostream& progress) {
+                                         plan::ComputeProfile& profile, const PredictFromLinks& predict,
+                                         std::ostream& progress) {
   std::vector<std::vector<Validation>> rounds(layouts.size());
   for (int64_t round = 0; round < opt.rounds; ++round) {
     for (size_t i = 0; i < layouts.size(); ++i) {
       const plan::ComputeProfile fresh = run_pass_profile(opt, &layouts[i]);
       for (const auto& [shape, t] : fresh.times()) profile.set(shape, t);
-      const plan::CollectiveBench links =
-          layouts[i].gpus() > 1 ? run_collective_bench(opt, &layouts[i]) : collectives;
-      const Validation v{predict(layouts[i], links), measure_layout(opt, layouts[i]), {}};
+      std::optional<plan::CollectiveBench> links;
+      if (layouts[i].gpus() > 1) links = run_collective_bench(opt, &layouts[i]);
+      const Validation v{predict(layouts[i], links ? &*links : nullptr), measure_layout(opt, layouts[i]), {}};
       progress << "  round " << round + 1 << "/" << opt.rounds << ", " << i + 1 << "/" << layouts.size() << ": "
                << v.measured.layout.text() << ": predicted " << std::fixed << std::setprecision(1)
                << v.predicted.time.total * 1e3 << " ms, measured " << v.measured.step_s * 1e3 << " ms ("

@@ -78,20 +78,20 @@ std::string signed_percent(double error);
 // peak memory of all rounds and every round's step-time error.
 Validation median_round(const std::vector<Validation>& rounds);
 
-// A layout's prediction from the collectives timed just before its run (a planner reading the
-// profile validate_layouts fills).
-using PredictFromLinks = std::function<plan::Prediction(const plan::Layout&, const plan::CollectiveBench&)>;
+// A layout's prediction from the collectives timed just before its run — none for a layout of one
+// rank, which exchanges nothing — by a planner reading the profile validate_layouts fills.
+using PredictFromLinks = std::function<plan::Prediction(const plan::Layout&, const plan::CollectiveBench* links)>;
 
 // Every layout in turn, opt.rounds times: its passes timed again (the shapes it needs, into
-// `profile`), then the collectives (run_collective_bench of the layout; of one rank's layout:
-// `collectives`, unused), the layout predicted from both at once (`predict`), then run (a line
+// `profile`), then the collectives (run_collective_bench of the layout, where it has more than
+// one rank), the layout predicted from both at once (`predict`), then run (a line
 // per run to `progress`). A shared machine's speed drifts between states that last seconds to
 // minutes — its collectives' by half from one timing to the next — so a prediction is only set
 // beside the run it was timed for, and each layout's row is its median round (median_round): a
 // state change between one round's timings and its run is outvoted by the other rounds instead
 // of deciding the row.
 std::vector<Validation> validate_layouts(const ValidateOptions& opt, const std::vector<plan::Layout>& layouts,
-                                         plan::ComputeProfile& profile, const plan::CollectiveBench& collectives,
-                                         const PredictFromLinks& predict, std::ostream& progress);
+                                         plan::ComputeProfile& profile, const PredictFromLinks& predict,
+                                         std::ostream& progress);
 
 }  // namespace lockstep::verify

@@ -45,9 +45,9 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 int bench_collectives(Args& args) {
   const auto json_path = args.take("json");
   const int64_t repeats = parse_count("bench.repeats", args.take_or("bench.repeats", "20"));
-  // The largest message a job sends: larger sizes are not timed.
-  const int64_t largest_kib =
-      parse_count("bench.largest_kib", args.take_or("bench.largest_kib", std::to_string(plan::kMaxCollectiveFloats / 256)));
+  // The largest message a job sends: larger sizes are not timed (default: every size).
+  const int64_t largest_kib = parse_count(
+      "bench.largest_kib", args.take_or("bench.largest_kib", std::to_string(plan::kMaxCollectiveFloats * 4 / 1024)));
   LS_REQUIRE(largest_kib >= 1, "--bench.largest_kib: expected at least 1, got ", largest_kib);
   args.finish("bench --collectives");
   const double largest_bytes = static_cast<double>(largest_kib) * 1024;

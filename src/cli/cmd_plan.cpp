@@ -157,12 +157,11 @@ int cmd_plan(Args& args) {
   LS_REQUIRE(request.global_batch >= 1, "lockstep plan: --global-batch must be >= 1");
   // The local cluster: one thread a rank, as its runs train.
   std::optional<plan::ComputeProfile> profile;
-  plan::CollectiveBench collectives;
   plan::Cluster cluster;
   if (local) {
     profile = verify::run_pass_profile(vopt);
-    collectives = verify::run_collective_bench(vopt);
-    cluster = plan::local_cluster(collectives, *profile, plan::machine_memory_bytes(), plan::online_cores());
+    cluster = plan::local_cluster(verify::run_collective_bench(vopt), *profile, plan::machine_memory_bytes(),
+                                  plan::online_cores());
   } else {
     cluster = plan::load_cluster(*cluster_path);
     if (nodes) {
@@ -253,7 +252,7 @@ int cmd_plan(Args& args) {
   nlohmann::json validation;
   if (validate) {
     vopt.largest_message_bytes = 4 * params;  // the gradients, fp32
-    validation = validate_plan(vopt, planner, *profile, collectives, result.ranked, only);
+    validation = validate_plan(vopt, planner, *profile, result.ranked, only);
   }
   if (!svg_path.empty()) {
     const std::vector<plan::Prediction> best(result.ranked.begin(), result.ranked.begin() + shown);

@@ -96,15 +96,14 @@ std::string summary(const std::vector<verify::Validation>& rows, Error error) {
 }  // namespace
 
 nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& planner, plan::ComputeProfile& profile,
-                             const plan::CollectiveBench& collectives, const std::vector<plan::Prediction>& ranked,
-                             const std::string& only) {
+                             const std::vector<plan::Prediction>& ranked, const std::string& only) {
   const std::vector<plan::Layout> layouts = chosen_layouts(ranked, only);
   std::cout << "validate: " << layouts.size() << " layouts, " << opt.rounds << " rounds of " << opt.steps
             << " steps each, each run after its passes and collectives are timed again, runs in " << opt.out << "\n";
   const std::vector<verify::Validation> rows = verify::validate_layouts(
-      opt, layouts, profile, collectives,
-      [&](const plan::Layout& l, const plan::CollectiveBench& links) {
-        planner.set_measured_links(links);
+      opt, layouts, profile,
+      [&](const plan::Layout& l, const plan::CollectiveBench* links) {
+        if (links != nullptr) planner.set_measured_links(*links);
         return planner.predict(l);
       },
       std::cout);

@@ -19,10 +19,9 @@ nlohmann::json to_json(const plan::Prediction& p);
 
 // Runs the layouts that fit (`ranked`; or those `only` names, a comma list, each of which must
 // fit), each predicted from its passes and collectives timed again just before its run (into
-// `profile`, which the planner reads, and the planner's links; `collectives`, the start-up's, for
-// a layout of one rank), prints the table and the errors' summary, and returns them as JSON.
+// `profile`, which the planner reads, and the planner's links), prints the table and the errors'
+// summary, and returns them as JSON.
 nlohmann::json validate_plan(const verify::ValidateOptions& opt, plan::Planner& planner, plan::ComputeProfile& profile,
-                             const plan::CollectiveBench& collectives, const std::vector<plan::Prediction>& ranked,
-                             const std::string& only);
+                             const std::vector<plan::Prediction>& ranked, const std::string& only);
 
 }  // namespace lockstep::cli

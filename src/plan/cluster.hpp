@@ -39,7 +39,7 @@ struct Link {
 // of fp32 sums, and canonical mode's exact one (the exact sums' doubles reduce-scattered and added
 // exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp), and that reduce-scatter
 // alone into running exact sums, as ZeRO-2 reduces a bucket: split evenly, and inside one rank's
-// shard (a bucket smaller than a shard).
+// shard (a bucket smaller than a shard); and the all-gather of fp32 parts (`gather`).
 struct MeasuredAllReduce {
   // By increasing size.
   std::vector<CollectiveSample> fp32 = {}, exact = {}, exact_scatter = {}, exact_scatter_owned = {}, gather = {};

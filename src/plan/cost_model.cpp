@@ -35,8 +35,8 @@ double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAll
 }
 
 double all_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
-  const auto model = [&](double b) { return all_reduce_time(b, n, l) / 2; };
   if (n <= 1) return 0;
+  const auto model = [&](double b) { return all_reduce_time(b, n, l) / 2; };
   if (n != measured.ranks || measured.gather.empty()) return model(bytes);
   return interpolate(measured.gather, bytes, model);
 }

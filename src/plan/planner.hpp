@@ -101,7 +101,7 @@ class Planner {
   // at `tokens` a micro-batch (0 where the cluster's GEMMs keep none).
   double packed_operands(const RankCost& r, double tokens) const;
   // An all-reduce of `bytes` over n ranks on `link` (the cluster's measured one where it has it);
-  // a ring's reduce-scatter and all-gather take half of it.
+  // a ring's reduce-scatter takes half of it.
   double all_reduce(double bytes, int64_t n, const Link& link) const;
   // An all-gather of `bytes` (the gathered buffer) over n ranks on `link`, likewise.
   double all_gather(double bytes, int64_t n, const Link& link) const;

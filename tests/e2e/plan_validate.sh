@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planner against this machine (`lockstep plan --cluster local --validate`) on tiny.toml's
-# model: the collective benchmark's report (fp32 and exact all-reduce by size) and the passes'
+# model: the collective benchmark's report (fp32 and exact all-reduce, all-gather, by size) and the passes'
 # (every shape the search needs, timed on both ranks at once), each layout's collectives timed
 # again before its run, five layouts run with `lockstep
 # train` (data, tensor, pipeline and context parallel, the last by all-gather and over the ring),
