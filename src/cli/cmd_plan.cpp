@@ -94,7 +94,9 @@ void explain(const plan::Prediction& p, double hbm) {
   std::cout << "layout " << p.layout.text() << ": " << p.micro_batches << " micro-batches a step per pipeline\n"
             << "step " << fixed(t.total, 3) << " s = the busiest pipeline rank's passes "
             << fixed(t.compute + t.tp_comm + t.cp_comm + t.ep_comm, 3) << " s (compute " << fixed(t.compute, 3)
-            << " s, of which recomputation " << fixed(t.recompute, 3) << " s; tensor-parallel collectives "
+            << " s, of which recomputation " << fixed(t.recompute, 3) << " s"
+            << (t.streaming > 0 ? " and kernels other than GEMMs " + fixed(t.streaming, 3) + " s" : "")
+            << "; tensor-parallel collectives "
             << fixed(t.tp_comm, 3) << " s; context-parallel gathers and reductions " << fixed(t.cp_comm, 3)
             << " s; expert-parallel exchanges " << fixed(t.ep_comm, 3) << " s) + pipeline bubble and sends "
             << fixed(t.pipeline, 3) << " s + data-parallel exposed "

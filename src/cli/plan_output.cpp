@@ -29,6 +29,7 @@ nlohmann::json to_json(const plan::Prediction& p) {
           {"time_s",
            {{"compute", p.time.compute},
             {"recompute", p.time.recompute},
+            {"streaming", p.time.streaming},
             {"tp_comm", p.time.tp_comm},
             {"cp_comm", p.time.cp_comm},
             {"ep_comm", p.time.ep_comm},

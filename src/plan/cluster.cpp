@@ -88,6 +88,7 @@ Cluster load_cluster(const std::string& path) {
   c.nodes = g.integer("nodes", 1, 1 << 20);
   c.hbm_bytes = g.number("hbm_gib", 1e-3, 1e6) * (1 << 30);
   c.reserved_bytes = g.number("reserved_gib", 0, 1e6) * (1 << 30);
+  const double hbm_bandwidth = g.number("hbm_gbs", 1e-3, 1e9) * 1e9;
   g.finish();
   LS_REQUIRE(c.reserved_bytes < c.hbm_bytes, path, ": [cluster] reserved_gib must be below hbm_gib");
   Reader p(path, root, "peak_tflops");
@@ -98,6 +99,7 @@ Cluster load_cluster(const std::string& path) {
   LS_REQUIRE(c.peak_fp32 > 0 || c.peak_bf16 > 0 || c.peak_fp8 > 0, path, ": [peak_tflops] every precision is 0");
   Reader e(path, root, "efficiency");
   c.gemm_efficiency = e.number("gemm", 1e-3, 1);
+  c.stream_bandwidth = hbm_bandwidth * e.number("memory", 1e-3, 1);
   e.finish();
   c.intra = read_link(path, root, "intra_node");
   c.inter = read_link(path, root, "inter_node");

@@ -3,10 +3,13 @@
 // required: a figure the planner would guess is a figure it would get wrong silently.
 //
 //   [cluster]    name, gpus_per_node, nodes, hbm_gib, reserved_gib (HBM not available to the
-//                run: CUDA context, allocator slack, communication buffers)
+//                run: CUDA context, allocator slack, communication buffers), hbm_gbs (the HBM's
+//                bandwidth, GB/s)
 //   [peak_tflops] fp32, bf16, fp8: dense peak per GPU (0: the precision is not supported)
-//   [efficiency] gemm: the fraction of peak a large GEMM reaches, as measured by a benchmark of
-//                that GPU (never fitted to the step times the planner predicts)
+//   [efficiency] gemm: the fraction of peak a large GEMM reaches, and memory: the fraction of
+//                hbm_gbs a kernel that streams its tensors (a norm, a softmax, an elementwise op,
+//                the optimizer) reaches, each as measured by a benchmark of that GPU (never fitted
+//                to the step times the planner predicts)
 //   [intra_node] bandwidth_gbs (per GPU, per direction, GB/s), latency_us: NVLink/NVSwitch
 //   [inter_node] bandwidth_gbs (per GPU: its share of the node's NICs), latency_us
 //   [reliability] mtbf_gpu_hours (mean time between failures of one GPU's share of the machine:
@@ -52,6 +55,9 @@ struct Cluster {
   double hbm_bytes = 0, reserved_bytes = 0;
   double peak_fp32 = 0, peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s
   double gemm_efficiency = 0;
+  // Bytes/s the kernels other than GEMMs stream their tensors at (hbm_gbs × [efficiency] memory);
+  // 0 on the local cluster, whose measured passes hold every kernel.
+  double stream_bandwidth = 0;
   Link intra, inter;
   double mtbf_gpu_hours = 0, restart_s = 0;
   double storage_write = 0;  // bytes/s, the whole job's

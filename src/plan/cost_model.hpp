@@ -7,7 +7,9 @@
 // Time of the busiest pipeline rank (its stage's layers, src/train/pipeline.hpp's plan_stages):
 //   compute    FLOPs of its layers (layer list: 2 per weight per token forward, 4 backward, the
 //              attention's scores and values; a tied head's product counted on the head's stage)
-//              at the cluster's GEMM rate for the precision, over tp; recomputation re-runs the
+//              at the cluster's GEMM rate for the precision, over tp, and the bytes its other
+//              kernels move (norms, softmax, activations, residual adds, the loss:
+//              kernel_traffic.hpp) at the HBM's streaming rate; recomputation re-runs the
 //              recomputed sub-layers' forwards before their backward. Measured: the passes of the
 //              rank's shape (tp, sp, cp, micro-batch, recomputation) times its layers' share of the
 //              FLOPs, every kernel of them included;
@@ -41,8 +43,9 @@
 //              first, a backward's every layer but the last), gathered ahead while the passes
 //              compute: exposed, the part longer than the step's passes and at least the first
 //              layer's — all of it, as for the buckets, where communication has no core of its own;
-//   update     measured: zeroing and rounding the gradients, their norm and AdamW over the rank's
-//              parameters (over dp with ZeRO 1 and 2); not on a declared cluster.
+//   update     zeroing and rounding the gradients, their norm and AdamW over the rank's parameters
+//              (over dp with ZeRO 1 and up): measured, or on a declared cluster their bytes at the
+//              streaming rate.
 // Canonical mode reduces exactly (parallel/exact_reduce.hpp): the exact sums' doubles
 //   reduce-scattered, the rounded fp32 all-gathered — 1.5 times an fp32 all-reduce's bytes, or the
 //   exact all-reduce as measured.
@@ -65,8 +68,8 @@
 //   turn: fp32 gathers of every position's q, k and v and the keys' gradients; canonical, their
 //   exact sums, a double and a flag each, and one exact reduce-scatter's), and the cluster's
 //   reserved memory.
-// Not modelled: on a declared cluster kernels other than GEMMs (norms, softmax, the optimizer);
-//   the data loader, overlap of tp collectives with compute, network contention between groups.
+// Not modelled: the data loader, overlap of tp collectives with compute, network contention
+//   between groups, kernel fusion on a GPU (every op streams its own tensors).
 #pragma once
 
 #include <cstdint>
@@ -90,14 +93,15 @@ struct PlanRequest {
 };
 
 struct StepTime {
-  double compute = 0;    // GEMMs of the busiest rank, recomputation included
+  double compute = 0;    // the busiest rank's kernels, recomputation included
   double recompute = 0;  // of which forwards run again
+  double streaming = 0;  // of which the kernels other than GEMMs (a declared cluster's HBM traffic)
   double tp_comm = 0;
   double cp_comm = 0;    // context parallelism's gathers of k and v and reductions of their gradients
   double ep_comm = 0;    // expert parallelism's exchanges of the MoE layers' rows
   double pipeline = 0;   // the makespan beyond the busiest rank's passes: bubble and p2p
   double dp_exposed = 0;
-  double optimizer = 0;  // the AdamW update, where measured (the local cluster)
+  double optimizer = 0;  // the AdamW update: measured (the local cluster), or its bytes at the streaming rate
   double total = 0;
 };
 

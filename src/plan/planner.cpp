@@ -10,6 +10,7 @@
 #include "src/parallel/data_parallel.hpp"
 #include "src/parallel/expert_parallel.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/plan/kernel_traffic.hpp"
 #include "src/plan/local_cluster.hpp"
 #include "src/train/pipeline.hpp"
 
@@ -19,6 +20,10 @@ namespace lockstep::plan {
 struct Planner::RankCost {
   double forward_flops = 0;    // its layers' forward (a third of the trained FLOPs)
   double recompute_flops = 0;  // forwards run again before their backward
+  // Bytes its kernels other than GEMMs move (kernel_traffic.hpp): forward, backward, and the
+  // recomputed layers' forward again.
+  Traffic traffic;
+  double recompute_bytes = 0;
   int64_t forward_reduces = 0, backward_reduces = 0, recompute_reduces = 0;  // tp all-reduces a micro-batch
   double params = 0, matmul_params = 0;  // elements this GPU holds
   double replicated_params = 0;          // of them, those every ep rank holds (not a routed expert's)
@@ -85,9 +90,14 @@ Planner::Passes Planner::passes(const Layout& layout, const RankCost& r) {
     return {plain.forward * share, plain.backward * share, (with.backward - plain.backward) * recompute_share,
             plain.backward_input / plain.backward, plain.backward_weight / plain.backward};
   }
-  const double per_flop = rank_tokens(layout) / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));
-  return {(r.forward_flops + r.ring_forward_flops) * per_flop,
-          (2 * r.forward_flops + r.ring_backward_flops) * per_flop, r.recompute_flops * per_flop};
+  const double tokens = rank_tokens(layout);
+  const double per_flop = tokens / (cluster_.gemm_flops(request_.precision) * static_cast<double>(layout.tp));
+  const double per_byte = cluster_.stream_bandwidth > 0 ? tokens / cluster_.stream_bandwidth : 0;
+  Passes p{(r.forward_flops + r.ring_forward_flops) * per_flop + r.traffic.forward * per_byte,
+           (2 * r.forward_flops + r.ring_backward_flops) * per_flop + r.traffic.backward * per_byte,
+           r.recompute_flops * per_flop + r.recompute_bytes * per_byte};
+  p.streaming = (r.traffic.forward + r.traffic.backward + r.recompute_bytes) * per_byte;
+  return p;
 }
 
 double Planner::model_recompute_flops(Recompute recompute) {
@@ -294,7 +304,11 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           break;
       }
       r.scratch_bytes = std::max(r.scratch_bytes, (scratch + 2 * C * stream) * ab);
+      const Traffic traffic = layer_traffic(l, layout.tp, layout.sp, request_.precision);
+      r.traffic.forward += traffic.forward;
+      r.traffic.backward += traffic.backward;
       if (recomputed) {
+        r.recompute_bytes += traffic.forward;
         r.recompute_flops += flops / 3;
         ++r.recompute_reduces;
         r.kept_bytes += input * ab;
@@ -441,7 +455,7 @@ Prediction Planner::predict(const Layout& layout) {
   const double ch = static_cast<double>(layout.chunks);
   const double p2p = send_time(tokens * C * ab * (layout.sp ? 1.0 / static_cast<double>(layout.tp) : 1.0), pp_link);
   std::vector<parallel::PassCosts> by_rank;
-  double forward = 0, backward = 0, gemm = 0, recompute = 0, comm = 0, ep_comm = 0, cp_comm = 0;
+  double forward = 0, backward = 0, gemm = 0, recompute = 0, streaming = 0, comm = 0, ep_comm = 0, cp_comm = 0;
   for (const RankCost& r : ranks) {
     const Passes t = passes(layout, r);
     const double rc = t.recompute;
@@ -462,6 +476,7 @@ Prediction Planner::predict(const Layout& layout) {
     backward = b;
     gemm = t.forward + t.backward + rc;
     recompute = rc;
+    streaming = t.streaming;
     comm = fc + bc;
     ep_comm = 2 * ex;
     cp_comm = cf + cb;
@@ -484,6 +499,7 @@ Prediction Planner::predict(const Layout& layout) {
   }
   p.time.compute = static_cast<double>(micro) * gemm;
   p.time.recompute = static_cast<double>(micro) * recompute;
+  p.time.streaming = static_cast<double>(micro) * streaming;
   p.time.tp_comm = static_cast<double>(micro) * comm;
   p.time.ep_comm = static_cast<double>(micro) * ep_comm;
   p.time.cp_comm = static_cast<double>(micro) * cp_comm;
@@ -538,10 +554,14 @@ Prediction Planner::predict(const Layout& layout) {
                     packed_operands(r, tokens);
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
+    // The update: measured, or on a declared cluster its bytes at the streaming rate.
+    double update = 0;
     if (profile_ != nullptr) {
-      const double update = profile_->at(pass_shape(layout, Recompute::kNone)).optimizer * r.params / held_params;
-      optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
+      update = profile_->at(pass_shape(layout, Recompute::kNone)).optimizer * r.params / held_params;
+    } else if (cluster_.stream_bandwidth > 0) {
+      update = update_traffic(r.params, r.matmul_params, request_.precision) / cluster_.stream_bandwidth;
     }
+    optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
     // Expert parallelism: the replicated tensors' gradients summed over ep before the dp reduction
     // (canonical: every ep rank's doubles all-gathered; fast: an fp32 all-reduce).
     const double ep_sum =

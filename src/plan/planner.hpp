@@ -90,6 +90,7 @@ class Planner {
   struct Passes {
     double forward = 0, backward = 0, recompute = 0;
     double input_share = 0.5, weight_share = 0.5;
+    double streaming = 0;  // of the three: the kernels other than GEMMs (declared clusters)
   };
   Passes passes(const Layout& layout, const RankCost& r);
   // Per token of the whole model (not split over tp), the forward FLOPs `recompute` runs again

@@ -19,7 +19,7 @@ PY
 # the 1T model on 3,072 as tp 8 x pp 64 (dp 6), both at 52% of peak: among the first five. That
 # 52% counts the recomputed forward (the paper's FLOP formula is four passes), so the layout as it
 # ran there — full recomputation, no sequence parallelism — is set beside it by its HFU, printed:
-# the planner prices the 2021 runs about a fifth above what they reached (docs/planner.md).
+# the planner prices the 2021 runs 10-20% above what they reached (docs/planner.md).
 for anchor in "gpt_530b 315 dp9 tp8 pp35 " "gpt_1t 384 dp6 tp8 pp64 "; do
   set -- $anchor
   "$LOCKSTEP" plan --model "$SRC/scripts/configs/$1.toml" --cluster "$SRC/scripts/clusters/a100_1024.toml" --nodes "$2" \

@@ -18,6 +18,7 @@
 #include "src/plan/collective_bench.hpp"
 #include "src/plan/compute_profile.hpp"
 #include "src/plan/goodput.hpp"
+#include "src/plan/kernel_traffic.hpp"
 #include "src/plan/local_cluster.hpp"
 #include "src/plan/planner.hpp"
 #include "src/plan/solo_communicator.hpp"
@@ -152,6 +153,54 @@ TEST(PlanCostModel, OneGpuComputesTheModelsFlopsAtTheGemmRate) {
   EXPECT_DOUBLE_EQ(p.hfu, p.mfu);
   EXPECT_NEAR(full.hfu, 0.5, 1e-12);
   EXPECT_NEAR(full.mfu, 0.5 * p.time.compute / full.time.compute, 1e-12);
+}
+
+// The request()'s model (C 512, T 256, 8 heads, F 2048, vocabulary 1024, learned positions, GELU,
+// LayerNorm, bf16) by kernel_traffic.hpp's rules, counted here by hand, per token: the embedding
+// 4·C·3 forward and 4·C·5 backward; each attention sub-layer's norm (4 + 2)·C and (8 + 2)·C,
+// residual add (8 + 2)·C and 12·C, softmax 8 and 12 bytes a score, 8·T scores; each MLP's norm and
+// residual add, and GELU 2·(F + F) and 2·(2F + F); the final norm; the loss 8·V both ways.
+constexpr double kBlockForwardBytes = 6 * 512 + 10 * 512 + 8 * 8 * 256 + 6 * 512 + 10 * 512 + 2 * 4096;
+constexpr double kForwardBytes = 12 * 512 + 4 * kBlockForwardBytes + 6 * 512 + 8 * 1024;
+constexpr double kBackwardBytes =
+    20 * 512 + 4 * (10 * 512 + 12 * 512 + 12 * 8 * 256 + 10 * 512 + 12 * 512 + 2 * 6144) + 10 * 512 + 8 * 1024;
+
+TEST(PlanCostModel, KernelsOtherThanGemmsStreamTheirBytesAtTheHbmRate) {
+  const PlanRequest r = request();
+  Cluster c = cluster(1, 1, 80);
+  const Prediction gemms = Planner(r, c).predict({.micro_batch = 4});
+  EXPECT_EQ(gemms.time.streaming, 0);  // no streaming rate: the GEMMs alone, as before
+  c.stream_bandwidth = 1e12;
+  Planner planner(r, c);
+  const Prediction p = planner.predict({.micro_batch = 4});
+  const double tokens = 64 * 256;
+  EXPECT_NEAR(p.time.streaming, (kForwardBytes + kBackwardBytes) * tokens / 1e12, 1e-9 * p.time.streaming);
+  EXPECT_NEAR(p.time.compute, gemms.time.compute + p.time.streaming, 1e-9 * p.time.compute);
+  // The update: 36 bytes a parameter (the gradient zeroed and read for its norm, AdamW's 4 reads
+  // and 3 writes, fp32) and the bf16 copy of each linear's weight.
+  double params = 0, matmul = 0;
+  for (const LayerDesc& l : r.model.layers) {
+    for (const ParamDecl& d : l.params) {
+      params += static_cast<double>(param_numel(d));
+      if (d.matmul) matmul += static_cast<double>(param_numel(d));
+    }
+  }
+  EXPECT_NEAR(p.time.optimizer, (36 * params + 2 * matmul) / 1e12, 1e-9 * p.time.optimizer);
+  EXPECT_NEAR(p.time.total, p.time.compute + p.time.optimizer, 1e-9 * p.time.total);
+  // Full recomputation streams every block's forward bytes again.
+  const Prediction full = planner.predict({.micro_batch = 4, .recompute = Recompute::kFull});
+  EXPECT_NEAR(full.time.streaming - p.time.streaming, 4 * kBlockForwardBytes * tokens / 1e12, 1e-9 * p.time.streaming);
+  // Two tensor-parallel ranks split the heads' scores and the hidden features; sequence
+  // parallelism splits the stream's norms and residual adds too.
+  const LayerDesc& attention = r.model.layers[1];
+  ASSERT_EQ(attention.kind, LayerKind::kAttention);
+  const Traffic one = layer_traffic(attention, 1, false, Precision::kBf16);
+  const Traffic tp = layer_traffic(attention, 2, false, Precision::kBf16);
+  const Traffic sp = layer_traffic(attention, 2, true, Precision::kBf16);
+  EXPECT_DOUBLE_EQ(one.forward, 6 * 512 + 10 * 512 + 8 * 8 * 256);
+  EXPECT_DOUBLE_EQ(tp.forward, 6 * 512 + 10 * 512 + 8 * 4 * 256);
+  EXPECT_DOUBLE_EQ(sp.forward, (6 * 512 + 10 * 512) / 2 + 8 * 4 * 256);
+  EXPECT_DOUBLE_EQ(layer_traffic(attention, 1, false, Precision::kF32).forward, 8 * 512 + 12 * 512 + 8 * 8 * 256);
 }
 
 TEST(PlanCostModel, OneFOneBIdlesForTheOtherStagesPassWhenSendsAreFree) {
@@ -846,8 +895,8 @@ TEST(PlanCluster, EveryFieldIsRequiredAndNamed) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "lockstep_plan_cluster_test";
   std::filesystem::create_directories(dir);
   const std::string good =
-      "[cluster]\nname = \"x\"\ngpus_per_node = 8\nnodes = 2\nhbm_gib = 80\nreserved_gib = 2\n"
-      "[peak_tflops]\nfp32 = 19.5\nbf16 = 312\nfp8 = 0\n[efficiency]\ngemm = 0.8\n"
+      "[cluster]\nname = \"x\"\ngpus_per_node = 8\nnodes = 2\nhbm_gib = 80\nreserved_gib = 2\nhbm_gbs = 2000\n"
+      "[peak_tflops]\nfp32 = 19.5\nbf16 = 312\nfp8 = 0\n[efficiency]\ngemm = 0.8\nmemory = 0.75\n"
       "[intra_node]\nbandwidth_gbs = 300\nlatency_us = 5\n[inter_node]\nbandwidth_gbs = 25\nlatency_us = 10\n"
       "[reliability]\nmtbf_gpu_hours = 50000\nrestart_s = 600\n[storage]\nwrite_gbs = 100\n";
   const auto write = [&](const std::string& name, const std::string& text) {
@@ -859,6 +908,7 @@ TEST(PlanCluster, EveryFieldIsRequiredAndNamed) {
   EXPECT_EQ(c.gpus(), 16);
   EXPECT_DOUBLE_EQ(c.gemm_flops(Precision::kBf16), 312e12 * 0.8);
   EXPECT_DOUBLE_EQ(c.inter.bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(c.stream_bandwidth, 2000e9 * 0.75);
   const auto error = [&](const std::string& text) {
     try {
       load_cluster(write("bad.toml", text));
@@ -875,6 +925,9 @@ TEST(PlanCluster, EveryFieldIsRequiredAndNamed) {
   std::string unknown = good;
   unknown.replace(unknown.find("gemm = 0.8"), 10, "gemm = 0.8\nattention = 0.5");
   EXPECT_NE(error(unknown).find("[efficiency] attention is not a cluster field"), std::string::npos) << error(unknown);
+  std::string no_bandwidth = good;
+  no_bandwidth.replace(no_bandwidth.find("hbm_gbs = 2000\n"), 15, "");
+  EXPECT_NE(error(no_bandwidth).find("bad.toml: [cluster] hbm_gbs is missing"), std::string::npos) << error(no_bandwidth);
   std::string negative = good;
   negative.replace(negative.find("nodes = 2"), 9, "nodes = 0");
   EXPECT_NE(error(negative).find("[cluster] nodes = 0 must be in [1, "), std::string::npos) << error(negative);
