@@ -15,6 +15,7 @@
 #include "src/plan/compute_profile.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "src/train/bench.hpp"
+#include "src/train/bench_pair.hpp"
 #include "src/train/config.hpp"
 #include "src/train/metrics.hpp"
 
@@ -32,6 +33,23 @@ int64_t parse_count(const std::string& option, const std::string& text) {
   }
   LS_REQUIRE(used == text.size() && v >= 0, "--", option, ": expected a non-negative integer, got '", text, "'");
   return v;
+}
+
+// --bench.against's KEY=VALUE[,KEY=VALUE...], each KEY a section.key as the overrides name them.
+std::vector<std::pair<std::string, std::string>> parse_against(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    const size_t eq = item.find('=');
+    LS_REQUIRE(eq != std::string::npos && eq > 0 && item.find('.') < eq && eq + 1 < item.size(),
+               "--bench.against: expected KEY=VALUE[,KEY=VALUE...] with KEY a section.key (train.precision=fp32), got '",
+               item, "'");
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    at = end + 1;
+  }
+  return out;
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
@@ -160,6 +178,9 @@ int cmd_bench(Args& args) {
                  "  Without [data] train the tokens are synthetic (uniform over the vocabulary, fixed seed).\n"
                  "  --tokens-out FILE writes every step's batch: int32, (steps, 2, batch, seq_len), inputs\n"
                  "  then targets; the JSON has each step's loss and learning rate (losses, lrs).\n"
+                 "  --bench.against=KEY=VALUE[,KEY=VALUE...] times the run against a baseline that differs by\n"
+                 "  those settings (train.precision=fp32, train.mode=fast, ...), in one process, their steps\n"
+                 "  alternating, and prints the baseline's step time over the run's, step by step.\n"
                  "       mpirun -np N lockstep bench --collectives [--bench.repeats=R] [--bench.largest_kib=K] [--json FILE]\n"
                  "  times the all-reduce over 4 KiB to 16 MiB, or to the first size that holds K KiB (median of\n"
                  "  R, default 20) and fits the ring model's latency and bandwidth (the planner's: lockstep plan\n"
@@ -181,10 +202,22 @@ int cmd_bench(Args& args) {
   if (auto v = args.take("tokens-out")) opt.tokens_out = *v;
   if (auto v = args.take("bench.steps")) opt.steps = parse_count("bench.steps", *v);
   if (auto v = args.take("bench.warmup")) opt.warmup = parse_count("bench.warmup", *v);
+  const auto against = args.take("bench.against");
   const auto overrides = args.take_dotted();
   args.finish("bench");
   LS_REQUIRE(args.positionals().empty(), "lockstep bench: unexpected argument '", args.positionals()[0], "'");
   const RunConfig cfg = load_run_config(*config, overrides, ConfigUse::kBench);
+  if (against) {
+    LS_REQUIRE(opt.tokens_out.empty(), "--tokens-out: not with --bench.against");
+    const auto changes = parse_against(*against);
+    check_against(changes, "--bench.against");
+    std::vector<std::pair<std::string, std::string>> baseline = overrides;
+    baseline.insert(baseline.end(), changes.begin(), changes.end());
+    const PairedBench r =
+        run_paired_bench(cfg, load_run_config(*config, baseline, ConfigUse::kBench), *against, opt, std::cout);
+    if (json_path) write_json(*json_path, r.to_json());
+    return 0;
+  }
   const BenchResult r = run_bench(cfg, opt, std::cout);
   if (json_path) write_json(*json_path, r.to_json(cfg));
   return 0;

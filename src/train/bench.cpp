@@ -52,17 +52,17 @@ int64_t minor_page_faults() {
   return static_cast<int64_t>(u.ru_minflt);
 }
 
+}  // namespace
+
 nlohmann::json stats_json(const BenchStats& s) {
   return {{"median", s.median}, {"q1", s.q1}, {"q3", s.q3}, {"min", s.min}, {"max", s.max}};
 }
 
-void print_stats(std::ostream& out, const char* name, const BenchStats& s) {
-  out << "  " << std::left << std::setw(18) << name << std::right << std::fixed << std::setprecision(2)
-      << std::setw(10) << s.median << " ms   IQR [" << s.q1 << ", " << s.q3 << "]   min " << s.min
+void print_stats(std::ostream& out, const std::string& name, const BenchStats& s, int width, const char* unit) {
+  out << "  " << std::left << std::setw(width) << name << std::right << std::fixed << std::setprecision(2)
+      << std::setw(10) << s.median << unit << "   IQR [" << s.q1 << ", " << s.q3 << "]   min " << s.min
       << "   max " << s.max << "\n";
 }
-
-}  // namespace
 
 BenchStats stats_of(std::vector<double> x) {
   LS_CHECK(!x.empty(), "no samples");
@@ -201,6 +201,59 @@ nlohmann::json BenchResult::to_json(const RunConfig& cfg) const {
           {"tokens_shape", {static_cast<int64_t>(losses.size()), 2, cfg.train.batch_size, cfg.model.seq_len}}};
 }
 
+BenchBatches::BenchBatches(const RunConfig& cfg)
+    : B_(cfg.train.batch_size),
+      T_(cfg.model.seq_len),
+      V_(cfg.model.vocab_size),
+      inputs_(static_cast<size_t>(B_ * T_)),
+      targets_(inputs_.size()),
+      rng_(cfg.train.seed) {
+  if (cfg.data.train.empty()) return;
+  file_.emplace(cfg.data.train);
+  file_->check_vocab(static_cast<int32_t>(V_));
+  sampler_.emplace(*file_, T_, cfg.train.seed);
+}
+
+void BenchBatches::next() {
+  if (sampler_) {
+    sampler_->next_batch(B_, 0, B_, inputs_.data(), targets_.data());
+    return;
+  }
+  // A synthetic sequence of T + 1 tokens per sample, shifted by one like a token file window.
+  for (int64_t b = 0; b < B_; ++b) {
+    auto prev = static_cast<int32_t>(rng_.below(static_cast<uint64_t>(V_)));
+    for (int64_t t = 0; t < T_; ++t) {
+      const auto next = static_cast<int32_t>(rng_.below(static_cast<uint64_t>(V_)));
+      inputs_[static_cast<size_t>(b * T_ + t)] = prev;
+      targets_[static_cast<size_t>(b * T_ + t)] = next;
+      prev = next;
+    }
+  }
+}
+
+StepTimes timed_step(Model& model, AdamW& adamw, const TrainConfig& tc, const BenchBatches& batch, float lr,
+                     int64_t step) {
+  const auto tokens = static_cast<int64_t>(batch.inputs().size());
+  const auto t0 = Clock::now();
+  model.zero_grad();
+  ChunkCombiner loss_sum;
+  model.forward_backward_batch(batch.inputs().data(), batch.targets().data(), tc.batch_size, tc.micro_batch(), 0,
+                               1.0f / static_cast<float>(tokens), loss_sum);
+  if (Fp8State* fp8 = model.fp8()) {
+    comm::SelfCommunicator self;
+    combine_fp8_statistics(self, *fp8);
+  }
+  model.finish_grads();
+  StepTimes t;
+  t.forward_backward_ms = ms_since(t0);
+  const auto t1 = Clock::now();
+  t.grad_norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
+  adamw.update(model, lr, step + 1);
+  t.optimizer_ms = ms_since(t1);
+  t.loss = loss_sum.finish() / static_cast<float>(tokens);
+  return t;
+}
+
 BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out) {
   LS_REQUIRE(opt.steps >= 1, "--bench.steps (", opt.steps, ") must be >= 1");
   LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
@@ -214,35 +267,9 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
 
   const int64_t T = cfg.model.seq_len, B = tc.batch_size, MB = tc.micro_batch();
   r.tokens_per_step = B * T;
-  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-
-  // Tokens: the configured file through the trainer's sampler, else synthetic (see bench.hpp).
-  std::optional<data::TokenFile> file;
-  std::optional<data::TrainSampler> sampler;
-  SplitMix64 rng(tc.seed);
-  r.synthetic_tokens = cfg.data.train.empty();
-  if (!r.synthetic_tokens) {
-    file.emplace(cfg.data.train);
-    file->check_vocab(static_cast<int32_t>(cfg.model.vocab_size));
-    sampler.emplace(*file, T, tc.seed);
-  }
-  auto next_batch = [&] {
-    if (sampler) {
-      sampler->next_batch(B, 0, B, inputs.data(), targets.data());
-      return;
-    }
-    // A synthetic sequence of T + 1 tokens per sample, shifted by one like a token file window.
-    const auto V = static_cast<uint64_t>(cfg.model.vocab_size);
-    for (int64_t b = 0; b < B; ++b) {
-      int32_t prev = static_cast<int32_t>(rng.below(V));
-      for (int64_t t = 0; t < T; ++t) {
-        const auto next = static_cast<int32_t>(rng.below(V));
-        inputs[b * T + t] = prev;
-        targets[b * T + t] = next;
-        prev = next;
-      }
-    }
-  };
+  BenchBatches batch(cfg);
+  r.synthetic_tokens = batch.synthetic();
+  const std::vector<int32_t>& inputs = batch.inputs();
 
   std::optional<detect::AbftBackend> abft;
   if (cfg.verify.abft) abft.emplace(backend, true);
@@ -285,7 +312,6 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   std::optional<durable_io::AtomicFile> tokens_file;
   if (!opt.tokens_out.empty()) tokens_file.emplace(opt.tokens_out);
 
-  const float dloss = 1.0f / static_cast<float>(B * T);
   std::vector<double> step_ms, fwd_ms, fb_ms, optim_ms, hash_ms, monitor_ms, rest_ms, abft_ms, snapshot_ms,
       witness_ms, reference_ms, fp8_check_ms, fp8_statistics_ms;
   // [verify] on_fault = "rollback" (or buddy_every, which copies the state as well): the step's
@@ -353,10 +379,10 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
       copy_state(adamw.v(), snap_v);
     }
     const double snapshot = ms_since(t7);
-    next_batch();
+    batch.next();
     if (tokens_file) {
       tokens_file->write(inputs.data(), inputs.size() * sizeof(int32_t));
-      tokens_file->write(targets.data(), targets.size() * sizeof(int32_t));
+      tokens_file->write(batch.targets().data(), batch.targets().size() * sizeof(int32_t));
     }
     const int64_t faults0 = minor_page_faults();
     const double abft0 = abft ? abft->stats().seconds : 0;
@@ -367,26 +393,18 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     if (reference) reference->begin_step(step);
     const double fp8_check0 = fp8_sentinel ? fp8_sentinel->seconds() : 0;
     if (fp8_sentinel) fp8_sentinel->begin_step(step);
-    const auto t0 = Clock::now();
-    model.zero_grad();
-    ChunkCombiner loss_sum;
-    model.forward_backward_batch(inputs.data(), targets.data(), B, MB, 0, dloss, loss_sum);
-    if (Fp8State* fp8 = model.fp8()) combine_fp8_statistics(self, *fp8);
-    model.finish_grads();
+    const auto lr = static_cast<float>(schedule.at(step));
+    const StepTimes times = timed_step(model, adamw, tc, batch, lr, step);
     const double fp8_check = fp8_sentinel ? 1e3 * (fp8_sentinel->seconds() - fp8_check0) : 0;
-    const double fb = ms_since(t0) - fp8_check;
+    const double fb = times.forward_backward_ms - fp8_check;
     if (r.buddy_every > 0) r.witness_tensors = static_cast<int64_t>(witness.stop().size());
     if (reference) reference->after_reduce(step, 0);
     const double reference_step = reference ? 1e3 * (reference->stats().seconds - reference0) : 0;
     const double abft_step = abft ? 1e3 * (abft->stats().seconds - abft0) : 0;
     if (abft) r.abft_checks_per_step = abft->stats().checks - checks0;
-    const auto t1 = Clock::now();
-    const float grad_norm = clip_grad_norm(model, static_cast<float>(tc.grad_clip));
-    const auto lr = static_cast<float>(schedule.at(step));
-    adamw.update(model, lr, step + 1);
-    const double op = ms_since(t1);
+    const double op = times.optimizer_ms;
     const int64_t step_faults = minor_page_faults() - faults0;
-    r.last_loss = loss_sum.finish() / static_cast<float>(B * T);
+    r.last_loss = times.loss;
     r.losses.push_back(r.last_loss);
     r.lrs.push_back(lr);
 
@@ -394,7 +412,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const auto t2 = Clock::now();
     ChunkCombiner eval_sum;
     for (int64_t mb = 0; mb < B / MB; ++mb) {
-      model.eval_loss(inputs.data() + mb * MB * T, targets.data() + mb * MB * T, MB, eval_sum);
+      model.eval_loss(inputs.data() + mb * MB * T, batch.targets().data() + mb * MB * T, MB, eval_sum);
     }
     const double fw = ms_since(t2);
 
@@ -409,7 +427,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     StepRecord record;
     record.step = step;
     record.loss = r.last_loss;
-    record.grad_norm = grad_norm;
+    record.grad_norm = times.grad_norm;
     const auto t4 = Clock::now();
     for (StepObserver* o : monitors) o->end_step(record);
     const double ms = ms_since(t4);

@@ -30,17 +30,24 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "src/core/splitmix64.hpp"
+#include "src/data/sampler.hpp"
+#include "src/data/token_file.hpp"
 #include "src/train/config.hpp"
 #include "kernels/cpu/gemm_peak.hpp"
 #include "src/train/metrics.hpp"
 
 namespace lockstep {
+
+class Model;
+class AdamW;
 
 struct BenchOptions {
   int64_t warmup = 2;  // untimed steps first (page faults, thread start, caches)
@@ -57,6 +64,10 @@ struct BenchStats {
   double median = 0, q1 = 0, q3 = 0, min = 0, max = 0;
 };
 BenchStats stats_of(std::vector<double> x);  // x not empty
+nlohmann::json stats_json(const BenchStats& s);
+// "  NAME  median UNIT   IQR [q1, q3]   min ...   max ...", the name in `width` columns.
+void print_stats(std::ostream& out, const std::string& name, const BenchStats& s, int width = 18,
+                 const char* unit = " ms");
 
 struct BenchResult {
   int64_t threads = 0;
@@ -140,5 +151,33 @@ struct BenchResult {
 
 // Runs the benchmark for `cfg` (loaded with ConfigUse::kBench), printing a report to `out`.
 BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out);
+
+// The batches a benchmark steps on: the [data] train file through the trainer's sampler, or
+// synthetic tokens (uniform over the vocabulary from the seed; see above).
+class BenchBatches {
+ public:
+  explicit BenchBatches(const RunConfig& cfg);
+  bool synthetic() const { return !sampler_.has_value(); }
+  // The next batch, (batch_size, seq_len) inputs and their targets.
+  void next();
+  const std::vector<int32_t>& inputs() const { return inputs_; }
+  const std::vector<int32_t>& targets() const { return targets_; }
+
+ private:
+  int64_t B_, T_, V_;
+  std::vector<int32_t> inputs_, targets_;
+  std::optional<data::TokenFile> file_;
+  std::optional<data::TrainSampler> sampler_;
+  SplitMix64 rng_;
+};
+
+// One training step as the benchmark times it: zeroing the gradients, forward and backward over
+// the micro-batches (an fp8 run's statistics combined), then clipping and AdamW; the parts' times.
+struct StepTimes {
+  double forward_backward_ms = 0, optimizer_ms = 0;
+  float loss = 0, grad_norm = 0;
+};
+StepTimes timed_step(Model& model, AdamW& adamw, const TrainConfig& tc, const BenchBatches& batch, float lr,
+                     int64_t step);
 
 }  // namespace lockstep

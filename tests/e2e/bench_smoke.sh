@@ -1,6 +1,7 @@
 # `lockstep bench` on bench_small: two timed steps after one warm-up, on synthetic tokens (the
 # config has no [data] section); the JSON report carries the documented fields with sane values,
-# and --tokens-out writes the three batches the steps used; fast mode names the GEMM it runs.
+# and --tokens-out writes the three batches the steps used; fast mode names the GEMM it runs; a run
+# against a baseline in one process (--bench.against).
 # No timing assertions: only that the figures are finite and positive.
 source "$(dirname "$0")/lib.sh"
 
@@ -98,5 +99,28 @@ expect_error "\\[data\\] train: a token file is required" \
 grep -q '^precision: bf16 (' bf16.log || fail "bf16 bench: no precision line: $(head -3 bf16.log)"
 /usr/bin/python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["precision"].startswith("bf16 ("), "precision"' \
   bf16.json || fail "bf16 bench: no precision in the JSON"
+
+# A run against a baseline in the same process: bf16 against fp32, steps alternating; each side
+# named, the step-by-step ratio printed and in the JSON; the backend's and the batch's settings
+# are the run's alone.
+"$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.steps=2 --bench.warmup=1 --train.mode=fast \
+  --train.precision=bf16 --bench.against=train.precision=fp32 --json pair.json > pair.log || fail "paired bench: $(cat pair.log)"
+grep -q '^  this run: fast mode, bf16 (' pair.log && grep -q '^  baseline: fast mode, fp32$' pair.log ||
+  fail "paired bench: the sides are not named: $(head -4 pair.log)"
+grep -Eq '^this run is [0-9.]+x as fast as the baseline \(train.precision=fp32\): the median of 2 paired steps$' pair.log ||
+  fail "paired bench: no ratio: $(tail -2 pair.log)"
+/usr/bin/python3 - pair.json <<'PY' || fail "paired bench JSON: $(cat pair.json)"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["against"] == "train.precision=fp32" and r["steps"] == 2, r
+for key in ("run_step_ms", "baseline_step_ms", "speedup"):
+    assert 0 < r[key]["min"] <= r[key]["median"] <= r[key]["max"], (key, r[key])
+PY
+expect_error "--bench.against: train.threads is the run's" \
+  "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.against=train.mode=fast,train.threads=1
+expect_error "--bench.against: expected KEY=VALUE\[,KEY=VALUE...\] with KEY a section.key .*got 'fp32'" \
+  "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.against=fp32
+expect_error "\[train\] precision" \
+  "$LOCKSTEP" bench --config "$SRC/scripts/configs/bench_small.toml" --bench.against=train.precision=fp16
 
 echo "bench_smoke: ok"

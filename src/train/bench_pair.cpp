@@ -1,0 +1,117 @@
+#include "src/train/bench_pair.hpp"
+
+#include <array>
+#include <iomanip>
+#include <string_view>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "src/core/check.hpp"
+#include "src/model/model.hpp"
+#include "src/optim/adamw.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// Keys the baseline may not change: the backend's and the batch's (bench_pair.hpp).
+constexpr std::array<std::string_view, 9> kShared = {"train.threads",     "train.isa",      "train.fast_gemm",
+                                                     "train.kernel_cache", "train.batch_size", "train.seed",
+                                                     "model.seq_len",     "model.vocab_size", "data.train"};
+
+ModelOptions options(Backend& backend, const TrainConfig& tc) {
+  ModelOptions o;
+  o.backend = &backend;
+  o.precision = tc.precision_recipe();
+  return o;
+}
+
+Model& initialised(Model& model) {
+  model.init_parameters();
+  return model;
+}
+
+// One side of the comparison: a model and its optimizer on the shared backend.
+struct Side {
+  Side(const RunConfig& cfg, Backend& backend)
+      : tc(cfg.train),
+        model(cfg.model, tc.mode, tc.micro_batch(), options(backend, tc)),
+        adamw(initialised(model), tc.adamw()) {}
+  const TrainConfig& tc;
+  Model model;
+  AdamW adamw;
+  std::vector<double> ms;
+
+  void step(const BenchBatches& batch, const LrSchedule& schedule, int64_t step, bool timed) {
+    const StepTimes t = timed_step(model, adamw, tc, batch, static_cast<float>(schedule.at(step)), step);
+    if (timed) ms.push_back(t.forward_backward_ms + t.optimizer_ms);
+  }
+};
+
+}  // namespace
+
+void check_against(const std::vector<std::pair<std::string, std::string>>& against, const std::string& flag) {
+  LS_REQUIRE(!against.empty(), flag, ": expected KEY=VALUE[,KEY=VALUE...], the baseline's settings");
+  for (const auto& [key, value] : against) {
+    for (std::string_view shared : kShared) {
+      LS_REQUIRE(key != shared, flag, ": ", key,
+                 " is the run's (the backend, the batch and the data are shared by both sides; "
+                 "time another ", key, " with a bench of its own)");
+    }
+  }
+}
+
+nlohmann::json PairedBench::to_json() const {
+  return {{"against", against},
+          {"steps", steps},
+          {"run_step_ms", stats_json(run_ms)},
+          {"baseline_step_ms", stats_json(baseline_ms)},
+          {"speedup", stats_json(speedup)},
+          {"speedup_note", "per step: the baseline's step time over the run's, the two steps timed one after the other"}};
+}
+
+PairedBench run_paired_bench(const RunConfig& run, const RunConfig& baseline, const std::string& against,
+                             BenchOptions opt, std::ostream& out) {
+  LS_REQUIRE(opt.steps >= 1, "--bench.steps (", opt.steps, ") must be >= 1");
+  LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
+  const TrainConfig& tc = run.train;
+  CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});
+  backend.choose_gemms(backend.measure_gemm_peak());
+  BenchBatches batch(run);
+  Side a(run, backend), b(baseline, backend);
+  const LrSchedule sa{tc.lr, tc.min_lr, tc.warmup, opt.warmup + opt.steps};
+  const LrSchedule sb{baseline.train.lr, baseline.train.min_lr, baseline.train.warmup, opt.warmup + opt.steps};
+  out << "bench: " << run.source << " against " << against << ": " << opt.warmup << " warm-up + " << opt.steps
+      << " timed steps each, alternating; " << backend.threads() << " threads, " << backend.isa_name() << "; batch "
+      << tc.batch_size << " x " << run.model.seq_len << " tokens; "
+      << (batch.synthetic() ? "synthetic uniform tokens" : "tokens from " + run.data.train) << "\n"
+      << "  this run: " << mode_name(tc.mode) << " mode, " << tc.precision_recipe().describe() << "\n"
+      << "  baseline: " << mode_name(baseline.train.mode) << " mode, " << baseline.train.precision_recipe().describe()
+      << "\n"
+      << "  kernels: fast mode's GEMM " << backend.fast_gemm_name() << ", bf16 products " << backend.bf16_kernel_name()
+      << "\n";
+  for (int64_t step = 0; step < opt.warmup + opt.steps; ++step) {
+    batch.next();
+    const bool timed = step >= opt.warmup;
+    // Which side goes first alternates, so that neither always runs after the other's caches.
+    Side& first = step % 2 == 0 ? a : b;
+    Side& second = step % 2 == 0 ? b : a;
+    first.step(batch, &first == &a ? sa : sb, step, timed);
+    second.step(batch, &second == &a ? sa : sb, step, timed);
+  }
+  PairedBench r;
+  r.against = against;
+  r.steps = opt.steps;
+  std::vector<double> ratios;
+  for (size_t i = 0; i < a.ms.size(); ++i) ratios.push_back(b.ms[i] / a.ms[i]);
+  r.run_ms = stats_of(a.ms);
+  r.baseline_ms = stats_of(b.ms);
+  r.speedup = stats_of(ratios);
+  print_stats(out, "step, this run", r.run_ms, 34);
+  print_stats(out, "step, baseline", r.baseline_ms, 34);
+  print_stats(out, "baseline / this run, step by step", r.speedup, 34, "x ");
+  out << "this run is " << std::setprecision(3) << r.speedup.median << "x as fast as the baseline (" << against
+      << "): the median of " << r.steps << " paired steps\n";
+  return r;
+}
+
+}  // namespace lockstep
