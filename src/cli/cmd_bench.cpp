@@ -10,6 +10,7 @@
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
 #include "src/parallel/context_parallel.hpp"
 #include "src/plan/collective_bench.hpp"
 #include "src/plan/compute_profile.hpp"
@@ -38,16 +39,12 @@ int64_t parse_count(const std::string& option, const std::string& text) {
 // --bench.against's KEY=VALUE[,KEY=VALUE...], each KEY a section.key as the overrides name them.
 std::vector<std::pair<std::string, std::string>> parse_against(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t end = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, end - at);
+  for (std::string_view item : split_commas(text)) {
     const size_t eq = item.find('=');
     LS_REQUIRE(eq != std::string::npos && eq > 0 && item.find('.') < eq && eq + 1 < item.size(),
                "--bench.against: expected KEY=VALUE[,KEY=VALUE...] with KEY a section.key (train.precision=fp32), got '",
                item, "'");
     out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-    at = end + 1;
   }
   return out;
 }

@@ -6,6 +6,7 @@
 // measures this machine (src/plan/local_cluster.hpp); `--validate` then runs every layout that
 // fits and sets the measured step time and memory beside the prediction (verify/plan_validate.hpp).
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "src/cli/commands.hpp"
 #include "src/cli/plan_output.hpp"
 #include "src/core/check.hpp"
+#include "src/core/parse_number.hpp"
 #include "src/plan/goodput.hpp"
 #include "src/plan/local_cluster.hpp"
 #include "src/plan/planner.hpp"
@@ -28,8 +30,8 @@ namespace {
 
 constexpr const char* kPlanUsage =
     "usage: lockstep plan --model FILE.toml --cluster FILE.toml|local [--global-batch B] [--seq-len T]\n"
-    "                     [--nodes N] [--precision fp32|bf16|fp8] [--top N] [--json FILE] [--svg FILE]\n"
-    "                     [--explain LAYOUT]\n"
+    "                     [--nodes N] [--precision fp32|bf16|fp8] [--moe-load L] [--top N] [--json FILE]\n"
+    "                     [--svg FILE] [--explain LAYOUT]\n"
     "                     [--validate [--ranks N] [--steps S] [--rounds R] [--layouts 'L1,L2'] [--launcher WORDS]\n"
     "                     [--out DIR]] [--section.key=value ...]\n"
     "  ranks the layouts the trainer runs (dp x tp x pp x cp x ep of the cluster's GPUs, micro-batch,\n"
@@ -41,6 +43,8 @@ constexpr const char* kPlanUsage =
     "  or local: this machine measured, N ranks of one thread (default: one per core; the all-reduce\n"
     "  and a rank's passes timed by `lockstep bench --collectives` and `--passes` under the launcher).\n"
     "  --nodes N: the cluster file's machine with N nodes.\n"
+    "  --moe-load L: a MoE model's busiest expert-parallel rank gets L times its share of the routed\n"
+    "  rows (default 1; `lockstep moe report` prints a run's, the busiest expert's over the mean).\n"
     "  --explain 'dp16 tp8 pp8 mb1 zero1 sp 1f1b recompute=selective': one layout in full.\n"
     "  --validate (local): runs each layout that fits (or --layouts) for S steps (default 6) with\n"
     "  `lockstep train`, R rounds (default 3), each run predicted from its passes timed just before\n"
@@ -50,6 +54,15 @@ constexpr const char* kPlanUsage =
     "  --section.key=value: overrides of the config, also passed to the runs (e.g. --data.train=...).\n";
 
 using plan::kGiB;
+
+// --moe-load: a number of at least 1.
+double parse_load(const std::string& text) {
+  const std::optional<double> v = parse_number(text);
+  LS_REQUIRE(v && *v >= 1 && std::isfinite(*v),
+             "lockstep plan: --moe-load: expected a number >= 1 (the busiest expert-parallel rank's routed rows "
+             "over the mean), got '", text, "'");
+  return *v;
+}
 
 // The shown layouts' step time and memory, each a row of stacked bars.
 std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::string& title) {
@@ -132,7 +145,7 @@ int cmd_plan(Args& args) {
   vopt.launcher = args.take_or("launcher", vopt.launcher);
   vopt.out = args.take_or("out", "plan-validate");
   const std::string only = args.take_or("layouts", "");
-  const auto nodes = args.take("nodes");
+  const auto nodes = args.take("nodes"), moe_load = args.take("moe-load");
   std::vector<std::pair<std::string, std::string>> overrides = args.take_dotted();
   args.finish("plan");
   LS_REQUIRE(args.positionals().empty(), "lockstep plan: unexpected argument '", args.positionals()[0], "'");
@@ -157,6 +170,10 @@ int cmd_plan(Args& args) {
                             .bucket_bytes = run.parallel.bucket_mb * (1 << 20),
                             .source = *model_path};
   LS_REQUIRE(request.global_batch >= 1, "lockstep plan: --global-batch must be >= 1");
+  if (moe_load) {
+    LS_REQUIRE(run.model.moe_experts > 0, "lockstep plan: --moe-load: ", *model_path, " has no mixture-of-experts layers");
+    request.moe_load = parse_load(*moe_load);
+  }
   // The local cluster: one thread a rank, as its runs train.
   std::optional<plan::ComputeProfile> profile;
   plan::Cluster cluster;
@@ -191,7 +208,11 @@ int cmd_plan(Args& args) {
             << " layers, d_model " << run.model.d_model << ") on " << cluster.name << " (" << cluster.gpus()
             << " GPUs, " << cluster.nodes << " x " << cluster.gpus_per_node << ", " << fixed(cluster.hbm_bytes / kGiB, 0)
             << " GiB): " << request.global_batch << " x " << run.model.seq_len << " tokens a step, " << precision << ", "
-            << mode_name(request.mode) << " mode\n";
+            << mode_name(request.mode) << " mode"
+            << (request.moe_load != 1 ? ", the busiest expert-parallel rank routed " + fixed(request.moe_load, 2) +
+                                            " times its share"
+                                      : "")
+            << "\n";
   if (local) {
     std::cout << "local: " << cluster.gpus() << " ranks of one thread; GEMM peak " << fixed(cluster.peak_fp32 / 1e9, 1)
               << " GFLOP/s a rank; all-reduce ring fit alpha " << fixed(cluster.intra.latency * 1e6, 1) << " us, beta "

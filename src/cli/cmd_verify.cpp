@@ -10,6 +10,7 @@
 
 #include "src/cli/commands.hpp"
 #include "src/core/check.hpp"
+#include "src/core/parse_number.hpp"
 #include "src/train/config.hpp"
 #include "verify/step.hpp"
 
@@ -44,16 +45,9 @@ int64_t parse_int(const std::string& key, const std::string& text) {
 }
 
 double parse_seconds(const std::string& key, const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  LS_REQUIRE(used == text.size() && v > 0, "--", key, ": expected a positive number, got '", text,
-             "'");
-  return v;
+  const std::optional<double> v = parse_number(text);
+  LS_REQUIRE(v && *v > 0, "--", key, ": expected a positive number, got '", text, "'");
+  return *v;
 }
 
 }  // namespace

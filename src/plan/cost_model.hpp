@@ -27,6 +27,9 @@
 //              cp rank's own (its attention against every key, its exact sums of their
 //              gradients: compute_profile.hpp). Its gradients are reduced, and ZeRO shards them,
 //              over dp × cp;
+//   ep comm    expert parallelism: each MoE layer's rows (top_k a token) sent to their experts' ranks
+//              and back, forward and backward, as all-to-alls; the busiest rank computes and
+//              receives moe_load times a rank's mean share of the routed rows (PlanRequest);
 //   pipeline   the schedule's table (pipeline_schedule.hpp) timed by simulate() with each rank's
 //              own passes (F, B = Bi + W halved) and a p2p send of a micro-batch's activations: its
 //              makespan over the busiest rank's busy time is the bubble, the sends on the critical
@@ -89,6 +92,9 @@ struct PlanRequest {
   Precision precision = Precision::kBf16;
   Mode mode = Mode::kFast;  // canonical: exact reductions (more bytes)
   double bucket_bytes = 25.0 * (1 << 20);  // [parallel] bucket_mb: the gradient reduction's bucket
+  // The routed rows of the busiest expert-parallel rank over the mean (1: a balanced router); that
+  // rank sets the step, computing and receiving this much more than its share.
+  double moe_load = 1;
   std::string source;  // the model's config file, for messages
 };
 

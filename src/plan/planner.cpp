@@ -55,6 +55,15 @@ struct Planner::RankCost {
 
 namespace {
 
+// The routed experts' FLOPs a token of MoE layer `l` (top_k of them, each 6 a weight).
+double routed_flops_per_token(const LayerDesc& l) {
+  double flops = 0;
+  for (const ParamDecl& p : l.params) {
+    if (p.matmul && p.expert >= 0) flops += 6.0 * static_cast<double>(param_numel(p)) * p.token_share;
+  }
+  return flops;
+}
+
 // The measured passes a rank of `layout` runs, with `recompute`.
 PassShape pass_shape(const Layout& layout, Recompute recompute) {
   return {layout.tp, layout.sp, layout.micro_batch, recompute, layout.cp, layout.cp > 1 && layout.ring};
@@ -186,6 +195,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
       double flops = layer_flops_per_token(l);
       if (l.kind == LayerKind::kEmbedding) flops -= head_flops_;
       if (l.kind == LayerKind::kHead) flops += head_flops_;
+      if (l.kind == LayerKind::kMoe && layout.ep > 1) flops += (request_.moe_load - 1) * routed_flops_per_token(l);
       r.forward_flops += flops / 3;
       const double matrix_bytes = request_.precision == Precision::kF32 ? 4 : 2;
       double reads = l.kind == LayerKind::kHead && l.tied ? static_cast<double>(l.dims.V * l.dims.C) / t : 0;
@@ -449,7 +459,7 @@ Prediction Planner::predict(const Layout& layout) {
   // Expert parallelism: a MoE layer's rows (top_k a token) to their experts' ranks and back, in
   // the forward and again in the backward.
   const double exchange =
-      all_to_all_time(tokens * static_cast<double>(cfg.moe_top_k) * C * ab, layout.ep, ep_link);
+      all_to_all_time(request_.moe_load * tokens * static_cast<double>(cfg.moe_top_k) * C * ab, layout.ep, ep_link);
   // Each pipeline rank's passes of a micro-batch, the collectives in them included; the busiest
   // rank's are the step's compute and tensor-parallel parts.
   const double ch = static_cast<double>(layout.chunks);

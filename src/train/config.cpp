@@ -9,6 +9,7 @@
 
 #include "kernels/ops/canonical.hpp"
 #include "src/core/check.hpp"
+#include "src/core/parse_number.hpp"
 #include "src/core/comma_list.hpp"
 #include "src/model/layer.hpp"
 #include "src/parallel/context_parallel.hpp"
@@ -125,17 +126,9 @@ class Section {
       }
       return v;
     } else if constexpr (std::is_floating_point_v<T>) {
-      size_t used = 0;
-      double v = 0;
-      try {
-        v = std::stod(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != text.size()) {
-        throw ConfigError(str_cat(what, ": expected a number, got '", text, "'"));
-      }
-      return static_cast<T>(v);
+      const std::optional<double> v = parse_number(text);
+      if (!v) throw ConfigError(str_cat(what, ": expected a number, got '", text, "'"));
+      return static_cast<T>(*v);
     } else {
       // Strings may be given bare or TOML-quoted.
       if (text.size() >= 2 && text.front() == '"' && text.back() == '"') return text.substr(1, text.size() - 2);

@@ -5,7 +5,8 @@
 # in the JSON, the breakdowns as bars in the SVG, one layout explained; bad input, once each: a cluster field missing, an unknown
 # precision, a precision the GPUs lack, a cluster that cannot hold the model (by how much); context
 # parallelism for Llama 3 8B's shape on
-# sequences of 32,768 (its column, its layouts among the first, one explained, its refusals named).
+# sequences of 32,768 (its column, its layouts among the first, one explained, its refusals named);
+# a MoE model's busiest expert-parallel rank loaded by --moe-load.
 source "$(dirname "$0")/lib.sh"
 plan() { "$LOCKSTEP" plan --model "$SRC/scripts/configs/gpt3_175b.toml" --global-batch 1536 "$@"; }
 
@@ -93,4 +94,27 @@ PY
 "$LOCKSTEP" plan "${llama8b[@]}" --explain "$cp_best" > long_explain.log
 grep -Eq "context-parallel gathers and reductions 0\.[0-9]*[1-9][0-9]* s" long_explain.log || fail "explain cp: $(cat long_explain.log)"
 expect_error "cp = 2 does not run with pipeline parallelism" "$LOCKSTEP" plan "${llama8b[@]}" --explain "dp8 tp1 pp2 cp2 mb1 zero0 1f1b"
+# An unbalanced router (--moe-load): an expert-parallel layout of a MoE model takes longer, in its
+# compute and its exchanges, when its busiest rank gets 1.5 times its share of the routed rows; a
+# layout without ep does not change; a dense model, or a load below 1, is an error.
+moe=(--model "$SRC/scripts/configs/tiny_moe.toml" --cluster "$SRC/scripts/clusters/a100_1024.toml" --nodes 1)
+"$LOCKSTEP" plan "${moe[@]}" --json moe_even.json > moe_even.log || fail "moe plan: $(tail -3 moe_even.log)"
+"$LOCKSTEP" plan "${moe[@]}" --moe-load 1.5 --json moe_load.json > moe_load.log || fail "moe plan: $(tail -3 moe_load.log)"
+grep -q '^plan: .*, the busiest expert-parallel rank routed 1.50 times its share$' moe_load.log ||
+  fail "moe load not in the header: $(head -1 moe_load.log)"
+python3 - moe_even.json moe_load.json <<'PY' || fail "moe load"
+import json, sys
+even, load = ({r["layout"]: r for r in json.load(open(f))["ranked"]} for f in sys.argv[1:])
+ep = [l for l in even if " ep" in l]
+assert ep, "no ep layout"
+for l in ep:
+    assert load[l]["time_s"]["compute"] > even[l]["time_s"]["compute"], l
+    assert load[l]["time_s"]["ep_comm"] > even[l]["time_s"]["ep_comm"], l
+for l in even:
+    if " ep" not in l:
+        assert load[l]["step_s"] == even[l]["step_s"], l
+PY
+expect_error "--moe-load: .*gpt3_175b.toml has no mixture-of-experts layers" \
+  plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --moe-load 1.2
+expect_error "--moe-load: expected a number >= 1 .* got '0.5'" "$LOCKSTEP" plan "${moe[@]}" --moe-load 0.5
 echo "plan: $(head -3 plan.log | tail -1); 32k sequences: the best cp layout $cp_best"

@@ -267,6 +267,39 @@ TEST(PlanCostModel, MixtureOfExpertsComputesTheActiveFlopsAndHoldsEveryExpert) {
   EXPECT_TRUE(std::none_of(sd.ranked.begin(), sd.ranked.end(), [](const Prediction& x) { return x.layout.ep > 1; }));
 }
 
+// An unbalanced router: the busiest expert-parallel rank computes and receives moe_load times its
+// share of the routed rows, and the step waits for it; without ep every rank runs every expert.
+TEST(PlanCostModel, TheBusiestExpertParallelRankSetsTheStep) {
+  ModelConfig m = request().model.config;
+  m.moe_experts = 8;
+  m.moe_top_k = 2;
+  PlanRequest balanced{.model = describe_model(m), .global_batch = 64, .precision = Precision::kBf16, .source = "moe"};
+  PlanRequest loaded = balanced;
+  loaded.moe_load = 1.5;
+  const Cluster c = cluster(8, 1, 80);
+  Planner even(balanced, c), skewed(loaded, c);
+  const Layout ep4{.dp = 2, .ep = 4, .micro_batch = 4};
+  const Prediction e = even.predict(ep4), s = skewed.predict(ep4);
+  double routed = 0;  // the routed experts' FLOPs a token, every MoE layer
+  for (const LayerDesc& l : balanced.model.layers) {
+    for (const ParamDecl& p : l.params) {
+      if (p.matmul && p.expert >= 0) routed += 6.0 * static_cast<double>(param_numel(p)) * p.token_share;
+    }
+  }
+  ASSERT_GT(routed, 0);
+  const double tokens = 64.0 / 8 * 256;  // a rank's tokens a step
+  EXPECT_NEAR(s.time.compute - e.time.compute, 0.5 * routed * tokens / (300e12 * 0.5), 1e-9 * e.time.compute);
+  // Each exchange moves 1.5 times the rows a rank sends on average: 1024 tokens a micro-batch, two
+  // choices each, 512 bf16 features.
+  const Link& link = group_link(c, 1, 4);
+  const double rows = 1024.0 * 2 * 512 * 2;
+  EXPECT_NEAR(s.time.ep_comm, e.time.ep_comm * all_to_all_time(1.5 * rows, 4, link) / all_to_all_time(rows, 4, link),
+              1e-9 * s.time.ep_comm);
+  EXPECT_GT(s.time.total, e.time.total);
+  const Layout dp8{.dp = 8, .micro_batch = 4};
+  EXPECT_DOUBLE_EQ(skewed.predict(dp8).time.total, even.predict(dp8).time.total);
+}
+
 TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
   const PlanRequest r = request();
   const Cluster c = cluster(8, 1, 80);
