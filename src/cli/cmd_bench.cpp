@@ -10,7 +10,6 @@
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/core/check.hpp"
-#include "src/core/comma_list.hpp"
 #include "src/parallel/context_parallel.hpp"
 #include "src/plan/collective_bench.hpp"
 #include "src/plan/compute_profile.hpp"
@@ -34,19 +33,6 @@ int64_t parse_count(const std::string& option, const std::string& text) {
   }
   LS_REQUIRE(used == text.size() && v >= 0, "--", option, ": expected a non-negative integer, got '", text, "'");
   return v;
-}
-
-// --bench.against's KEY=VALUE[,KEY=VALUE...], each KEY a section.key as the overrides name them.
-std::vector<std::pair<std::string, std::string>> parse_against(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (std::string_view item : split_commas(text)) {
-    const size_t eq = item.find('=');
-    LS_REQUIRE(eq != std::string::npos && eq > 0 && item.find('.') < eq && eq + 1 < item.size(),
-               "--bench.against: expected KEY=VALUE[,KEY=VALUE...] with KEY a section.key (train.precision=fp32), got '",
-               item, "'");
-    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-  }
-  return out;
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
@@ -206,8 +192,7 @@ int cmd_bench(Args& args) {
   const RunConfig cfg = load_run_config(*config, overrides, ConfigUse::kBench);
   if (against) {
     LS_REQUIRE(opt.tokens_out.empty(), "--tokens-out: not with --bench.against");
-    const auto changes = parse_against(*against);
-    check_against(changes, "--bench.against");
+    const auto changes = parse_against(*against, "--bench.against");
     std::vector<std::pair<std::string, std::string>> baseline = overrides;
     baseline.insert(baseline.end(), changes.begin(), changes.end());
     const PairedBench r =

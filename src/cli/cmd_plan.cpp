@@ -91,7 +91,7 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
                             {"compute (and recomputation)", "tensor-parallel collectives",
                              "context-parallel gathers and reductions", "expert-parallel exchanges",
                              "pipeline bubble and sends", "data-parallel exposed",
-                             "optimizer (measured clusters)"},
+                             "optimizer"},
                             time, "seconds"),
        verify::svg_timeline(title + ": memory of the fullest GPU", rows,
                             {"parameters", "gradients", "optimizer", "activations", "reserved"}, memory, "GiB")});
@@ -108,7 +108,8 @@ void explain(const plan::Prediction& p, double hbm) {
             << "step " << fixed(t.total, 3) << " s = the busiest pipeline rank's passes "
             << fixed(t.compute + t.tp_comm + t.cp_comm + t.ep_comm, 3) << " s (compute " << fixed(t.compute, 3)
             << " s, of which recomputation " << fixed(t.recompute, 3) << " s"
-            << (t.streaming > 0 ? " and kernels other than GEMMs " + fixed(t.streaming, 3) + " s" : "")
+            << (t.streaming > 0 ? ", and kernels other than GEMMs " + fixed(t.streaming, 3) + " s, recomputed ones included"
+                                : "")
             << "; tensor-parallel collectives "
             << fixed(t.tp_comm, 3) << " s; context-parallel gathers and reductions " << fixed(t.cp_comm, 3)
             << " s; expert-parallel exchanges " << fixed(t.ep_comm, 3) << " s) + pipeline bubble and sends "

@@ -16,7 +16,7 @@ inline std::optional<double> parse_number(const std::string& text) {
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  if (used == 0 || used != text.size()) return std::nullopt;
+  if (used != text.size()) return std::nullopt;
   return v;
 }
 

@@ -14,7 +14,7 @@ Traffic activation(double in, double out, double bytes) {
 
 }  // namespace
 
-Traffic layer_traffic(const LayerDesc& l, int64_t tp, bool sp, Precision precision) {
+Traffic layer_traffic(const LayerDesc& l, int64_t tp, bool sp, Precision precision, double routed_load) {
   const LayerDims& m = l.dims;
   const auto t = static_cast<double>(tp);
   const double ab = precision == Precision::kF32 ? 4 : 2;
@@ -55,7 +55,7 @@ Traffic layer_traffic(const LayerDesc& l, int64_t tp, bool sp, Precision precisi
     case LayerKind::kMoe: {
       add(norm);
       add(residual);
-      const auto K = static_cast<double>(l.top_k);
+      const double K = static_cast<double>(l.top_k) * routed_load;
       const double F = static_cast<double>(m.F) / t;
       const Traffic expert = activation(gated * F, F, ab);
       const double rows = 4 * ab * C;  // a choice's row to its expert and back
@@ -78,10 +78,9 @@ Traffic layer_traffic(const LayerDesc& l, int64_t tp, bool sp, Precision precisi
   return sum;
 }
 
-double update_traffic(double params, double matmul_params, Precision precision) {
-  // Zeroing (write) and the norm (read) of the gradient; AdamW's 4 reads and 3 writes.
-  const double per_param = kF32 * (2 + 4 + 3);
-  return per_param * params + (precision == Precision::kF32 ? 0 : 2) * matmul_params;
+double update_traffic(double gradients, double updated, double updated_matmul, Precision precision) {
+  // The gradient zeroed (a write) and read for its norm; AdamW's 4 reads and 3 writes.
+  return 2 * kF32 * gradients + 7 * kF32 * updated + (precision == Precision::kF32 ? 0 : 2) * updated_matmul;
 }
 
 }  // namespace lockstep::plan

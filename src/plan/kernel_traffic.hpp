@@ -21,7 +21,8 @@
 //                 reads two); backward: reads the input and the activations' gradient, writes the
 //                 input's gradient
 //   MoE           each of a token's top_k choices: its row copied to the expert and its output
-//                 back (read and write each way), and the expert's activation
+//                 back (read and write each way), and the expert's activation; on the busiest
+//                 expert-parallel rank `routed_load` times that (PlanRequest::moe_load)
 //   embedding     reads the token's row of wte (and wpe), writes the stream; backward adds the
 //                 gradient into those rows
 //   loss          reads the logits twice (the row's max, then the sum of exponentials); backward
@@ -41,12 +42,12 @@ struct Traffic {
 };
 
 // Bytes a token of layer `l` moves through the kernels other than GEMMs on one of `tp` ranks.
-Traffic layer_traffic(const LayerDesc& l, int64_t tp, bool sp, Precision precision);
+Traffic layer_traffic(const LayerDesc& l, int64_t tp, bool sp, Precision precision, double routed_load = 1);
 
-// Bytes one optimizer step moves for `params` parameters, `matmul_params` of them a linear's
-// weights: zeroing the gradient, reading it for its norm, AdamW reading the parameter, gradient, m
-// and v and writing the parameter, m and v (fp32), and in bf16 and fp8 the linears' low-precision
-// copies written.
-double update_traffic(double params, double matmul_params, Precision precision);
+// Bytes one optimizer step moves: zeroing the `gradients` a rank holds and reading them for their
+// norm; AdamW over the `updated` parameters it owns, reading the parameter, gradient, m and v and
+// writing the parameter, m and v (fp32), and in bf16 and fp8 the copies of the `updated_matmul`
+// linears' weights among them written.
+double update_traffic(double gradients, double updated, double updated_matmul, Precision precision);
 
 }  // namespace lockstep::plan

@@ -184,6 +184,9 @@ const std::vector<std::vector<size_t>>& Planner::rank_layers(int64_t pp, int64_t
 std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
   const auto t = static_cast<double>(layout.tp);
   const double stream = layout.sp ? 1 / t : 1;  // the residual stream's share of a token
+  // The busiest expert-parallel rank's routed rows over a rank's mean share: without ep every rank
+  // runs its own tokens' choices through every expert.
+  const double routed_load = layout.ep > 1 ? request_.moe_load : 1;
   const double ab = request_.precision == Precision::kF32 ? 4 : 2;
   std::vector<RankCost> ranks;
   for (const std::vector<size_t>& held : rank_layers(layout.pp, layout.chunks)) {
@@ -195,7 +198,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
       double flops = layer_flops_per_token(l);
       if (l.kind == LayerKind::kEmbedding) flops -= head_flops_;
       if (l.kind == LayerKind::kHead) flops += head_flops_;
-      if (l.kind == LayerKind::kMoe && layout.ep > 1) flops += (request_.moe_load - 1) * routed_flops_per_token(l);
+      if (l.kind == LayerKind::kMoe) flops += (routed_load - 1) * routed_flops_per_token(l);
       r.forward_flops += flops / 3;
       const double matrix_bytes = request_.precision == Precision::kF32 ? 4 : 2;
       double reads = l.kind == LayerKind::kHead && l.tied ? static_cast<double>(l.dims.V * l.dims.C) / t : 0;
@@ -280,7 +283,8 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           // split like an MLP: the rows' outputs (forward) and input gradients (backward) are
           // all-reduced whole, sequence parallelism or not (src/model/layers/moe.cpp), a top_k
           // times a token's stream; the shared experts' once more.
-          const auto K = static_cast<double>(l.top_k), E = static_cast<double>(l.experts);
+          // K: the choices' rows a token of this rank's, on the busiest ep rank.
+          const double K = static_cast<double>(l.top_k) * routed_load, E = static_cast<double>(l.experts);
           const double shared_act = static_cast<double>(l.shared_F) / t;
           const double shared_fc = shared_act * (l.ffn == FfnKind::kSwiglu ? 2 : 1);
           const int64_t reduces = l.top_k + (l.shared_F > 0 ? 1 : 0);
@@ -294,9 +298,10 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           // Expert parallelism keeps the received rows too, and stages each exchange (on average a
           // top_k rows a token each way).
           const double ep_rows = layout.ep > 1 ? K * C : 0;
-          inside = C + (2 * E + K) * 4 / ab + K * (2 * C + fc_out + static_cast<double>(m.F) / t) +
+          const double gates = static_cast<double>(l.top_k);
+          inside = C + (2 * E + gates) * 4 / ab + K * (2 * C + fc_out + static_cast<double>(m.F) / t) +
                    (l.shared_F > 0 ? 2 * C + shared_fc + shared_act : 0) + (layout.sp ? C : 0) + ep_rows;
-          scratch = C * stream + K * (2 * C + fc_out + static_cast<double>(m.F) / t) + (K + E) * 4 / ab +
+          scratch = C * stream + K * (2 * C + fc_out + static_cast<double>(m.F) / t) + (gates + E) * 4 / ab +
                     (l.shared_F > 0 ? C + shared_fc + shared_act : 0) + (layout.sp ? C : 0) +
                     (layout.ep > 1 ? K * (3 * C + fc_out + static_cast<double>(m.F) / t) : 0);
           recomputed = layout.recompute == Recompute::kFull;
@@ -314,7 +319,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
           break;
       }
       r.scratch_bytes = std::max(r.scratch_bytes, (scratch + 2 * C * stream) * ab);
-      const Traffic traffic = layer_traffic(l, layout.tp, layout.sp, request_.precision);
+      const Traffic traffic = layer_traffic(l, layout.tp, layout.sp, request_.precision, routed_load);
       r.traffic.forward += traffic.forward;
       r.traffic.backward += traffic.backward;
       if (recomputed) {
@@ -465,7 +470,7 @@ Prediction Planner::predict(const Layout& layout) {
   const double ch = static_cast<double>(layout.chunks);
   const double p2p = send_time(tokens * C * ab * (layout.sp ? 1.0 / static_cast<double>(layout.tp) : 1.0), pp_link);
   std::vector<parallel::PassCosts> by_rank;
-  double forward = 0, backward = 0, gemm = 0, recompute = 0, streaming = 0, comm = 0, ep_comm = 0, cp_comm = 0;
+  double forward = 0, backward = 0, compute = 0, recompute = 0, streaming = 0, comm = 0, ep_comm = 0, cp_comm = 0;
   for (const RankCost& r : ranks) {
     const Passes t = passes(layout, r);
     const double rc = t.recompute;
@@ -484,7 +489,7 @@ Prediction Planner::predict(const Layout& layout) {
     if (f + b <= forward + backward) continue;
     forward = f;
     backward = b;
-    gemm = t.forward + t.backward + rc;
+    compute = t.forward + t.backward + rc;
     recompute = rc;
     streaming = t.streaming;
     comm = fc + bc;
@@ -507,7 +512,7 @@ Prediction Planner::predict(const Layout& layout) {
     makespan = tl.makespan;
     in_flight = tl.chunk_slots;  // the trainer's activation sets: each chunk its own peak
   }
-  p.time.compute = static_cast<double>(micro) * gemm;
+  p.time.compute = static_cast<double>(micro) * compute;
   p.time.recompute = static_cast<double>(micro) * recompute;
   p.time.streaming = static_cast<double>(micro) * streaming;
   p.time.tp_comm = static_cast<double>(micro) * comm;
@@ -564,14 +569,17 @@ Prediction Planner::predict(const Layout& layout) {
                     packed_operands(r, tokens);
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
-    // The update: measured, or on a declared cluster its bytes at the streaming rate.
-    double update = 0;
+    // The update: measured (over dp from ZeRO 1), or on a declared cluster its bytes at the
+    // streaming rate — the gradients this rank holds (over dp from ZeRO 2) and AdamW over its shard.
     if (profile_ != nullptr) {
-      update = profile_->at(pass_shape(layout, Recompute::kNone)).optimizer * r.params / held_params;
+      const double update = profile_->at(pass_shape(layout, Recompute::kNone)).optimizer * r.params / held_params;
+      optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
     } else if (cluster_.stream_bandwidth > 0) {
-      update = update_traffic(r.params, r.matmul_params, request_.precision) / cluster_.stream_bandwidth;
+      const double owned = layout.zero >= 1 ? 1 / shards : 1, held = layout.zero >= 2 ? 1 / shards : 1;
+      optimizer = std::max(optimizer, update_traffic(r.params * held, r.params * owned, r.matmul_params * owned,
+                                                     request_.precision) /
+                                          cluster_.stream_bandwidth);
     }
-    optimizer = std::max(optimizer, layout.zero >= 1 ? update / shards : update);
     // Expert parallelism: the replicated tensors' gradients summed over ep before the dp reduction
     // (canonical: every ep rank's doubles all-gathered; fast: an fp32 all-reduce).
     const double ep_sum =

@@ -232,17 +232,14 @@ void BenchBatches::next() {
 }
 
 StepTimes timed_step(Model& model, AdamW& adamw, const TrainConfig& tc, const BenchBatches& batch, float lr,
-                     int64_t step) {
+                     int64_t step, comm::Communicator& self) {
   const auto tokens = static_cast<int64_t>(batch.inputs().size());
   const auto t0 = Clock::now();
   model.zero_grad();
   ChunkCombiner loss_sum;
   model.forward_backward_batch(batch.inputs().data(), batch.targets().data(), tc.batch_size, tc.micro_batch(), 0,
                                1.0f / static_cast<float>(tokens), loss_sum);
-  if (Fp8State* fp8 = model.fp8()) {
-    comm::SelfCommunicator self;
-    combine_fp8_statistics(self, *fp8);
-  }
+  if (Fp8State* fp8 = model.fp8()) combine_fp8_statistics(self, *fp8);
   model.finish_grads();
   StepTimes t;
   t.forward_backward_ms = ms_since(t0);
@@ -394,7 +391,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
     const double fp8_check0 = fp8_sentinel ? fp8_sentinel->seconds() : 0;
     if (fp8_sentinel) fp8_sentinel->begin_step(step);
     const auto lr = static_cast<float>(schedule.at(step));
-    const StepTimes times = timed_step(model, adamw, tc, batch, lr, step);
+    const StepTimes times = timed_step(model, adamw, tc, batch, lr, step, self);
     const double fp8_check = fp8_sentinel ? 1e3 * (fp8_sentinel->seconds() - fp8_check0) : 0;
     const double fb = times.forward_backward_ms - fp8_check;
     if (r.buddy_every > 0) r.witness_tensors = static_cast<int64_t>(witness.stop().size());

@@ -48,6 +48,9 @@ namespace lockstep {
 
 class Model;
 class AdamW;
+namespace comm {
+class Communicator;
+}
 
 struct BenchOptions {
   int64_t warmup = 2;  // untimed steps first (page faults, thread start, caches)
@@ -178,6 +181,6 @@ struct StepTimes {
   float loss = 0, grad_norm = 0;
 };
 StepTimes timed_step(Model& model, AdamW& adamw, const TrainConfig& tc, const BenchBatches& batch, float lr,
-                     int64_t step);
+                     int64_t step, comm::Communicator& self);
 
 }  // namespace lockstep

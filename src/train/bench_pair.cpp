@@ -5,7 +5,9 @@
 #include <string_view>
 
 #include "kernels/cpu/cpu_backend.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/core/check.hpp"
+#include "src/core/comma_list.hpp"
 #include "src/model/model.hpp"
 #include "src/optim/adamw.hpp"
 
@@ -41,23 +43,29 @@ struct Side {
   AdamW adamw;
   std::vector<double> ms;
 
-  void step(const BenchBatches& batch, const LrSchedule& schedule, int64_t step, bool timed) {
-    const StepTimes t = timed_step(model, adamw, tc, batch, static_cast<float>(schedule.at(step)), step);
+  void step(const BenchBatches& batch, const LrSchedule& schedule, int64_t step, bool timed, comm::Communicator& self) {
+    const StepTimes t = timed_step(model, adamw, tc, batch, static_cast<float>(schedule.at(step)), step, self);
     if (timed) ms.push_back(t.forward_backward_ms + t.optimizer_ms);
   }
 };
 
 }  // namespace
 
-void check_against(const std::vector<std::pair<std::string, std::string>>& against, const std::string& flag) {
-  LS_REQUIRE(!against.empty(), flag, ": expected KEY=VALUE[,KEY=VALUE...], the baseline's settings");
-  for (const auto& [key, value] : against) {
+std::vector<std::pair<std::string, std::string>> parse_against(const std::string& text, const std::string& flag) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::string_view item : split_commas(text)) {
+    const size_t eq = item.find('=');
+    LS_REQUIRE(eq != std::string::npos && eq > 0 && item.find('.') < eq && eq + 1 < item.size(), flag,
+               ": expected KEY=VALUE[,KEY=VALUE...] with KEY a section.key (train.precision=fp32), got '", item, "'");
+    const std::string key(item.substr(0, eq));
     for (std::string_view shared : kShared) {
       LS_REQUIRE(key != shared, flag, ": ", key,
                  " is the run's (the backend, the batch and the data are shared by both sides; "
                  "time another ", key, " with a bench of its own)");
     }
+    out.emplace_back(key, item.substr(eq + 1));
   }
+  return out;
 }
 
 nlohmann::json PairedBench::to_json() const {
@@ -75,13 +83,15 @@ PairedBench run_paired_bench(const RunConfig& run, const RunConfig& baseline, co
   LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
   const TrainConfig& tc = run.train;
   CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});
-  backend.choose_gemms(backend.measure_gemm_peak());
+  // The GEMMs run_bench would choose: measured, unless [train] peak_gflops is configured.
+  if (tc.peak_gflops <= 0) backend.choose_gemms(backend.measure_gemm_peak());
+  comm::SelfCommunicator self;
   BenchBatches batch(run);
   Side a(run, backend), b(baseline, backend);
   const LrSchedule sa{tc.lr, tc.min_lr, tc.warmup, opt.warmup + opt.steps};
   const LrSchedule sb{baseline.train.lr, baseline.train.min_lr, baseline.train.warmup, opt.warmup + opt.steps};
   out << "bench: " << run.source << " against " << against << ": " << opt.warmup << " warm-up + " << opt.steps
-      << " timed steps each, alternating; " << backend.threads() << " threads, " << backend.isa_name() << "; batch "
+      << " timed steps each, alternating, the step alone (no [verify] detectors); " << backend.threads() << " threads, " << backend.isa_name() << "; batch "
       << tc.batch_size << " x " << run.model.seq_len << " tokens; "
       << (batch.synthetic() ? "synthetic uniform tokens" : "tokens from " + run.data.train) << "\n"
       << "  this run: " << mode_name(tc.mode) << " mode, " << tc.precision_recipe().describe() << "\n"
@@ -95,8 +105,8 @@ PairedBench run_paired_bench(const RunConfig& run, const RunConfig& baseline, co
     // Which side goes first alternates, so that neither always runs after the other's caches.
     Side& first = step % 2 == 0 ? a : b;
     Side& second = step % 2 == 0 ? b : a;
-    first.step(batch, &first == &a ? sa : sb, step, timed);
-    second.step(batch, &second == &a ? sa : sb, step, timed);
+    first.step(batch, &first == &a ? sa : sb, step, timed, self);
+    second.step(batch, &second == &a ? sa : sb, step, timed, self);
   }
   PairedBench r;
   r.against = against;

@@ -30,8 +30,9 @@ struct PairedBench {
   nlohmann::json to_json() const;
 };
 
-// ConfigError naming the key where an override changes the backend or the batch (see above).
-void check_against(const std::vector<std::pair<std::string, std::string>>& against, const std::string& flag);
+// The baseline's overrides from `flag`'s KEY=VALUE[,KEY=VALUE...]; ConfigError naming the item that
+// is not one, or the key that would change the backend or the batch (see above).
+std::vector<std::pair<std::string, std::string>> parse_against(const std::string& text, const std::string& flag);
 
 PairedBench run_paired_bench(const RunConfig& run, const RunConfig& baseline, const std::string& against,
                              BenchOptions opt, std::ostream& out);

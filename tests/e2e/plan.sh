@@ -42,7 +42,8 @@ for row, r in zip(rows, ranked):
 print("best:", ranked[0]["layout"], round(ranked[0]["step_s"], 3), "s, MFU", round(ranked[0]["mfu"], 3))
 # The anchor: Megatron-LM's SC'21 layout for this model and batch (tp 8, pp 8, dp 16) among the
 # first five, and as it ran (full recomputation, 1F1B) within 20% of its 45% of peak, which counts
-# the recomputed forward: the HFU.
+# the recomputed forward: the HFU. It is at +19.8% (docs/planner.md): a change to the cost model that
+# moves it past the issue's 20% fails here.
 rank = next(i for i, r in enumerate(ranked) if r["layout"].startswith("dp16 tp8 pp8 "))
 assert rank < 5, (rank, [r["layout"] for r in ranked[:5]])
 as_run = next(r for r in ranked if r["layout"] == "dp16 tp8 pp8 mb1 zero0 1f1b recompute=full")
@@ -56,7 +57,7 @@ done
 [ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 60 ] || fail "plan.svg: expected 5 x (7 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
 grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
-grep -Eq "of which recomputation [0-9.]+ s and kernels other than GEMMs [0-9.]*[1-9][0-9]* s;.* \+ optimizer [0-9.]+ s$" explain.log ||
+grep -Eq "of which recomputation [0-9.]+ s, and kernels other than GEMMs [0-9.]*[1-9][0-9]* s, recomputed ones included;.* \+ optimizer [0-9.]+ s$" explain.log ||
   fail "explain: no streaming kernels or optimizer: $(cat explain.log)"
 grep -Eq '^memory of the fullest GPU [0-9.]+ GiB of 80 GiB: parameters' explain.log || fail "explain memory: $(cat explain.log)"
 

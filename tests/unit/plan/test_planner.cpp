@@ -169,11 +169,12 @@ TEST(PlanCostModel, KernelsOtherThanGemmsStreamTheirBytesAtTheHbmRate) {
   const PlanRequest r = request();
   Cluster c = cluster(1, 1, 80);
   const Prediction gemms = Planner(r, c).predict({.micro_batch = 4});
-  EXPECT_EQ(gemms.time.streaming, 0);  // no streaming rate: the GEMMs alone, as before
+  EXPECT_EQ(gemms.time.streaming, 0);  // no streaming rate: the GEMMs alone
   c.stream_bandwidth = 1e12;
   Planner planner(r, c);
   const Prediction p = planner.predict({.micro_batch = 4});
   const double tokens = 64 * 256;
+  // Relative tolerances here are for sums of the same terms in another order, in double.
   EXPECT_NEAR(p.time.streaming, (kForwardBytes + kBackwardBytes) * tokens / 1e12, 1e-9 * p.time.streaming);
   EXPECT_NEAR(p.time.compute, gemms.time.compute + p.time.streaming, 1e-9 * p.time.compute);
   // The update: 36 bytes a parameter (the gradient zeroed and read for its norm, AdamW's 4 reads
@@ -186,6 +187,16 @@ TEST(PlanCostModel, KernelsOtherThanGemmsStreamTheirBytesAtTheHbmRate) {
     }
   }
   EXPECT_NEAR(p.time.optimizer, (36 * params + 2 * matmul) / 1e12, 1e-9 * p.time.optimizer);
+  // Over 8 data-parallel ranks: ZeRO 1 updates an eighth of the parameters but zeroes and reads
+  // every gradient; ZeRO 2 holds an eighth of the gradients too.
+  Cluster eight = cluster(8, 1, 80);
+  eight.stream_bandwidth = 1e12;
+  Planner dp(r, eight);
+  const double update = (28 * params + 2 * matmul) / 8;
+  EXPECT_NEAR(dp.predict({.dp = 8, .micro_batch = 4, .zero = 1}).time.optimizer, (8 * params + update) / 1e12,
+              1e-9 * p.time.optimizer);
+  EXPECT_NEAR(dp.predict({.dp = 8, .micro_batch = 4, .zero = 2}).time.optimizer, (8 * params / 8 + update) / 1e12,
+              1e-9 * p.time.optimizer);
   EXPECT_NEAR(p.time.total, p.time.compute + p.time.optimizer, 1e-9 * p.time.total);
   // Full recomputation streams every block's forward bytes again.
   const Prediction full = planner.predict({.micro_batch = 4, .recompute = Recompute::kFull});
@@ -267,8 +278,9 @@ TEST(PlanCostModel, MixtureOfExpertsComputesTheActiveFlopsAndHoldsEveryExpert) {
   EXPECT_TRUE(std::none_of(sd.ranked.begin(), sd.ranked.end(), [](const Prediction& x) { return x.layout.ep > 1; }));
 }
 
-// An unbalanced router: the busiest expert-parallel rank computes and receives moe_load times its
-// share of the routed rows, and the step waits for it; without ep every rank runs every expert.
+// An unbalanced router: the busiest expert-parallel rank computes, streams and receives moe_load
+// times its share of the routed rows, and the step waits for it; without ep every rank runs every
+// expert.
 TEST(PlanCostModel, TheBusiestExpertParallelRankSetsTheStep) {
   ModelConfig m = request().model.config;
   m.moe_experts = 8;
@@ -276,18 +288,14 @@ TEST(PlanCostModel, TheBusiestExpertParallelRankSetsTheStep) {
   PlanRequest balanced{.model = describe_model(m), .global_batch = 64, .precision = Precision::kBf16, .source = "moe"};
   PlanRequest loaded = balanced;
   loaded.moe_load = 1.5;
-  const Cluster c = cluster(8, 1, 80);
-  Planner even(balanced, c), skewed(loaded, c);
+  Cluster c = cluster(8, 1, 80);
   const Layout ep4{.dp = 2, .ep = 4, .micro_batch = 4};
-  const Prediction e = even.predict(ep4), s = skewed.predict(ep4);
-  double routed = 0;  // the routed experts' FLOPs a token, every MoE layer
-  for (const LayerDesc& l : balanced.model.layers) {
-    for (const ParamDecl& p : l.params) {
-      if (p.matmul && p.expert >= 0) routed += 6.0 * static_cast<double>(param_numel(p)) * p.token_share;
-    }
-  }
-  ASSERT_GT(routed, 0);
+  const Prediction e = Planner(balanced, c).predict(ep4), s = Planner(loaded, c).predict(ep4);
+  // Four MoE layers, each token's two choices through an expert of C = 512 and F = 2048 (two
+  // matrices, 6 FLOPs a weight): half of that again on the busiest rank.
+  const double routed = 4 * 2 * 6.0 * 2 * 512 * 2048;
   const double tokens = 64.0 / 8 * 256;  // a rank's tokens a step
+  // Relative tolerances here are for sums of the same terms in another order, in double.
   EXPECT_NEAR(s.time.compute - e.time.compute, 0.5 * routed * tokens / (300e12 * 0.5), 1e-9 * e.time.compute);
   // Each exchange moves 1.5 times the rows a rank sends on average: 1024 tokens a micro-batch, two
   // choices each, 512 bf16 features.
@@ -295,9 +303,17 @@ TEST(PlanCostModel, TheBusiestExpertParallelRankSetsTheStep) {
   const double rows = 1024.0 * 2 * 512 * 2;
   EXPECT_NEAR(s.time.ep_comm, e.time.ep_comm * all_to_all_time(1.5 * rows, 4, link) / all_to_all_time(rows, 4, link),
               1e-9 * s.time.ep_comm);
-  EXPECT_GT(s.time.total, e.time.total);
+  EXPECT_GT(s.memory.activations, e.memory.activations);  // the rows it receives and runs
+  // At a streaming rate, the busiest rank's routed rows also stream through their copies and the
+  // experts' GELU: per choice 4·2·C copied in each pass (to the expert and back, the forward's rows
+  // and the backward's gradients), 2·(F + F) forward and 2·(2F + F) backward.
+  c.stream_bandwidth = 1e12;
+  const Prediction es = Planner(balanced, c).predict(ep4), ss = Planner(loaded, c).predict(ep4);
+  const double routed_bytes = 4 * 2 * (2 * 4 * 2 * 512 + 2 * 4096 + 2 * 6144);
+  EXPECT_NEAR(ss.time.compute - es.time.compute,
+              0.5 * routed * tokens / (300e12 * 0.5) + 0.5 * routed_bytes * tokens / 1e12, 1e-9 * es.time.compute);
   const Layout dp8{.dp = 8, .micro_batch = 4};
-  EXPECT_DOUBLE_EQ(skewed.predict(dp8).time.total, even.predict(dp8).time.total);
+  EXPECT_DOUBLE_EQ(Planner(loaded, c).predict(dp8).time.total, Planner(balanced, c).predict(dp8).time.total);
 }
 
 TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
