@@ -35,6 +35,30 @@ std::vector<double> shares(const MoeLayerSeries& s, size_t first, size_t end) {
 
 }  // namespace
 
+std::vector<double> busiest_rank_load(const MoeReport& r, int64_t ep) {
+  const size_t experts = r.layers.begin()->second.routed.front().size();
+  LS_REQUIRE(ep >= 1 && experts % static_cast<size_t>(ep) == 0, "--ep: ", ep, " does not divide the run's ", experts,
+             " experts");
+  const size_t steps = r.layers.begin()->second.step.size(), held = experts / static_cast<size_t>(ep);
+  std::vector<double> load(steps, 0.0);
+  for (size_t i = 0; i < steps; ++i) {
+    double busiest = 0, average = 0;
+    for (const auto& [name, s] : r.layers) {
+      double most = 0, all = 0;
+      for (size_t first = 0; first < experts; first += held) {
+        const double rows = std::accumulate(s.routed[i].begin() + static_cast<std::ptrdiff_t>(first),
+                                            s.routed[i].begin() + static_cast<std::ptrdiff_t>(first + held), 0.0);
+        most = std::max(most, rows);
+        all += rows;
+      }
+      busiest += most;
+      average += all / static_cast<double>(ep);
+    }
+    load[i] = average > 0 ? busiest / average : 1;
+  }
+  return load;
+}
+
 MoeReport read_moe_report(const std::string& metrics_path) {
   MoeReport r;
   for_each_metrics_record(metrics_path, [&](const nlohmann::json& j, int64_t n) {
@@ -65,7 +89,7 @@ MoeReport read_moe_report(const std::string& metrics_path) {
   return r;
 }
 
-void print_moe_report(const MoeReport& r, std::ostream& out) {
+void print_moe_report(const MoeReport& r, std::ostream& out, int64_t ep) {
   const MoeLayerSeries& any = r.layers.begin()->second;
   out << "moe report: " << r.layers.size() << " MoE layers, " << any.step.size() << " steps, "
       << any.routed.front().size() << " experts each\n"
@@ -81,6 +105,14 @@ void print_moe_report(const MoeReport& r, std::ostream& out) {
     out << "    experts' shares (last tenth):";
     for (double x : shares(s, n - k, n)) out << " " << std::setprecision(3) << x;
     out << "\n";
+  }
+  if (ep > 1) {
+    const std::vector<double> load = busiest_rank_load(r, ep);
+    const size_t n = load.size(), k = std::max<size_t>(1, n / 10);
+    out << "expert parallelism over " << ep << " ranks (" << any.routed.front().size() / static_cast<size_t>(ep)
+        << " experts each): the busiest rank's routed rows over the mean, summed over the layers, "
+        << std::setprecision(3) << mean(load, 0, k) << " -> " << mean(load, n - k, n) << " (worst "
+        << *std::max_element(load.begin(), load.end()) << "); lockstep plan --moe-load " << mean(load, n - k, n) << "\n";
   }
   out << std::defaultfloat;
 }

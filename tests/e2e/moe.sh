@@ -9,7 +9,8 @@
 #    bf16 linears, and with fp8 linears under Hopper accumulation, one hash each over their layouts;
 #  - the metrics JSONL has each MoE layer's per-expert counts every step: every token's two
 #    choices counted, the kept ones within the capacity; a dropping run drops some;
-#  - `lockstep moe report` prints each layer's load and drops and draws them;
+#  - `lockstep moe report` prints each layer's load and drops and draws them, and with --ep the
+#    busiest expert-parallel rank's load;
 #  - the model learns (the loss falls);
 #  - verify step passes a MoE run's step bitwise against the reference's emulation, also one with
 #    selection biases (read from the checkpoint); sampled reference checks while training pass a
@@ -130,6 +131,20 @@ grep -q "^moe report: 2 MoE layers, 4 steps, 4 experts each" report.txt || fail 
 [ "$(grep -cE '^  layer/[01]/moe +load [0-9.]+ -> [0-9.]+ \(worst [0-9.]+\) +dropped [0-9.]+% -> [0-9.]+%' report.txt)" = 2 ] \
   || fail "report lines: $(cat report.txt)"
 grep -q "dropped share of the choices" load.svg && head -c 5 load.svg | grep -q "<svg" || fail "no drop plot in load.svg"
+# Under expert parallelism over 2 ranks (experts 0-1 and 2-3): the busiest rank's routed rows over
+# the mean, summed over the layers, at the last step (4 steps: the last tenth is one), as
+# `lockstep plan --moe-load` takes it; counted here from the records.
+"$LOCKSTEP" moe report drop.jsonl --ep 2 > report_ep.txt || fail "moe report --ep: $(cat report_ep.txt)"
+python3 - drop.jsonl report_ep.txt <<'PY' || fail "moe report --ep 2: $(tail -2 report_ep.txt)"
+import json, re, sys
+last = [json.loads(l)["moe"] for l in open(sys.argv[1]) if "moe" in json.loads(l)][-1]
+busiest = sum(max(sum(l["routed"][:2]), sum(l["routed"][2:])) for l in last.values())
+mean = sum(sum(l["routed"]) / 2 for l in last.values())
+m = re.search(r"^expert parallelism over 2 ranks \(2 experts each\): .* -> ([0-9.]+) \(worst [0-9.]+\); "
+              r"lockstep plan --moe-load ([0-9.]+)$", open(sys.argv[2]).read(), re.M)
+assert m and abs(float(m.group(1)) - busiest / mean) < 5e-4 and m.group(1) == m.group(2), (m and m.groups(), busiest / mean)
+PY
+expect_error "--ep: 3 does not divide the run's 4 experts" "$LOCKSTEP" moe report drop.jsonl --ep 3
 "$LOCKSTEP" train --config cfg.toml --train.steps=2 --log.metrics=dense.jsonl > dense.log 2>&1
 expect_error "dense.jsonl: no moe records" "$LOCKSTEP" moe report dense.jsonl
 
