@@ -108,7 +108,7 @@ void print_moe_report(const MoeReport& r, std::ostream& out, int64_t ep) {
   }
   if (ep > 1) {
     const std::vector<double> load = busiest_rank_load(r, ep);
-    const size_t n = load.size(), k = std::max<size_t>(1, n / 10);
+    const size_t n = load.size(), k = tenth(any);
     out << "expert parallelism over " << ep << " ranks (" << any.routed.front().size() / static_cast<size_t>(ep)
         << " experts each): the busiest rank's routed rows over the mean, summed over the layers, "
         << std::setprecision(3) << mean(load, 0, k) << " -> " << mean(load, n - k, n) << " (worst "

@@ -2,7 +2,6 @@
 // (verify/moe_report.hpp): per layer the load at the start and end, drops, balancing loss, entropy
 // and the experts' shares; with --out an SVG of the load and drops over the steps and the least
 // balanced layer's experts.
-#include <charconv>
 #include <iostream>
 
 #include "src/cli/commands.hpp"
@@ -12,18 +11,6 @@
 
 namespace lockstep::cli {
 
-namespace {
-
-int64_t parse_ep(const std::string& text) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  LS_REQUIRE(ec == std::errc() && end == text.data() + text.size() && v >= 1,
-             "lockstep moe report: --ep: expected a whole number of ranks >= 1, got '", text, "'");
-  return v;
-}
-
-}  // namespace
-
 int cmd_moe(Args& args) {
   const auto& pos = args.positionals();
   LS_REQUIRE(pos.size() == 2 && pos[0] == "report",
@@ -32,7 +19,8 @@ int cmd_moe(Args& args) {
              "  layer's load, drops, balancing loss and router entropy; --out also draws them; --ep N also\n"
              "  the busiest of N expert-parallel ranks' load (lockstep plan --moe-load)\n");
   const auto out = args.take("out");
-  const int64_t ep = parse_ep(args.take_or("ep", "1"));
+  const int64_t ep = parse_count("lockstep moe report", "ep", args.take_or("ep", "1"));
+  LS_REQUIRE(ep >= 1, "lockstep moe report: --ep: expected at least one rank, got 0");
   args.finish("moe report");
   const verify::MoeReport report = verify::read_moe_report(pos[1]);
   verify::print_moe_report(report, std::cout, ep);

@@ -251,9 +251,13 @@ StepTimes timed_step(Model& model, AdamW& adamw, const TrainConfig& tc, const Be
   return t;
 }
 
-BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out) {
+void check_options(const BenchOptions& opt) {
   LS_REQUIRE(opt.steps >= 1, "--bench.steps (", opt.steps, ") must be >= 1");
   LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
+}
+
+BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out) {
+  check_options(opt);
   const TrainConfig& tc = cfg.train;
   BenchResult r;
   CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});

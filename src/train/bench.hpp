@@ -152,6 +152,9 @@ struct BenchResult {
   nlohmann::json to_json(const RunConfig& cfg) const;
 };
 
+// ConfigError naming the option where the step counts are out of range.
+void check_options(const BenchOptions& opt);
+
 // Runs the benchmark for `cfg` (loaded with ConfigUse::kBench), printing a report to `out`.
 BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out);
 

@@ -34,16 +34,18 @@ Model& initialised(Model& model) {
 
 // One side of the comparison: a model and its optimizer on the shared backend.
 struct Side {
-  Side(const RunConfig& cfg, Backend& backend)
+  Side(const RunConfig& cfg, Backend& backend, int64_t steps)
       : tc(cfg.train),
         model(cfg.model, tc.mode, tc.micro_batch(), options(backend, tc)),
-        adamw(initialised(model), tc.adamw()) {}
+        adamw(initialised(model), tc.adamw()),
+        schedule{tc.lr, tc.min_lr, tc.warmup, steps} {}
   const TrainConfig& tc;
   Model model;
   AdamW adamw;
+  LrSchedule schedule;
   std::vector<double> ms;
 
-  void step(const BenchBatches& batch, const LrSchedule& schedule, int64_t step, bool timed, comm::Communicator& self) {
+  void step(const BenchBatches& batch, int64_t step, bool timed, comm::Communicator& self) {
     const StepTimes t = timed_step(model, adamw, tc, batch, static_cast<float>(schedule.at(step)), step, self);
     if (timed) ms.push_back(t.forward_backward_ms + t.optimizer_ms);
   }
@@ -79,17 +81,14 @@ nlohmann::json PairedBench::to_json() const {
 
 PairedBench run_paired_bench(const RunConfig& run, const RunConfig& baseline, const std::string& against,
                              BenchOptions opt, std::ostream& out) {
-  LS_REQUIRE(opt.steps >= 1, "--bench.steps (", opt.steps, ") must be >= 1");
-  LS_REQUIRE(opt.warmup >= 0, "--bench.warmup (", opt.warmup, ") must be >= 0");
+  check_options(opt);
   const TrainConfig& tc = run.train;
   CpuBackend backend({tc.threads, tc.isa, tc.fast_gemm});
   // The GEMMs run_bench would choose: measured, unless [train] peak_gflops is configured.
   if (tc.peak_gflops <= 0) backend.choose_gemms(backend.measure_gemm_peak());
   comm::SelfCommunicator self;
   BenchBatches batch(run);
-  Side a(run, backend), b(baseline, backend);
-  const LrSchedule sa{tc.lr, tc.min_lr, tc.warmup, opt.warmup + opt.steps};
-  const LrSchedule sb{baseline.train.lr, baseline.train.min_lr, baseline.train.warmup, opt.warmup + opt.steps};
+  Side a(run, backend, opt.warmup + opt.steps), b(baseline, backend, opt.warmup + opt.steps);
   out << "bench: " << run.source << " against " << against << ": " << opt.warmup << " warm-up + " << opt.steps
       << " timed steps each, alternating, the step alone (no [verify] detectors); " << backend.threads() << " threads, " << backend.isa_name() << "; batch "
       << tc.batch_size << " x " << run.model.seq_len << " tokens; "
@@ -105,8 +104,8 @@ PairedBench run_paired_bench(const RunConfig& run, const RunConfig& baseline, co
     // Which side goes first alternates, so that neither always runs after the other's caches.
     Side& first = step % 2 == 0 ? a : b;
     Side& second = step % 2 == 0 ? b : a;
-    first.step(batch, &first == &a ? sa : sb, step, timed, self);
-    second.step(batch, &second == &a ? sa : sb, step, timed, self);
+    first.step(batch, step, timed, self);
+    second.step(batch, step, timed, self);
   }
   PairedBench r;
   r.against = against;
