@@ -6,6 +6,8 @@
 // probability (dropped part) / 2^16. A NaN becomes the quiet NaN with its sign.
 #pragma once
 
+#include <immintrin.h>
+
 #include <bit>
 #include <cstdint>
 
@@ -19,6 +21,21 @@ inline uint32_t bf16_nearest_bits(uint32_t b) { return bf16_nan_or(b, (b + 0x7ff
 
 // x rounded to bf16 to nearest even, held in fp32.
 inline float bf16_nearest(float x) { return std::bit_cast<float>(bf16_nearest_bits(std::bit_cast<uint32_t>(x))); }
+
+#if defined(__AVX2__)
+// Eight lanes of bf16_nearest.
+inline __m256 bf16_nearest8(__m256 x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i rounded = _mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(static_cast<int>(0x80000000u))),
+                                        _mm256_set1_epi32(0x7fc00000));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan));
+}
+#endif
 
 inline uint32_t bf16_stochastic_bits(uint32_t b, uint32_t random) {
   return bf16_nan_or(b, (b + (random >> 16)) & 0xffff0000u);

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/bf16_bits.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/matmul_fp8_accumulation.hpp"
 #include "kernels/cpu/sgemm_threads.hpp"
 #include "kernels/ops/canonical.hpp"
+#include "kernels/ops/cast.hpp"
 #include "kernels/ops/linear.hpp"
 #include "src/core/check.hpp"
 
@@ -57,12 +59,17 @@ void bias_grad_canonical(LinearShape s, const GradSink& dbias, const float* dout
   }
 }
 
-// dbias[o] += Σ_n dout[n,o] in fp32, token by token.
+// dbias[o] += Σ_n dout[n,o] in fp32, token by token; each dout rounded to bf16 first where kRound.
+template <bool kRound>
 void bias_grad_fast(LinearShape s, float* db, const float* dout) {
   // Threads take blocks of columns; every element still adds the tokens in order, onto its
   // running sum held in registers for a whole block of 64 (through dbias, which may alias dout
   // as far as the compiler knows, each addition would be a scalar load and store).
   constexpr int64_t kColumns = 64, kVectors = kColumns / 8;
+  const auto load = [](const float* p) {
+    const __m256 v = _mm256_loadu_ps(p);
+    return kRound ? bf16_nearest8(v) : v;
+  };
 #pragma omp parallel for schedule(static) if (s.N * s.OC > (int64_t{1} << 16))
   for (int64_t o0 = 0; o0 < s.OC; o0 += kColumns) {
     const int64_t o1 = std::min(o0 + kColumns, s.OC);
@@ -71,16 +78,33 @@ void bias_grad_fast(LinearShape s, float* db, const float* dout) {
       for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_loadu_ps(db + o0 + 8 * v);
       for (int64_t n = 0; n < s.N; ++n) {
         const float* row = dout + n * s.OC + o0;
-        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_add_ps(acc[v], load(row + 8 * v));
       }
       for (int64_t v = 0; v < kVectors; ++v) _mm256_storeu_ps(db + o0 + 8 * v, acc[v]);
       continue;
     }
     for (int64_t n = 0; n < s.N; ++n) {
       const float* row = dout + n * s.OC;
-      for (int64_t o = o0; o < o1; ++o) db[o] += row[o];
+      for (int64_t o = o0; o < o1; ++o) db[o] += kRound ? bf16_nearest(row[o]) : row[o];
     }
   }
+}
+
+// Whether linear_backward reads round_to_bf16(dout) without a copy: fast mode's products on the
+// VDPBF16PS build round it as they pack it (matmul_fast's round_a), the bias gradient as it adds.
+bool rounds_dout_as_read(Mode mode, LinearShape s) {
+  return s.round_dout && mode == Mode::kFast && s.accumulation == Accumulation::kFp32 &&
+         matmul_fast_rounds_a(s.operands);
+}
+
+// round_to_bf16(dout) in this thread's copy, grown to the largest output gradient and kept (no
+// allocation once the step has run).
+const float* rounded_dout(LinearShape s, const float* dout) {
+  thread_local std::vector<float> copy;
+  const auto n = static_cast<size_t>(s.N * s.OC);
+  if (copy.size() < n) copy.resize(n);
+  round_to_bf16(s.N * s.OC, copy.data(), dout);
+  return copy.data();
 }
 
 // dinp and dweight of linear_backward under the emulated FP8 accumulator.
@@ -139,6 +163,8 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
              token_offset, " must be a multiple of the canonical chunk (", chunk,
              "): a split of the token range may not cut a chunk");
   }
+  const bool round_as_read = rounds_dout_as_read(mode, s);
+  if (s.round_dout && !round_as_read) dout = rounded_dout(s, dout);
   if (s.accumulation == Accumulation::kHopperFp8) {
     hopper_backward(mode, s, dinp, dweight, dout, inp, weight);
   } else if (mode == Mode::kCanonical) {
@@ -157,18 +183,20 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
   } else {
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
       sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands,
-                    {.round_bf16 = s.round_outputs});
+                    {.round_bf16 = s.round_outputs}, round_as_read);
     }
     if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
       sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,
-                    s.operands);
+                    s.operands, {}, round_as_read);
     }
   }
   if (dbias.empty()) return;
   if (mode == Mode::kCanonical) {
     bias_grad_canonical(s, dbias, dout);
+  } else if (round_as_read) {
+    bias_grad_fast<true>(s, dbias.f32, dout);
   } else {
-    bias_grad_fast(s, dbias.f32, dout);
+    bias_grad_fast<false>(s, dbias.f32, dout);
   }
 }
 
@@ -187,6 +215,7 @@ void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const 
                                    const float* weight) {
   check_shape(s);
   LS_CHECK(!s.round_outputs, "linear_backward_dinp_partials: partial sums take no rounding to bf16");
+  if (s.round_dout) dout = rounded_dout(s, dout);
   // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
   if (s.accumulation == Accumulation::kHopperFp8) {
     return matmul_fp8_hopper(Mode::kCanonical, s.N, s.IC, s.OC, dout, s.OC, 1, weight, s.IC, 1, {.exact = &dinp});

@@ -81,11 +81,20 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
 // in order; the epilogue's bias is added to the first block's result (one addition, where copying
 // the bias into C to add it with beta = 1 wrote and read C once more) and its rounding to bf16
 // applies as the last block is stored. No canonical order: the accuracy of any sgemm
-// (docs/numerics.md, "Error bounds": the fast-mode dot bound).
+// (docs/numerics.md, "Error bounds": the fast-mode dot bound). With round_a, the product of
+// round_to_bf16(A) (kernels/ops/cast.hpp) and B, A's elements rounded as they are packed: a bf16
+// product whose A is not stored in bf16 (a linear's output gradient) without the rounded copy;
+// only where matmul_fast_rounds_a(operands). The packing's VCVTNE2PS2BF16 also flushes fp32
+// subnormals to zero; VDPBF16PS flushes bf16 subnormals anyway, so the result has the rounded
+// copy's bits except where A holds an fp32 subnormal that rounds up to the smallest normal bf16
+// (within the flush term of the fast-mode bound) or a NaN with a payload.
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t sam, int64_t sak,  // (M, K)
                  const float* B, int64_t sbk, int64_t sbn,  // (K, N)
                  float beta, float* C, int64_t ldc,         // (M, N)
-                 Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {});
+                 Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, bool round_a = false);
+// Whether matmul_fast takes round_a for these operands: where they run the VDPBF16PS build, whose
+// packing converts every element anyway.
+bool matmul_fast_rounds_a(Operands operands);
 
 }  // namespace lockstep::cpu

@@ -231,17 +231,7 @@ inline VecD dabsmax(VecD big, VecD t) {
 }
 // min(small, |p|) over nonzero p: ±0 becomes +inf before the minimum.
 inline VecF vinf() { return _mm256_set1_ps(__builtin_huge_valf()); }
-inline VecF vround_bf16(VecF x) {
-  const __m256i b = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i up = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
-  const __m256i rounded = _mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
-  const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(static_cast<int>(0x80000000u))),
-                                        _mm256_set1_epi32(0x7fc00000));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan));
-}
+inline VecF vround_bf16(VecF x) { return bf16_nearest8(x); }
 inline VecF vabsmin_nonzero(VecF small, VecF p) {
   const VecF a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), p);
   const VecF q = _mm256_blendv_ps(a, vinf(), _mm256_cmp_ps(a, vzero(), _CMP_EQ_OQ));
@@ -1000,12 +990,37 @@ inline VecF vloadu_first(const float* p, int64_t n) {
   return n >= kLanes ? vloadu(p) : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1), p);
 }
 
+// The pair words of fp32 values that are not bf16 yet (matmul_fast's round_a), each rounded to
+// nearest even by VCVTNE2PS2BF16, whose 16-bit element i holds its second operand's lane i and
+// element 16 + i its first operand's; the instruction also flushes fp32 subnormals to zero
+// (matmul.hpp). As pair_words: lane j holds x_k[j]'s bf16 above x_k1[j]'s.
+inline VecF rounded_pair_words(VecF xk, VecF xk1) {
+  alignas(64) static constexpr uint16_t kIndex[32] = {16, 0, 17, 1, 18, 2,  19, 3,  20, 4,  21, 5,  22, 6,  23, 7,
+                                                      24, 8, 25, 9, 26, 10, 27, 11, 28, 12, 29, 13, 30, 14, 31, 15};
+  const auto r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(xk1, xk));
+  return _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_load_si512(kIndex), r));
+}
+// As pair_words_along: element m of the conversion holds x[m], and word j takes x[2j] above
+// x[2j + 1], so each 32-bit lane's halves swap.
+inline VecF rounded_pair_words_along(VecF v0, VecF v1) {
+  return _mm512_castsi512_ps(_mm512_rol_epi32(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0)), 16));
+}
+
+// A value of a strided operand as packed: where `round`, rounded to bf16 as the vector paths'
+// VCVTNE2PS2BF16 rounds it (nearest even, an fp32 subnormal flushed to a zero of its sign).
+inline float rounded_packed_value(float v, bool round) {
+  if (!round) return v;
+  return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : bf16_nearest(v);
+}
+
 // pack_panels for pair-packed operands: panel q holds, for every pair (k, k + 1) of k < K, the pair
-// words of its kWidth indices, written to out + q·packed_k(K)·kWidth as packed_k(K) rows of kWidth
-// (zero past n and past K), and its PanelKey to keys[q].
+// words of its kWidth indices (x's values rounded to bf16 first where `round`, no key seen: the
+// panel's values are bf16 then by construction), written to
+// out + q·packed_k(K)·kWidth as packed_k(K) rows of kWidth (zero past n and past K), and its
+// PanelKey to keys[q].
 template <int kWidth, bool kExponents>
 void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, int64_t s_i, int64_t s_k,
-                float* out, PanelKey* keys) {
+                bool round, float* out, PanelKey* keys) {
   const int64_t K2 = packed_k(K);
   if (s_k != 1 && s_i == 1) {
     // Indices contiguous, the k's in rows s_k apart: two rows make a row of pair words.
@@ -1019,10 +1034,15 @@ void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, in
           const int64_t valid = std::min<int64_t>({kLanes, kWidth - h * kLanes, n - i0});
           const VecF v0 = vloadu_first(row0 + i0, valid);
           const VecF v1 = has_k1 ? vloadu_first(row0 + s_k + i0, valid) : vzero();
-          scans[q - q0].see(v0);
-          scans[q - q0].see(v1);
-          vstore_first(out + (q * K2 + p) * kWidth + h * kLanes, pair_words(v0, v1),
-                       std::min(kLanes, kWidth - h * kLanes));
+          VecF words;
+          if (round) {
+            words = rounded_pair_words(v0, v1);
+          } else {
+            scans[q - q0].see(v0);
+            scans[q - q0].see(v1);
+            words = pair_words(v0, v1);
+          }
+          vstore_first(out + (q * K2 + p) * kWidth + h * kLanes, words, std::min(kLanes, kWidth - h * kLanes));
         }
       }
     }
@@ -1047,6 +1067,10 @@ void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, in
             }
             const float* row = src + (h * kLanes + i) * s_i + k;
             const VecF v0 = vloadu_first(row, K - k), v1 = vloadu_first(row + kLanes, K - k - kLanes);
+            if (round) {
+              r[i] = rounded_pair_words_along(v0, v1);
+              continue;
+            }
             scan.see(v0);
             scan.see(v1);
             r[i] = pair_words_along(v0, v1);
@@ -1060,8 +1084,8 @@ void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, in
     } else {
       for (int64_t p = 0; p < K2; ++p) {
         for (int i = 0; i < kWidth; ++i) {
-          const float xk = i < valid ? src[i * s_i + 2 * p * s_k] : 0.0f;
-          const float xk1 = i < valid && 2 * p + 1 < K ? src[i * s_i + (2 * p + 1) * s_k] : 0.0f;
+          const float xk = i < valid ? rounded_packed_value(src[i * s_i + 2 * p * s_k], round) : 0.0f;
+          const float xk1 = i < valid && 2 * p + 1 < K ? rounded_packed_value(src[i * s_i + (2 * p + 1) * s_k], round) : 0.0f;
           scan.see(xk);
           scan.see(xk1);
           dst[p * kWidth + i] = std::bit_cast<float>((std::bit_cast<uint32_t>(xk) & 0xffff0000u) |
@@ -1075,10 +1099,11 @@ void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, in
 
 // pack_rows for pair-packed operands: K block kblk of A micro-panel p at
 // out + (p·k_blocks + kblk)·kMr·a_stride, its row r (M's row p·kMr + r, zeros past M) the pair
-// words of the block's k's, a_stride words after row r − 1; the panel's PanelKey to keys[p].
+// words of the block's k's (rounded to bf16 first where `round`), a_stride words after row r − 1;
+// the panel's PanelKey to keys[p].
 template <bool kExponents>
 void pack_pair_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, int64_t k_blocks, const float* A,
-                    int64_t sam, int64_t a_stride, float* out, PanelKey* keys) {
+                    int64_t sam, int64_t a_stride, bool round, float* out, PanelKey* keys) {
   for (int64_t p = p0; p < p1; ++p) {
     KeyScan<kExponents> scan;
     for (int64_t kblk = 0; kblk < k_blocks; ++kblk) {
@@ -1094,10 +1119,15 @@ void pack_pair_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, in
         const float* row = A + m * sam + k0;
         for (int64_t k = 0; k < len; k += 2 * kLanes) {
           const VecF v0 = vloadu_first(row + k, len - k), v1 = vloadu_first(row + k + kLanes, len - k - kLanes);
-          scan.see(v0);
-          scan.see(v1);
-          vstore_first(row_out + k / 2, pair_words_along(v0, v1),
-                       static_cast<int>(std::min<int64_t>(kLanes, packed_k(len) - k / 2)));
+          VecF words;
+          if (round) {
+            words = rounded_pair_words_along(v0, v1);
+          } else {
+            scan.see(v0);
+            scan.see(v1);
+            words = pair_words_along(v0, v1);
+          }
+          vstore_first(row_out + k / 2, words, static_cast<int>(std::min<int64_t>(kLanes, packed_k(len) - k / 2)));
         }
       }
     }
@@ -1306,6 +1336,7 @@ struct Sink {
   ExactAccumulator* acc = nullptr;
   int64_t offset = 0;
   float alpha = 1.0f, beta = 0.0f;  // Output::kFast
+  bool round_a = false;             // Output::kFast of pair-packed operands: A rounded to bf16 as packed
 };
 
 // The scalar specification for one element of Output::kRound, then the epilogue.
@@ -1495,9 +1526,10 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
               [&](int64_t p0, int64_t p1) {
 #if defined(LS_BF16_PAIRS)
                 if (a_stride != 0) {
-                  pack_pair_rows<kExponents>(p0, p1, M, K, kb, k_blocks, A, sam, a_stride, apack, keys.data());
+                  pack_pair_rows<kExponents>(p0, p1, M, K, kb, k_blocks, A, sam, a_stride, sink.round_a, apack,
+                                             keys.data());
                 } else {
-                  pack_pairs<kMr, kExponents>(p0, p1, M, K, A, sam, sak, apack, keys.data());
+                  pack_pairs<kMr, kExponents>(p0, p1, M, K, A, sam, sak, sink.round_a, apack, keys.data());
                 }
 #else
                 if (a_stride != 0) {
@@ -1509,7 +1541,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
               },
               [&](int64_t q0, int64_t q1) {
 #if defined(LS_BF16_PAIRS)
-                pack_pairs<kNr, kExponents>(q0, q1, N, K, B, sbn, sbk, bpack, keys.data() + a_panels);
+                pack_pairs<kNr, kExponents>(q0, q1, N, K, B, sbn, sbk, false, bpack, keys.data() + a_panels);
 #else
                 pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack);
 #endif
@@ -1550,8 +1582,10 @@ void matmul_chunk_partials_packed(int64_t M, int64_t N, int64_t K, float* C, int
 
 void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam,
                         int64_t sak, const float* B, int64_t sbk, int64_t sbn, float beta, float* C,
-                        int64_t ldc, MatmulEpilogue epilogue) {
+                        int64_t ldc, MatmulEpilogue epilogue, bool round_a) {
+  LS_CHECK(!round_a || kPairs, "matmul_fast: A rounded as packed needs the pair-packed build");
   Sink sink;
+  sink.round_a = round_a;
   sink.C = C;
   sink.ldc = ldc;
   sink.alpha = alpha;

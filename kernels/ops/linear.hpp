@@ -45,6 +45,10 @@ struct LinearShape {
   // included: fast mode rounds as its GEMM stores them. The partials ops take no rounding (their
   // sums are rounded once combined).
   bool round_outputs = false;
+  // The backward ops read round_to_bf16(dout) wherever the contract above reads dout (a bf16
+  // linear's output gradient, which the caller keeps in fp32): rounded as the products pack it
+  // where they can, else into a copy first. dout itself is not written.
+  bool round_dout = false;
   Accumulation accumulation = Accumulation::kFp32;
 };
 

@@ -261,7 +261,6 @@ class LayerContext {
   PrecisionRecipe precision_;
   std::vector<const ParamTensor*> copied_weights_;  // the weights of bf16 linears
   std::vector<float> weight_copies_;                // at the params' offsets (bf16 linears' weights only)
-  std::vector<float> cast_scratch_;                 // bf16 linears' output-gradient copies
   std::unique_ptr<Fp8State> fp8_;
   Fp8Scratch fp8_scratch_;
   std::map<const ParamTensor*, Fp8WeightCopies> fp8_weights_;  // allocated once: their addresses are fixed

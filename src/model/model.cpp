@@ -98,9 +98,8 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
                                                const std::string& name, LinearRows rows) {
   std::unique_ptr<LinearOp> op = plan_.linear(layer, weight, rows);
   if (!low_precision(name)) return op;
-  const bool stream_output = weight.split_dim == 1 && rows == LinearRows::kStream;
   // bf16 parameters are their own bf16 copy.
-  if (precision_.bf16_params()) return bf16_linear(std::move(op), plan_, stream_output, cast_scratch_);
+  if (precision_.bf16_params()) return bf16_linear(std::move(op));
   if (std::find(copied_weights_.begin(), copied_weights_.end(), &weight) == copied_weights_.end()) {
     copied_weights_.push_back(&weight);
   }
@@ -110,9 +109,10 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
     Fp8WeightCopies& copies = fp8_weights_[&weight];
     copies.rowwise.resize(static_cast<size_t>(weight.numel));
     if (precision_.fp8.scaling == Fp8Scaling::kMxfp8) copies.columnwise.resize(static_cast<size_t>(weight.numel));
+    const bool stream_output = weight.split_dim == 1 && rows == LinearRows::kStream;
     return fp8_linear(std::move(op), {plan_, *fp8_, [this] { return recording(); }, fp8_scratch_, &fp8_tap_}, name, stream_output, copies);
   }
-  return bf16_linear(std::move(op), plan_, stream_output, cast_scratch_);
+  return bf16_linear(std::move(op));
 }
 
 void LayerContext::refresh_weight_copies() {

@@ -211,11 +211,8 @@ class ForwardingPlan : public ModelPlan {
 };
 
 // `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output
-// gradient read through a bf16 copy in `scratch` (grown as needed, shared by the model's bf16
-// linears), its product and input gradient rounded to bf16. stream_output: its output and output
-// gradient hold this rank's stream rows only (a row-parallel op on the stream: LinearRows).
-std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const ModelPlan& plan, bool stream_output,
-                                      std::vector<float>& scratch);
+// gradient read rounded to bf16, its product and input gradient rounded to bf16.
+std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner);
 
 class Fp8State;
 

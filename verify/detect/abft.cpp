@@ -175,9 +175,19 @@ void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset
   const bool canonical = mode == Mode::kCanonical, has_dw = !dweight.empty();
   const ProductView dx = {.f32 = dinp, .M = s.N, .N = s.IC}, dw = view_of(dweight, s.OC, s.IC);
   if (has_dw) checksums_before(dw);
+  dout = dout_as_read(s, dout);
   inner().linear_backward(mode, unrounded(s), token_offset, dinp, dweight, dbias, dout, inp, weight);
   check_backward(canonical, s, dx, dw, dout, inp, weight);
   if (s.round_outputs && dinp != nullptr) inner().round_to_bf16(s.N * s.IC, dinp, dinp);
+}
+
+const float* AbftBackend::dout_as_read(LinearShape& s, const float* dout) {
+  if (!s.round_dout || !check_) return dout;
+  s.round_dout = false;
+  const auto n = static_cast<size_t>(s.N * s.OC);
+  if (rounded_dout_.size() < n) rounded_dout_.resize(n);
+  inner().round_to_bf16(s.N * s.OC, rounded_dout_.data(), dout);
+  return rounded_dout_.data();
 }
 
 void AbftBackend::check_backward(bool canonical, LinearShape s, const ProductView& dx, const ProductView& dw,
@@ -233,6 +243,7 @@ void AbftBackend::linear_backward_dinp_partials(LinearShape s, ExactAccumulator&
                                                 const float* weight) {
   const ProductView c = view_of(dinp, s.N, s.IC);
   checksums_before(c);
+  dout = dout_as_read(s, dout);
   inner().linear_backward_dinp_partials(s, dinp, dout, weight);
   const int site = site_of(weight, GemmProduct::kInputGrad);
   if (hook_) hook_(site_name(site), c);
