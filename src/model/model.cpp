@@ -458,8 +458,10 @@ const float* Model::stage_output(int64_t mb, size_t chunk) const {
   return layers_[c.layer_end - 1]->output(find(c, mb).pass.slot);
 }
 
-void Model::run_forward(Chunk& c, Slot& s) {
-  ctx_.refresh_weight_copies();
+void Model::run_forward(Chunk& c, Slot& s, bool first_of_step) {
+  // The parameters change between steps only, so their bf16 copies are made once a step, at its
+  // first micro-batch, as TransformerEngine casts its weights on the first micro-batch only.
+  if (first_of_step) ctx_.refresh_weight_copies();
   for (size_t i = c.layer_begin; i < c.layer_end; ++i) {
     ctx_.gather_layer(i, i + 1 < c.layer_end ? i + 1 : SIZE_MAX);
     layers_[i]->forward(ctx_, s.pass, layer_input(c, s, i));
@@ -468,7 +470,7 @@ void Model::run_forward(Chunk& c, Slot& s) {
 
 void Model::forward(int64_t mb, const MicroBatch& batch, size_t chunk) {
   Chunk& c = chunks_.at(chunk);
-  run_forward(c, acquire(c, mb, batch));
+  run_forward(c, acquire(c, mb, batch), mb == 0);
 }
 
 const float* Model::layer_input(const Chunk& c, const Slot& s, size_t i) const {
@@ -531,8 +533,9 @@ void Model::forward_backward_batch(const int32_t* inputs, const int32_t* targets
                                    int64_t first_token, float dloss, ChunkCombiner& loss_sum) {
   LS_CHECK(MB >= 1 && B % MB == 0, "batch ", B, " is not a multiple of micro-batch ", MB);
   const int64_t T = desc_.config.seq_len;
+  Chunk& c = chunks_.at(0);
   for (int64_t mb = 0; mb < B / MB; ++mb) {
-    forward(0, {inputs + mb * MB * T, targets + mb * MB * T, MB, first_token + mb * MB * T});
+    run_forward(c, acquire(c, 0, {inputs + mb * MB * T, targets + mb * MB * T, MB, first_token + mb * MB * T}), mb == 0);
     backward(0, dloss, loss_sum, mb == B / MB - 1);
   }
 }
@@ -549,7 +552,7 @@ const float* Model::eval_forward(int64_t mb, const MicroBatch& batch, ChunkCombi
   s.pass.eval = true;
   s.pass.loss_sum = &loss_sum;
   ctx_.evaluating_ = true;  // evaluation leaves the fp8 statistics alone
-  run_forward(c, s);
+  run_forward(c, s, true);
   ctx_.evaluating_ = false;
   s.mb = -1;
   return layers_[c.layer_end - 1]->output(s.pass.slot);

@@ -205,7 +205,9 @@ class Model {
 
   // Forward of micro-batch `mb` (an id of the caller's: distinct among those in flight in the
   // chunk) through chunk `chunk`; the tokens are copied, so the caller's buffers may change after
-  // the call.
+  // the call. Micro-batch 0 is a step's first: its forward makes the bf16 linears' weight copies
+  // from the parameters, which the step's other micro-batches reuse (so the first forward after
+  // the parameters change is micro-batch 0's).
   void forward(int64_t mb, const MicroBatch& batch, size_t chunk = 0);
   // Backward of micro-batch `mb` through chunk `chunk` (after its forward there): the loss layer
   // computes the per-token losses with their gradient scaled by dloss (1 / tokens in the global
@@ -261,7 +263,7 @@ class Model {
   Slot& acquire(Chunk& c, int64_t mb, const MicroBatch& batch);
   Slot& find(Chunk& c, int64_t mb);
   const Slot& find(const Chunk& c, int64_t mb) const;
-  void run_forward(Chunk& c, Slot& s);
+  void run_forward(Chunk& c, Slot& s, bool first_of_step);
   // Layer i's input in chunk c for the micro-batch in slot s: the previous layer's output, the
   // chunk's stage input, or nothing (the embedding reads tokens).
   const float* layer_input(const Chunk& c, const Slot& s, size_t i) const;

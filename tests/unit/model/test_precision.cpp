@@ -130,5 +130,51 @@ TEST(PrecisionRecipe, ABf16ProductIsTheFp32LinearOfTheRoundedOperandsRounded) {
   EXPECT_EQ(0, std::memcmp(out.data(), seen.at("layer/0/attn/qkv").data(), out.size() * sizeof(float)));
 }
 
+// The bf16 copies of the weights are made from the parameters at each step's first micro-batch
+// and reused by its others: after a step of four micro-batches the copy is the rounding of the
+// parameters it ran on, after the parameters change the next step's copy is theirs, and a change
+// in the middle of a step reaches the copies only at the next micro-batch 0.
+TEST(PrecisionRecipe, WeightCopiesAreMadeAtEachStepsFirstMicroBatch) {
+  PrecisionRecipe bf16;
+  bf16.linears = Precision::kBf16;
+  const ModelConfig cfg{.vocab_size = 96, .seq_len = 64, .d_model = 64, .n_layers = 2, .n_heads = 4, .seed = 3};
+  Model model(cfg, Mode::kCanonical, 1, ModelOptions{.precision = bf16});
+  model.init_parameters();
+  const ParamTensor& w = model.param("layer/1/mlp/fc/weight");
+  CpuBackend cpu = CpuBackend::current();
+  const auto copy_is_rounded_params = [&] {
+    std::vector<float> want(model.params() + w.offset, model.params() + w.offset + w.numel);
+    cpu.round_to_bf16(w.numel, want.data(), want.data());
+    return std::memcmp(want.data(), model.weight_copy(w), want.size() * sizeof(float)) == 0;
+  };
+  const auto halve_params = [&] {
+    for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= 0.5f;
+  };
+  std::mt19937 gen(7);
+  std::vector<int32_t> tok(4 * 64 + 1);
+  for (auto& x : tok) x = static_cast<int32_t>(gen() % 96);
+  ChunkCombiner loss;
+  const auto step = [&] {
+    model.zero_grad();
+    model.forward_backward_batch(tok.data(), tok.data() + 1, 4, 1, 0, 1.0f / 256, loss);
+  };
+  step();
+  EXPECT_TRUE(copy_is_rounded_params());
+  halve_params();
+  EXPECT_FALSE(copy_is_rounded_params());
+  step();
+  EXPECT_TRUE(copy_is_rounded_params()) << "the second step ran on the first step's copies";
+
+  model.zero_grad();
+  model.forward(0, {tok.data(), tok.data() + 1, 1, 0});
+  model.backward(0, 1.0f / 256, loss, false);
+  halve_params();
+  model.forward(1, {tok.data() + 64, tok.data() + 65, 1, 64});
+  model.backward(1, 1.0f / 256, loss, true);
+  EXPECT_FALSE(copy_is_rounded_params()) << "micro-batch 1 made the copies again";
+  model.forward(0, {tok.data(), tok.data() + 1, 1, 0});
+  EXPECT_TRUE(copy_is_rounded_params());
+}
+
 }  // namespace
 }  // namespace lockstep
