@@ -339,7 +339,7 @@ uint32_t lanes_exact_bits(const LaneSums& v) {
 
 // kLanes double sums (p[0]: the first kHalf) rounded to fp32 once, then + bias, then rounded to
 // bf16 where `round` — the scalar epilogue's operations (store_element_spec) element by element.
-inline void store_rounded(const VecD p[2], float* c, const float* bias, bool round) {
+[[gnu::always_inline]] inline void store_rounded(const VecD p[2], float* c, const float* bias, bool round) {
   VecF x = narrow(p[0], p[1]);
   if (bias != nullptr) x = vadd(x, vloadu(bias));
   vstoreu(c, round ? vround_bf16(x) : x);
