@@ -122,18 +122,7 @@ inline VecD dabsmax(VecD big, VecD t) { return _mm512_range_pd(big, t, 0x0B); }
 // the sign are not all zero; a ±0 lane keeps small. (Not VFIXUPIMMPS mapping ±0 to +inf: on Zen 5
 // it issues on the FMA pipes.)
 inline VecF vinf() { return _mm512_set1_ps(__builtin_huge_valf()); }
-// Each lane rounded to bf16 by bf16_bits.hpp's bf16_nearest_bits, held in fp32.
-inline VecF vround_bf16(VecF x) {
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, b, 16), _mm512_set1_epi32(1));
-  const __m512i up = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb);
-  const __m512i rounded = _mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-  const __m512i magnitude = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
-  const __m512i quiet = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
-                                        _mm512_set1_epi32(0x7fc00000));
-  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(rounded, nan, quiet));
-}
+inline VecF vround_bf16(VecF x) { return bf16_nearest16(x); }
 inline VecF vabsmin_nonzero(VecF small, VecF p) {
   const __mmask16 nonzero =
       _mm512_test_epi32_mask(_mm512_castps_si512(p), _mm512_set1_epi32(0x7fffffff));
@@ -1001,9 +990,22 @@ inline VecF rounded_pair_words(VecF xk, VecF xk1) {
   return _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_load_si512(kIndex), r));
 }
 // As pair_words_along: element m of the conversion holds x[m], and word j takes x[2j] above
-// x[2j + 1], so each 32-bit lane's halves swap.
+// x[2j + 1], so each 32-bit lane's halves swap (the zero-masked rotate, for the reason given at
+// dwiden()).
 inline VecF rounded_pair_words_along(VecF v0, VecF v1) {
-  return _mm512_castsi512_ps(_mm512_rol_epi32(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0)), 16));
+  return _mm512_castsi512_ps(
+      _mm512_maskz_rol_epi32(0xffff, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0)), 16));
+}
+
+// The pair words of two vectors as a panel holds them — of two k's of kLanes indices
+// (pair_words), or kAlong, of 32 consecutive k's of one index (pair_words_along): rounded where
+// `round`, else seen by the panel's key scan first (the words of values that are bf16 already).
+template <bool kAlong, class Scan>
+[[gnu::always_inline]] inline VecF packed_pair_words(VecF v0, VecF v1, bool round, Scan& scan) {
+  if (round) return kAlong ? rounded_pair_words_along(v0, v1) : rounded_pair_words(v0, v1);
+  scan.see(v0);
+  scan.see(v1);
+  return kAlong ? pair_words_along(v0, v1) : pair_words(v0, v1);
 }
 
 // A value of a strided operand as packed: where `round`, rounded to bf16 as the vector paths'
@@ -1034,15 +1036,8 @@ void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, in
           const int64_t valid = std::min<int64_t>({kLanes, kWidth - h * kLanes, n - i0});
           const VecF v0 = vloadu_first(row0 + i0, valid);
           const VecF v1 = has_k1 ? vloadu_first(row0 + s_k + i0, valid) : vzero();
-          VecF words;
-          if (round) {
-            words = rounded_pair_words(v0, v1);
-          } else {
-            scans[q - q0].see(v0);
-            scans[q - q0].see(v1);
-            words = pair_words(v0, v1);
-          }
-          vstore_first(out + (q * K2 + p) * kWidth + h * kLanes, words, std::min(kLanes, kWidth - h * kLanes));
+          vstore_first(out + (q * K2 + p) * kWidth + h * kLanes, packed_pair_words<false>(v0, v1, round, scans[q - q0]),
+                       std::min(kLanes, kWidth - h * kLanes));
         }
       }
     }
@@ -1067,13 +1062,7 @@ void pack_pairs(int64_t q0, int64_t q1, int64_t n, int64_t K, const float* x, in
             }
             const float* row = src + (h * kLanes + i) * s_i + k;
             const VecF v0 = vloadu_first(row, K - k), v1 = vloadu_first(row + kLanes, K - k - kLanes);
-            if (round) {
-              r[i] = rounded_pair_words_along(v0, v1);
-              continue;
-            }
-            scan.see(v0);
-            scan.see(v1);
-            r[i] = pair_words_along(v0, v1);
+            r[i] = packed_pair_words<true>(v0, v1, round, scan);
           }
           transpose(r);
           for (int64_t p = 0; p < kLanes && k / 2 + p < K2; ++p) {
@@ -1119,15 +1108,8 @@ void pack_pair_rows(int64_t p0, int64_t p1, int64_t M, int64_t K, int64_t kb, in
         const float* row = A + m * sam + k0;
         for (int64_t k = 0; k < len; k += 2 * kLanes) {
           const VecF v0 = vloadu_first(row + k, len - k), v1 = vloadu_first(row + k + kLanes, len - k - kLanes);
-          VecF words;
-          if (round) {
-            words = rounded_pair_words_along(v0, v1);
-          } else {
-            scan.see(v0);
-            scan.see(v1);
-            words = pair_words_along(v0, v1);
-          }
-          vstore_first(row_out + k / 2, words, static_cast<int>(std::min<int64_t>(kLanes, packed_k(len) - k / 2)));
+          vstore_first(row_out + k / 2, packed_pair_words<true>(v0, v1, round, scan),
+                       static_cast<int>(std::min<int64_t>(kLanes, packed_k(len) - k / 2)));
         }
       }
     }
@@ -1583,7 +1565,6 @@ void matmul_chunk_partials_packed(int64_t M, int64_t N, int64_t K, float* C, int
 void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam,
                         int64_t sak, const float* B, int64_t sbk, int64_t sbn, float beta, float* C,
                         int64_t ldc, MatmulEpilogue epilogue, bool round_a) {
-  LS_CHECK(!round_a || kPairs, "matmul_fast: A rounded as packed needs the pair-packed build");
   Sink sink;
   sink.round_a = round_a;
   sink.C = C;
