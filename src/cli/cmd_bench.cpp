@@ -53,7 +53,8 @@ int bench_collectives(Args& args) {
   args.finish("bench --collectives");
   const double largest_bytes = static_cast<double>(largest_kib) * 1024;
   const comm::JobWorld job = comm::job_world(600);
-  const plan::CollectiveBench r = plan::bench_collectives(*job.world, repeats, largest_bytes);
+  CpuBackend backend(CpuSettings{1});  // a rank of the local cluster: one thread
+  const plan::CollectiveBench r = plan::bench_collectives(*job.world, backend, repeats, largest_bytes);
   if (job.world->rank() != 0) return 0;
   if (r.ranks == 1) {
     std::cout << "collectives: one process, nothing to time (run it under mpirun)\n";
@@ -73,7 +74,10 @@ int bench_collectives(Args& args) {
               << o.seconds * 1e6 << " us\n";
   }
   std::cout << "ring model t = 2(n-1) alpha + 2(n-1)/n S/beta: alpha " << std::setprecision(2) << r.fit.latency * 1e6
-            << " us, beta " << r.fit.bandwidth / 1e9 << " GB/s\n";
+            << " us, beta " << r.fit.bandwidth / 1e9 << " GB/s\n"
+            << "skew at a synchronisation: " << std::setprecision(1) << 100 * r.skew.share
+            << "% of the compute before it (segments of " << r.skew.segment_seconds * 1e3 << " ms each followed by a 4 KiB "
+            << "all-reduce, against both apart; the median of " << r.skew.rounds << " rounds)\n";
   if (json_path) write_json(*json_path, r.to_json());
   return 0;
 }

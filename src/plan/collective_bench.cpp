@@ -30,7 +30,7 @@ Link fit_ring_all_reduce(const std::vector<CollectiveSample>& samples, int64_t n
   return {2 * k / static_cast<double>(n) / std::max(c1, kTiny), std::max(c0, kTiny) / (2 * k)};
 }
 
-CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats, double largest_bytes) {
+CollectiveBench bench_collectives(comm::Communicator& world, Backend& backend, int64_t repeats, double largest_bytes) {
   LS_REQUIRE(repeats >= 1, "lockstep bench --collectives: repeats must be >= 1");
   CollectiveBench r;
   r.ranks = world.size();
@@ -96,6 +96,7 @@ CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats, do
                                             })});
   }
   r.fit = fit_ring_all_reduce(r.all_reduce, r.ranks);
+  r.skew = measure_sync_skew(world, backend, std::max<int64_t>(repeats, 7));
   return r;
 }
 
@@ -112,7 +113,10 @@ nlohmann::json CollectiveBench::to_json() const {
           {"exact_reduce_scatter", samples(exact_reduce_scatter)},
           {"exact_reduce_scatter_owned", samples(exact_reduce_scatter_owned)},
           {"latency_us", fit.latency * 1e6},
-          {"bandwidth_gbs", fit.bandwidth / 1e9}};
+          {"bandwidth_gbs", fit.bandwidth / 1e9},
+          {"sync_skew", skew.share},
+          {"sync_skew_segment_us", skew.segment_seconds * 1e6},
+          {"sync_skew_rounds", skew.rounds}};
 }
 
 CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::string& where) {
@@ -130,6 +134,8 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
     LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where,
                ": expected ranks >= 1 and, for more than one, two sizes or more");
     r.fit = {j.at("bandwidth_gbs").get<double>() * 1e9, j.at("latency_us").get<double>() * 1e-6};
+    r.skew = {j.at("sync_skew").get<double>(), j.at("sync_skew_segment_us").get<double>() * 1e-6,
+              j.at("sync_skew_rounds").get<int64_t>()};
   } catch (const nlohmann::json::exception& e) {
     throw DataError(str_cat(where, ": not a `lockstep bench --collectives` report (", e.what(), ")"));
   }

@@ -6,7 +6,8 @@
 // into running exact sums (ZeRO-2's, exact_reduce_scatter_add: split evenly, and owned by one
 // rank) over the same sizes, whose exact additions cost compute as well as bytes. Every size runs
 // `repeats` times after one untimed run; a run's time is the slowest rank's (the collective ends
-// for the job when it ends there), and the median is kept.
+// for the job when it ends there), and the median is kept. Beside them, the ranks' skew at a
+// synchronisation (sync_skew.hpp).
 // The local cluster of `lockstep plan --cluster local` is built from these figures.
 #pragma once
 
@@ -17,6 +18,7 @@
 
 #include "src/comm/communicator.hpp"
 #include "src/plan/cluster.hpp"
+#include "src/plan/sync_skew.hpp"
 
 namespace lockstep::plan {
 
@@ -29,6 +31,7 @@ struct CollectiveBench {
   // rank's shard (a bucket smaller than a shard).
   std::vector<CollectiveSample> exact_reduce_scatter, exact_reduce_scatter_owned;
   Link fit;                   // α and β of the ring model, least squares over the samples
+  SyncSkew skew;
   nlohmann::json to_json() const;
 };
 
@@ -36,9 +39,10 @@ struct CollectiveBench {
 inline constexpr int64_t kMaxCollectiveFloats = int64_t{1} << 22;
 
 // Collective over `world` (every rank returns the same figures); nothing to time in a world of one.
+// `backend` computes the skew's segments (one thread, as a rank of the local cluster).
 // Sizes from 4 KiB by factors of 4 up to the first that holds `largest_bytes` (16 KiB at least,
 // 16 MiB at most): the cost model prices larger messages from the fit beyond the largest sample.
-CollectiveBench bench_collectives(comm::Communicator& world, int64_t repeats,
+CollectiveBench bench_collectives(comm::Communicator& world, Backend& backend, int64_t repeats,
                                   double largest_bytes = 4.0 * kMaxCollectiveFloats);
 
 CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::string& where);

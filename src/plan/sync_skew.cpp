@@ -1,0 +1,62 @@
+#include "src/plan/sync_skew.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "src/core/check.hpp"
+#include "src/train/bench.hpp"
+
+namespace lockstep::plan {
+
+SyncSkew measure_sync_skew(comm::Communicator& world, Backend& backend, int64_t rounds, int64_t segments) {
+  LS_REQUIRE(rounds >= 1 && segments >= 1, "measure_sync_skew: rounds and segments must be >= 1");
+  SyncSkew r;
+  if (world.size() == 1) return r;
+  // The segment: a 256 x 512 x 512 product (134 MFLOP), its operands cache-resident.
+  const LinearShape shape{256, 512, 512};
+  std::vector<float> inp(static_cast<size_t>(shape.N * shape.IC)), w(static_cast<size_t>(shape.OC * shape.IC)),
+      out(static_cast<size_t>(shape.N * shape.OC));
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = static_cast<float>(i % 13) * 0.125f - 0.75f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 11) * 0.0625f - 0.3125f;
+  const auto segment = [&] { backend.linear_forward(Mode::kCanonical, shape, out.data(), inp.data(), w.data(), nullptr); };
+  std::vector<float> message(1024, 1.0f);  // 4 KiB
+  const auto all_reduce = [&] {
+    world.all_reduce(message.data(), message.data(), static_cast<int64_t>(message.size()), DType::kF32,
+                     comm::ReduceOp::kSum);
+  };
+  // The slowest rank's time of `segments` repetitions of `body`, from a barrier.
+  const auto timed = [&](const std::function<void()>& body) {
+    world.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < segments; ++i) body();
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    world.all_reduce(&t, &t, 1, DType::kF64, comm::ReduceOp::kMax);
+    return t;
+  };
+  timed(segment);  // warms the caches and the cores
+  const std::array<std::function<void()>, 3> bodies = {segment, all_reduce, [&] {
+                                                         segment();
+                                                         all_reduce();
+                                                       }};
+  std::vector<double> shares, segment_times;
+  for (int64_t round = 0; round < rounds; ++round) {
+    std::array<double, 3> t{};  // the segments apart, the all-reduces apart, the pairs
+    for (size_t k = 0; k < bodies.size(); ++k) {
+      const size_t which = (k + static_cast<size_t>(round)) % bodies.size();
+      t[which] = timed(bodies[which]);
+    }
+    shares.push_back((t[2] - t[0] - t[1]) / t[0]);
+    segment_times.push_back(t[0] / static_cast<double>(segments));
+  }
+  // A negative median is the machine's state moving between the parts of the rounds: waiting for
+  // another rank never makes a step faster.
+  r.share = std::max(0.0, stats_of(shares).median);
+  r.segment_seconds = stats_of(segment_times).median;
+  r.rounds = rounds;
+  return r;
+}
+
+}  // namespace lockstep::plan
