@@ -33,7 +33,7 @@ std::string num(double x) {
 }
 
 // Colours that stay distinguishable for most colour-blind readers (Okabe-Ito).
-constexpr const char* kColours[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"};
+constexpr const char* kColours[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"};
 
 // A blue (small) to red (large) ramp for t in [0, 1].
 std::string ramp(double t) {

@@ -72,8 +72,8 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
     const plan::Prediction& p = shown[i];
     rows.push_back(str_cat(i + 1, ". ", p.layout.text()));
     double at = 0;
-    const double parts[] = {p.time.compute,  p.time.tp_comm,    p.time.cp_comm,  p.time.ep_comm,
-                            p.time.pipeline, p.time.dp_exposed, p.time.optimizer};
+    const double parts[] = {p.time.compute,    p.time.tp_comm, p.time.cp_comm,  p.time.ep_comm, p.time.pipeline,
+                            p.time.dp_exposed, p.time.skew,    p.time.optimizer};
     for (size_t s = 0; s < std::size(parts); ++s) {
       time.push_back({i, at, at + parts[s], fixed(parts[s], 2), s});
       at += parts[s];
@@ -91,7 +91,7 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
                             {"compute (and recomputation)", "tensor-parallel collectives",
                              "context-parallel gathers and reductions", "expert-parallel exchanges",
                              "pipeline bubble and sends", "data-parallel exposed",
-                             "optimizer"},
+                             "waiting for the slowest rank", "optimizer"},
                             time, "seconds"),
        verify::svg_timeline(title + ": memory of the fullest GPU", rows,
                             {"parameters", "gradients", "optimizer", "activations", "reserved"}, memory, "GiB")});
@@ -114,7 +114,9 @@ void explain(const plan::Prediction& p, double hbm) {
             << fixed(t.tp_comm, 3) << " s; context-parallel gathers and reductions " << fixed(t.cp_comm, 3)
             << " s; expert-parallel exchanges " << fixed(t.ep_comm, 3) << " s) + pipeline bubble and sends "
             << fixed(t.pipeline, 3) << " s + data-parallel exposed "
-            << fixed(t.dp_exposed, 3) << " s" << (t.optimizer > 0 ? " + optimizer " + fixed(t.optimizer, 3) + " s" : "")
+            << fixed(t.dp_exposed, 3) << " s"
+            << (t.skew > 0 ? " + waiting for the slowest rank at the collectives " + fixed(t.skew, 3) + " s" : "")
+            << (t.optimizer > 0 ? " + optimizer " + fixed(t.optimizer, 3) + " s" : "")
             << "\n"
             << "memory of the fullest GPU " << size(m.total()) << " of " << fixed(hbm / kGiB, 0)
             << " GiB: parameters " << size(m.params) << ", gradients " << size(m.grads) << ", optimizer "
@@ -254,7 +256,7 @@ int cmd_plan(Args& args) {
             << "step s" << std::setw(12) << "tokens/s" << std::setw(7) << "MFU" << std::setw(10) << "compute s"
             << std::setw(9) << "tp s" << std::setw(8) << "cp s" << std::setw(8) << "ep s" << std::setw(11)
             << "pipeline s" << std::setw(8)
-            << "dp s" << std::setw(12)
+            << "dp s" << std::setw(8) << "wait s" << std::setw(12)
             << (unit.first == kGiB ? "memory GiB" : "memory MiB") << "\n";
   const int64_t shown = std::min<int64_t>(top, static_cast<int64_t>(result.ranked.size()));
   for (int64_t i = 0; i < shown; ++i) {
@@ -265,7 +267,8 @@ int cmd_plan(Args& args) {
               << fixed(p.time.tp_comm, 3) << std::setw(8) << fixed(p.time.cp_comm, 3) << std::setw(8)
               << fixed(p.time.ep_comm, 3) << std::setw(11)
               << fixed(p.time.pipeline, 3) << std::setw(8)
-              << fixed(p.time.dp_exposed, 3) << std::setw(12) << fixed(p.memory.total() / unit.first, unit.second) << "\n";
+              << fixed(p.time.dp_exposed, 3) << std::setw(8) << fixed(p.time.skew, 3) << std::setw(12)
+              << fixed(p.memory.total() / unit.first, unit.second) << "\n";
   }
   print_goodput(result.ranked.front());
   std::cout << "considered " << result.considered << " layouts: " << result.ranked.size() << " fit";

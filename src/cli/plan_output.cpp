@@ -35,6 +35,7 @@ nlohmann::json to_json(const plan::Prediction& p) {
             {"ep_comm", p.time.ep_comm},
             {"pipeline", p.time.pipeline},
             {"dp_exposed", p.time.dp_exposed},
+            {"skew", p.time.skew},
             {"optimizer", p.time.optimizer}}},
           {"memory_gib",
            {{"params", p.memory.params / kGiB},

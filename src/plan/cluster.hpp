@@ -62,6 +62,10 @@ struct Cluster {
   double mtbf_gpu_hours = 0, restart_s = 0;
   double storage_write = 0;  // bytes/s, the whole job's
   MeasuredAllReduce measured;  // none on a declared cluster
+  // The share of a rank's compute that waiting for the slowest rank at the collectives adds
+  // (sync_skew.hpp): measured on the local cluster; 0 on a declared one, whose GPUs the planner
+  // takes to run the same kernels in the same time.
+  double sync_skew = 0;
   // Whether a collective proceeds beside the compute (a GPU's copy engines and NCCL's own SMs);
   // not where each rank has one core, which its communication thread then takes from the compute.
   bool comm_beside_compute = true;

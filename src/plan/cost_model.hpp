@@ -46,6 +46,11 @@
 //              first, a backward's every layer but the last), gathered ahead while the passes
 //              compute: exposed, the part longer than the step's passes and at least the first
 //              layer's — all of it, as for the buckets, where communication has no core of its own;
+//   skew       where ranks that compute the same work meet at collectives (dp or cp replicas, tp,
+//              ep), each collective waits for the slowest of them: the cluster's measured share
+//              of the busiest rank's compute (sync_skew.hpp), whatever the number of collectives,
+//              since the ranks' difference grows with the compute between two. Not for a
+//              pipeline's sends alone, whose simulation has a stage wait for the other's passes;
 //   update     zeroing and rounding the gradients, their norm and AdamW over the rank's parameters
 //              (over dp with ZeRO 1 and up): measured, or on a declared cluster their bytes at the
 //              streaming rate.
@@ -107,6 +112,7 @@ struct StepTime {
   double ep_comm = 0;    // expert parallelism's exchanges of the MoE layers' rows
   double pipeline = 0;   // the makespan beyond the busiest rank's passes: bubble and p2p
   double dp_exposed = 0;
+  double skew = 0;       // waiting for the slowest rank at the collectives (Cluster::sync_skew)
   double optimizer = 0;  // the AdamW update: measured (the local cluster), or its bytes at the streaming rate
   double total = 0;
 };

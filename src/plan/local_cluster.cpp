@@ -35,6 +35,7 @@ void set_measured_links(Cluster& c, const CollectiveBench& collectives) {
   c.inter = collectives.fit;
   c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
                 collectives.exact_reduce_scatter_owned, collectives.all_gather, collectives.ranks};
+  c.sync_skew = collectives.skew.share;
 }
 
 int64_t online_cores() { return std::max<int64_t>(1, sysconf(_SC_NPROCESSORS_ONLN)); }

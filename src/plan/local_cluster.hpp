@@ -21,7 +21,7 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
                       int64_t cores);
 
 // The links of a local cluster from a collective benchmark over its ranks: the measured samples
-// and the ring model fitted to them, within and between nodes alike.
+// and the ring model fitted to them, within and between nodes alike, and the ranks' skew.
 void set_measured_links(Cluster& c, const CollectiveBench& collectives);
 
 // Physical memory and online cores of this machine (sysconf).

@@ -615,7 +615,9 @@ Prediction Planner::predict(const Layout& layout) {
   }
   p.time.dp_exposed = exposed;
   p.time.optimizer = optimizer;
-  p.time.total = makespan + exposed + optimizer;
+  const bool synchronised = replicas > 1 || layout.tp > 1 || layout.ep > 1;
+  p.time.skew = synchronised ? cluster_.sync_skew * p.time.compute : 0;
+  p.time.total = makespan + exposed + p.time.skew + optimizer;
   const double step_tokens = static_cast<double>(request_.global_batch) * T;
   p.tokens_per_s = step_tokens / p.time.total;
   const double peak = static_cast<double>(cluster_.gpus()) * cluster_.peak(request_.precision);

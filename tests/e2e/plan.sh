@@ -32,13 +32,14 @@ for r in ranked:
     assert 0 < t["streaming"] < t["compute"], r  # the kernels other than GEMMs, part of compute
     assert t["ep_comm"] == 0, r  # a dense model
     assert (t["cp_comm"] > 0) == (" cp" in r["layout"]), r
-    parts = t["compute"] + t["tp_comm"] + t["cp_comm"] + t["pipeline"] + t["dp_exposed"] + t["optimizer"]
+    assert t["skew"] == 0, r  # a declared cluster's GPUs run in step
+    parts = t["compute"] + t["tp_comm"] + t["cp_comm"] + t["pipeline"] + t["dp_exposed"] + t["skew"] + t["optimizer"]
     assert abs(parts - r["step_s"]) < 1e-9 * r["step_s"], r
     assert m["total"] <= 80 and abs(sum(v for k, v in m.items() if k != "total") - m["total"]) < 1e-9, r
     assert 0 < r["mfu"] < 0.8, r  # below the declared GEMM efficiency
     assert abs(r["tokens_per_s"] * r["step_s"] - 1536 * 2048) < 1e-6 * 1536 * 2048, r
 for row, r in zip(rows, ranked):
-    assert " ".join(row[1:-10]) == r["layout"], (row, r["layout"])
+    assert " ".join(row[1:-11]) == r["layout"], (row, r["layout"])
 print("best:", ranked[0]["layout"], round(ranked[0]["step_s"], 3), "s, MFU", round(ranked[0]["mfu"], 3))
 # The anchor: Megatron-LM's SC'21 layout for this model and batch (tp 8, pp 8, dp 16) among the
 # first five, and as it ran (full recomputation, 1F1B) within 20% of its 45% of peak, which counts
@@ -54,7 +55,7 @@ best=$(python3 -c "import json; print(json.load(open('plan.json'))['ranked'][0][
 for what in "predicted step time" "memory of the fullest GPU" "1. $best" "context-parallel gathers" "data-parallel exposed" "activations"; do
   grep -q "$what" plan.svg || fail "plan.svg lacks '$what'"
 done
-[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 60 ] || fail "plan.svg: expected 5 x (7 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
+[ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 65 ] || fail "plan.svg: expected 5 x (8 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
 grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
 grep -Eq "of which recomputation [0-9.]+ s, and kernels other than GEMMs [0-9.]*[1-9][0-9]* s, recomputed ones included;.* \+ optimizer [0-9.]+ s$" explain.log ||
@@ -88,7 +89,7 @@ ranked = json.load(open(sys.argv[2]))["ranked"][:5]
 cp = [(row, r) for row, r in zip(rows, ranked) if re.search(r" cp[0-9]+ ", r["layout"])]
 assert cp, [r["layout"] for r in ranked]
 for row, r in cp:
-    assert r["time_s"]["cp_comm"] > 0 and row[-5] == f'{r["time_s"]["cp_comm"]:.3f}', (row, r)
+    assert r["time_s"]["cp_comm"] > 0 and row[-6] == f'{r["time_s"]["cp_comm"]:.3f}', (row, r)
 print(cp[0][1]["layout"])
 PY
 ) || fail "no cp layout among the first five: $(head -8 long.log)"

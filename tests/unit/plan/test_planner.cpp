@@ -703,6 +703,39 @@ TEST(PlanCostModel, MeasuredLinksSetAgainReplaceTheFirst) {
   EXPECT_EQ(again.predict(z0).time.dp_exposed, z0_before.time.dp_exposed);
 }
 
+// Ranks that meet at collectives wait for the slowest at each: the cluster's skew share of the
+// busiest rank's compute, set with the measured links; a pipeline's stages, which meet only at
+// their sends, and one rank do not pay it.
+TEST(PlanCostModel, RanksMeetingAtCollectivesWaitForTheSlowest) {
+  const PlanRequest r = request();
+  CollectiveBench skewed;
+  skewed.ranks = 2;
+  skewed.all_reduce = {{1e3, 1e-5}, {1e8, 1e-2}};
+  skewed.fit = fit_ring_all_reduce(skewed.all_reduce, 2);
+  skewed.skew.share = 0.03;
+  CollectiveBench in_step = skewed;
+  in_step.skew.share = 0;
+  Cluster c = cluster(2, 1, 80);
+  set_measured_links(c, skewed);
+  EXPECT_EQ(c.sync_skew, 0.03);
+  Planner planner(r, c);
+  Cluster c_in_step = cluster(2, 1, 80);
+  set_measured_links(c_in_step, in_step);
+  Planner unskewed(r, c_in_step);
+  for (const Layout& l : {Layout{.dp = 2, .micro_batch = 4}, Layout{.dp = 2, .micro_batch = 4, .zero = 3},
+                          Layout{.tp = 2, .micro_batch = 4}, Layout{.pp = 2, .micro_batch = 4},
+                          Layout{.micro_batch = 4}}) {
+    const Prediction p = planner.predict(l), q = unskewed.predict(l);
+    const bool meets = l.dp > 1 || l.tp > 1;
+    EXPECT_EQ(q.time.skew, 0) << l.text();
+    EXPECT_NEAR(p.time.skew, meets ? 0.03 * p.time.compute : 0, 1e-15) << l.text();
+    EXPECT_NEAR(p.time.total, q.time.total + p.time.skew, 1e-12 * q.time.total) << l.text();
+  }
+  // Timed again before a run, the share moves with the links.
+  planner.set_measured_links(in_step);
+  EXPECT_EQ(planner.predict(Layout{.tp = 2, .micro_batch = 4}).time.skew, 0);
+}
+
 // On the local cluster the GEMMs keep a packing scratch as large as the largest product's two
 // operands; what the reserved memory (the start-up measurement's product) does not already hold
 // counts as the rank's. Here the head's input gradient: (tokens + d_model) x vocabulary elements,
