@@ -22,7 +22,7 @@ SyncSkew measure_sync_skew(comm::Communicator& world, Backend& backend, int64_t 
   for (size_t i = 0; i < inp.size(); ++i) inp[i] = static_cast<float>(i % 13) * 0.125f - 0.75f;
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 11) * 0.0625f - 0.3125f;
   const auto segment = [&] { backend.linear_forward(Mode::kCanonical, shape, out.data(), inp.data(), w.data(), nullptr); };
-  std::vector<float> message(1024, 1.0f);  // 4 KiB
+  std::vector<float> message(1024);  // 4 KiB of zeros: their sums stay zeros, however many
   const auto all_reduce = [&] {
     world.all_reduce(message.data(), message.data(), static_cast<int64_t>(message.size()), DType::kF32,
                      comm::ReduceOp::kSum);
