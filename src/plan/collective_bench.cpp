@@ -1,13 +1,13 @@
 #include "src/plan/collective_bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 #include <string>
 
 #include "src/core/check.hpp"
 #include "src/parallel/exact_reduce.hpp"
 #include "src/parallel/tensor_parallel.hpp"
+#include "src/plan/slowest_rank.hpp"
 #include "src/train/bench.hpp"
 
 namespace lockstep::plan {
@@ -49,12 +49,7 @@ CollectiveBench bench_collectives(comm::Communicator& world, Backend& backend, i
     const int64_t back_to_back = floats < (int64_t{1} << 18) ? 10 : 2;
     std::vector<double> times;
     for (int64_t i = 0; i <= repeats; ++i) {
-      world.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t k = 0; k < back_to_back; ++k) collective();
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                 static_cast<double>(back_to_back);
-      world.all_reduce(&t, &t, 1, DType::kF64, comm::ReduceOp::kMax);
+      const double t = slowest_rank_seconds(world, back_to_back, collective) / static_cast<double>(back_to_back);
       if (i > 0) times.push_back(t);
     }
     return stats_of(times).median;

@@ -7,7 +7,7 @@
 // rank) over the same sizes, whose exact additions cost compute as well as bytes. Every size runs
 // `repeats` times after one untimed run; a run's time is the slowest rank's (the collective ends
 // for the job when it ends there), and the median is kept. Beside them, the ranks' skew at a
-// synchronisation (sync_skew.hpp).
+// synchronisation (sync_skew.hpp), over `repeats` rounds and at least 7.
 // The local cluster of `lockstep plan --cluster local` is built from these figures.
 #pragma once
 

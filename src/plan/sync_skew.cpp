@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <functional>
 #include <vector>
 
 #include "src/core/check.hpp"
+#include "src/plan/slowest_rank.hpp"
 #include "src/train/bench.hpp"
 
 namespace lockstep::plan {
@@ -27,16 +27,7 @@ SyncSkew measure_sync_skew(comm::Communicator& world, Backend& backend, int64_t 
     world.all_reduce(message.data(), message.data(), static_cast<int64_t>(message.size()), DType::kF32,
                      comm::ReduceOp::kSum);
   };
-  // The slowest rank's time of `segments` repetitions of `body`, from a barrier.
-  const auto timed = [&](const std::function<void()>& body) {
-    world.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < segments; ++i) body();
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    world.all_reduce(&t, &t, 1, DType::kF64, comm::ReduceOp::kMax);
-    return t;
-  };
-  timed(segment);  // warms the caches and the cores
+  slowest_rank_seconds(world, segments, segment);  // warms the caches and the cores
   const std::array<std::function<void()>, 3> bodies = {segment, all_reduce, [&] {
                                                          segment();
                                                          all_reduce();
@@ -46,7 +37,7 @@ SyncSkew measure_sync_skew(comm::Communicator& world, Backend& backend, int64_t 
     std::array<double, 3> t{};  // the segments apart, the all-reduces apart, the pairs
     for (size_t k = 0; k < bodies.size(); ++k) {
       const size_t which = (k + static_cast<size_t>(round)) % bodies.size();
-      t[which] = timed(bodies[which]);
+      t[which] = slowest_rank_seconds(world, segments, bodies[which]);
     }
     shares.push_back((t[2] - t[0] - t[1]) / t[0]);
     segment_times.push_back(t[0] / static_cast<double>(segments));
