@@ -127,20 +127,21 @@ int bench_passes(Args& args) {
     world.barrier();  // every rank times the same shape at once
     const plan::PassTimes t = plan::time_passes(cfg, shape, repeats);
     // The slowest rank's: a layout's ranks wait for it.
-    double slowest[] = {t.forward, t.backward, t.optimizer, t.backward_input, t.backward_weight};
+    double slowest[] = {t.forward, t.backward, t.optimizer, t.backward_input, t.backward_weight, t.state_at_rest};
     world.all_reduce(std::span<double>(slowest), comm::ReduceOp::kMax);
-    profile.set(shape, {slowest[0], slowest[1], slowest[2], slowest[3], slowest[4]});
+    profile.set(shape, {slowest[0], slowest[1], slowest[2], slowest[3], slowest[4], slowest[5]});
   }
   if (world.rank() != 0) return 0;
   std::cout << "passes: " << *config << ", one thread on each of " << world.size()
             << " ranks at once (the slowest rank's median of " << repeats << "); a rank holds " << std::fixed
             << std::setprecision(0) << profile.runtime_bytes / (1 << 20) << " MiB before its model\n"
-            << "  tp  sp  cp  cp_comm     micro-batch  recompute  forward ms  backward ms  optimizer ms  split backward ms (input + weights)\n";
+            << "  tp  sp  cp  cp_comm     micro-batch  recompute  forward ms  backward ms  optimizer ms  state at rest ms  split backward ms (input + weights)\n";
   for (const auto& [s, t] : profile.times()) {
     std::cout << std::setw(4) << s.tp << std::setw(4) << (s.sp ? "sp" : "-") << std::setw(4) << s.cp << "  "
               << std::left << std::setw(10) << (s.cp == 1 ? "-" : parallel::cp_comm_name(s.ring)) << std::right << std::setw(13)
               << s.micro_batch << std::setw(11) << recompute_name(s.recompute) << std::fixed << std::setprecision(2) << std::setw(12)
-              << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3;
+              << t.forward * 1e3 << std::setw(13) << t.backward * 1e3 << std::setw(14) << t.optimizer * 1e3
+              << std::setw(18) << t.state_at_rest * 1e3;
     if (s.recompute == Recompute::kNone) {
       std::cout << std::setw(12) << t.backward_input * 1e3 << " + " << t.backward_weight * 1e3;
     }

@@ -73,7 +73,7 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
     rows.push_back(str_cat(i + 1, ". ", p.layout.text()));
     double at = 0;
     const double parts[] = {p.time.compute,    p.time.tp_comm, p.time.cp_comm,  p.time.ep_comm, p.time.pipeline,
-                            p.time.dp_exposed, p.time.skew,    p.time.optimizer};
+                            p.time.dp_exposed, p.time.skew,    p.time.optimizer + p.time.state_at_rest};
     for (size_t s = 0; s < std::size(parts); ++s) {
       time.push_back({i, at, at + parts[s], fixed(parts[s], 2), s});
       at += parts[s];
@@ -91,7 +91,7 @@ std::string plan_svg(const std::vector<plan::Prediction>& shown, const std::stri
                             {"compute (and recomputation)", "tensor-parallel collectives",
                              "context-parallel gathers and reductions", "expert-parallel exchanges",
                              "pipeline bubble and sends", "data-parallel exposed",
-                             "waiting for the slowest rank", "optimizer"},
+                             "waiting for the slowest rank", "optimizer and state-at-rest hashes"},
                             time, "seconds"),
        verify::svg_timeline(title + ": memory of the fullest GPU", rows,
                             {"parameters", "gradients", "optimizer", "activations", "reserved"}, memory, "GiB")});
@@ -117,6 +117,7 @@ void explain(const plan::Prediction& p, double hbm) {
             << fixed(t.dp_exposed, 3) << " s"
             << (t.skew > 0 ? " + waiting for the slowest rank at the collectives " + fixed(t.skew, 3) + " s" : "")
             << (t.optimizer > 0 ? " + optimizer " + fixed(t.optimizer, 3) + " s" : "")
+            << (t.state_at_rest > 0 ? " + state-at-rest hashes " + fixed(t.state_at_rest, 3) + " s" : "")
             << "\n"
             << "memory of the fullest GPU " << size(m.total()) << " of " << fixed(hbm / kGiB, 0)
             << " GiB: parameters " << size(m.params) << ", gradients " << size(m.grads) << ", optimizer "
@@ -171,6 +172,7 @@ int cmd_plan(Args& args) {
                             .precision = run.train.precision,
                             .mode = run.train.mode,
                             .bucket_bytes = run.parallel.bucket_mb * (1 << 20),
+                            .state_at_rest = run.verify.state_at_rest,
                             .source = *model_path};
   LS_REQUIRE(request.global_batch >= 1, "lockstep plan: --global-batch must be >= 1");
   if (moe_load) {

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.hpp"
@@ -17,6 +18,7 @@
 #include "src/plan/solo_communicator.hpp"
 #include "src/plan/solo_tp_group.hpp"
 #include "src/train/bench.hpp"
+#include "src/train/detectors.hpp"
 
 namespace lockstep::plan {
 
@@ -100,13 +102,27 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   }
   const MicroBatch batch{inputs.data(), targets.data(), shape.micro_batch, 0};
   const float dloss = 1.0f / static_cast<float>(shape.micro_batch * T);
+  // The state-at-rest detector as the trainer runs it: its hashes beside the passes, so that they
+  // read the state from where the passes left the caches.
+  comm::SelfCommunicator self;
+  std::ostringstream no_findings;  // the state does not change between its hashes here
+  detect::FindingLog findings(no_findings, {});
+  std::optional<detect::StateAtRestDetector> at_rest;
+  if (run.verify.state_at_rest) {
+    at_rest.emplace(resting_state({model.params(), static_cast<size_t>(model.num_params())}, adamw.m(), adamw.v()),
+                    self, findings, detect::FaultAction::kWarn);
+  }
+
   // Untimed passes first: the first touch their buffers, and a process's first milliseconds run
   // slower than its steady state.
   constexpr int64_t kUntimed = 3;
-  std::vector<double> forward, backward, optimizer, backward_input, backward_weight;
+  std::vector<double> forward, backward, optimizer, backward_input, backward_weight, state_at_rest;
   for (int64_t i = 0; i < kUntimed + repeats; ++i) {
     ChunkCombiner loss;
     auto t0 = std::chrono::steady_clock::now();
+    if (at_rest) at_rest->begin_step(i);
+    double r = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
     model.zero_grad();
     double o = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
@@ -120,6 +136,9 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     clip_grad_norm(model, static_cast<float>(tc.grad_clip));
     adamw.update(model, tc.lr, i + 1);
     o += seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    if (at_rest) at_rest->after_update(i);
+    r += seconds_since(t0);
     double bi = 0, w = 0;
     if (split) {
       ChunkCombiner split_loss;
@@ -138,10 +157,11 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     optimizer.push_back(o);
     backward_input.push_back(bi);
     backward_weight.push_back(w);
+    state_at_rest.push_back(r);
   }
   // Medians, as a run's step time is its steps' median.
-  return {stats_of(forward).median, stats_of(backward).median, stats_of(optimizer).median,
-          stats_of(backward_input).median, stats_of(backward_weight).median};
+  return {stats_of(forward).median,        stats_of(backward).median,        stats_of(optimizer).median,
+          stats_of(backward_input).median, stats_of(backward_weight).median, stats_of(state_at_rest).median};
 }
 
 const PassTimes& ComputeProfile::at(const PassShape& shape) const {
@@ -158,7 +178,8 @@ nlohmann::json ComputeProfile::to_json() const {
                       {"micro_batch", s.micro_batch},
                       {"recompute", recompute_name(s.recompute)}, {"forward_s", t.forward},
                       {"backward_s", t.backward}, {"optimizer_s", t.optimizer},
-                      {"backward_input_s", t.backward_input}, {"backward_weight_s", t.backward_weight}});
+                      {"backward_input_s", t.backward_input}, {"backward_weight_s", t.backward_weight},
+                      {"state_at_rest_s", t.state_at_rest}});
   }
   return {{"passes", shapes},
           {"runtime_mib", runtime_bytes / (1 << 20)},
@@ -177,7 +198,8 @@ ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::str
              parse_recompute(s.at("recompute").get<std::string>(), where), s.at("cp").get<int64_t>(),
              s.at("ring").get<bool>()},
             {s.at("forward_s").get<double>(), s.at("backward_s").get<double>(), s.at("optimizer_s").get<double>(),
-             s.at("backward_input_s").get<double>(), s.at("backward_weight_s").get<double>()});
+             s.at("backward_input_s").get<double>(), s.at("backward_weight_s").get<double>(),
+             s.at("state_at_rest_s").get<double>()});
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(str_cat(where, ": not a `lockstep bench --passes` report (", e.what(), ")"));

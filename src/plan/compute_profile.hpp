@@ -31,10 +31,14 @@ namespace lockstep::plan {
 // Seconds of one micro-batch's passes through the whole model on one rank, and of one AdamW
 // update of the rank's parameters; without recomputation also the backward split in two passes
 // as the zero-bubble schedule runs it (ModelOptions::split_backward): everything but the linears'
-// weight gradients, then those. The two take longer than the backward in one.
+// weight gradients, then those. The two take longer than the backward in one. state_at_rest: the
+// [verify] state_at_rest detector's work in a step, which the trainer's step time includes — its
+// hash of the rank's parameters and AdamW moments (all of them, as ZeRO 0 holds them) after the
+// update and its hash and comparison before the next passes; 0 where the config turns it off.
 struct PassTimes {
   double forward = 0, backward = 0, optimizer = 0;
   double backward_input = 0, backward_weight = 0;
+  double state_at_rest = 0;
 };
 
 struct PassShape {

@@ -53,7 +53,12 @@
 //              pipeline's sends alone, whose simulation has a stage wait for the other's passes;
 //   update     zeroing and rounding the gradients, their norm and AdamW over the rank's parameters
 //              (over dp with ZeRO 1 and up): measured, or on a declared cluster their bytes at the
-//              streaming rate.
+//              streaming rate;
+//   state at rest  the [verify] state_at_rest detector, on by default, which the trainer's step
+//              includes: it hashes the rank's parameters (over dp with ZeRO 3) and AdamW moments
+//              (over dp from ZeRO 1) after the update and again before the next passes. Measured
+//              with the passes (for the rank's parameters and moments whole, scaled to what it
+//              holds), or on a declared cluster twice those bytes at the streaming rate.
 // Canonical mode reduces exactly (parallel/exact_reduce.hpp): the exact sums' doubles
 //   reduce-scattered, the rounded fp32 all-gathered — 1.5 times an fp32 all-reduce's bytes, or the
 //   exact all-reduce as measured.
@@ -100,6 +105,7 @@ struct PlanRequest {
   // The routed rows of the busiest expert-parallel rank over the mean (1: a balanced router); that
   // rank sets the step, computing and receiving this much more than its share.
   double moe_load = 1;
+  bool state_at_rest = true;  // [verify] state_at_rest: its hashes in every step (measured passes carry their own)
   std::string source;  // the model's config file, for messages
 };
 
@@ -114,6 +120,7 @@ struct StepTime {
   double dp_exposed = 0;
   double skew = 0;       // waiting for the slowest rank at the collectives (Cluster::sync_skew)
   double optimizer = 0;  // the AdamW update: measured (the local cluster), or its bytes at the streaming rate
+  double state_at_rest = 0;  // the state-at-rest detector's hashes of the rank's parameters and moments
   double total = 0;
 };
 

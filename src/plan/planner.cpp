@@ -522,7 +522,7 @@ Prediction Planner::predict(const Layout& layout) {
 
   // Memory, the data-parallel exposure and the optimizer, rank by rank.
   const auto shards = static_cast<double>(replicas);  // ZeRO's, over dp × cp
-  double exposed = 0, optimizer = 0, held_params = 0;
+  double exposed = 0, optimizer = 0, state_at_rest = 0, held_params = 0;
   for (const RankCost& r : ranks) held_params += r.params;
   // The reduction in buckets of at most bucket_bytes, one after the other.
   const auto bucketed = [&](double bytes, const std::function<double(double)>& time) {
@@ -580,6 +580,15 @@ Prediction Planner::predict(const Layout& layout) {
                                                      request_.precision) /
                                           cluster_.stream_bandwidth);
     }
+    // The state-at-rest detector's hashes, of the parameters (over dp with ZeRO 3) and the two
+    // moments (over dp from ZeRO 1): the measured figure is for all three whole.
+    const double resting = ((zero3 ? 1 / shards : 1) + 2 * (layout.zero >= 1 ? 1 / shards : 1)) / 3;
+    if (profile_ != nullptr) {
+      const double whole = profile_->at(pass_shape(layout, Recompute::kNone)).state_at_rest * r.params / held_params;
+      state_at_rest = std::max(state_at_rest, whole * resting);
+    } else if (request_.state_at_rest && cluster_.stream_bandwidth > 0) {
+      state_at_rest = std::max(state_at_rest, 2 * 12 * r.params * resting / cluster_.stream_bandwidth);
+    }
     // Expert parallelism: the replicated tensors' gradients summed over ep before the dp reduction
     // (canonical: every ep rank's doubles all-gathered; fast: an fp32 all-reduce).
     const double ep_sum =
@@ -615,9 +624,10 @@ Prediction Planner::predict(const Layout& layout) {
   }
   p.time.dp_exposed = exposed;
   p.time.optimizer = optimizer;
+  p.time.state_at_rest = state_at_rest;
   const bool synchronised = replicas > 1 || layout.tp > 1 || layout.ep > 1;
   p.time.skew = synchronised ? cluster_.sync_skew * p.time.compute : 0;
-  p.time.total = makespan + exposed + p.time.skew + optimizer;
+  p.time.total = makespan + exposed + p.time.skew + optimizer + state_at_rest;
   const double step_tokens = static_cast<double>(request_.global_batch) * T;
   p.tokens_per_s = step_tokens / p.time.total;
   const double peak = static_cast<double>(cluster_.gpus()) * cluster_.peak(request_.precision);

@@ -33,7 +33,9 @@ for r in ranked:
     assert t["ep_comm"] == 0, r  # a dense model
     assert (t["cp_comm"] > 0) == (" cp" in r["layout"]), r
     assert t["skew"] == 0, r  # a declared cluster's GPUs run in step
-    parts = t["compute"] + t["tp_comm"] + t["cp_comm"] + t["pipeline"] + t["dp_exposed"] + t["skew"] + t["optimizer"]
+    assert 0 < t["state_at_rest"] < 0.01 * r["step_s"], r  # two hashes of the parameters and moments a GPU holds
+    parts = (t["compute"] + t["tp_comm"] + t["cp_comm"] + t["pipeline"] + t["dp_exposed"] + t["skew"] + t["optimizer"]
+             + t["state_at_rest"])
     assert abs(parts - r["step_s"]) < 1e-9 * r["step_s"], r
     assert m["total"] <= 80 and abs(sum(v for k, v in m.items() if k != "total") - m["total"]) < 1e-9, r
     assert 0 < r["mfu"] < 0.8, r  # below the declared GEMM efficiency
@@ -58,8 +60,8 @@ done
 [ "$(grep -c '^<rect x=.*<title>' plan.svg)" -eq 65 ] || fail "plan.svg: expected 5 x (8 + 5) bars, got $(grep -c '^<rect x=.*<title>' plan.svg)"
 plan --cluster "$SRC/scripts/clusters/a100_1024.toml" --explain "$best" > explain.log
 grep -Eq "^layout $best: [0-9]+ micro-batches a step per pipeline" explain.log || fail "explain: $(cat explain.log)"
-grep -Eq "of which recomputation [0-9.]+ s, and kernels other than GEMMs [0-9.]*[1-9][0-9]* s, recomputed ones included;.* \+ optimizer [0-9.]+ s$" explain.log ||
-  fail "explain: no streaming kernels or optimizer: $(cat explain.log)"
+grep -Eq "of which recomputation [0-9.]+ s, and kernels other than GEMMs [0-9.]*[1-9][0-9]* s, recomputed ones included;.* \+ optimizer [0-9.]+ s \+ state-at-rest hashes [0-9.]+ s$" explain.log ||
+  fail "explain: no streaming kernels, optimizer or state-at-rest hashes: $(cat explain.log)"
 grep -Eq '^memory of the fullest GPU [0-9.]+ GiB of 80 GiB: parameters' explain.log || fail "explain memory: $(cat explain.log)"
 
 sed '/^latency_us = 10/d' "$SRC/scripts/clusters/a100_1024.toml" > no_latency.toml

@@ -197,7 +197,15 @@ TEST(PlanCostModel, KernelsOtherThanGemmsStreamTheirBytesAtTheHbmRate) {
               1e-9 * p.time.optimizer);
   EXPECT_NEAR(dp.predict({.dp = 8, .micro_batch = 4, .zero = 2}).time.optimizer, (8 * params / 8 + update) / 1e12,
               1e-9 * p.time.optimizer);
-  EXPECT_NEAR(p.time.total, p.time.compute + p.time.optimizer, 1e-9 * p.time.total);
+  // The state-at-rest detector hashes the parameters and both moments (12 bytes a parameter)
+  // twice; ZeRO 1 holds an eighth of the moments.
+  EXPECT_NEAR(p.time.state_at_rest, 24 * params / 1e12, 1e-9 * p.time.state_at_rest);
+  EXPECT_NEAR(dp.predict({.dp = 8, .micro_batch = 4, .zero = 1}).time.state_at_rest, 2 * (4 + 8.0 / 8) * params / 1e12,
+              1e-9 * p.time.state_at_rest);
+  EXPECT_NEAR(p.time.total, p.time.compute + p.time.optimizer + p.time.state_at_rest, 1e-9 * p.time.total);
+  PlanRequest unchecked = r;
+  unchecked.state_at_rest = false;
+  EXPECT_EQ(Planner(unchecked, c).predict({.micro_batch = 4}).time.state_at_rest, 0);
   // Full recomputation streams every block's forward bytes again.
   const Prediction full = planner.predict({.micro_batch = 4, .recompute = Recompute::kFull});
   EXPECT_NEAR(full.time.streaming - p.time.streaming, 4 * kBlockForwardBytes * tokens / 1e12, 1e-9 * p.time.streaming);
@@ -531,6 +539,31 @@ TEST(PlanCostModel, MeasuredPassesReplaceTheGemmRate) {
   EXPECT_NEAR(ring_planner.predict({.cp = 2, .micro_batch = 4}).time.compute, 16 * 0.023, 1e-12);
 }
 
+// The trainer's step includes the state-at-rest detector's hashes: measured for a rank's
+// parameters and moments whole, and scaled to what the layout has it hold.
+TEST(PlanCostModel, TheStepHashesTheStateAtRestItHolds) {
+  const PlanRequest r = request();
+  ComputeProfile measured = profile(1, false, 4, {0.01, 0.02, 0.003}, 0.005);
+  measured.set({1, false, 4, Recompute::kNone}, {0.01, 0.02, 0.003, 0, 0, 0.0006});
+  Planner one(r, cluster(1, 1, 80), &measured);
+  const Prediction p = one.predict({.micro_batch = 4});
+  EXPECT_DOUBLE_EQ(p.time.state_at_rest, 0.0006);
+  EXPECT_NEAR(p.time.total, 16 * 0.03 + 0.003 + 0.0006, 1e-12);
+  // Full recomputation holds the same state.
+  EXPECT_DOUBLE_EQ(one.predict({.micro_batch = 4, .recompute = Recompute::kFull}).time.state_at_rest, 0.0006);
+  Planner two(r, cluster(2, 1, 80), &measured);
+  // Two replicas: ZeRO 0 holds it all, ZeRO 1 and 2 half of the moments, ZeRO 3 half of everything.
+  EXPECT_DOUBLE_EQ(two.predict({.dp = 2, .micro_batch = 4}).time.state_at_rest, 0.0006);
+  for (int zero : {1, 2}) {
+    EXPECT_NEAR(two.predict({.dp = 2, .micro_batch = 4, .zero = zero}).time.state_at_rest, 0.0006 * 2 / 3, 1e-15);
+  }
+  EXPECT_NEAR(two.predict({.dp = 2, .micro_batch = 4, .zero = 3}).time.state_at_rest, 0.0003, 1e-15);
+  // Two stages: the rank with more of the parameters.
+  const Prediction pp2 = two.predict({.pp = 2, .micro_batch = 4});
+  EXPECT_GT(pp2.time.state_at_rest, 0.0003);
+  EXPECT_LT(pp2.time.state_at_rest, 0.0006);
+}
+
 TEST(PlanCostModel, ZeroBubbleTakesTheMeasuredSplitAndTheTiedEmbeddingsWait) {
   // One micro-batch a step through two stages. Measured, the split backward's two passes take
   // longer than the backward in one (0.0215 against 0.02 s).
@@ -782,6 +815,7 @@ TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
   EXPECT_GT(full.forward, 0);
   EXPECT_GT(full.backward, 0);
   EXPECT_GT(full.optimizer, 0);
+  EXPECT_GT(full.state_at_rest, 0);  // [verify] state_at_rest is on by default
 
   ComputeProfile p;
   p.runtime_bytes = 30 << 20;
@@ -789,6 +823,7 @@ TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
   const ComputeProfile back = ComputeProfile::from_json(p.to_json(), "report");
   EXPECT_EQ(back.runtime_bytes, p.runtime_bytes);
   EXPECT_EQ(back.at({2, true, 2, Recompute::kFull}).backward, full.backward);
+  EXPECT_EQ(back.at({2, true, 2, Recompute::kFull}).state_at_rest, full.state_at_rest);
   EXPECT_THROW(back.at({2, true, 2, Recompute::kNone}), InternalError);
   EXPECT_THROW(ComputeProfile::from_json(nlohmann::json::object(), "bad.json"), DataError);
 
