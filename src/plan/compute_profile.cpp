@@ -109,8 +109,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
   detect::FindingLog findings(no_findings, {});
   std::optional<detect::StateAtRestDetector> at_rest;
   if (run.verify.state_at_rest) {
-    at_rest.emplace(resting_state({model.params(), static_cast<size_t>(model.num_params())}, adamw.m(), adamw.v()),
-                    self, findings, detect::FaultAction::kWarn);
+    at_rest.emplace(resting_state(model, adamw), self, findings, detect::FaultAction::kWarn);
   }
 
   // Untimed passes first: the first touch their buffers, and a process's first milliseconds run
@@ -121,7 +120,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     ChunkCombiner loss;
     auto t0 = std::chrono::steady_clock::now();
     if (at_rest) at_rest->begin_step(i);
-    double r = seconds_since(t0);
+    double hashes = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
     model.zero_grad();
     double o = seconds_since(t0);
@@ -138,7 +137,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     o += seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
     if (at_rest) at_rest->after_update(i);
-    r += seconds_since(t0);
+    hashes += seconds_since(t0);
     double bi = 0, w = 0;
     if (split) {
       ChunkCombiner split_loss;
@@ -157,7 +156,7 @@ PassTimes time_passes(const RunConfig& run, const PassShape& shape, int64_t repe
     optimizer.push_back(o);
     backward_input.push_back(bi);
     backward_weight.push_back(w);
-    state_at_rest.push_back(r);
+    state_at_rest.push_back(hashes);
   }
   // Medians, as a run's step time is its steps' median.
   return {stats_of(forward).median,        stats_of(backward).median,        stats_of(optimizer).median,

@@ -352,7 +352,7 @@ BenchResult run_bench(const RunConfig& cfg, BenchOptions opt, std::ostream& out)
   }
   std::optional<detect::StateAtRestDetector> at_rest;
   if (cfg.verify.state_at_rest) {
-    at_rest.emplace(resting_state({model.params(), static_cast<size_t>(model.num_params())}, adamw.m(), adamw.v()), self, findings, detect::FaultAction::kWarn);
+    at_rest.emplace(resting_state(model, adamw), self, findings, detect::FaultAction::kWarn);
   }
   if (cfg.verify.spikes) {
     spikes.emplace(spike_rule(cfg.verify), findings, detect::FaultAction::kWarn);

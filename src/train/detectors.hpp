@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "src/model/model.hpp"
+#include "src/optim/adamw.hpp"
 #include "src/train/config.hpp"
 #include "verify/detect/fp8_sentinel.hpp"
 #include "verify/detect/spikes.hpp"
@@ -32,6 +33,12 @@ inline detect::Fp8SentinelRule fp8_sentinel_rule(const VerifyConfig& v) {
 inline std::vector<detect::RestingBuffer> resting_state(std::span<const float> params, std::span<const float> m,
                                                          std::span<const float> v) {
   return {{"parameters", params}, {"optim/m", m}, {"optim/v", v}};
+}
+
+// The state at rest of a model and its optimizer in one process, which holds all of them (`lockstep
+// bench` and the planner's pass timing, which run the detector on their own model).
+inline std::vector<detect::RestingBuffer> resting_state(const Model& model, const AdamW& adamw) {
+  return resting_state({model.params(), static_cast<size_t>(model.num_params())}, adamw.m(), adamw.v());
 }
 
 }  // namespace lockstep
