@@ -29,6 +29,7 @@ std::string safetensors_dtype(DType t) {
     case DType::kI64: return "I64";
     case DType::kU8: return "U8";
     case DType::kU16: return "U16";
+    case DType::kU64: return "U64";
     case DType::kE8M0: break;
   }
   throw ConfigError(str_cat("safetensors has no dtype for ", dtype_name(t)));

@@ -66,7 +66,7 @@ std::string Fp8Recipe::describe() const {
   }
   std::string gemms;
   for (auto [on, name] : {std::pair{fprop, "fprop"}, std::pair{dgrad, "dgrad"}, std::pair{wgrad, "wgrad"}}) {
-    if (on) gemms += (gemms.empty() ? "" : ",") + std::string(name);
+    if (on) gemms += str_cat(gemms.empty() ? "" : ",", name);
   }
   s += "; fp8 GEMMs: " + (gemms.empty() ? "none" : gemms);
   if (accumulation == Accumulation::kHopperFp8) {

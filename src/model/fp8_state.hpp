@@ -88,8 +88,8 @@ class Fp8State {
     Fp8Role role;
     float scale = 1.0f, last_scale = 1.0f;
     bool last_from_data = false;
-    std::vector<float> history;  // oldest first, at most amax_history_len
-    Fp8TensorStats step;
+    std::vector<float> history = {};  // oldest first, at most amax_history_len
+    Fp8TensorStats step = {};
     bool stale = false;          // finish_step ran: the next record starts a new step
   };
   Fp8Recipe recipe_;

@@ -77,7 +77,7 @@ struct ParamDecl {
   // made of `segments` (global extents along it, in order) each split in equal parts: rank r of p
   // holds part r of every segment, concatenated. One segment unless the tensor fuses several.
   int split_dim = -1;
-  std::vector<int64_t> segments;
+  std::vector<int64_t> segments = {};
   // Expert parallelism: the routed expert (of `experts` in its layer) whose parameter this is; -1
   // for every other tensor (every ep rank holds those).
   int64_t expert = -1, experts = 0;
@@ -96,7 +96,7 @@ struct HookDecl {
   std::string name;  // without `grad/`
   HookRegion region = HookRegion::kWhole;
   int split_dim = -1;
-  std::vector<int64_t> segments;
+  std::vector<int64_t> segments = {};
   bool op_site = false;  // the forward output of one op, whose mode Model::set_op_mode can switch
 };
 

@@ -251,8 +251,8 @@ std::string Fp8Sentinel::history_text(size_t i) const {
   const bool delayed = model_.fp8()->recipe().scaling == Fp8Scaling::kDelayed;
   std::string amax = "amax over the last steps", scale = "; scale";
   for (const auto& [a, s] : history_[i]) {
-    amax += " " + fixed(a, 3);
-    scale += " " + fixed(s, 4);
+    amax += str_cat(" ", fixed(a, 3));
+    scale += str_cat(" ", fixed(s, 4));
   }
   return delayed ? amax + scale : amax;
 }

@@ -147,11 +147,6 @@ LS_CHECKSUM_CLONES void col_tile_of(const float* X, int64_t S, int64_t i0, int64
                                     double* row_sum, double* row_mag) {
   col_tile(X, S, i0, i1, u, ua, c, ca, v, va, row_sum, row_mag);
 }
-LS_CHECKSUM_CLONES void col_tile_of(const double* X, int64_t S, int64_t i0, int64_t i1, const double* u,
-                                    const double* ua, double* c, double* ca, const double* v, const double* va,
-                                    double* row_sum, double* row_mag) {
-  col_tile(X, S, i0, i1, u, ua, c, ca, v, va, row_sum, row_mag);
-}
 
 // Row reductions of the row-major R × S matrix X (row_block), rows in parallel: each row on its
 // own, the same on any threads.

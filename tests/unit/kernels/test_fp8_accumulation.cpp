@@ -182,7 +182,9 @@ TEST(Fp8Accumulation, KernelLeavesTheLanesAtANonFiniteInterval) {
         const size_t i = static_cast<size_t>(n * s.OC + o);
         EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << n << "," << o;
         EXPECT_EQ(std::bit_cast<uint32_t>(combined[i]), std::bit_cast<uint32_t>(canonical)) << n << "," << o;
-        if (o == 5) EXPECT_TRUE(std::isinf(got[i]));
+        if (o == 5) {
+          EXPECT_TRUE(std::isinf(got[i]));
+        }
       }
     }
   }

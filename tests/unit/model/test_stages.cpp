@@ -117,7 +117,9 @@ TEST(ModelStages, TwoStagesWithMicroBatchesInFlightGiveTheWholeModelsBits) {
           last.forward(mb, batch);
           last.backward(mb, w.dloss, loss, mb == kMicro - 1);
           grads_in[static_cast<size_t>(mb)].assign(last.stage_input_grad(), last.stage_input_grad() + rows);
-          if (split && mb == 1) EXPECT_THROW(last.stage_input(kMicro), InternalError);  // 0 and 1 hold both slots
+          if (split && mb == 1) {
+            EXPECT_THROW(last.stage_input(kMicro), InternalError);  // 0 and 1 hold both slots
+          }
           if (split && mb > 0) last.backward_weight(mb - 1, false);
         }
         if (split) last.backward_weight(kMicro - 1, true);

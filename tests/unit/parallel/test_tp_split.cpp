@@ -101,7 +101,9 @@ TEST(TpSplit, GlobalRunsFollowGlobalIndex) {
             ASSERT_EQ(run.local, next) << s.name;
             ASSERT_GT(run.length, 0) << s.name;
             for (int64_t j = 0; j < run.length; ++j) ASSERT_EQ(s.global_index(run.local + j), run.global + j) << s.name;
-            if (k > 0) ASSERT_NE(runs[k - 1].global + runs[k - 1].length, run.global) << s.name << ": runs not merged";
+            if (k > 0) {
+              ASSERT_NE(runs[k - 1].global + runs[k - 1].length, run.global) << s.name << ": runs not merged";
+            }
             next += run.length;
           }
           ASSERT_EQ(next, std::max(first, end)) << s.name;
