@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Context parallelism: every sequence's positions split over cp ranks in zig-zag blocks, the
 # attention against every rank's keys and values.
-#  - canonical mode: the one-process model hash for cp2, cp4, cp2 x dp2 (zero 1 with micro-batches
-#    of one sequence, zero 2, zero 3), cp2 x tp2 (also with sequence parallelism), cp2 with
-#    selective recomputation, grouped-query attention, RoPE with RMSNorm and SwiGLU, and bf16
-#    linears, each on its own one-process hash; the ring (cp_comm = "p2p", the blockwise attention)
-#    runs about half of them (zero 2, sp, recomputation, cp4, GQA, RoPE, shared experts), the
-#    all-gather the others;
-#  - MoE: cp2 with token dropping, cp4, cp2 x ep2, cp2 x tp2 with sp, shared experts and
-#    aux-loss-free balancing on the one-process hash, the per-expert statistics the one process's;
+#  - canonical mode: the one-process model hash for cp2, cp4, cp2 x dp2 zero 2, cp2 x tp2 with
+#    sequence parallelism, cp2 with selective recomputation, RoPE with RMSNorm, SwiGLU and
+#    grouped-query attention, and bf16 linears, each on its own one-process hash; the ring
+#    (cp_comm = "p2p", the blockwise attention) runs most of them (zero 2, sp, recomputation, cp4,
+#    RoPE, shared experts), the all-gather the others; the full campaign
+#    (e2e/slow/parallel_layouts.sh) adds cp2 x dp2 zero 1 with micro-batches of one sequence, zero 3,
+#    cp2 x tp2 without sp and grouped-query attention alone;
+#  - MoE: cp2 with token dropping, cp2 x ep2 and shared experts on the one-process hash, the
+#    per-expert statistics the one process's (the full campaign: also cp4, cp2 x tp2 with sp and
+#    aux-loss-free balancing);
 #  - evaluation: the cp ranks evaluate each window together and give the one process's val loss;
 #  - a rank holds T / cp positions: the layout line says so and the attention's traffic is counted;
 #  - checkpoints: a cp2 run's checkpoint resumes under cp2 x dp2 over the ring and on one process
@@ -17,9 +19,9 @@
 #    gather is found and named;
 #  - canonical dumps of cp2, cp2 x dp2 (the ring: every tensor but the probabilities it does not
 #    hold) and MoE cp2 runs are bitwise the one process's, tensor by tensor;
-#  - fast mode: cp2 x dp2, cp2 x tp2 over the ring and MoE cp2 dump every tensor of 2 steps (of 2
-#    sequences) as global tensors, and `lockstep diff --bounds` finds each within its op-local bound
-#    of the one-process fast run;
+#  - fast mode: cp2 x tp2 over the ring (the full campaign: also cp2 x dp2 and MoE cp2) dumps
+#    every tensor of 2 steps (of 2 sequences) as global tensors, and `lockstep diff --bounds` finds
+#    each within its op-local bound of the one-process fast run;
 #  - bad input: a sequence that cp cannot cut into whole 64-position chunks, cp with pipeline
 #    parallelism, a cp that does not divide the ranks, an unknown cp_comm, a fault injected into the
 #    probabilities the ring does not hold — one line each.
@@ -37,19 +39,21 @@ mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train -
 want=$(one_process single)
 [ -n "$want" ] || fail "no model hash in single.log"
 on_hash cp2 "$want" 2 --parallel.cp=2
-on_hash cp2_dp2_z1 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
 ring=(--parallel.cp_comm=p2p)
 on_hash cp2_dp2_z2 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=2 "${ring[@]}"
-on_hash cp2_z3 "$want" 2 --parallel.cp=2 --parallel.zero=3
-on_hash cp2_tp2 "$want" 4 --parallel.cp=2 --parallel.tp=2
 on_hash cp2_tp2_sp "$want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true "${ring[@]}"
 on_hash cp2_recompute "$want" 2 --parallel.cp=2 --train.recompute=selective "${ring[@]}"
 config=long.toml on_hash cp4 "$(config=long.toml one_process long)" 4 --parallel.cp=4 "${ring[@]}"
-gqa=(--model.n_kv_heads=2)
-on_hash cp2_gqa "$(one_process gqa "${gqa[@]}")" 2 --parallel.cp=2 "${gqa[@]}" "${ring[@]}"
-llama=(--model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu)
+llama=(--model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu --model.n_kv_heads=2)
 on_hash cp2_llama "$(one_process llama "${llama[@]}")" 2 --parallel.cp=2 "${llama[@]}" "${ring[@]}"
 on_hash cp2_bf16 "$(one_process bf16 --train.precision=bf16)" 2 --parallel.cp=2 --train.precision=bf16
+if full_campaign; then
+  on_hash cp2_dp2_z1 "$want" 4 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
+  on_hash cp2_z3 "$want" 2 --parallel.cp=2 --parallel.zero=3
+  on_hash cp2_tp2 "$want" 4 --parallel.cp=2 --parallel.tp=2
+  gqa=(--model.n_kv_heads=2)
+  on_hash cp2_gqa "$(one_process gqa "${gqa[@]}")" 2 --parallel.cp=2 "${gqa[@]}" "${ring[@]}"
+fi
 
 # MoE: each cp rank routes the whole micro-batch (a sequence's capacity and balancing loss span its
 # positions) and computes its own tokens' rows.
@@ -60,13 +64,15 @@ on_hash cp2_moe "$moe_want" 2 --parallel.cp=2 "${moe[@]}"
 grep -q '^moe: .*dropped [1-9]' moe.log || fail "no dropped tokens to test: $(grep '^moe:' moe.log | tail -1)"
 [ "$(grep '^moe:' cp2_moe.log)" = "$(grep '^moe:' moe.log)" ] || fail "cp2 MoE statistics: $(grep '^moe:' cp2_moe.log | tail -1)"
 on_hash cp2_ep2_moe "$moe_want" 4 --parallel.cp=2 --parallel.ep=2 "${moe[@]}"
-on_hash cp2_tp2_sp_moe "$moe_want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true "${moe[@]}"
-config=long.toml on_hash cp4_moe "$(config=long.toml one_process long_moe "${moe[@]}")" 4 --parallel.cp=4 "${moe[@]}"
 shared=(--model.moe_shared_experts=1)
 on_hash cp2_moe_shared "$(one_process moe_shared "${moe[@]}" "${shared[@]}")" 2 --parallel.cp=2 "${moe[@]}" "${shared[@]}" \
   "${ring[@]}"
-free=(--model.moe_experts=4 --model.moe_top_k=2 --model.moe_ffn_hidden=128 --model.moe_bias_update=0.001)
-on_hash cp2_moe_free "$(one_process moe_free "${free[@]}")" 2 --parallel.cp=2 "${free[@]}"
+if full_campaign; then
+  on_hash cp2_tp2_sp_moe "$moe_want" 4 --parallel.cp=2 --parallel.tp=2 --parallel.sp=true "${moe[@]}"
+  config=long.toml on_hash cp4_moe "$(config=long.toml one_process long_moe "${moe[@]}")" 4 --parallel.cp=4 "${moe[@]}"
+  free=(--model.moe_experts=4 --model.moe_top_k=2 --model.moe_ffn_hidden=128 --model.moe_bias_update=0.001)
+  on_hash cp2_moe_free "$(one_process moe_free "${free[@]}")" 2 --parallel.cp=2 "${free[@]}"
+fi
 
 grep -q "cp 2 x ep 1 x pp 1 (world 2), cp_comm all_gather" cp2.log || fail "no cp in the layout line: $(grep '^parallel' cp2.log)"
 grep -q "cp_comm p2p" cp4.log || fail "no ring in the layout line: $(grep '^parallel' cp4.log)"
@@ -126,9 +132,12 @@ mpi 2 --train.stop_after=1 --dump.dir=dump_cp2_moe --parallel.cp=2 "${moe[@]}" >
 "$LOCKSTEP" diff dump_moe dump_cp2_moe > dump_cp2_moe.txt || fail "cp2 MoE dump differs: $(head -3 dump_cp2_moe.txt)"
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
-fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- \
-  "4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1" "4 cp2_tp2 --parallel.cp=2 --parallel.tp=2 --parallel.cp_comm=p2p"
-fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 "${moe[@]}" -- "2 cp2_moe --parallel.cp=2"
+fast_layouts=("4 cp2_tp2 --parallel.cp=2 --parallel.tp=2 --parallel.cp_comm=p2p")
+full_campaign && fast_layouts+=("4 cp2_dp2 --parallel.cp=2 --parallel.dp=2 --parallel.zero=1")
+fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 -- "${fast_layouts[@]}"
+if full_campaign; then
+  fast_within_bounds --train.batch_size=2 --train.micro_batch_size=1 "${moe[@]}" -- "2 cp2_moe --parallel.cp=2"
+fi
 
 expect_mpi_error "\[parallel\] cp = 4 needs \[model\] seq_len \(256\) to be a multiple of 2 x cp x 64 = 512" \
   4 --parallel.cp=4

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Expert parallelism: the routed experts of MoE layers (4 experts, top-2) split over ep ranks, every
 # rank training on its own part of the batch.
-#  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 1 and 2 with
-#    micro-batches of one sequence, zero 2 without overlap, zero 3), ep2 x dp2 x tp2 with sequence
-#    parallelism and zero 2 (8 ranks), ep2 x tp2 (also with sequence parallelism), ep2 with full recomputation, ep2 x
-#    pp2 (1F1B; and x tp2 on 8 ranks) and ep2 x pp2 interleaved (4 layers, 2 stages a rank); a dropping capacity (SwiGLU, sigmoid
-#    router), aux-loss-free selection biases, shared experts (ep2 x tp2), bf16 linears and fp8
-#    linears (delayed scaling under Hopper accumulation, ep2 x dp2; mxfp8, ep2) each on their own
-#    one-process hash;
+#  - canonical mode: the one-process model hash for ep2, ep4, ep2 x dp2 (zero 2 with micro-batches
+#    of one sequence), ep2 x tp2 with sequence parallelism, ep2 with full recomputation, ep2 x pp2
+#    (1F1B) and ep2 x pp2 interleaved (4 layers, 2 stages a rank); a dropping capacity (SwiGLU,
+#    sigmoid router), aux-loss-free selection biases, shared experts (ep2 x tp2), bf16 linears and
+#    fp8 linears (delayed scaling under Hopper accumulation, ep2 x dp2; mxfp8, ep2) each on their
+#    own one-process hash; the full campaign (e2e/slow/parallel_layouts.sh) adds ep2 x dp2 with
+#    zero 1, zero 2 without overlap and zero 3, ep2 x dp2 x tp2 sp zero 2 and ep2 x pp2 x tp2 (8
+#    ranks), ep2 x tp2 without sp, and the dropping capacity on ep4;
 #  - evaluation splits its windows over the ep ranks and gives the one process's val loss (ep2, ep4);
 #  - a rank holds only its experts (fewer parameters per rank) and counts what it exchanges;
 #  - checkpoints: an ep2 run's checkpoint resumes under ep4 and on one process bitwise, and its
@@ -15,8 +16,9 @@
 #    resumes there bitwise;
 #  - canonical dumps of an ep2 run are bitwise the one process's; verify step passes an ep2 run's
 #    checkpoint;
-#  - fast mode: ep2, ep2 x dp2 and ep2 x tp2 sp dump every tensor of 2 steps as global tensors, and
-#    `lockstep diff --bounds` finds each within its op-local bound of the one-process fast run;
+#  - fast mode: ep2 x tp2 sp (the full campaign: also ep2 and ep2 x dp2) dumps every tensor of 2
+#    steps as global tensors, and `lockstep diff --bounds` finds each within its op-local bound of
+#    the one-process fast run;
 #  - bad input: ep that does not divide the experts (train, ckpt convert), ep of a dense model, ep
 #    with fp8 current scaling — one line each.
 source "$(dirname "$0")/lib.sh"
@@ -32,16 +34,18 @@ want=$(one_process single)
 [ -n "$want" ] || fail "no model hash in single.log"
 on_hash ep2 "$want" 2 --parallel.ep=2
 on_hash ep4 "$want" 4 --parallel.ep=4
-on_hash ep2_dp2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
 on_hash ep2_dp2_z2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=2 --train.micro_batch_size=1
-on_hash ep2_dp2_z2_serial "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=2 --parallel.overlap=false
-on_hash ep2_dp2_z3 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=3
-on_hash ep2_dp2_tp2_sp_z2 "$want" 8 --parallel.ep=2 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=2
-on_hash ep2_tp2 "$want" 4 --parallel.ep=2 --parallel.tp=2
 on_hash ep2_tp2_sp "$want" 4 --parallel.ep=2 --parallel.tp=2 --parallel.sp=true
 on_hash ep2_recompute "$want" 2 --parallel.ep=2 --train.recompute=full
 on_hash ep2_pp2 "$want" 4 --parallel.ep=2 --parallel.pp=2 --parallel.schedule=1f1b --train.micro_batch_size=1
-on_hash ep2_pp2_tp2 "$want" 8 --parallel.ep=2 --parallel.pp=2 --parallel.tp=2
+if full_campaign; then
+  on_hash ep2_dp2 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1 --train.micro_batch_size=1
+  on_hash ep2_dp2_z2_serial "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=2 --parallel.overlap=false
+  on_hash ep2_dp2_z3 "$want" 4 --parallel.ep=2 --parallel.dp=2 --parallel.zero=3
+  on_hash ep2_dp2_tp2_sp_z2 "$want" 8 --parallel.ep=2 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=2
+  on_hash ep2_tp2 "$want" 4 --parallel.ep=2 --parallel.tp=2
+  on_hash ep2_pp2_tp2 "$want" 8 --parallel.ep=2 --parallel.pp=2 --parallel.tp=2
+fi
 on_hash ep2_interleaved "$(one_process four_layers --model.n_layers=4)" 4 --model.n_layers=4 --parallel.ep=2 \
   --parallel.pp=2 --parallel.schedule=interleaved --parallel.virtual_stages=2 --train.micro_batch_size=1
 
@@ -70,7 +74,7 @@ drop=(--model.moe_capacity_factor=1 --model.ffn=swiglu --model.moe_router=sigmoi
 hash=$(one_process capacity "${drop[@]}")
 [ "$hash" != "$want" ] || fail "the capacity run ended on the dropless hash"
 on_hash capacity_ep2 "$hash" 2 --parallel.ep=2 "${drop[@]}"
-on_hash capacity_ep4 "$hash" 4 --parallel.ep=4 "${drop[@]}"
+full_campaign && on_hash capacity_ep4 "$hash" 4 --parallel.ep=4 "${drop[@]}"
 bias=(--model.moe_bias_update=0.01 --model.moe_aux_weight=0)
 on_hash bias_ep2 "$(one_process bias "${bias[@]}")" 2 --parallel.ep=2 "${bias[@]}"
 on_hash shared_ep2_tp2 "$(one_process shared --model.moe_shared_experts=2)" 4 --parallel.ep=2 --parallel.tp=2 \
@@ -112,8 +116,9 @@ grep -Eq "^diff dump_single dump_ep2 \(mode exact\): agree \([0-9]+ tensors\)" d
 grep -q "^verify step: PASS" verify.log || fail "verify step: $(tail -3 verify.log)"
 
 # Fast mode: within the one-process run's op-local bounds, tensor by tensor.
-fast_within_bounds -- "2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1" \
-  "4 ep2_tp2_sp --parallel.ep=2 --parallel.tp=2 --parallel.sp=true"
+fast_layouts=("4 ep2_tp2_sp --parallel.ep=2 --parallel.tp=2 --parallel.sp=true")
+full_campaign && fast_layouts+=("2 ep2 --parallel.ep=2" "4 ep2_dp2 --parallel.ep=2 --parallel.dp=2 --parallel.zero=1")
+fast_within_bounds -- "${fast_layouts[@]}"
 
 expect_mpi_error "\[parallel\] ep = 3 must divide \[model\] moe_experts \(4\)" 3 --parallel.ep=3 --train.batch_size=6 \
   --train.micro_batch_size=2

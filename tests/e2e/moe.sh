@@ -24,7 +24,8 @@ base=(--config cfg.toml --model.seq_len=128 --model.vocab_size=512 --model.d_mod
       --model.moe_top_k=2 --model.moe_ffn_hidden=128 --parallel.timeout_s=60)
 common=("${base[@]}" --train.steps=4)
 run() { "$LOCKSTEP" train "${common[@]}" "$@"; }
-mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "${common[@]}" "$@"; }
+# A thread a rank: the ranks share the cores (the thread counts' bits are the one process's runs).
+mpi() { local np=$1; shift; mpirun --oversubscribe -np "$np" "$LOCKSTEP" train "${common[@]}" --train.threads=1 "$@"; }
 # layouts NAME ARGS...: the run with ARGS under several layouts, each on the one-process hash.
 layouts() {
   local name=$1

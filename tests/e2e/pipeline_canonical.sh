@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline parallelism in canonical mode, tied embeddings: pp2, pp4, pp2 with GPipe, pp2 x dp2
-# (zero 2), pp2 x tp2 and pp2 x dp2 x tp2 with sp and zero 1 each end on the single-process model
-# hash, the loss and the validation loss printed alike; stages balanced by FLOPs or set by hand; an
-# untied head too, and bf16; a pp2 x dp2 checkpoint resumes under one process and under pp4 to the
-# uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds); a
+# (zero 2) and pp2 x dp2 x tp2 with sp and zero 1 (the full campaign, e2e/slow/parallel_layouts.sh:
+# also pp2 x tp2) each end on the single-process model hash, the loss and the validation loss
+# printed alike; stages balanced by FLOPs or set by hand; an untied head too, and bf16; a pp2 x dp2
+# checkpoint resumes under one process and under pp4 to the uninterrupted hash; dumps gather the stages' tensors (canonical bitwise, fast within bounds); a
 # planted fault is found on its stage, and a corrupted pipeline message by its checksum.
 # Layouts the pipeline cannot run are one error line each.
 source "$(dirname "$0")/lib.sh"
@@ -25,10 +25,11 @@ val2=$(eval20 one2.log)
 [ -n "$want" ] && [ -n "$loss" ] && [ -n "$val1" ] || fail "single process: $(tail -3 one.log)"
 [ "$(model_hash one2.log)" = "$want" ] || fail "micro-batches of 2 changed the canonical model"
 
-for layout in "2|--parallel.pp=2" "4|--parallel.pp=4" "2|--parallel.pp=2 --parallel.schedule=gpipe" \
-              "2|--parallel.pp=2 --parallel.stage_layers=2,5" "4|--parallel.pp=2 --parallel.dp=2 --parallel.zero=2" \
-              "4|--parallel.pp=2 --parallel.tp=2" \
-              "8|--parallel.pp=2 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=1"; do
+layouts=("2|--parallel.pp=2" "4|--parallel.pp=4" "2|--parallel.pp=2 --parallel.schedule=gpipe"
+         "2|--parallel.pp=2 --parallel.stage_layers=2,5" "4|--parallel.pp=2 --parallel.dp=2 --parallel.zero=2"
+         "8|--parallel.pp=2 --parallel.dp=2 --parallel.tp=2 --parallel.sp=true --parallel.zero=1")
+full_campaign && layouts+=("4|--parallel.pp=2 --parallel.tp=2")
+for layout in "${layouts[@]}"; do
   IFS='|' read -r np flags <<< "$layout"
   # shellcheck disable=SC2086
   case "$flags" in *sp=true*) micro=2 ;; *) micro=1 ;; esac  # sp: a rank's micro-batch / tp a whole chunk

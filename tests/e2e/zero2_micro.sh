@@ -6,7 +6,7 @@
 #    after every step;
 #  - the gradient storage a rank holds (the first step's parallel line, grad_bytes in the metrics)
 #    is smaller under zero 2 than under zero 1 and than the full buffers, with buckets of 16 KB;
-#  - fast mode, dp2 zero 2 with 4 micro-batches per rank: every dumped tensor within the single
+#  - fast mode, dp2 zero 2 with 4 micro-batches per rank: every tensor of 2 steps within the single
 #    process's op-local bounds (`lockstep diff --bounds`).
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -48,7 +48,7 @@ assert len(z2) == len(z1) == 4 and max(z2) < min(z1), (z2, z1)
 PY
 
 # Fast mode: within the single process's op-local bounds.
-fast=(--train.mode=fast --checkpoint.every=1 --checkpoint.keep=8)
+fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1 --checkpoint.keep=8)
 run "${fast[@]}" --checkpoint.dir=ck_single --dump.dir=single > fast_single.log
 mpi 2 "${fast[@]}" --parallel.zero=2 --checkpoint.dir=ck_dp2 --dump.dir=dp2 > fast_dp2.log 2>&1 \
   || fail "fast dp2 zero 2 failed: $(tail -5 fast_dp2.log)"

@@ -6,7 +6,7 @@
 #  - a checkpoint of a zero 3 run resumes under zero 3, zero 2, dp4 zero 3 and one process, each to
 #    the same hash; a moment flipped at rest is found and rolled back to the clean hash;
 #  - fast mode: zero 3 ends on zero 2's bits (a gather moves the parameters' bits), and every
-#    dumped tensor is within the single process's op-local bounds;
+#    dumped tensor of 2 steps is within the single process's op-local bounds;
 #  - bf16 linears' weights are gathered in bf16: fewer bytes a step than fp32;
 #  - memory: with eight layers a rank holds its shard and two layer windows, less than the whole
 #    parameters, and less at dp4 than at dp2;
@@ -72,7 +72,7 @@ grep -q "^rolled back to step 1" rollback.log || fail "no rollback: $(grep -E '^
 same_hash "zero 3 after a rollback" rollback.log
 
 # Fast mode.
-fast=(--train.mode=fast --checkpoint.every=1 --checkpoint.keep=8)
+fast=(--train.mode=fast --train.stop_after=1 --checkpoint.every=1 --checkpoint.keep=8)
 run "${fast[@]}" --checkpoint.dir=fck_single --dump.dir=fsingle > fast_single.log
 mpi 2 "${fast[@]}" --parallel.zero=2 --checkpoint.dir=fck_z2 > fast_z2.log 2>&1 || fail "fast zero 2: $(tail -5 fast_z2.log)"
 mpi 2 "${fast[@]}" --parallel.zero=3 --checkpoint.dir=fck_z3 --dump.dir=fz3 > fast_z3.log 2>&1 \
