@@ -90,7 +90,7 @@ class Fp8State {
     bool last_from_data = false;
     std::vector<float> history = {};  // oldest first, at most amax_history_len
     Fp8TensorStats step = {};
-    bool stale = false;          // finish_step ran: the next record starts a new step
+    bool stale = false;               // finish_step ran: the next record starts a new step
   };
   Fp8Recipe recipe_;
   std::vector<Tensor> tensors_;

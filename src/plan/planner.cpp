@@ -584,8 +584,8 @@ Prediction Planner::predict(const Layout& layout) {
     // moments (over dp from ZeRO 1): the measured figure is for all three whole.
     const double resting = ((zero3 ? 1 / shards : 1) + 2 * (layout.zero >= 1 ? 1 / shards : 1)) / 3;
     if (profile_ != nullptr) {
-      const double whole = profile_->at(pass_shape(layout, Recompute::kNone)).state_at_rest * r.params / held_params;
-      state_at_rest = std::max(state_at_rest, whole * resting);
+      const double rank_whole = profile_->at(pass_shape(layout, Recompute::kNone)).state_at_rest * r.params / held_params;
+      state_at_rest = std::max(state_at_rest, rank_whole * resting);
     } else if (request_.state_at_rest && cluster_.stream_bandwidth > 0) {
       state_at_rest = std::max(state_at_rest, 2 * 12 * r.params * resting / cluster_.stream_bandwidth);
     }

@@ -5,6 +5,7 @@
 #   mutants.sh SOURCE_DIR
 set -u
 cd "$1"
+command -v patch > /dev/null || { echo "mutants: no patch(1) to apply scripts/mutants/ with (build-essential brings it)" >&2; exit 1; }
 status=0
 count=0
 for p in scripts/mutants/*.patch; do
