@@ -32,6 +32,10 @@ class Backend {
   // What runs the ops in `mode`, for logs: e.g. "avx512" or "avx512 (fast mode's GEMM OpenBLAS
   // sgemm (SkylakeX))".
   virtual std::string describe(Mode mode) const = 0;
+  // Whether `mode`'s bf16 linears read an fp32 operand rounded to bf16 (LinearShape::round_dout,
+  // round_weight) as their products pack it, with no rounded copy: where they do, the model keeps
+  // no bf16 copy of its weights up to date.
+  virtual bool rounds_bf16_as_read(Mode mode) const = 0;
 
 #define LS_OP(name, params, args) virtual void name params = 0;
 #include "kernels/ops/ops.def"

@@ -16,6 +16,7 @@ class ForwardingBackend : public Backend {
 
   Backend& inner() const { return inner_; }
   std::string describe(Mode mode) const override { return inner_.describe(mode); }
+  bool rounds_bf16_as_read(Mode mode) const override { return inner_.rounds_bf16_as_read(mode); }
 
 #define LS_OP(name, params, args) \
   void name params override { inner_.name args; }

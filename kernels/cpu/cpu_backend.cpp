@@ -38,6 +38,10 @@ std::string CpuBackend::describe(Mode mode) const {
   return isa_name() + (mode == Mode::kFast ? " (fast mode's GEMM " + fast_gemm_name() + ")" : std::string());
 }
 
+bool CpuBackend::rounds_bf16_as_read(Mode mode) const {
+  return cpu::linear_rounds_as_read(mode, Operands::kBf16, Accumulation::kFp32);
+}
+
 #define LS_OP(name, params, args) \
   void CpuBackend::name params { cpu::name args; }
 #include "kernels/ops/ops.def"

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
   void choose_gemms(const GemmPeak& peak) const { cpu::choose_gemms(peak); }
 
   std::string describe(Mode mode) const override;
+  bool rounds_bf16_as_read(Mode mode) const override;
 
 #define LS_OP(name, params, args) void name params override;
 #include "kernels/ops/ops.def"

@@ -90,21 +90,32 @@ void bias_grad_fast(LinearShape s, float* db, const float* dout) {
   }
 }
 
-// Whether linear_backward reads round_to_bf16(dout) without a copy: fast mode's products on the
-// VDPBF16PS build round it as they pack it (matmul_fast's round_a), the bias gradient as it adds.
-bool rounds_dout_as_read(Mode mode, LinearShape s) {
-  return s.round_dout && mode == Mode::kFast && s.accumulation == Accumulation::kFp32 &&
-         matmul_fast_rounds_a(s.operands);
-}
-
-// round_to_bf16(dout) in this thread's copy, grown to the largest output gradient and kept (no
-// allocation once the step has run).
-const float* rounded_dout(LinearShape s, const float* dout) {
+// round_to_bf16 of n floats of x in this thread's copy for `Operand`, grown to the largest seen and
+// kept (no allocation once the step has run); one copy per operand, as an op may read both.
+template <class Operand>
+const float* rounded_copy(int64_t n, const float* x) {
   thread_local std::vector<float> copy;
-  const auto n = static_cast<size_t>(s.N * s.OC);
-  if (copy.size() < n) copy.resize(n);
-  round_to_bf16(s.N * s.OC, copy.data(), dout);
+  if (copy.size() < static_cast<size_t>(n)) copy.resize(static_cast<size_t>(n));
+  round_to_bf16(n, copy.data(), x);
   return copy.data();
+}
+struct Dout;
+struct Weight;
+
+// The operands as the contract reads them: dout and weight rounded into copies where asked and the
+// products do not round them as read. (A forward passes no dout.)
+struct ReadOperands {
+  const float* dout;
+  const float* weight;
+  RoundAsPacked rounds;  // of the fast products' A = dout and B = weight
+};
+ReadOperands read_operands(Mode mode, LinearShape s, const float* dout, const float* weight) {
+  if (linear_rounds_as_read(mode, s.operands, s.accumulation)) {
+    return {dout, weight, {.a = s.round_dout, .b = s.round_weight}};
+  }
+  if (s.round_dout && dout != nullptr) dout = rounded_copy<Dout>(s.N * s.OC, dout);
+  if (s.round_weight) weight = rounded_copy<Weight>(s.OC * s.IC, weight);
+  return {dout, weight, {}};
 }
 
 // dinp and dweight of linear_backward under the emulated FP8 accumulator.
@@ -131,10 +142,18 @@ void hopper_forward(Mode mode, LinearShape s, const float* inp, const float* wei
 
 }  // namespace
 
+// Fast mode's products on the VDPBF16PS build round their operands as they pack them
+// (matmul_fast's RoundAsPacked), and the bias gradient rounds dout as it adds.
+bool linear_rounds_as_read(Mode mode, Operands operands, Accumulation accumulation) {
+  return mode == Mode::kFast && accumulation == Accumulation::kFp32 && matmul_fast_rounds_as_packed(operands);
+}
+
 void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, const float* weight,
                     const float* bias) {
   check_shape(s);
   if (s.N == 0 || s.OC == 0) return;
+  const ReadOperands r = read_operands(mode, s, nullptr, weight);
+  weight = r.weight;
   if (s.accumulation == Accumulation::kHopperFp8) {
     hopper_forward(mode, s, inp, weight, {.f32 = out, .ldc = s.OC, .col_bias = bias, .round_bf16 = s.round_outputs});
     return;
@@ -148,7 +167,7 @@ void linear_forward(Mode mode, LinearShape s, float* out, const float* inp, cons
     return;
   }
   sgemm_threads(false, true, s.N, s.OC, s.IC, 1.0f, inp, s.IC, weight, s.IC, 0.0f, out, s.OC, s.operands,
-                {.col_bias = bias, .round_bf16 = s.round_outputs});
+                {.col_bias = bias, .round_bf16 = s.round_outputs}, r.rounds);
 }
 
 void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp,
@@ -163,8 +182,9 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
              token_offset, " must be a multiple of the canonical chunk (", chunk,
              "): a split of the token range may not cut a chunk");
   }
-  const bool round_as_read = rounds_dout_as_read(mode, s);
-  if (s.round_dout && !round_as_read) dout = rounded_dout(s, dout);
+  const ReadOperands r = read_operands(mode, s, dout, weight);
+  dout = r.dout;
+  weight = r.weight;
   if (s.accumulation == Accumulation::kHopperFp8) {
     hopper_backward(mode, s, dinp, dweight, dout, inp, weight);
   } else if (mode == Mode::kCanonical) {
@@ -183,17 +203,17 @@ void linear_backward(Mode mode, LinearShape s, int64_t token_offset, float* dinp
   } else {
     if (dinp != nullptr && s.N > 0 && s.IC > 0) {
       sgemm_threads(false, false, s.N, s.IC, s.OC, 1.0f, dout, s.OC, weight, s.IC, 0.0f, dinp, s.IC, s.operands,
-                    {.round_bf16 = s.round_outputs}, round_as_read);
+                    {.round_bf16 = s.round_outputs}, r.rounds);
     }
     if (!dweight.empty() && s.OC > 0 && s.IC > 0) {
       sgemm_threads(true, false, s.OC, s.IC, s.N, 1.0f, dout, s.OC, inp, s.IC, 1.0f, dweight.f32, s.IC,
-                    s.operands, {}, round_as_read);
+                    s.operands, {}, {.a = r.rounds.a});
     }
   }
   if (dbias.empty()) return;
   if (mode == Mode::kCanonical) {
     bias_grad_canonical(s, dbias, dout);
-  } else if (round_as_read) {
+  } else if (r.rounds.a) {
     bias_grad_fast<true>(s, dbias.f32, dout);
   } else {
     bias_grad_fast<false>(s, dbias.f32, dout);
@@ -204,6 +224,7 @@ void linear_forward_partials(LinearShape s, ExactAccumulator& out, const float* 
                              const float* weight) {
   check_shape(s);
   LS_CHECK(!s.round_outputs, "linear_forward_partials: partial sums take no rounding to bf16");
+  weight = read_operands(Mode::kCanonical, s, nullptr, weight).weight;
   if (s.accumulation == Accumulation::kHopperFp8) {
     return hopper_forward(Mode::kCanonical, s, inp, weight, {.exact = &out});
   }
@@ -215,7 +236,9 @@ void linear_backward_dinp_partials(LinearShape s, ExactAccumulator& dinp, const 
                                    const float* weight) {
   check_shape(s);
   LS_CHECK(!s.round_outputs, "linear_backward_dinp_partials: partial sums take no rounding to bf16");
-  if (s.round_dout) dout = rounded_dout(s, dout);
+  const ReadOperands r = read_operands(Mode::kCanonical, s, dout, weight);
+  dout = r.dout;
+  weight = r.weight;
   // forward: out = inp · weightᵀ  ->  dinp[n,i] = Σ_o dout[n,o]·weight[o,i]
   if (s.accumulation == Accumulation::kHopperFp8) {
     return matmul_fp8_hopper(Mode::kCanonical, s.N, s.IC, s.OC, dout, s.OC, 1, weight, s.IC, 1, {.exact = &dinp});

@@ -95,18 +95,19 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K, ExactAccumulator& acc,
 
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam, int64_t sak,
                  const float* B, int64_t sbk, int64_t sbn, float beta, float* C, int64_t ldc, Operands operands,
-                 MatmulEpilogue epilogue, bool round_a) {
+                 MatmulEpilogue epilogue, RoundAsPacked rounds) {
   LS_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul_fast: M=", M, " N=", N, " K=", K);
-  LS_CHECK(!round_a || matmul_fast_rounds_a(operands), "matmul_fast: round_a needs the VDPBF16PS build");
+  LS_CHECK(!rounds.any() || matmul_fast_rounds_as_packed(operands),
+           "matmul_fast: rounding as packed needs the VDPBF16PS build");
   if (use_dots(operands)) {
-    avx512bf16::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue, round_a);
+    avx512bf16::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue, rounds);
   } else if (active_isa() == Isa::kAvx512) {
-    avx512::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue, false);
+    avx512::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue, {});
   } else {
-    avx2::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue, false);
+    avx2::matmul_fast_packed(M, N, K, alpha, A, sam, sak, B, sbk, sbn, beta, C, ldc, epilogue, {});
   }
 }
 
-bool matmul_fast_rounds_a(Operands operands) { return use_dots(operands); }
+bool matmul_fast_rounds_as_packed(Operands operands) { return use_dots(operands); }
 
 }  // namespace lockstep::cpu

@@ -76,25 +76,33 @@ void matmul_chunks_exact(int64_t M, int64_t N, int64_t K,
                          const float* B, int64_t sbk, int64_t sbn,  // (K, N)
                          Operands operands = Operands::kFp32);
 
+// Which operands of matmul_fast hold fp32 values that the product reads rounded to bf16
+// (round_to_bf16, kernels/ops/cast.hpp) as it packs them: a bf16 product whose operand is not
+// stored in bf16 (a linear's output gradient, kept in fp32; its fp32 master weight, of which fast
+// mode keeps no bf16 copy) without a rounded copy.
+struct RoundAsPacked {
+  bool a = false, b = false;
+  bool any() const { return a || b; }
+};
+
 // Fast mode's product without OpenBLAS: C (M, N) = alpha·A·B + col_bias + beta·C (beta 0: C is not
 // read), each element one fp32 FMA chain per K block of the packed kernel, the blocks added into C
 // in order; the epilogue's bias is added to the first block's result (one addition, where copying
 // the bias into C to add it with beta = 1 wrote and read C once more) and its rounding to bf16
 // applies as the last block is stored. No canonical order: the accuracy of any sgemm
-// (docs/numerics.md, "Error bounds": the fast-mode dot bound). With round_a, the product of
-// round_to_bf16(A) (kernels/ops/cast.hpp) and B, A's elements rounded as they are packed: a bf16
-// product whose A is not stored in bf16 (a linear's output gradient) without the rounded copy;
-// only where matmul_fast_rounds_a(operands). The packing's VCVTNE2PS2BF16 also flushes fp32
-// subnormals to zero; VDPBF16PS flushes bf16 subnormals anyway, so the result has the rounded
-// copy's bits except where A holds an fp32 subnormal that rounds up to the smallest normal bf16
-// (within the flush term of the fast-mode bound) or a NaN with a payload.
+// (docs/numerics.md, "Error bounds": the fast-mode dot bound). With `rounds`, the product of
+// round_to_bf16 of the operands it names; only where matmul_fast_rounds_as_packed(operands). The
+// packing's VCVTNE2PS2BF16 also flushes fp32 subnormals to zero; VDPBF16PS flushes bf16 subnormals
+// anyway, so the result has the rounded copy's bits except where an operand holds an fp32
+// subnormal that rounds up to the smallest normal bf16 (within the flush term of the fast-mode
+// bound) or a NaN with a payload.
 void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t sam, int64_t sak,  // (M, K)
                  const float* B, int64_t sbk, int64_t sbn,  // (K, N)
                  float beta, float* C, int64_t ldc,         // (M, N)
-                 Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, bool round_a = false);
-// Whether matmul_fast takes round_a for these operands: where they run the VDPBF16PS build, whose
+                 Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, RoundAsPacked rounds = {});
+// Whether matmul_fast takes `rounds` for these operands: where they run the VDPBF16PS build, whose
 // packing converts every element anyway.
-bool matmul_fast_rounds_a(Operands operands);
+bool matmul_fast_rounds_as_packed(Operands operands);
 
 }  // namespace lockstep::cpu

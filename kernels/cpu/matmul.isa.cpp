@@ -1318,7 +1318,7 @@ struct Sink {
   ExactAccumulator* acc = nullptr;
   int64_t offset = 0;
   float alpha = 1.0f, beta = 0.0f;  // Output::kFast
-  bool round_a = false;             // Output::kFast of pair-packed operands: A rounded to bf16 as packed
+  RoundAsPacked rounds;             // Output::kFast of pair-packed operands: rounded to bf16 as packed
 };
 
 // The scalar specification for one element of Output::kRound, then the epilogue.
@@ -1508,10 +1508,10 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
               [&](int64_t p0, int64_t p1) {
 #if defined(LS_BF16_PAIRS)
                 if (a_stride != 0) {
-                  pack_pair_rows<kExponents>(p0, p1, M, K, kb, k_blocks, A, sam, a_stride, sink.round_a, apack,
+                  pack_pair_rows<kExponents>(p0, p1, M, K, kb, k_blocks, A, sam, a_stride, sink.rounds.a, apack,
                                              keys.data());
                 } else {
-                  pack_pairs<kMr, kExponents>(p0, p1, M, K, A, sam, sak, sink.round_a, apack, keys.data());
+                  pack_pairs<kMr, kExponents>(p0, p1, M, K, A, sam, sak, sink.rounds.a, apack, keys.data());
                 }
 #else
                 if (a_stride != 0) {
@@ -1523,7 +1523,7 @@ void matmul_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam,
               },
               [&](int64_t q0, int64_t q1) {
 #if defined(LS_BF16_PAIRS)
-                pack_pairs<kNr, kExponents>(q0, q1, N, K, B, sbn, sbk, false, bpack, keys.data() + a_panels);
+                pack_pairs<kNr, kExponents>(q0, q1, N, K, B, sbn, sbk, sink.rounds.b, bpack, keys.data() + a_panels);
 #else
                 pack_panels<kNr>(q0, q1, N, K, B, sbn, sbk, bpack);
 #endif
@@ -1564,9 +1564,9 @@ void matmul_chunk_partials_packed(int64_t M, int64_t N, int64_t K, float* C, int
 
 void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t sam,
                         int64_t sak, const float* B, int64_t sbk, int64_t sbn, float beta, float* C,
-                        int64_t ldc, MatmulEpilogue epilogue, bool round_a) {
+                        int64_t ldc, MatmulEpilogue epilogue, RoundAsPacked rounds) {
   Sink sink;
-  sink.round_a = round_a;
+  sink.rounds = rounds;
   sink.C = C;
   sink.ldc = ldc;
   sink.alpha = alpha;

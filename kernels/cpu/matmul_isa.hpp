@@ -17,7 +17,7 @@
 //  matmul_chunks_exact_packed: chunks of 64 over K, every element's exact sum of chunk partials
 //    added to acc[offset + m*N + n].
 //  matmul_fast_packed: fast mode's C = alpha·A·B + beta·C, no canonical order (round_bf16: C
-//    rounded to bf16 as stored; round_a, the avx512bf16 build only: A rounded to bf16 as packed).
+//    rounded to bf16 as stored; rounds, the avx512bf16 build only: A and/or B rounded to bf16 as packed).
 #define LS_DECLARE_MATMUL_ISA(ns)                                                             \
   namespace lockstep::cpu::ns {                                                               \
   void matmul_canonical_packed(int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,        \
@@ -32,7 +32,7 @@
   void matmul_fast_packed(int64_t M, int64_t N, int64_t K, float alpha, const float* A,       \
                           int64_t sam, int64_t sak, const float* B, int64_t sbk, int64_t sbn, \
                           float beta, float* C, int64_t ldc, MatmulEpilogue epilogue,         \
-                          bool round_a);                                                      \
+                          RoundAsPacked rounds);                                              \
   }
 
 LS_DECLARE_MATMUL_ISA(avx2)

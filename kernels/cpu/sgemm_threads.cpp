@@ -44,9 +44,9 @@ constexpr int64_t kSliceAlign = 64;
 // transposed operand read down its columns. Threads itself outside a parallel region.
 void run_matmul_fast(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                     Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, bool round_a = false) {
+                     Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, RoundAsPacked rounds = {}) {
   matmul_fast(M, N, K, alpha, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb,
-              trans_b ? ldb : 1, beta, C, ldc, operands, epilogue, round_a);
+              trans_b ? ldb : 1, beta, C, ldc, operands, epilogue, rounds);
 }
 
 }  // namespace
@@ -88,11 +88,11 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                   Operands operands, MatmulEpilogue epilogue, bool round_a) {
+                   Operands operands, MatmulEpilogue epilogue, RoundAsPacked rounds) {
   if (M == 0 || N == 0) return;
-  if (round_a || (operands == Operands::kBf16 && active_bf16_kernel() == Bf16Kernel::kDot) ||
+  if (rounds.any() || (operands == Operands::kBf16 && active_bf16_kernel() == Bf16Kernel::kDot) ||
       active_fast_gemm() == FastGemm::kLockstep) {
-    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, operands, epilogue, round_a);
+    run_matmul_fast(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, operands, epilogue, rounds);
     return;
   }
   // OpenBLAS has no epilogue: the bias goes into C first and is added with beta = 1 (the same

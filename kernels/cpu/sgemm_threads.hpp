@@ -67,10 +67,10 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 // matmul_fast's VDPBF16PS kernel where active_bf16_kernel() is kDot. The epilogue (matmul.hpp):
 // a column bias added to the product (needs beta 0 under OpenBLAS, which gets it as C's start),
 // and C rounded to bf16 (kernels/ops/cast.hpp) as matmul_fast stores it, or after OpenBLAS.
-// round_a: op(A) rounded to bf16 as matmul_fast packs it (only where matmul_fast_rounds_a). Call
-// outside parallel regions.
+// rounds: op(A), op(B) rounded to bf16 as matmul_fast packs them (only where
+// matmul_fast_rounds_as_packed). Call outside parallel regions.
 void sgemm_threads(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                   Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, bool round_a = false);
+                   Operands operands = Operands::kFp32, MatmulEpilogue epilogue = {}, RoundAsPacked rounds = {});
 
 }  // namespace lockstep::cpu

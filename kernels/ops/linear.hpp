@@ -49,6 +49,10 @@ struct LinearShape {
   // linear's output gradient, which the caller keeps in fp32): rounded as the products pack it
   // where they can, else into a copy first. dout itself is not written.
   bool round_dout = false;
+  // Every op reads round_to_bf16(weight) wherever the contract above reads weight (a bf16 linear's
+  // fp32 master weight, of which fast mode keeps no bf16 copy): rounded as fast mode's products
+  // pack it where they can, else into a copy first. weight itself is not written.
+  bool round_weight = false;
   Accumulation accumulation = Accumulation::kFp32;
 };
 
@@ -86,5 +90,9 @@ void linear_backward_dinp_partials(LinearShape s,
                                    ExactAccumulator& dinp,       // (N, IC) +=
                                    const float* dout,            // (N, OC) this rank's OC slice
                                    const float* weight);         // (OC, IC) this rank's rows
+
+// Whether the ops read the operands that round_dout and round_weight ask for rounded as their
+// products pack them (fast mode's products on the VDPBF16PS build), not through a rounded copy.
+bool linear_rounds_as_read(Mode mode, Operands operands, Accumulation accumulation);
 
 }  // namespace lockstep::cpu

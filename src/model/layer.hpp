@@ -140,11 +140,13 @@ class LayerContext {
   std::unique_ptr<LinearOp> linear(const LayerDesc& layer, const ParamTensor& weight, const std::string& name,
                                    LinearRows rows = LinearRows::kStream);
   // The weight linear `name` computes with: the bf16 copy of the master weight, or the parameter
-  // itself (fp32, or bf16 already: PrecisionRecipe::bf16_params).
+  // itself (fp32; bf16 already: PrecisionRecipe::bf16_params; or the fp32 master that a bf16
+  // linear reads rounded while weights_read_rounded_).
   // Gathered parameters (a ParamStorage) are rounded to bf16 in place where their layer's linear
   // runs in bf16: param(t) then gives the copy.
   float* linear_weight(const ParamTensor* t, const std::string& name) {
-    const bool copy = low_precision(name) && !precision_.bf16_params() && param_storage_ == nullptr;
+    const bool copy = low_precision(name) && !precision_.bf16_params() && param_storage_ == nullptr &&
+                      !(weights_read_rounded_ && !precision_.fp8_linear(name));
     return copy ? weight_copies_.data() + t->offset : param(t);
   }
   // An activation of n floats that linear `name` reads (or wrote: q, k, v after RoPE): stored in
@@ -235,7 +237,9 @@ class LayerContext {
   friend class Model;
   // Allocates the own gradient buffers, zeroed, unless they exist or a GradStorage is set.
   void own_grads();
-  // The bf16 copies of the weights of bf16 linears, from the master weights.
+  // The bf16 copies of the weights of bf16 and fp8 linears, from the master weights; of the fp8
+  // linears' only where the backend's bf16 products read the master weights rounded as they pack
+  // them (weights_read_rounded_, decided here once a step).
   void refresh_weight_copies();
   // With a ParamStorage: layer `layer`'s tensors gathered (their bf16 linears' weights rounded)
   // before it runs; `next` as ParamStorage::gather's.
@@ -260,7 +264,8 @@ class LayerContext {
   std::vector<std::pair<std::string, Mode>> op_modes_;
   PrecisionRecipe precision_;
   std::vector<const ParamTensor*> copied_weights_;  // the weights of bf16 linears
-  std::vector<float> weight_copies_;                // at the params' offsets (bf16 linears' weights only)
+  std::vector<float> weight_copies_;                // at the params' offsets (bf16 linears' weights only), or none
+  bool weights_read_rounded_ = false;               // bf16 (not fp8) linears read the master weights
   std::unique_ptr<Fp8State> fp8_;
   Fp8Scratch fp8_scratch_;
   std::map<const ParamTensor*, Fp8WeightCopies> fp8_weights_;  // allocated once: their addresses are fixed

@@ -104,7 +104,9 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
     copied_weights_.push_back(&weight);
   }
   if (building_ != SIZE_MAX) layer_copies_[building_].push_back(&weight);
-  weight_copies_.resize(params_.size());
+  // Made now where they will be read, so that observers see their addresses from the start
+  // (AbftBackend::name_weights); refresh_weight_copies makes them if the backend's choice changes.
+  if (precision_.fp8_linear(name) || !backend_.rounds_bf16_as_read(mode_)) weight_copies_.resize(params_.size());
   if (precision_.fp8_linear(name)) {
     Fp8WeightCopies& copies = fp8_weights_[&weight];
     copies.rowwise.resize(static_cast<size_t>(weight.numel));
@@ -112,12 +114,15 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
     const bool stream_output = weight.split_dim == 1 && rows == LinearRows::kStream;
     return fp8_linear(std::move(op), {plan_, *fp8_, [this] { return recording(); }, fp8_scratch_, &fp8_tap_}, name, stream_output, copies);
   }
-  return bf16_linear(std::move(op));
+  return bf16_linear(std::move(op), &weights_read_rounded_);
 }
 
 void LayerContext::refresh_weight_copies() {
   if (param_storage_ != nullptr) return;  // gather_layer rounds them
+  weights_read_rounded_ = backend_.rounds_bf16_as_read(mode_);
   for (const ParamTensor* t : copied_weights_) {
+    if (weights_read_rounded_ && !fp8_weights_.contains(t)) continue;
+    if (weight_copies_.empty()) weight_copies_.resize(params_.size());
     backend_.round_to_bf16(t->numel, weight_copies_.data() + t->offset, params_.data() + t->offset);
   }
 }
@@ -287,7 +292,7 @@ const ParamTensor& Model::param(const std::string& name) const {
 }
 
 const float* Model::weight_copy(const ParamTensor& t) const {
-  if (ctx_.param_storage_ != nullptr) return nullptr;
+  if (ctx_.param_storage_ != nullptr || ctx_.weight_copies_.empty()) return nullptr;
   const auto& copied = ctx_.copied_weights_;
   const bool has = std::any_of(copied.begin(), copied.end(), [&](const ParamTensor* c) { return c->offset == t.offset; });
   return has ? ctx_.weight_copies_.data() + t.offset : nullptr;

@@ -111,7 +111,8 @@ class Model {
   // bf16 parameters (PrecisionRecipe::bf16_params): every parameter is a bf16 value.
   bool bf16_params() const { return ctx_.precision_.bf16_params(); }
   // The bf16 copy of weight t that bf16 linears compute with (precision.hpp), made from params()
-  // at each forward; nullptr where no bf16 linear uses t or the parameters are bf16 themselves.
+  // at each step's first forward; nullptr where no bf16 linear uses t, the parameters are bf16
+  // themselves, or the linears read params() rounded as their products pack them (no copies).
   const float* weight_copy(const ParamTensor& t) const;
   // The quantized copies of weight t that an fp8 linear's GEMMs read (src/model/fp8_linear.cpp):
   // none unless t is an fp8 linear's weight.

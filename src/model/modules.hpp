@@ -211,8 +211,10 @@ class ForwardingPlan : public ModelPlan {
 };
 
 // `inner`, the plan's op of a linear, in bf16 (precision.hpp; bf16_linear.cpp): its output
-// gradient read rounded to bf16, its product and input gradient rounded to bf16.
-std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner);
+// gradient read rounded to bf16, its product and input gradient rounded to bf16, and its weight
+// read rounded to bf16 while *weight_read_rounded (the caller passes the fp32 master weight then,
+// not a bf16 copy; nullptr: never). `weight_read_rounded` must outlive the op.
+std::unique_ptr<LinearOp> bf16_linear(std::unique_ptr<LinearOp> inner, const bool* weight_read_rounded = nullptr);
 
 class Fp8State;
 

@@ -5,7 +5,8 @@
 #    and after a checkpoint resumed by another layout — and a different one from the fp32 run's;
 #  - with master_weights = false (bf16 parameters, stochastic rounding) the same hash on threads,
 #    ISAs, dp2 zero 2 and dp2 x tp2 sp, verify step bitwise, a mismatched resume refused;
-#  - ABFT checks the bf16 products without a false alarm or a changed bit, and names a flipped one;
+#  - ABFT checks the bf16 products without a false alarm or a changed bit (in fast mode too, whose
+#    products read the master weights rounded as they pack them), and names a flipped one;
 #  - fast mode runs to the end and learns; fp32_linears = "head" changes the hash;
 #  - the recipe is printed at start-up; a checkpoint written in bf16 refuses an fp32 resume;
 #  - `verify step` passes a canonical bf16 checkpoint bitwise (the emulation with the recipe's
@@ -68,6 +69,14 @@ run --verify.abft=true --inject.site=gemm/layer/0/mlp/fc/weight/forward --inject
 [ "$status" -eq 6 ] || fail "abft fault: expected exit 6, got $status: $(tail -3 abft_fault.log)"
 grep -q '^finding: after step 3, detector abft, site gemm/layer/0/mlp/fc/weight/forward, ranks 0' abft_fault.log \
   || fail "abft fault not named: $(grep '^finding' abft_fault.log)"
+
+# Fast mode: where the VDPBF16PS products run, a bf16 linear reads its fp32 master weight rounded as
+# they pack it (no bf16 copy); ABFT checks the products on rounded copies: the same bits, no alarm.
+run --train.mode=fast --train.threads=1 > fast_t1.log
+run --train.mode=fast --train.threads=1 --verify.abft=true > fast_abft.log
+[ "$(model_hash fast_abft.log)" = "$(model_hash fast_t1.log)" ] \
+  || fail "fast, abft on: hash $(model_hash fast_abft.log) != $(model_hash fast_t1.log)"
+grep -q '^abft: [1-9][0-9]* products checked on rank 0, 0 failed' fast_abft.log || fail "fast abft: $(grep '^abft' fast_abft.log)"
 
 # bf16 parameters without master weights: AdamW's result rounded stochastically, each element by
 # its global index, so threads, ISAs and layouts keep the bits; verify step emulates the rounding.

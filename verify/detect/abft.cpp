@@ -152,8 +152,10 @@ void AbftBackend::conclude(int site, const ProductView& c, const MatrixView& a, 
 // rounding, which the checksums' bounds of an fp32 GEMM do not cover, and rounded after.
 void AbftBackend::linear_forward(Mode mode, LinearShape s, float* out, const float* inp, const float* weight,
                                  const float* bias) {
+  const int site = site_of(weight, GemmProduct::kForward);
+  weight = as_read(s.round_weight, weight, s.OC * s.IC, rounded_weight_);
   inner().linear_forward(mode, unrounded(s), out, inp, weight, bias);
-  check_forward(site_of(weight, GemmProduct::kForward), {.f32 = out, .M = s.N, .N = s.OC}, s, inp, weight, bias,
+  check_forward(site, {.f32 = out, .M = s.N, .N = s.OC}, s, inp, weight, bias,
                 rounding_chain(mode == Mode::kCanonical, s.IC, bias != nullptr), false);
   if (s.round_outputs) inner().round_to_bf16(s.N * s.OC, out, out);
 }
@@ -175,26 +177,29 @@ void AbftBackend::linear_backward(Mode mode, LinearShape s, int64_t token_offset
   const bool canonical = mode == Mode::kCanonical, has_dw = !dweight.empty();
   const ProductView dx = {.f32 = dinp, .M = s.N, .N = s.IC}, dw = view_of(dweight, s.OC, s.IC);
   if (has_dw) checksums_before(dw);
-  dout = dout_as_read(s, dout);
+  const float* named_weight = weight;
+  dout = as_read(s.round_dout, dout, s.N * s.OC, rounded_dout_);
+  weight = as_read(s.round_weight, weight, s.OC * s.IC, rounded_weight_);
   inner().linear_backward(mode, unrounded(s), token_offset, dinp, dweight, dbias, dout, inp, weight);
-  check_backward(canonical, s, dx, dw, dout, inp, weight);
+  check_backward(canonical, s, dx, dw, dout, inp, weight, named_weight);
   if (s.round_outputs && dinp != nullptr) inner().round_to_bf16(s.N * s.IC, dinp, dinp);
 }
 
-const float* AbftBackend::dout_as_read(LinearShape& s, const float* dout) {
-  if (!s.round_dout || !check_) return dout;
-  s.round_dout = false;
-  const auto n = static_cast<size_t>(s.N * s.OC);
-  if (rounded_dout_.size() < n) rounded_dout_.resize(n);
-  inner().round_to_bf16(s.N * s.OC, rounded_dout_.data(), dout);
-  return rounded_dout_.data();
+const float* AbftBackend::as_read(bool& round, const float* x, int64_t n, std::vector<float>& copy) {
+  if (!round || !check_) return x;
+  round = false;
+  if (copy.size() < static_cast<size_t>(n)) copy.resize(static_cast<size_t>(n));
+  inner().round_to_bf16(n, copy.data(), x);
+  return copy.data();
 }
 
 void AbftBackend::check_backward(bool canonical, LinearShape s, const ProductView& dx, const ProductView& dw,
-                                 const float* dout, const float* inp, const float* weight) {
+                                 const float* dout, const float* inp, const float* weight,
+                                 const float* named_weight) {
   const bool has_dw = dw.f32 != nullptr || dw.exact != nullptr;
   float* dinp = dx.f32;
-  const int dx_site = site_of(weight, GemmProduct::kInputGrad), dw_site = site_of(weight, GemmProduct::kWeightGrad);
+  const int dx_site = site_of(named_weight, GemmProduct::kInputGrad);
+  const int dw_site = site_of(named_weight, GemmProduct::kWeightGrad);
   if (hook_ && dinp != nullptr) hook_(site_name(dx_site), dx);
   if (hook_ && has_dw) hook_(site_name(dw_site), dw);
   if (!check_) return;
@@ -234,8 +239,10 @@ void AbftBackend::linear_forward_partials(LinearShape s, ExactAccumulator& out, 
                                           const float* weight) {
   const ProductView c = view_of(out, s.N, s.OC);
   checksums_before(c);
+  const int site = site_of(weight, GemmProduct::kForward);
+  weight = as_read(s.round_weight, weight, s.OC * s.IC, rounded_weight_);
   inner().linear_forward_partials(s, out, inp, weight);
-  check_forward(site_of(weight, GemmProduct::kForward), c, s, inp, weight, nullptr, rounding_chain(true, s.IC, false),
+  check_forward(site, c, s, inp, weight, nullptr, rounding_chain(true, s.IC, false),
                 true);
 }
 
@@ -243,9 +250,10 @@ void AbftBackend::linear_backward_dinp_partials(LinearShape s, ExactAccumulator&
                                                 const float* weight) {
   const ProductView c = view_of(dinp, s.N, s.IC);
   checksums_before(c);
-  dout = dout_as_read(s, dout);
-  inner().linear_backward_dinp_partials(s, dinp, dout, weight);
   const int site = site_of(weight, GemmProduct::kInputGrad);
+  dout = as_read(s.round_dout, dout, s.N * s.OC, rounded_dout_);
+  weight = as_read(s.round_weight, weight, s.OC * s.IC, rounded_weight_);
+  inner().linear_backward_dinp_partials(s, dinp, dout, weight);
   if (hook_) hook_(site_name(site), c);
   if (!check_) return;
   const Timed timed(stats_.seconds);

@@ -113,13 +113,13 @@ class AbftBackend final : public ForwardingBackend {
   void check_forward(int site, const ProductView& c, LinearShape s, const float* inp, const float* weight,
                      const float* bias, int64_t chain, bool accumulates);
   // The hooks, then the row checksums of a backward's products dx = dout·W and dW += doutᵀ·inp
-  // (either may be absent: f32 and exact both null).
+  // (either may be absent: f32 and exact both null); their sites those of the weight as named.
   void check_backward(bool canonical, LinearShape s, const ProductView& dx, const ProductView& dw, const float* dout,
-                      const float* inp, const float* weight);
-  // dout as a backward's products read it: where they read it rounded to bf16
-  // (LinearShape::round_dout) and the checks run, rounded into a copy that the products and the
-  // checksums both read (s then reads it as it is).
-  const float* dout_as_read(LinearShape& s, const float* dout);
+                      const float* inp, const float* weight, const float* named_weight);
+  // An operand of n floats as the products read it: where they read it rounded to bf16 (`round`,
+  // LinearShape::round_dout or round_weight) and the checks run, rounded into `copy`, which the
+  // products and the checksums both read (`round` then cleared: the products read it as it is).
+  const float* as_read(bool& round, const float* x, int64_t n, std::vector<float>& copy);
   // The row checksums of c against `predicted` (from a and b), recorded.
   void conclude(int site, const ProductView& c, const MatrixView& a, const MatrixView& b, ProductRounding rounding,
                 bool accumulates, const float* bias, ChecksumVector& predicted);
@@ -130,7 +130,7 @@ class AbftBackend final : public ForwardingBackend {
   std::vector<std::string> sites_;  // [weight index · kGemmProducts + product]; unnamed: -1 - product
   ChecksumScratch scratch_;
   std::vector<double> extra_;
-  std::vector<float> rounded_dout_;
+  std::vector<float> rounded_dout_, rounded_weight_;
   std::vector<ForwardMemo> memos_;  // per named weight, then one for the unnamed
   OperandRowSums fresh_;            // a backward's row sums where no memo fits
   AbftStats stats_;

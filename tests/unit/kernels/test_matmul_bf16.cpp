@@ -274,14 +274,15 @@ TEST(MatmulBf16, RoundedOutputsEqualTheProductRoundedAfter) {
   set_fast_gemm(FastGemm::kAuto);
 }
 
-// LinearShape::round_dout: a backward that reads its fp32 output gradient rounded to bf16 gives the
-// bits of the same op on a rounded copy — dinp, dweight, dbias and the tensor-parallel partials —
-// in both modes, on every kernel (fast mode's VDPBF16PS products round it as they pack it, on every
-// A packing: row by row, k-major panels, transposed), and on 1 and 2 threads. The gradient holds
-// values bf16 cannot: an fp32 subnormal (which the packing flushes and the rounded copy keeps as a
-// bf16 subnormal, flushed by VDPBF16PS), values that round up to infinity, ±0, inf, the default NaN
-// — not the two cases matmul.hpp names, whose bits differ within fast mode's bound.
-TEST(MatmulBf16, OutputGradientRoundedAsReadEqualsTheOpOnItsRoundedCopy) {
+// LinearShape::round_dout and round_weight: the ops of a bf16 linear that read an fp32 operand
+// rounded to bf16 — its output gradient, or its master weight — give the bits of the same ops on a
+// rounded copy — out, dinp, dweight, dbias and the tensor-parallel partials — in both modes, on
+// every kernel (fast mode's VDPBF16PS products round it as they pack it, on every packing: row by
+// row, k-major panels, transposed), and on 1 and 2 threads. The operand holds values bf16 cannot:
+// an fp32 subnormal (which the packing flushes and the rounded copy keeps as a bf16 subnormal,
+// flushed by VDPBF16PS), values that round up to infinity, ±0, inf, the default NaN — not the two
+// cases matmul.hpp names, whose bits differ within fast mode's bound.
+void expect_read_rounded_equals_rounded_copy(bool weight_operand) {
   std::vector<Bf16Kernel> kernels = {Bf16Kernel::kFma};
   if (bf16_dot_supported()) kernels.push_back(Bf16Kernel::kDot);
   // (N, IC, OC): dinp's A row by row (K = OC long, N <= 16 B panels) and as k-major panels; dW's A
@@ -289,16 +290,17 @@ TEST(MatmulBf16, OutputGradientRoundedAsReadEqualsTheOpOnItsRoundedCopy) {
   for (const LinearShape base : {LinearShape{130, 96, 200}, LinearShape{70, 600, 90}}) {
     std::mt19937_64 g(11);
     std::vector<float> inp(base.N * base.IC), w(base.OC * base.IC), b(base.OC), dout(base.N * base.OC);
-    for (auto* v : {&inp, &w, &b})
+    for (auto* v : {&inp, &w, &b, &dout})
       for (auto& x : *v) x = bf16(test::random_value(g));
-    for (auto& x : dout) x = test::random_value(g);
-    dout[1] = std::ldexp(1.0f, -130) * 1.3f;   // an fp32 subnormal
-    dout[2] = 3.3961e38f;                       // above bf16's largest finite: rounds to inf
-    dout[3] = -0.0f;
-    dout[base.OC + 5] = std::numeric_limits<float>::quiet_NaN();
-    dout[2 * base.OC + 7] = -std::numeric_limits<float>::infinity();
-    std::vector<float> rounded(dout.size());
-    round_to_bf16(static_cast<int64_t>(dout.size()), rounded.data(), dout.data());
+    std::vector<float>& raw = weight_operand ? w : dout;
+    for (auto& x : raw) x = test::random_value(g);
+    raw[1] = std::ldexp(1.0f, -130) * 1.3f;   // an fp32 subnormal
+    raw[2] = 3.3961e38f;                       // above bf16's largest finite: rounds to inf
+    raw[3] = -0.0f;
+    raw[base.OC + 5] = std::numeric_limits<float>::quiet_NaN();
+    raw[2 * base.OC + 7] = -std::numeric_limits<float>::infinity();
+    std::vector<float> rounded(raw.size());
+    round_to_bf16(static_cast<int64_t>(raw.size()), rounded.data(), raw.data());
     for (Mode mode : {Mode::kCanonical, Mode::kFast}) {
       for (Bf16Kernel k : kernels) {
         for (FastGemm gemm : {FastGemm::kOpenBlas, FastGemm::kLockstep}) {
@@ -309,33 +311,38 @@ TEST(MatmulBf16, OutputGradientRoundedAsReadEqualsTheOpOnItsRoundedCopy) {
             LinearShape s = base;
             s.operands = Operands::kBf16;
             s.round_outputs = true;
-            // The op on dout itself (round_dout) and on the rounded copy; each result as floats.
-            const auto run = [&](LinearShape shape, const float* grad) {
-              std::vector<float> dx(inp.size()), dw(w.size(), 0.25f), db(b.size(), 0.5f), partials(inp.size());
+            // The ops on the operand itself (rounded as read) and on the rounded copy; each result
+            // as floats.
+            const auto run = [&](LinearShape shape, const float* grad, const float* weight) {
+              std::vector<float> out(base.N * base.OC), dx(inp.size()), dw(w.size(), 0.25f), db(b.size(), 0.5f);
+              std::vector<float> out_partials(out.size()), dx_partials(inp.size());
+              linear_forward(mode, shape, out.data(), inp.data(), weight, b.data());
               if (mode == Mode::kCanonical) {
-                ExactAccumulator acc_w(w.size()), acc_b(b.size()), acc_x(inp.size());
+                ExactAccumulator acc_w(w.size()), acc_b(b.size()), acc_x(inp.size()), acc_o(out.size());
                 linear_backward(mode, shape, 0, dx.data(), {.exact = &acc_w}, {.exact = &acc_b}, grad, inp.data(),
-                                w.data());
-                LinearShape part = shape;
-                part.round_outputs = false;
-                linear_backward_dinp_partials(part, acc_x, grad, w.data());
+                                weight);
+                const LinearShape part = unrounded(shape);
+                linear_forward_partials(part, acc_o, inp.data(), weight);
+                linear_backward_dinp_partials(part, acc_x, grad, weight);
                 acc_w.round_to(dw.data());
                 acc_b.round_to(db.data());
-                acc_x.round_to(partials.data());
+                acc_o.round_to(out_partials.data());
+                acc_x.round_to(dx_partials.data());
               } else {
                 linear_backward(mode, shape, 0, dx.data(), {.f32 = dw.data()}, {.f32 = db.data()}, grad, inp.data(),
-                                w.data());
+                                weight);
               }
-              return std::vector<std::vector<float>>{dx, dw, db, partials};
+              return std::vector<std::vector<float>>{out, dx, dw, db, out_partials, dx_partials};
             };
             LinearShape fused = s;
-            fused.round_dout = true;
-            const auto got = run(fused, dout.data());
-            const auto want = run(s, rounded.data());
-            const std::string where = std::string(mode_name(mode)) + (k == Bf16Kernel::kDot ? " VDPBF16PS" : " FMA") +
+            (weight_operand ? fused.round_weight : fused.round_dout) = true;
+            const auto got = run(fused, dout.data(), w.data());
+            const auto want = weight_operand ? run(s, dout.data(), rounded.data()) : run(s, rounded.data(), w.data());
+            const std::string where = std::string(weight_operand ? "weight " : "dout ") + std::string(mode_name(mode)) +
+                                      (k == Bf16Kernel::kDot ? " VDPBF16PS" : " FMA") +
                                       (gemm == FastGemm::kOpenBlas ? " OpenBLAS" : " Lockstep") + " threads " +
                                       std::to_string(threads) + " N=" + std::to_string(base.N);
-            const char* names[] = {"dinp", "dweight", "dbias", "dinp partials"};
+            const char* names[] = {"out", "dinp", "dweight", "dbias", "out partials", "dinp partials"};
             for (size_t t = 0; t < got.size(); ++t) {
               ASSERT_EQ(0, std::memcmp(got[t].data(), want[t].data(), got[t].size() * sizeof(float)))
                   << names[t] << " differs, " << where;
@@ -346,6 +353,14 @@ TEST(MatmulBf16, OutputGradientRoundedAsReadEqualsTheOpOnItsRoundedCopy) {
     }
   }
   set_fast_gemm(FastGemm::kAuto);
+}
+
+TEST(MatmulBf16, OutputGradientRoundedAsReadEqualsTheOpOnItsRoundedCopy) {
+  expect_read_rounded_equals_rounded_copy(false);
+}
+
+TEST(MatmulBf16, MasterWeightRoundedAsReadEqualsTheOpOnItsRoundedCopy) {
+  expect_read_rounded_equals_rounded_copy(true);
 }
 
 // choose_gemms takes the faster candidate of a measurement where the choice is left to kAuto, and
