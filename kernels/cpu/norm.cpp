@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/bf16_bits.hpp"
 #include "kernels/cpu/simd_math.hpp"
 #include "kernels/cpu/token_reduction.hpp"
 #include "kernels/ops/canonical.hpp"
@@ -94,6 +95,12 @@ void wd_xhat_chains8(int64_t C, const float* weight, const float* dy, const floa
 }
 
 // Whether rows [n0, n0 + 8) take row_chains8.
+// A row of the forward's output rounded to bf16 while it is in cache (NormShape::round_bf16).
+void round_row(int64_t C, float* o) {
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) o[i] = bf16_nearest(o[i]);
+}
+
 bool whole_group(Mode mode, NormShape s, int64_t n0) {
   return mode == Mode::kCanonical && s.C % 8 == 0 && n0 + kRowGroup <= s.N;
 }
@@ -156,6 +163,7 @@ void layernorm_forward(Mode mode, NormShape s, float* out, float* mean, float* r
       const float mj = m[j];
       float* o = out + n * C;
       for (int64_t i = 0; i < C; ++i) o[i] = ((x[i] - mj) * r) * weight[i] + bias[i];
+      if (s.round_bf16) round_row(C, o);
       mean[n] = mj;
       rstd[n] = r;
     }
@@ -267,6 +275,7 @@ void rmsnorm_forward(Mode mode, NormShape s, float* out, float* rstd, const floa
       const float r = 1.0f / std::sqrt(ms[j] + s.eps);
       float* o = out + n * C;
       for (int64_t i = 0; i < C; ++i) o[i] = (x[i] * r) * weight[i];
+      if (s.round_bf16) round_row(C, o);
       rstd[n] = r;
     }
   }

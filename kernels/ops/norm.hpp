@@ -29,6 +29,9 @@ struct NormShape {
   int64_t N;  // rows
   int64_t C;  // normalised dim
   float eps = 1e-5f;
+  // The forward's out rounded to bf16 (cast.hpp's round_to_bf16) after the expression above, as it
+  // is stored: the input of a bf16 linear, without a pass over it afterwards.
+  bool round_bf16 = false;
 };
 
 }  // namespace lockstep

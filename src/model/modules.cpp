@@ -24,8 +24,8 @@ void activation_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, in
 }
 
 void norm_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
-                       const float* inp, const float* w, const float* b) {
-  const NormShape s{rows, layer.dims.C, layer.norm_eps};
+                       const float* inp, const float* w, const float* b, bool round_bf16) {
+  const NormShape s{.N = rows, .C = layer.dims.C, .eps = layer.norm_eps, .round_bf16 = round_bf16};
   if (layer.norm == NormKind::kLayerNorm) {
     be.layernorm_forward(mode, s, out, mean, rstd, inp, w, b);
   } else {
@@ -88,8 +88,8 @@ class Norm final : public NormOp {
  public:
   explicit Norm(const LayerDesc& layer) : layer_(layer) {}
   void forward(Backend& be, Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
-               const float* b) override {
-    norm_forward_rows(be, layer_, mode, BT, out, mean, rstd, inp, w, b);
+               const float* b, bool round_bf16) override {
+    norm_forward_rows(be, layer_, mode, BT, out, mean, rstd, inp, w, b, round_bf16);
   }
 
  private:

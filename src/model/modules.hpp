@@ -33,9 +33,9 @@
 namespace lockstep {
 
 // The norm kernels of a layer's kind (LayerNorm with bias, or RMSNorm: mean and b unused), over
-// `rows` rows of d_model.
+// `rows` rows of d_model; the forward's out rounded to bf16 where round_bf16.
 void norm_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
-                       const float* inp, const float* w, const float* b);
+                       const float* inp, const float* w, const float* b, bool round_bf16 = false);
 void norm_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
                         GradSink dw, GradSink db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd);
@@ -79,9 +79,10 @@ void embedding_backward_blocks(Backend& be, Mode mode, EmbeddingShape s, std::sp
 class NormOp {
  public:
   virtual ~NormOp() = default;
-  // out (BT, C) = norm of the stream tokens of inp held here; mean, rstd: the stream tokens'.
+  // out (BT, C) = norm of the stream tokens of inp held here, rounded to bf16 where round_bf16 (the
+  // input of a bf16 linear: NormShape::round_bf16); mean, rstd: the stream tokens'.
   virtual void forward(Backend& be, Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
-                       const float* b) = 0;
+                       const float* b, bool round_bf16) = 0;
 };
 
 class LinearOp {

@@ -64,10 +64,10 @@ class SequenceParallelNorm final : public NormOp {
  public:
   SequenceParallelNorm(const LayerDesc& layer, Group g) : layer_(layer), g_(g) {}
   void forward(Backend& be, Mode mode, int64_t BT, float* out, float* mean, float* rstd, const float* inp, const float* w,
-               const float* b) override {
+               const float* b, bool round_bf16) override {
     const int64_t rows = g_.stream(BT), C = layer_.dims.C;
     float* local = TensorParallelPlan::Scratch::floats(g_.scratch.buf, rows * C);
-    norm_forward_rows(be, layer_, mode, rows, local, mean, rstd, inp, w, b);
+    norm_forward_rows(be, layer_, mode, rows, local, mean, rstd, inp, w, b, round_bf16);
     g_.tp.all_gather(local, out, rows * C);
   }
 

@@ -47,8 +47,7 @@ class FinalNorm final : public Layer {
   void forward(LayerContext& ctx, const Pass& p, const float* x) override {
     Acts& a = acts_[static_cast<size_t>(p.slot)];
     norm_->forward(ctx.backend(), ctx.mode_of(out_name_), p.BT, a.out.data(), a.mean.data(), a.rstd.data(), x, ctx.param(w_),
-                   ctx.param(b_));
-    ctx.store_for(kHeadLinear, a.out.data(), p.BT * C_);
+                   ctx.param(b_), ctx.low_precision(kHeadLinear));
     ctx.observe(out_name_, a.out.data(), {p.B, p.T, C_});
   }
 

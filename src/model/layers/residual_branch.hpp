@@ -54,13 +54,12 @@ class PreNormBranch : public Layer {
   Norm& slot(const Pass& p) { return norms_[p.slot]; }
   float* res(const Pass& p) { return res_[static_cast<size_t>(p.slot)].data(); }
 
-  // ln = norm(x), shown as ln1/out or ln2/out; stored for linear `reader` (its precision's
-  // rounding; "" : kept as computed).
+  // ln = norm(x), shown as ln1/out or ln2/out; stored for linear `reader` (rounded to bf16 as the
+  // norm stores it where that linear runs in bf16 or fp8; "" : kept as computed).
   void norm_forward(LayerContext& ctx, const Pass& p, const float* x, const std::string& reader) {
     Norm& s = slot(p);
     norm_->forward(ctx.backend(), ctx.mode_of(ln_name_), p.BT, s.ln.data(), s.mean.data(), s.rstd.data(), x,
-                   ctx.param(ln_w_), ctx.param(ln_b_));
-    if (!reader.empty()) ctx.store_for(reader, s.ln.data(), p.BT * C_);
+                   ctx.param(ln_w_), ctx.param(ln_b_), !reader.empty() && ctx.low_precision(reader));
     ctx.observe(ln_name_, s.ln.data(), {p.B, p.T, C_});
   }
   // From dnorm (the gradient of the norm's output, the stream's tokens): the norm's backward added

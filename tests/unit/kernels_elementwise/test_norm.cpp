@@ -6,9 +6,11 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/ops/canonical.hpp"
+#include "kernels/ops/cast.hpp"
 #include "kernels/ops/norm.hpp"
 #include "reference/norm.hpp"
 #include "src/core/check.hpp"
@@ -360,6 +362,37 @@ TEST(Norms, NonFiniteInputsPropagate) {
       }
       EXPECT_TRUE(std::isnan(ln.dweight[5]) || std::isinf(ln.dweight[5]));
     }
+  }
+}
+
+// NormShape::round_bf16: the forward's out is the unrounded out rounded to bf16 (round_to_bf16),
+// bit for bit, mean and rstd unchanged, in both modes, on rows whose width leaves a partial vector
+// and with a row that overflows bf16 (a large weight) and one that holds a NaN.
+TEST(Norms, RoundedOutputIsTheOutputRoundedToBf16) {
+  for (Mode mode : kModes) {
+    NormData d = make_norm_data(9, 70, 950);
+    d.weight[3] = 3.0e38f;  // (x - m)·r·w beyond bf16's largest finite in some rows
+    d.inp[4 * 70 + 9] = std::numeric_limits<float>::quiet_NaN();
+    const auto same = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << what << " " << mode_name(mode);
+    };
+    std::vector<float> out(d.N * d.C), rounded(d.N * d.C), mean(d.N), rstd(d.N), mean_r(d.N), rstd_r(d.N);
+    NormShape s{.N = d.N, .C = d.C};
+    cpu::layernorm_forward(mode, s, out.data(), mean.data(), rstd.data(), d.inp.data(), d.weight.data(), d.bias.data());
+    s.round_bf16 = true;
+    cpu::layernorm_forward(mode, s, rounded.data(), mean_r.data(), rstd_r.data(), d.inp.data(), d.weight.data(),
+                           d.bias.data());
+    cpu::round_to_bf16(d.N * d.C, out.data(), out.data());
+    same(rounded, out, "layernorm out");
+    same(mean_r, mean, "layernorm mean");
+    same(rstd_r, rstd, "layernorm rstd");
+    s.round_bf16 = false;
+    cpu::rmsnorm_forward(mode, s, out.data(), rstd.data(), d.inp.data(), d.weight.data());
+    s.round_bf16 = true;
+    cpu::rmsnorm_forward(mode, s, rounded.data(), rstd_r.data(), d.inp.data(), d.weight.data());
+    cpu::round_to_bf16(d.N * d.C, out.data(), out.data());
+    same(rounded, out, "rmsnorm out");
+    same(rstd_r, rstd, "rmsnorm rstd");
   }
 }
 
