@@ -99,8 +99,8 @@ const float* rounded_copy(int64_t n, const float* x) {
   round_to_bf16(n, copy.data(), x);
   return copy.data();
 }
-struct Dout;
-struct Weight;
+struct Dout;    // rounded_copy's copy of an output gradient
+struct Weight;  // and of a weight
 
 // The operands as the contract reads them: dout and weight rounded into copies where asked and the
 // products do not round them as read. (A forward passes no dout.)

@@ -979,7 +979,7 @@ inline VecF vloadu_first(const float* p, int64_t n) {
   return n >= kLanes ? vloadu(p) : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1), p);
 }
 
-// The pair words of fp32 values that are not bf16 yet (matmul_fast's round_a), each rounded to
+// The pair words of fp32 values that are not bf16 yet (matmul_fast's RoundAsPacked), each rounded to
 // nearest even by VCVTNE2PS2BF16, whose 16-bit element i holds its second operand's lane i and
 // element 16 + i its first operand's; the instruction also flushes fp32 subnormals to zero
 // (matmul.hpp). As pair_words: lane j holds x_k[j]'s bf16 above x_k1[j]'s.
