@@ -94,13 +94,13 @@ void wd_xhat_chains8(int64_t C, const float* weight, const float* dy, const floa
   });
 }
 
-// Whether rows [n0, n0 + 8) take row_chains8.
 // A row of the forward's output rounded to bf16 while it is in cache (NormShape::round_bf16).
 void round_row(int64_t C, float* o) {
 #pragma omp simd
   for (int64_t i = 0; i < C; ++i) o[i] = bf16_nearest(o[i]);
 }
 
+// Whether rows [n0, n0 + 8) take row_chains8.
 bool whole_group(Mode mode, NormShape s, int64_t n0) {
   return mode == Mode::kCanonical && s.C % 8 == 0 && n0 + kRowGroup <= s.N;
 }

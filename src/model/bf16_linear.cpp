@@ -21,7 +21,7 @@ class Bf16Linear final : public LinearOp {
                const float* b) override {
     s.operands = Operands::kBf16;
     s.round_outputs = true;
-    s.round_weight = weight_read_rounded_ != nullptr && *weight_read_rounded_;
+    s.round_weight = weight_read_rounded();
     inner_->forward(be, mode, s, out, inp, w, b);
   }
 
@@ -30,11 +30,13 @@ class Bf16Linear final : public LinearOp {
     s.operands = Operands::kBf16;
     s.round_outputs = true;
     s.round_dout = true;
-    s.round_weight = weight_read_rounded_ != nullptr && *weight_read_rounded_;
+    s.round_weight = weight_read_rounded();
     inner_->backward(be, mode, s, token_offset, dinp, dw, db, dout, inp, w);
   }
 
  private:
+  bool weight_read_rounded() const { return weight_read_rounded_ != nullptr && *weight_read_rounded_; }
+
   std::unique_ptr<LinearOp> inner_;
   const bool* weight_read_rounded_;
 };

@@ -146,7 +146,7 @@ class LayerContext {
   // runs in bf16: param(t) then gives the copy.
   float* linear_weight(const ParamTensor* t, const std::string& name) {
     const bool copy = low_precision(name) && !precision_.bf16_params() && param_storage_ == nullptr &&
-                      !(weights_read_rounded_ && !precision_.fp8_linear(name));
+                      reads_copy(precision_.fp8_linear(name), weights_read_rounded_);
     return copy ? weight_copies_.data() + t->offset : param(t);
   }
   // An activation of n floats that linear `name` reads (or wrote: q, k, v after RoPE): stored in
@@ -237,6 +237,9 @@ class LayerContext {
   friend class Model;
   // Allocates the own gradient buffers, zeroed, unless they exist or a GradStorage is set.
   void own_grads();
+  // Whether a bf16 linear (an fp8 one: fp8_linear) reads its weight's copy rather than the master
+  // weight, where the backend's bf16 products do (read_rounded) or do not round as they pack.
+  static bool reads_copy(bool fp8_linear, bool read_rounded) { return fp8_linear || !read_rounded; }
   // The bf16 copies of the weights of bf16 and fp8 linears, from the master weights; of the fp8
   // linears' only where the backend's bf16 products read the master weights rounded as they pack
   // them (weights_read_rounded_, decided here once a step).

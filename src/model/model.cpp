@@ -106,7 +106,7 @@ std::unique_ptr<LinearOp> LayerContext::linear(const LayerDesc& layer, const Par
   if (building_ != SIZE_MAX) layer_copies_[building_].push_back(&weight);
   // Made now where they will be read, so that observers see their addresses from the start
   // (AbftBackend::name_weights); refresh_weight_copies makes them if the backend's choice changes.
-  if (precision_.fp8_linear(name) || !backend_.rounds_bf16_as_read(mode_)) weight_copies_.resize(params_.size());
+  if (reads_copy(precision_.fp8_linear(name), backend_.rounds_bf16_as_read(mode_))) weight_copies_.resize(params_.size());
   if (precision_.fp8_linear(name)) {
     Fp8WeightCopies& copies = fp8_weights_[&weight];
     copies.rowwise.resize(static_cast<size_t>(weight.numel));
@@ -121,7 +121,7 @@ void LayerContext::refresh_weight_copies() {
   if (param_storage_ != nullptr) return;  // gather_layer rounds them
   weights_read_rounded_ = backend_.rounds_bf16_as_read(mode_);
   for (const ParamTensor* t : copied_weights_) {
-    if (weights_read_rounded_ && !fp8_weights_.contains(t)) continue;
+    if (!reads_copy(fp8_weights_.contains(t), weights_read_rounded_)) continue;
     if (weight_copies_.empty()) weight_copies_.resize(params_.size());
     backend_.round_to_bf16(t->numel, weight_copies_.data() + t->offset, params_.data() + t->offset);
   }

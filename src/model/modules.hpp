@@ -35,7 +35,7 @@ namespace lockstep {
 // The norm kernels of a layer's kind (LayerNorm with bias, or RMSNorm: mean and b unused), over
 // `rows` rows of d_model; the forward's out rounded to bf16 where round_bf16.
 void norm_forward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, float* out, float* mean, float* rstd,
-                       const float* inp, const float* w, const float* b, bool round_bf16 = false);
+                       const float* inp, const float* w, const float* b, bool round_bf16);
 void norm_backward_rows(Backend& be, const LayerDesc& layer, Mode mode, int64_t rows, int64_t token_offset, float* dinp,
                         GradSink dw, GradSink db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd);
