@@ -2,10 +2,10 @@
 #include "src/parallel/zero3_params.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 
 #include "src/core/check.hpp"
-#include "src/core/formats.hpp"
 
 namespace lockstep::parallel {
 
@@ -14,6 +14,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Elements of the shard rounded at a time (Zero3Params::rounded_).
+constexpr size_t kRoundingBlock = size_t{1} << 16;
 
 }  // namespace
 
@@ -50,7 +53,10 @@ Zero3Params::Zero3Params(Model& model, comm::Communicator& dp, const ShardPlan& 
   }
   for (Window& w : windows_) w.data.resize(static_cast<size_t>(largest));
   bf16_.resize(static_cast<size_t>(largest_bf16));
-  bf16_send_.resize(bf16_.size());  // MPI may not send from the receive buffer
+  if (largest_bf16 > 0) {
+    shard_bf16_.resize(shard_.size());
+    rounded_.resize(std::min<size_t>(shard_.size(), kRoundingBlock));
+  }
   model_.set_param_storage(this);
   if (threaded) worker_ = std::thread([this] { run_worker(); });
 }
@@ -80,11 +86,12 @@ void Zero3Params::fill(Window& w, size_t layer) {
       continue;
     }
     // Rounded by its owner, sent as bf16, widened here: the bits the model's own rounding of the
-    // gathered fp32 weight would give, for half the bytes.
-    const int64_t n = part.size(me);
-    for (int64_t i = 0; i < n; ++i) bf16_send_[static_cast<size_t>(i)] = bf16_from_f32(shard_[static_cast<size_t>(from + i)]);
-    comm_->all_gatherv(bf16_send_.data(), bf16_.data(), part.sizes(), part.firsts(), DType::kU16);
-    for (int64_t i = 0; i < r.end - r.first; ++i) out[i] = bf16_to_f32(bf16_[static_cast<size_t>(i)]);
+    // gathered fp32 weight would give, for half the bytes. Widening a bf16 value is a shift of its
+    // bits (the rounding quiets NaNs, so no signalling one needs its quiet bit set).
+    comm_->all_gatherv(shard_bf16_.data() + from, bf16_.data(), part.sizes(), part.firsts(), DType::kU16);
+    const int64_t n = r.end - r.first;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{bf16_[static_cast<size_t>(i)]} << 16);
   }
   w.where.clear();
   for (int64_t at : g.at) w.where.push_back(w.data.data() + at);
@@ -172,6 +179,12 @@ void Zero3Params::invalidate() {
     wait_ready(w);
     w.layer = SIZE_MAX;
   }
+  for (size_t first = 0; first < shard_bf16_.size(); first += rounded_.size()) {
+    const size_t n = std::min(rounded_.size(), shard_bf16_.size() - first);
+    model_.backend().round_to_bf16(static_cast<int64_t>(n), rounded_.data(), shard_.data() + first);
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) shard_bf16_[first + i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(rounded_[i]) >> 16);
+  }
 }
 
 void Zero3Params::hold_whole() {
@@ -188,8 +201,8 @@ void Zero3Params::release_whole() {
 }
 
 uint64_t Zero3Params::bytes() const {
-  return (shard_.size() + windows_[0].data.size() + windows_[1].data.size()) * sizeof(float) +
-         (bf16_.size() + bf16_send_.size()) * sizeof(uint16_t);
+  return (shard_.size() + windows_[0].data.size() + windows_[1].data.size() + rounded_.size()) * sizeof(float) +
+         (shard_bf16_.size() + bf16_.size()) * sizeof(uint16_t);
 }
 
 OverlapStats Zero3Params::take_stats() {

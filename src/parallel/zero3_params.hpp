@@ -18,12 +18,14 @@
 // A gather is one all-gatherv per contiguous run of the layer's tensors in the flat buffer (a
 // block's tensors are one run, or a few); every rank sends its shard's part of the run: fp32, or
 // for the weights the layer's bf16 linears read (Model::layer_bf16_weights) bf16, rounded by the
-// owner — half the bytes, the same bits as the model's rounding of the gathered fp32 — and with
-// bf16 parameters every tensor in bf16 (their values are bf16 already: nothing is lost). The gathered
-// values are the parameters (or their bf16 roundings) bit for bit, so every pass computes what it
-// computes on whole parameters, in either mode.
+// owner — half the bytes, the same bits as the model's rounding of the gathered fp32 (it is that
+// rounding: the backend's round_to_bf16, of the whole shard once each time it changes, not in every
+// gather) — and with bf16 parameters every tensor in bf16 (their values are bf16 already: nothing is
+// lost). The gathered values are the parameters (or their bf16 roundings) bit for bit, so every pass
+// computes what it computes on whole parameters, in either mode.
 //
-// The update writes the shard (DataParallel::step), which makes the windows stale: invalidate().
+// Whatever writes the shard — the update (DataParallel::step), the initialisation, a checkpoint or
+// a rollback — makes the windows and the shard's rounding stale: invalidate().
 // Whole parameters, for what writes them outside the passes (initialisation from another model's
 // file): hold_whole() all-gathers every shard into the model's whole buffer; release_whole()
 // writes this rank's part of it back into the shard and frees it. What only reads them gathers the
@@ -66,14 +68,15 @@ class Zero3Params final : public ParamStorage {
   int64_t shard_end() const { return first_ + static_cast<int64_t>(shard_.size()); }
 
   std::span<float* const> gather(size_t layer, size_t next) override;
-  // The shard changed: no window holds current values (waits for a gather in flight).
+  // The shard changed: no window holds current values (waits for a gather in flight), and the
+  // shard's bf16 rounding is made again.
   void invalidate();
 
   void hold_whole();
   void release_whole();
 
-  // Bytes of parameters a rank holds between whole-parameter uses: its shard, the two windows and
-  // the bf16 gathers' buffers.
+  // Bytes of parameters a rank holds between whole-parameter uses: its shard, the two windows and,
+  // where it gathers bf16, the shard's rounding and a run's gather buffer.
   uint64_t bytes() const;
   // The gathers since the last call: the time they took on the worker (or the main thread) and
   // the main thread's wait for them; their bytes are on the group's stats (absorb_into).
@@ -110,8 +113,11 @@ class Zero3Params final : public ParamStorage {
   ShardPlan plan_;
   int64_t first_;
   std::vector<float> shard_;
-  // A bf16 run's gather and this rank's part of it (the worker's, or the main thread's without one).
-  std::vector<uint16_t> bf16_, bf16_send_;
+  // The shard rounded to bf16, the bits this rank sends of a bf16 run (none where no run is bf16);
+  // a bf16 run's gather (the worker's, or the main thread's without one).
+  std::vector<uint16_t> shard_bf16_, bf16_;
+  // The backend's rounding of a block of the shard, before its high halves go to shard_bf16_.
+  std::vector<float> rounded_;
   std::vector<LayerGather> layers_;
   Window windows_[2];
   size_t current_ = 0;  // the window the model reads now

@@ -463,6 +463,7 @@ TrainSummary train_on(const RunConfig& cfg, comm::Communicator& world, std::ostr
   if (summary.first_step == 0) {
     if (ddp.sharded_params() != nullptr) {
       model.init_parameters(ddp.shard_first(), ddp.shard_end(), run.held_params().data());
+      run.held_params_written();
     } else {
       model.init_parameters();
     }
