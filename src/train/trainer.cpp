@@ -124,6 +124,9 @@ Progress::Costs report_setup(const TrainRun& run, const parallel::Mesh& mesh, co
                                                : agreed_gemm_peak(backend, kernel_cache_path(tc.kernel_cache),
                                                                   run.world, &measured_note);
   if (tc.peak_gflops <= 0) backend.choose_gemms(measured);
+  // The peak memory a run reports is its training's: not the measurement's products, which only a
+  // run that found no cached figures made (what they keep stays resident and counts).
+  restart_peak_memory();
   // A run whose linears take bf16 operands is measured against the faster of the bf16 kernels.
   const bool bf16 = tc.precision == Precision::kBf16;
   costs.peak_gflops = tc.peak_gflops > 0 ? tc.peak_gflops : measured.gflops_for(bf16 ? Operands::kBf16 : Operands::kFp32);
