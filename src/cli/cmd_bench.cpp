@@ -63,15 +63,18 @@ int bench_collectives(Args& args) {
   }
   std::cout << "collectives: all-reduce over " << r.ranks << " ranks (median of " << repeats
             << ", the slowest rank's time): of fp32 sums, and exact (canonical mode's), and the exact\n"
-            << "reduce-scatter alone into running sums (ZeRO-2's), split evenly and owned by one rank\n";
+            << "reduce-scatter alone into running sums (ZeRO-2's), split evenly and owned by one rank, and fast mode's\n"
+            << "exact reduce-scatter of fp32 values, the same two ways\n";
   for (size_t i = 0; i < r.all_reduce.size(); ++i) {
     const plan::CollectiveSample &s = r.all_reduce[i], &e = r.exact_all_reduce[i], &z = r.exact_reduce_scatter[i],
-                                 &o = r.exact_reduce_scatter_owned[i];
+                                 &o = r.exact_reduce_scatter_owned[i], &fz = r.exact_fp32_reduce_scatter[i],
+                                 &fo = r.exact_fp32_reduce_scatter_owned[i];
     std::cout << "  " << std::setw(10) << static_cast<int64_t>(s.bytes) << " bytes  " << std::fixed << std::setprecision(1)
               << std::setw(9) << s.seconds * 1e6 << " us  " << std::setprecision(2) << std::setw(7)
               << s.bytes / s.seconds / 1e9 << " GB/s   exact " << std::setprecision(1) << std::setw(9) << e.seconds * 1e6
               << " us   exact reduce-scatter " << std::setw(9) << z.seconds * 1e6 << " us, owned " << std::setw(9)
-              << o.seconds * 1e6 << " us\n";
+              << o.seconds * 1e6 << " us   of fp32 " << std::setw(9) << fz.seconds * 1e6 << " us, owned " << std::setw(9)
+              << fo.seconds * 1e6 << " us\n";
   }
   std::cout << "ring model t = 2(n-1) alpha + 2(n-1)/n S/beta: alpha " << std::setprecision(2) << r.fit.latency * 1e6
             << " us, beta " << r.fit.bandwidth / 1e9 << " GB/s\n"
@@ -105,13 +108,15 @@ int bench_passes(Args& args) {
   const CpuBackend backend({1, cfg.train.isa, cfg.train.fast_gemm});
   const GemmPeak peak = backend.measure_gemm_peak();
   backend.choose_gemms(peak);
-  // The largest rank's memory, the highest rank's peaks.
-  double measured[] = {resident_memory_mib(), peak.gflops, peak.gflops_for(Operands::kBf16)};
+  // The largest rank's memory, the highest rank's peaks; a bf16 weight copy where any rank reads one.
+  double measured[] = {resident_memory_mib(), peak.gflops, peak.gflops_for(Operands::kBf16),
+                       backend.rounds_bf16_as_read(cfg.train.mode) ? 0.0 : 1.0};
   world.all_reduce(std::span<double>(measured), comm::ReduceOp::kMax);
   plan::ComputeProfile profile;
   profile.runtime_bytes = measured[0] * (1 << 20);
   profile.peak_fp32_flops = measured[1] * 1e9;
   profile.peak_bf16_flops = measured[2] * 1e9;
+  profile.bf16_weight_copy = measured[3] > 0;
   std::vector<plan::PassShape> shapes = plan::profile_shapes(cfg, world.size(), cfg.train.batch_size);
   const std::optional<int64_t> tp = only_tp ? std::optional(parse_count("bench.tp", *only_tp)) : std::nullopt;
   const std::optional<int64_t> cp = only_cp ? std::optional(parse_count("bench.cp", *only_cp)) : std::nullopt;

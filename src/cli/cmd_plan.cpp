@@ -171,6 +171,7 @@ int cmd_plan(Args& args) {
                             .global_batch = run.train.batch_size,
                             .precision = run.train.precision,
                             .mode = run.train.mode,
+                            .exact_reduce = run.parallel.reduce == "exact",
                             .bucket_bytes = run.parallel.bucket_mb * (1 << 20),
                             .state_at_rest = run.verify.state_at_rest,
                             .source = *model_path};

@@ -42,10 +42,12 @@ struct Link {
 // of fp32 sums, and canonical mode's exact one (the exact sums' doubles reduce-scattered and added
 // exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp), and that reduce-scatter
 // alone into running exact sums, as ZeRO-2 reduces a bucket: split evenly, and inside one rank's
-// shard (a bucket smaller than a shard); and the all-gather of fp32 parts (`gather`).
+// shard (a bucket smaller than a shard); fast mode's exact reduce-scatter of fp32 values, likewise
+// (`exact_fp32_scatter`: [parallel] reduce = "exact"); and the all-gather of fp32 parts (`gather`).
 struct MeasuredAllReduce {
   // By increasing size.
   std::vector<CollectiveSample> fp32 = {}, exact = {}, exact_scatter = {}, exact_scatter_owned = {}, gather = {};
+  std::vector<CollectiveSample> exact_fp32_scatter = {}, exact_fp32_scatter_owned = {};
   int64_t ranks = 0;
 };
 
@@ -74,6 +76,14 @@ struct Cluster {
   // the reserved memory), and how many of its elements the reserved memory already holds.
   bool keeps_packed_operands = false;
   double packed_in_reserved = 0;
+  // Whether the trainer here keeps bf16 and fp8 values in fp32 containers — the activations, the
+  // weights' low-precision copies, the activations it sends between ranks — as the CPU backend
+  // does (the local cluster); a GPU keeps a bf16 value in 2 bytes and an fp8 one in 1.
+  bool low_precision_in_fp32 = false;
+  // Whether a bf16 linear reads a bf16 copy of its master weight, made each step, rather than the
+  // master itself rounded as its products pack it (the CPU backend's fast mode with VDPBF16PS
+  // products: ComputeProfile::bf16_weight_copy).
+  bool bf16_weight_copy = true;
 
   int64_t gpus() const { return gpus_per_node * nodes; }
   // FLOP/s a GPU's GEMMs reach in `p` (0 where it has no such unit).

@@ -89,6 +89,14 @@ CollectiveBench bench_collectives(comm::Communicator& world, Backend& backend, i
                                               const parallel::ShardPlan& plan = owned[static_cast<size_t>(call++ % r.ranks)];
                                               parallel::exact_reduce_scatter_add(exact, plan, world, shard_sums, 0, 0);
                                             })});
+    // Fast mode's: the fp32 values themselves to their owners (into a buffer of the whole, which
+    // an owner of all of it needs).
+    r.exact_fp32_reduce_scatter.push_back(
+        {bytes, timed(floats, [&] { parallel::exact_reduce_scatter(buffer.data(), even, world, gather_send.data()); })});
+    r.exact_fp32_reduce_scatter_owned.push_back({bytes, timed(floats, [&] {
+                                                   const parallel::ShardPlan& plan = owned[static_cast<size_t>(call++ % r.ranks)];
+                                                   parallel::exact_reduce_scatter(buffer.data(), plan, world, gather_send.data());
+                                                 })});
   }
   r.fit = fit_ring_all_reduce(r.all_reduce, r.ranks);
   r.skew = measure_sync_skew(world, backend, std::max<int64_t>(repeats, 7));
@@ -107,6 +115,8 @@ nlohmann::json CollectiveBench::to_json() const {
           {"exact_all_reduce", samples(exact_all_reduce)},
           {"exact_reduce_scatter", samples(exact_reduce_scatter)},
           {"exact_reduce_scatter_owned", samples(exact_reduce_scatter_owned)},
+          {"exact_fp32_reduce_scatter", samples(exact_fp32_reduce_scatter)},
+          {"exact_fp32_reduce_scatter_owned", samples(exact_fp32_reduce_scatter_owned)},
           {"latency_us", fit.latency * 1e6},
           {"bandwidth_gbs", fit.bandwidth / 1e9},
           {"sync_skew", skew.share},
@@ -126,6 +136,8 @@ CollectiveBench collective_bench_from_json(const nlohmann::json& j, const std::s
     read("exact_all_reduce", r.exact_all_reduce);
     read("exact_reduce_scatter", r.exact_reduce_scatter);
     read("exact_reduce_scatter_owned", r.exact_reduce_scatter_owned);
+    read("exact_fp32_reduce_scatter", r.exact_fp32_reduce_scatter);
+    read("exact_fp32_reduce_scatter_owned", r.exact_fp32_reduce_scatter_owned);
     LS_REQUIRE(r.ranks >= 1 && (r.ranks == 1 || r.all_reduce.size() >= 2), where,
                ": expected ranks >= 1 and, for more than one, two sizes or more");
     r.fit = {j.at("bandwidth_gbs").get<double>() * 1e9, j.at("latency_us").get<double>() * 1e-6};

@@ -4,7 +4,8 @@
 // parameters' and context parallelism's gathers; and canonical mode's exact
 // all-reduce (the tensor-parallel one, TpGroup::all_reduce_exact) and its reduce-scatter alone
 // into running exact sums (ZeRO-2's, exact_reduce_scatter_add: split evenly, and owned by one
-// rank) over the same sizes, whose exact additions cost compute as well as bytes. Every size runs
+// rank), and fast mode's exact reduce-scatter of fp32 values the same two ways, over the same
+// sizes, whose exact additions cost compute as well as bytes. Every size runs
 // `repeats` times after one untimed run; a run's time is the slowest rank's (the collective ends
 // for the job when it ends there), and the median is kept. Beside them, the ranks' skew at a
 // synchronisation (sync_skew.hpp), over `repeats` rounds and at least 7.
@@ -30,6 +31,8 @@ struct CollectiveBench {
   // Its first half, as ZeRO-2 runs it (bytes: the same): split evenly over the ranks, and inside one
   // rank's shard (a bucket smaller than a shard).
   std::vector<CollectiveSample> exact_reduce_scatter, exact_reduce_scatter_owned;
+  // Fast mode's exact reduce-scatter of fp32 values ([parallel] reduce = "exact"), the same two ways.
+  std::vector<CollectiveSample> exact_fp32_reduce_scatter, exact_fp32_reduce_scatter_owned;
   Link fit;                   // α and β of the ring model, least squares over the samples
   SyncSkew skew;
   nlohmann::json to_json() const;

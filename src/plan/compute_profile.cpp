@@ -183,7 +183,8 @@ nlohmann::json ComputeProfile::to_json() const {
   return {{"passes", shapes},
           {"runtime_mib", runtime_bytes / (1 << 20)},
           {"peak_fp32_gflops", peak_fp32_flops / 1e9},
-          {"peak_bf16_gflops", peak_bf16_flops / 1e9}};
+          {"peak_bf16_gflops", peak_bf16_flops / 1e9},
+          {"bf16_weight_copy", bf16_weight_copy}};
 }
 
 ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::string& where) {
@@ -192,6 +193,7 @@ ComputeProfile ComputeProfile::from_json(const nlohmann::json& j, const std::str
     p.runtime_bytes = j.at("runtime_mib").get<double>() * (1 << 20);
     p.peak_fp32_flops = j.at("peak_fp32_gflops").get<double>() * 1e9;
     p.peak_bf16_flops = j.at("peak_bf16_gflops").get<double>() * 1e9;
+    p.bf16_weight_copy = j.at("bf16_weight_copy").get<bool>();
     for (const auto& s : j.at("passes")) {
       p.set({s.at("tp").get<int64_t>(), s.at("sp").get<bool>(), s.at("micro_batch").get<int64_t>(),
              parse_recompute(s.at("recompute").get<std::string>(), where), s.at("cp").get<int64_t>(),

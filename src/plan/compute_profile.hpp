@@ -75,6 +75,10 @@ class ComputeProfile {
   // That GEMM peak on one thread (the highest figure of the ranks, as the trainer agrees on it),
   // of fp32 and of bf16 operands: the local cluster's peaks.
   double peak_fp32_flops = 0, peak_bf16_flops = 0;
+  // Whether the run's bf16 linears read a bf16 copy of their weights (Backend::rounds_bf16_as_read:
+  // not where the products the trainer chose round the master weights as they pack them), on any
+  // rank.
+  bool bf16_weight_copy = true;
   // LogicError where the shape was not measured.
   const PassTimes& at(const PassShape& shape) const;
   const std::map<PassShape, PassTimes>& times() const { return times_; }

@@ -48,13 +48,31 @@ double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const 
   return interpolate(measured.exact, fp32_bytes, model);
 }
 
-double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
-                                 bool one_owner) {
+namespace {
+
+// A reduce-scatter split evenly or inside one rank's shard: its measured samples over n ranks where
+// they were taken, else `model`.
+double reduce_scatter_time(double fp32_bytes, int64_t n, const MeasuredAllReduce& measured,
+                           const std::vector<CollectiveSample>& even, const std::vector<CollectiveSample>& owned,
+                           bool one_owner, const std::function<double(double)>& model) {
   if (n <= 1) return 0;
-  const auto model = [&](double b) { return exact_all_reduce_time(b, n, l, measured) * 2 / 3; };
-  const std::vector<CollectiveSample>& samples = one_owner ? measured.exact_scatter_owned : measured.exact_scatter;
+  const std::vector<CollectiveSample>& samples = one_owner ? owned : even;
   if (n != measured.ranks || samples.empty()) return model(fp32_bytes);
   return interpolate(samples, fp32_bytes, model);
+}
+
+}  // namespace
+
+double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
+                                 bool one_owner) {
+  return reduce_scatter_time(fp32_bytes, n, measured, measured.exact_scatter, measured.exact_scatter_owned, one_owner,
+                             [&](double b) { return exact_all_reduce_time(b, n, l, measured) * 2 / 3; });
+}
+
+double exact_fp32_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
+                                      bool one_owner) {
+  return reduce_scatter_time(fp32_bytes, n, measured, measured.exact_fp32_scatter, measured.exact_fp32_scatter_owned,
+                             one_owner, [&](double b) { return all_reduce_time(b, n, l, measured) / 2; });
 }
 
 double send_time(double bytes, const Link& l) { return l.latency + bytes / l.bandwidth; }

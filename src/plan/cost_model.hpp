@@ -101,6 +101,10 @@ struct PlanRequest {
   int64_t global_batch = 0;  // sequences per step
   Precision precision = Precision::kBf16;
   Mode mode = Mode::kFast;  // canonical: exact reductions (more bytes)
+  // [parallel] reduce = "exact": the gradients summed over the replicas exactly and rounded once
+  // (canonical mode: the exact sums' doubles; fast mode: the fp32 gradients, added exactly by
+  // their owner); "fast": an fp32 reduce-scatter and all-gather.
+  bool exact_reduce = true;
   double bucket_bytes = 25.0 * (1 << 20);  // [parallel] bucket_mb: the gradient reduction's bucket
   // The routed rows of the busiest expert-parallel rank over the mean (1: a balanced router); that
   // rank sets the step, computing and receiving this much more than its share.
@@ -156,6 +160,11 @@ double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const 
 // thirds of its bytes.
 double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
                                  bool one_owner);
+// Fast mode's exact reduce-scatter of fp32 gradients ([parallel] reduce = "exact"): each rank's
+// values sent to their owner, which adds them exactly and rounds once; split evenly or inside one
+// rank's shard: as measured, else an fp32 reduce-scatter (half the all-reduce).
+double exact_fp32_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
+                                      bool one_owner);
 double send_time(double bytes, const Link& l);
 // An all-to-all(v) in which each of n ranks sends (n−1)/n of its `bytes` to the others, an equal
 // part each: (n−1)·α + (n−1)/n·bytes/β.

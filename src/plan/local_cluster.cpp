@@ -27,14 +27,22 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
   // operands of its square product.
   c.keeps_packed_operands = true;
   c.packed_in_reserved = 2.0 * kGemmPeakSize * kGemmPeakSize;
+  c.low_precision_in_fp32 = true;
+  c.bf16_weight_copy = passes.bf16_weight_copy;
   return c;
 }
 
 void set_measured_links(Cluster& c, const CollectiveBench& collectives) {
   c.intra = collectives.fit;
   c.inter = collectives.fit;
-  c.measured = {collectives.all_reduce, collectives.exact_all_reduce, collectives.exact_reduce_scatter,
-                collectives.exact_reduce_scatter_owned, collectives.all_gather, collectives.ranks};
+  c.measured = {.fp32 = collectives.all_reduce,
+                .exact = collectives.exact_all_reduce,
+                .exact_scatter = collectives.exact_reduce_scatter,
+                .exact_scatter_owned = collectives.exact_reduce_scatter_owned,
+                .gather = collectives.all_gather,
+                .exact_fp32_scatter = collectives.exact_fp32_reduce_scatter,
+                .exact_fp32_scatter_owned = collectives.exact_fp32_reduce_scatter_owned,
+                .ranks = collectives.ranks};
   c.sync_skew = collectives.skew.share;
 }
 

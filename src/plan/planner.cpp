@@ -117,6 +117,23 @@ double Planner::model_recompute_flops(Recompute recompute) {
   return it->second;
 }
 
+double Planner::activation_bytes() const {
+  return request_.precision == Precision::kF32 || cluster_.low_precision_in_fp32 ? 4 : 2;
+}
+
+double Planner::weight_copy_bytes() const {
+  const auto stored = [&](double bytes) { return cluster_.low_precision_in_fp32 ? 4 : bytes; };
+  switch (request_.precision) {
+    case Precision::kF32:
+      return 0;
+    case Precision::kBf16:
+      return cluster_.bf16_weight_copy ? stored(2) : 0;
+    case Precision::kFp8:
+      return stored(2) + 2 * stored(1);
+  }
+  return 0;
+}
+
 double Planner::packed_operands(const RankCost& r, double tokens) const {
   if (!cluster_.keeps_packed_operands) return 0;
   // A linear of n tokens runs three products, each packing its two operands whole: the forward
@@ -162,11 +179,19 @@ double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t 
   return cluster_.comm_beside_compute ? std::max(total - busy, first) : total;
 }
 
+double Planner::gradient_reduction_time(double fp32_bytes, int64_t n, const Link& link, double shard_bytes) const {
+  if (!request_.exact_reduce) return all_reduce(fp32_bytes, n, link);
+  if (request_.mode == Mode::kCanonical) return exact_all_reduce_time(fp32_bytes, n, link, cluster_.measured);
+  return scatter_time(fp32_bytes, n, link, shard_bytes) + all_gather(fp32_bytes, n, link);
+}
+
 double Planner::scatter_time(double fp32_bytes, int64_t n, const Link& link, double shard_bytes) const {
+  if (!request_.exact_reduce) return all_reduce(fp32_bytes, n, link) / 2;
+  const bool one_owner = fp32_bytes <= shard_bytes;
   if (request_.mode == Mode::kCanonical) {
-    return exact_reduce_scatter_time(fp32_bytes, n, link, cluster_.measured, fp32_bytes <= shard_bytes);
+    return exact_reduce_scatter_time(fp32_bytes, n, link, cluster_.measured, one_owner);
   }
-  return all_reduce(fp32_bytes, n, link) / 2;
+  return exact_fp32_reduce_scatter_time(fp32_bytes, n, link, cluster_.measured, one_owner);
 }
 
 const std::vector<std::vector<size_t>>& Planner::rank_layers(int64_t pp, int64_t chunks) {
@@ -187,7 +212,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
   // The busiest expert-parallel rank's routed rows over a rank's mean share: without ep every rank
   // runs its own tokens' choices through every expert.
   const double routed_load = layout.ep > 1 ? request_.moe_load : 1;
-  const double ab = request_.precision == Precision::kF32 ? 4 : 2;
+  const double ab = activation_bytes();
   std::vector<RankCost> ranks;
   for (const std::vector<size_t>& held : rank_layers(layout.pp, layout.chunks)) {
     RankCost r;
@@ -438,7 +463,7 @@ const std::string& Planner::schedule_problem(const Layout& layout, int64_t micro
 Prediction Planner::predict(const Layout& layout) {
   const ModelConfig& cfg = request_.model.config;
   const auto T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.d_model);
-  const double ab = request_.precision == Precision::kF32 ? 4 : 2;
+  const double ab = activation_bytes();
   const double tokens = rank_tokens(layout);
   const int64_t micro = request_.global_batch / (layout.dp * layout.ep * layout.micro_batch);
   const std::vector<RankCost> ranks = rank_costs(layout);
@@ -537,12 +562,13 @@ Prediction Planner::predict(const Layout& layout) {
     Memory m;
     if (zero3) {
       // The shard, and two windows of the largest layer's parameters (a bf16 linear's weight is
-      // rounded in its window: no copy).
+      // rounded in its window: no copy); in bf16 and fp8 the shard rounded to bf16 too, which the
+      // gathers send (zero3_params.hpp).
       m.params = fp32 / shards + 2 * 4 * *std::max_element(r.layer_params.begin(), r.layer_params.end());
+      if (request_.precision != Precision::kF32) m.params += 2 * r.params / shards;
     } else {
       m.params = fp32;
-      if (request_.precision != Precision::kF32) m.params += r.matmul_params * 2;  // the bf16 copy
-      if (request_.precision == Precision::kFp8) m.params += r.matmul_params * 2;  // rowwise and columnwise fp8
+      m.params += r.matmul_params * weight_copy_bytes();
     }
     // Canonical mode's gradients keep exact sums beside the fp32 ones: a double and a flag each.
     const double held = request_.mode == Mode::kCanonical ? r.params * 13 : fp32;
@@ -616,7 +642,7 @@ Prediction Planner::predict(const Layout& layout) {
         e += all_gather(fp32, replicas, replica_link);  // the parameters'
       }
     } else {
-      const auto reduce_bucket = [&](double b) { return reduction_time(b, replicas, replica_link); };
+      const auto reduce_bucket = [&](double b) { return gradient_reduction_time(b, replicas, replica_link, fp32 / shards); };
       e = after_backward(bucketed(fp32, reduce_bucket) + ep_sum, reduce_bucket(bucket));
       if (layout.zero == 1) e += all_gather(fp32, replicas, replica_link);  // the parameters'
     }

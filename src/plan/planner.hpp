@@ -98,6 +98,14 @@ class Planner {
   double model_recompute_flops(Recompute recompute);
   // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.
   double rank_tokens(const Layout& layout) const;
+  // Bytes an activation takes as the trainer keeps and sends it: 2 in a bf16 or fp8 run (their
+  // linears read and write bf16), 4 in fp32 or where the cluster keeps low precision in fp32
+  // containers (Cluster::low_precision_in_fp32).
+  double activation_bytes() const;
+  // Bytes a matrix parameter's low-precision copies take beside its fp32 master: in bf16 its bf16
+  // copy where the cluster's linears read one (Cluster::bf16_weight_copy), in fp8 that copy always
+  // and its rowwise and columnwise fp8 ones.
+  double weight_copy_bytes() const;
   // Bytes of the GEMMs' packing scratch a rank of `r` grows beyond what the reserved memory holds,
   // at `tokens` a micro-batch (0 where the cluster's GEMMs keep none).
   double packed_operands(const RankCost& r, double tokens) const;
@@ -106,10 +114,13 @@ class Planner {
   double all_reduce(double bytes, int64_t n, const Link& link) const;
   // An all-gather of `bytes` (the gathered buffer) over n ranks on `link`, likewise.
   double all_gather(double bytes, int64_t n, const Link& link) const;
-  // An all-reduce of the tensor-parallel activations or of the gradients (canonical mode's exact
-  // one), and the reduce-scatter of ZeRO-2's gradients.
+  // An all-reduce of the tensor-parallel activations or of context parallelism's key and value
+  // gradients (canonical mode's exact one).
   double reduction_time(double fp32_bytes, int64_t n, const Link& link) const;
-  // shard_bytes: a rank's shard of the gradient, which a smaller bucket lies inside.
+  // The gradients' all-reduce over the replicas, and ZeRO-2's reduce-scatter of them, as the
+  // request's mode and reduction run them (PlanRequest::exact_reduce); shard_bytes: a rank's shard
+  // of the gradient, which a smaller bucket lies inside.
+  double gradient_reduction_time(double fp32_bytes, int64_t n, const Link& link, double shard_bytes) const;
   double scatter_time(double fp32_bytes, int64_t n, const Link& link, double shard_bytes) const;
   // ZeRO-3: the step's per-layer parameter all-gathers over n ranks (layer_bytes: each layer's
   // gather) beyond the `busy` seconds of passes that hide them.

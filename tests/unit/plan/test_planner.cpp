@@ -595,8 +595,9 @@ TEST(PlanCostModel, ZeroThreeShardsTheParametersAndGathersEachLayer) {
   Planner planner(r, c);
   const Prediction z2 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 2});
   const Prediction z3 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 3});
-  // The shard of the fp32 parameters (an eighth of N; AdamW's state over dp 8 is 8 N / 8 bytes)
-  // and two fp32 windows of the largest layer's (a tied head reads wte), no bf16 copy.
+  // The shard of the fp32 parameters (an eighth of N; AdamW's state over dp 8 is 8 N / 8 bytes),
+  // its bf16 rounding that the gathers send, and two fp32 windows of the largest layer's (a tied
+  // head reads wte), no bf16 copy.
   double largest = 0;
   for (const LayerDesc& l : r.model.layers) {
     double n = l.kind == LayerKind::kHead && l.tied ? static_cast<double>(l.dims.V * l.dims.C) : 0;
@@ -604,7 +605,7 @@ TEST(PlanCostModel, ZeroThreeShardsTheParametersAndGathersEachLayer) {
     largest = std::max(largest, n);
   }
   const double N = z2.memory.optimizer;
-  EXPECT_DOUBLE_EQ(z3.memory.params, 4 * N / 8 + 2 * 4 * largest);
+  EXPECT_DOUBLE_EQ(z3.memory.params, (4 + 2) * N / 8 + 2 * 4 * largest);
   EXPECT_LT(z3.memory.params, z2.memory.params / 2);
   EXPECT_EQ(z3.memory.grads, z2.memory.grads);
   EXPECT_EQ(z3.memory.optimizer, z2.memory.optimizer);
@@ -681,6 +682,35 @@ TEST(PlanCostModel, CanonicalModeReducesExactly) {
             Planner(small_buckets, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
   EXPECT_EQ(Planner(one_bucket, owned_slower, &one_rank).predict(z2).time.dp_exposed,
             Planner(one_bucket, timed_scatter, &one_rank).predict(z2).time.dp_exposed);
+}
+
+// Fast mode sums the gradients over the replicas as [parallel] reduce says: "fast" by an fp32
+// reduce-scatter and all-gather, "exact" (the default) by sending each rank's fp32 values to their
+// owner, which adds them exactly — priced by that reduce-scatter where it was measured (here
+// slower than the fp32 one: the exact additions), and at the fp32 bytes where it was not.
+TEST(PlanCostModel, FastModeReducesAsConfigured) {
+  PlanRequest r = request();
+  const ComputeProfile one_rank = profile(1, false, 4, {0.01, 0.02, 0}, 0);
+  Cluster c = cluster(2, 1, 80);
+  c.measured = {.fp32 = {{1e3, 1e-5}, {1e8, 1e-2}}, .gather = {{1e3, 5e-6}, {1e8, 5e-3}}, .ranks = 2};
+  Cluster timed = c;
+  timed.measured.exact_fp32_scatter = {{1e3, 2e-5}, {1e8, 2e-2}};
+  timed.measured.exact_fp32_scatter_owned = {{1e3, 3e-5}, {1e8, 3e-2}};
+  PlanRequest fast_reduce = r;
+  fast_reduce.exact_reduce = false;
+  for (const Layout& l : {Layout{.dp = 2, .micro_batch = 4}, Layout{.dp = 2, .micro_batch = 4, .zero = 2}}) {
+    const double fp32 = Planner(fast_reduce, timed, &one_rank).predict(l).time.dp_exposed;
+    EXPECT_EQ(Planner(fast_reduce, c, &one_rank).predict(l).time.dp_exposed, fp32) << l.text();
+    EXPECT_GT(Planner(r, timed, &one_rank).predict(l).time.dp_exposed, 1.5 * fp32) << l.text();
+    // Without the measurement: an fp32 reduce-scatter's bytes, then the measured gather.
+    EXPECT_NEAR(Planner(r, c, &one_rank).predict(l).time.dp_exposed, fp32, 0.5 * fp32) << l.text();
+  }
+  // Canonical mode's fast reduction rounds its exact sums first and sends fp32: the fp32 all-reduce.
+  PlanRequest canonical_fast = fast_reduce;
+  canonical_fast.mode = Mode::kCanonical;
+  const Layout z0{.dp = 2, .micro_batch = 4};
+  EXPECT_EQ(Planner(canonical_fast, timed, &one_rank).predict(z0).time.dp_exposed,
+            Planner(fast_reduce, timed, &one_rank).predict(z0).time.dp_exposed);
 }
 
 // The validation times a layout's collectives again just before its run: a planner given them
@@ -792,6 +822,38 @@ TEST(PlanMemory, PackingScratchOfTheLargestProduct) {
             without.predict({.micro_batch = 4}).memory.activations);
 }
 
+// A cluster whose trainer keeps bf16 values in fp32 containers (the CPU backend) holds a bf16
+// run's activations and sends its tensor-parallel sums in as many bytes as an fp32 run's, and its
+// weight copy, where its linears read one, in 4 bytes a matrix element; a GPU halves the
+// activations (all but the head's fp32 logits) and keeps the copy in 2.
+TEST(PlanMemory, LowPrecisionInFp32ContainersTakesFp32Bytes) {
+  PlanRequest r = request();
+  const auto run = [&](const Cluster& c, Precision p, const Layout& l) {
+    r.precision = p;
+    return Planner(r, c).predict(l);
+  };
+  const Cluster gpu = cluster(8, 1, 80, 0);  // no latency: a collective's time is its bytes'
+  Cluster cpu = gpu;
+  cpu.low_precision_in_fp32 = true;
+  for (const Layout& l : {Layout{.micro_batch = 2}, Layout{.tp = 8, .micro_batch = 2, .sp = true}}) {
+    const Prediction fp32 = run(gpu, Precision::kF32, l), gpu_bf16 = run(gpu, Precision::kBf16, l);
+    const Prediction cpu_fp32 = run(cpu, Precision::kF32, l), cpu_bf16 = run(cpu, Precision::kBf16, l);
+    EXPECT_EQ(cpu_fp32.memory.total(), fp32.memory.total()) << l.text();
+    EXPECT_EQ(cpu_bf16.memory.activations, fp32.memory.activations) << l.text();
+    EXPECT_LT(gpu_bf16.memory.activations, 0.6 * fp32.memory.activations) << l.text();
+    EXPECT_EQ(cpu_bf16.time.tp_comm, cpu_fp32.time.tp_comm) << l.text();
+    EXPECT_NEAR(gpu_bf16.time.tp_comm, cpu_bf16.time.tp_comm / 2, 1e-9 * cpu_bf16.time.tp_comm) << l.text();
+    // The copy: the matrices' elements, 4 bytes each here against 2 on the GPU; none where the
+    // linears read the master weights rounded.
+    const double copy = cpu_bf16.memory.params - fp32.memory.params;
+    EXPECT_GT(copy, 0) << l.text();
+    EXPECT_DOUBLE_EQ(gpu_bf16.memory.params - fp32.memory.params, copy / 2) << l.text();
+    Cluster rounded = cpu;
+    rounded.bf16_weight_copy = false;
+    EXPECT_EQ(run(rounded, Precision::kBf16, l).memory.params, fp32.memory.params) << l.text();
+  }
+}
+
 TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
   RunConfig run;
   run.source = "test";
@@ -819,9 +881,11 @@ TEST(PlanProfile, ShapesAreTheTrainersAndTheReportRoundTrips) {
 
   ComputeProfile p;
   p.runtime_bytes = 30 << 20;
+  p.bf16_weight_copy = false;
   p.set({2, true, 2, Recompute::kFull}, full);
   const ComputeProfile back = ComputeProfile::from_json(p.to_json(), "report");
   EXPECT_EQ(back.runtime_bytes, p.runtime_bytes);
+  EXPECT_FALSE(back.bf16_weight_copy);
   EXPECT_EQ(back.at({2, true, 2, Recompute::kFull}).backward, full.backward);
   EXPECT_EQ(back.at({2, true, 2, Recompute::kFull}).state_at_rest, full.state_at_rest);
   EXPECT_THROW(back.at({2, true, 2, Recompute::kNone}), InternalError);
