@@ -24,17 +24,19 @@ void add_blocks(const std::vector<double>& recv, int64_t shard, int parts, Exact
   }
 }
 
-// The fp32 values' version (fast-mode gradients): a run of kRun elements at a time through
-// add_run, which adds a run whose double additions are all exact in one vectorised loop, so an
-// inexact addition (a wide exponent range) sends only its own run element by element. Adding a
-// zero changes no exact sum, so unlike add_blocks nothing is skipped.
-void add_float_blocks(const std::vector<float>& recv, int64_t shard, int parts, ExactAccumulator& acc) {
+// The fp32 values' version (fast-mode gradients), rounded into out: a run of kRun elements at a
+// time, in an accumulator of one run that stays in cache, through add_run, which adds a run whose
+// double additions are all exact in one vectorised loop, so an inexact addition (a wide exponent
+// range) sends only its own run element by element. Adding a zero changes no exact sum, so unlike
+// add_blocks nothing is skipped.
+void sum_float_blocks(const std::vector<float>& recv, int64_t shard, int parts, float* out) {
   constexpr int64_t kRun = 1024;
-  for (int q = 0; q < parts; ++q) {
-    const float* block = recv.data() + static_cast<size_t>(q) * static_cast<size_t>(shard);
-    for (int64_t i = 0; i < shard; i += kRun) {
-      acc.add_run(static_cast<size_t>(i), block + i, static_cast<size_t>(std::min(kRun, shard - i)));
-    }
+  thread_local ExactAccumulator run;
+  for (int64_t i = 0; i < shard; i += kRun) {
+    const auto n = static_cast<size_t>(std::min(kRun, shard - i));
+    run.reset(n);
+    for (int q = 0; q < parts; ++q) run.add_run(0, recv.data() + static_cast<size_t>(q) * static_cast<size_t>(shard) + i, n);
+    run.round_to(out + i);
   }
 }
 
@@ -179,9 +181,7 @@ void exact_reduce_scatter(const float* local, const ShardPlan& plan, comm::Commu
   std::vector<float>& recv = receive_buffer<float>(static_cast<size_t>(parts) * static_cast<size_t>(shard));
   comm.all_to_allv(local, plan.sizes(), plan.firsts(), recv.data(), blocks, block_displs(parts, shard),
                    DType::kF32);
-  ExactAccumulator& sum = shard_sums(shard);
-  add_float_blocks(recv, shard, parts, sum);
-  sum.round_to(out);
+  sum_float_blocks(recv, shard, parts, out);
 }
 
 void combiner_terms(ChunkCombiner c, float* terms) {
