@@ -26,53 +26,42 @@ double interpolate(const std::vector<CollectiveSample>& s, double bytes, const s
   return s.back().seconds + model(bytes) - model(s.back().bytes);
 }
 
+// A collective over n ranks: its `samples` where the measurement covers n ranks, else `model`.
+double measured_or(const std::vector<CollectiveSample>& samples, double bytes, int64_t n,
+                   const MeasuredAllReduce& measured, const std::function<double(double)>& model) {
+  if (n != measured.ranks || samples.empty()) return model(bytes);
+  return interpolate(samples, bytes, model);
+}
+
 }  // namespace
 
 double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
-  const auto model = [&](double b) { return all_reduce_time(b, n, l); };
-  if (n != measured.ranks || measured.fp32.empty()) return model(bytes);
-  return interpolate(measured.fp32, bytes, model);
+  return measured_or(measured.fp32, bytes, n, measured, [&](double b) { return all_reduce_time(b, n, l); });
 }
 
 double all_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
   if (n <= 1) return 0;
-  const auto model = [&](double b) { return all_reduce_time(b, n, l) / 2; };
-  if (n != measured.ranks || measured.gather.empty()) return model(bytes);
-  return interpolate(measured.gather, bytes, model);
+  return measured_or(measured.gather, bytes, n, measured, [&](double b) { return all_reduce_time(b, n, l) / 2; });
 }
 
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
   if (n <= 1) return 0;
-  const auto model = [&](double b) { return (all_reduce_time(2 * b, n, l) + all_reduce_time(b, n, l)) / 2; };
-  if (n != measured.ranks || measured.exact.empty()) return model(fp32_bytes);
-  return interpolate(measured.exact, fp32_bytes, model);
+  return measured_or(measured.exact, fp32_bytes, n, measured,
+                     [&](double b) { return (all_reduce_time(2 * b, n, l) + all_reduce_time(b, n, l)) / 2; });
 }
-
-namespace {
-
-// A reduce-scatter split evenly or inside one rank's shard: its measured samples over n ranks where
-// they were taken, else `model`.
-double reduce_scatter_time(double fp32_bytes, int64_t n, const MeasuredAllReduce& measured,
-                           const std::vector<CollectiveSample>& even, const std::vector<CollectiveSample>& owned,
-                           bool one_owner, const std::function<double(double)>& model) {
-  if (n <= 1) return 0;
-  const std::vector<CollectiveSample>& samples = one_owner ? owned : even;
-  if (n != measured.ranks || samples.empty()) return model(fp32_bytes);
-  return interpolate(samples, fp32_bytes, model);
-}
-
-}  // namespace
 
 double exact_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
                                  bool one_owner) {
-  return reduce_scatter_time(fp32_bytes, n, measured, measured.exact_scatter, measured.exact_scatter_owned, one_owner,
-                             [&](double b) { return exact_all_reduce_time(b, n, l, measured) * 2 / 3; });
+  if (n <= 1) return 0;
+  return measured_or(one_owner ? measured.exact_scatter_owned : measured.exact_scatter, fp32_bytes, n, measured,
+                     [&](double b) { return exact_all_reduce_time(b, n, l, measured) * 2 / 3; });
 }
 
 double exact_fp32_reduce_scatter_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured,
                                       bool one_owner) {
-  return reduce_scatter_time(fp32_bytes, n, measured, measured.exact_fp32_scatter, measured.exact_fp32_scatter_owned,
-                             one_owner, [&](double b) { return all_reduce_time(b, n, l, measured) / 2; });
+  if (n <= 1) return 0;
+  return measured_or(one_owner ? measured.exact_fp32_scatter_owned : measured.exact_fp32_scatter, fp32_bytes, n,
+                     measured, [&](double b) { return all_reduce_time(b, n, l, measured) / 2; });
 }
 
 double send_time(double bytes, const Link& l) { return l.latency + bytes / l.bandwidth; }

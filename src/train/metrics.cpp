@@ -24,12 +24,7 @@ double peak_memory_mib() { return status_mib("VmHWM:"); }
 
 double resident_memory_mib() { return status_mib("VmRSS:"); }
 
-bool restart_peak_memory() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-  clear.flush();
-  return static_cast<bool>(clear);
-}
+void restart_peak_memory() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   const auto parent = std::filesystem::path(path).parent_path();

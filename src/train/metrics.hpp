@@ -15,9 +15,9 @@ double peak_memory_mib();
 // Resident memory of this process now in MiB (VmRSS), 0 where /proc is unavailable.
 double resident_memory_mib();
 // Restarts the peak from the resident memory now (Linux: "5" to /proc/self/clear_refs), so that
-// what a start-up step allocated and freed does not count as the run's peak; false where the
-// kernel does not allow it (the peak then stays the process's).
-bool restart_peak_memory();
+// what a start-up step allocated and freed does not count as the run's peak; where the kernel does
+// not allow it the peak stays the process's.
+void restart_peak_memory();
 
 // Appends one JSON object per line; flushed per record so that a killed run keeps its metrics.
 class MetricsWriter {

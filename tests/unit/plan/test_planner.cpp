@@ -702,9 +702,19 @@ TEST(PlanCostModel, FastModeReducesAsConfigured) {
     const double fp32 = Planner(fast_reduce, timed, &one_rank).predict(l).time.dp_exposed;
     EXPECT_EQ(Planner(fast_reduce, c, &one_rank).predict(l).time.dp_exposed, fp32) << l.text();
     EXPECT_GT(Planner(r, timed, &one_rank).predict(l).time.dp_exposed, 1.5 * fp32) << l.text();
-    // Without the measurement: an fp32 reduce-scatter's bytes, then the measured gather.
-    EXPECT_NEAR(Planner(r, c, &one_rank).predict(l).time.dp_exposed, fp32, 0.5 * fp32) << l.text();
+    // Without the measurement: priced below the measured one (next: as what).
+    EXPECT_LT(Planner(r, c, &one_rank).predict(l).time.dp_exposed, Planner(r, timed, &one_rank).predict(l).time.dp_exposed)
+        << l.text();
   }
+  // That reduce-scatter without its samples is half the (measured) all-reduce; with them, the
+  // samples — a bucket inside one rank's shard by the owned ones.
+  for (double bytes : {1e3, 3e5, 1e8}) {
+    EXPECT_DOUBLE_EQ(exact_fp32_reduce_scatter_time(bytes, 2, c.intra, c.measured, false),
+                     all_reduce_time(bytes, 2, c.intra, c.measured) / 2);
+    EXPECT_GT(exact_fp32_reduce_scatter_time(bytes, 2, c.intra, timed.measured, true),
+              exact_fp32_reduce_scatter_time(bytes, 2, c.intra, timed.measured, false));
+  }
+  EXPECT_DOUBLE_EQ(exact_fp32_reduce_scatter_time(1e8, 2, c.intra, timed.measured, false), 2e-2);
   // Canonical mode's fast reduction rounds its exact sums first and sends fp32: the fp32 all-reduce.
   PlanRequest canonical_fast = fast_reduce;
   canonical_fast.mode = Mode::kCanonical;
