@@ -110,4 +110,10 @@ void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
 
 bool matmul_fast_rounds_as_packed(Operands operands) { return use_dots(operands); }
 
+void release_packing_scratch() {
+  if (bf16_dot_supported()) avx512bf16::release_packing_scratch();
+  if (isa_supported(Isa::kAvx512)) avx512::release_packing_scratch();
+  avx2::release_packing_scratch();
+}
+
 }  // namespace lockstep::cpu

@@ -105,4 +105,9 @@ void matmul_fast(int64_t M, int64_t N, int64_t K, float alpha,
 // packing converts every element anyway.
 bool matmul_fast_rounds_as_packed(Operands operands);
 
+// Frees the packing scratch the products have kept on the calling thread, in every build this CPU
+// runs; the next product allocates what it needs again. For a process whose start-up measured
+// the GEMMs on products larger than its own.
+void release_packing_scratch();
+
 }  // namespace lockstep::cpu

@@ -833,17 +833,19 @@ void store_row_single_chunk(const float* part, float* c, const float* bias, bool
   }
 }
 
-// The sums every tile carries between K blocks, reused across calls as scratch() is.
+// Packing scratch of the calling thread, grown on demand and reused across calls (no allocation
+// in the steady state), and the sums every tile carries between K blocks, reused alike. Callers
+// inside their own parallel region each get their own buffers.
+thread_local std::vector<float> t_packed;
+thread_local std::vector<TileSums> t_tile_sums;
+
 TileSums* tile_sums_scratch(int64_t tiles) {
-  thread_local std::vector<TileSums> buf;
-  if (buf.size() < static_cast<size_t>(tiles)) buf.resize(static_cast<size_t>(tiles));
-  return buf.data();
+  if (t_tile_sums.size() < static_cast<size_t>(tiles)) t_tile_sums.resize(static_cast<size_t>(tiles));
+  return t_tile_sums.data();
 }
 
-// Packing scratch of the calling thread, grown on demand and reused across calls (no allocation
-// in the steady state). Callers inside their own parallel region each get their own buffers.
 float* scratch(int64_t floats) {
-  thread_local std::vector<float> buf;
+  std::vector<float>& buf = t_packed;
   const auto need = static_cast<size_t>(floats + kAlign / sizeof(float));
   if (buf.size() < need) buf.resize(need);
   auto addr = reinterpret_cast<uintptr_t>(buf.data());
@@ -1582,6 +1584,11 @@ void matmul_chunks_exact_packed(int64_t M, int64_t N, int64_t K, ExactAccumulato
   sink.acc = &acc;
   sink.offset = offset;
   matmul_packed<Output::kExact>(M, N, K, A, sam, sak, B, sbk, sbn, sink);
+}
+
+void release_packing_scratch() {
+  std::vector<float>().swap(t_packed);
+  std::vector<TileSums>().swap(t_tile_sums);
 }
 
 }  // namespace lockstep::cpu::LS_ISA_NS

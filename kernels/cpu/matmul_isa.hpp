@@ -18,6 +18,7 @@
 //    added to acc[offset + m*N + n].
 //  matmul_fast_packed: fast mode's C = alpha·A·B + beta·C, no canonical order (round_bf16: C
 //    rounded to bf16 as stored; rounds, the avx512bf16 build only: A and/or B rounded to bf16 as packed).
+//  release_packing_scratch: frees the calling thread's packing scratch of this build.
 #define LS_DECLARE_MATMUL_ISA(ns)                                                             \
   namespace lockstep::cpu::ns {                                                               \
   void matmul_canonical_packed(int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,        \
@@ -33,6 +34,7 @@
                           int64_t sam, int64_t sak, const float* B, int64_t sbk, int64_t sbn, \
                           float beta, float* C, int64_t ldc, MatmulEpilogue epilogue,         \
                           RoundAsPacked rounds);                                              \
+  void release_packing_scratch();                                                             \
   }
 
 LS_DECLARE_MATMUL_ISA(avx2)
