@@ -105,19 +105,35 @@ void TokenFile::release() {
   tokens_ = nullptr;
 }
 
+template <class Visit>
+void TokenFile::scan_tokens(const Visit& visit) const {
+  constexpr int64_t kRunBytes = int64_t{1} << 20;  // a multiple of the page size
+  for (int64_t at = 0; at < map_bytes_; at += kRunBytes) {
+    const int64_t end = std::min(map_bytes_, at + kRunBytes);
+    const int64_t first_token = std::max<int64_t>(0, (at - kTokenFileHeaderBytes) / 2);
+    const int64_t end_token = std::clamp<int64_t>((end - kTokenFileHeaderBytes) / 2, 0, num_tokens_);
+    if (first_token < end_token) visit(first_token, end_token);
+    ::madvise(static_cast<char*>(map_) + at, static_cast<size_t>(end - at), MADV_DONTNEED);
+  }
+}
+
 void TokenFile::check_vocab(int32_t vocab_size) const {
   LS_CHECK(vocab_size > 0, vocab_size);
-  for (int64_t i = 0; i < num_tokens_; ++i) {
-    if (tokens_[i] >= vocab_size) {
-      throw DataError(str_cat(path_, ": token out of range: position ", i, " holds ", tokens_[i],
-                              ", expected < vocab_size ", vocab_size));
+  scan_tokens([&](int64_t first, int64_t end) {
+    for (int64_t i = first; i < end; ++i) {
+      if (tokens_[i] >= vocab_size) {
+        throw DataError(str_cat(path_, ": token out of range: position ", i, " holds ", tokens_[i],
+                                ", expected < vocab_size ", vocab_size));
+      }
     }
-  }
+  });
 }
 
 int32_t TokenFile::max_token() const {
   int32_t m = -1;
-  for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int32_t>(m, tokens_[i]);
+  scan_tokens([&](int64_t first, int64_t end) {
+    for (int64_t i = first; i < end; ++i) m = std::max<int32_t>(m, tokens_[i]);
+  });
   return m;
 }
 

@@ -45,13 +45,19 @@ class TokenFile {
   std::span<const uint16_t> tokens() const { return {tokens_, static_cast<size_t>(num_tokens_)}; }
   uint16_t operator[](int64_t i) const { return tokens_[i]; }
 
-  // Throws DataError naming the first position whose token is >= vocab_size. Reads every token.
+  // Throws DataError naming the first position whose token is >= vocab_size. Reads every token
+  // (scan_tokens).
   void check_vocab(int32_t vocab_size) const;
-  // The largest token (-1 for an empty file). Reads every token.
+  // The largest token (-1 for an empty file). Reads every token (scan_tokens).
   int32_t max_token() const;
 
  private:
   void release();
+  // Calls visit(first, end) over [0, size()) in consecutive runs of tokens, giving each run's
+  // pages back to the file after its visit: a scan of the whole file would otherwise leave all of
+  // it resident in this process, counted in its memory, where training reads a few windows a step.
+  template <class Visit>
+  void scan_tokens(const Visit& visit) const;
 
   std::string path_;
   void* map_ = nullptr;

@@ -168,5 +168,28 @@ TEST(TokenFile, ChecksTokensAgainstVocabulary) {
   }
 }
 
+// The scans read a file in runs of 1 MiB of its bytes (the header's 1,024 among the first run's):
+// a token on either side of a boundary between runs, and the last one, are each read once.
+TEST(TokenFile, ScansReadEveryTokenAcrossRuns) {
+  TempDir dir;
+  const int64_t first_run = ((int64_t{1} << 20) - kTokenFileHeaderBytes) / 2;  // tokens in the first run
+  std::vector<uint16_t> tokens(static_cast<size_t>(3 * first_run), 7);
+  for (const int64_t at : {first_run - 1, first_run, static_cast<int64_t>(tokens.size()) - 1}) {
+    tokens[static_cast<size_t>(at)] = 500;
+    write_token_file(dir.file("t.bin"), tokens);
+    TokenFile file(dir.file("t.bin"));
+    EXPECT_EQ(file.max_token(), 500) << at;
+    try {
+      file.check_vocab(100);
+      FAIL() << "expected DataError";
+    } catch (const DataError& e) {
+      EXPECT_TRUE(matches(e.what(), escaped(dir.file("t.bin")) + str_cat(": token out of range: position ", at,
+                                                                         " holds 500, expected < vocab_size 100")));
+    }
+    EXPECT_EQ(file[at], 500);  // read in place after the scan gave its pages back
+    tokens[static_cast<size_t>(at)] = 7;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::data
