@@ -73,9 +73,8 @@ struct Cluster {
   bool comm_beside_compute = true;
   // Whether the GEMMs pack their operands into a scratch they keep, as large as the largest
   // product's (the local CPU cluster: matmul.isa.cpp; a GPU's cuBLAS workspace is fixed, part of
-  // the reserved memory), and how many of its elements the reserved memory already holds.
+  // the reserved memory).
   bool keeps_packed_operands = false;
-  double packed_in_reserved = 0;
   // Whether the trainer here keeps bf16 and fp8 values in fp32 containers — the activations, the
   // weights' low-precision copies, the activations it sends between ranks — as the CPU backend
   // does (the local cluster); a GPU keeps a bf16 value in 2 bytes and an fp8 one in 1.

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/gemm_peak.hpp"
-
 namespace lockstep::plan {
 
 Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& passes, double memory_bytes,
@@ -23,10 +21,7 @@ Cluster local_cluster(const CollectiveBench& collectives, const ComputeProfile& 
   c.gemm_efficiency = 1;  // the measured passes (compute_profile.hpp) carry the efficiency
   set_measured_links(c, collectives);
   c.comm_beside_compute = collectives.ranks < cores;
-  // The start-up GEMM peak measurement (whose process memory is the reserved) packs both
-  // operands of its square product.
   c.keeps_packed_operands = true;
-  c.packed_in_reserved = 2.0 * kGemmPeakSize * kGemmPeakSize;
   c.low_precision_in_fp32 = true;
   c.bf16_weight_copy = passes.bf16_weight_copy;
   return c;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <utility>
 
 #include "src/core/check.hpp"
@@ -42,7 +43,9 @@ struct Planner::RankCost {
   // A split backward's (zb) copies of the linears' output gradients, kept from Bi until W: fp32,
   // the stream's and the branch's of each attention and MLP sub-layer.
   double deferred_bytes = 0;
-  double rebuilt_bytes = 0;  // the largest recomputed layer's, rebuilt one at a time
+  // The recomputed layers' rebuilt activations: the layers of a kind rebuild theirs one at a time
+  // in one set they share (layer.hpp's SlotActivations), each kind in its own.
+  double rebuilt_bytes = 0;
   // The backward's buffers, one micro-batch's: the scratch the layers share (the largest layer's
   // need, as attention.cpp and mlp.cpp size it) and the stream's gradient between layers (two).
   double scratch_bytes = 0;
@@ -144,7 +147,7 @@ double Planner::packed_operands(const RankCost& r, double tokens) const {
     elements = std::max({elements, (tokens + out) * in, (tokens + in) * out, (in + out) * tokens});
   }
   const double bytes = request_.precision == Precision::kF32 ? 4 : 2;
-  return std::max(0.0, elements - cluster_.packed_in_reserved) * bytes;
+  return elements * bytes;
 }
 
 double Planner::rank_tokens(const Layout& layout) const {
@@ -216,6 +219,7 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
   std::vector<RankCost> ranks;
   for (const std::vector<size_t>& held : rank_layers(layout.pp, layout.chunks)) {
     RankCost r;
+    std::map<LayerKind, double> rebuilt;  // the largest of each recomputed kind
     for (size_t i : held) {
       const LayerDesc& l = request_.model.layers[i];
       const LayerDims& m = l.dims;
@@ -352,11 +356,12 @@ std::vector<Planner::RankCost> Planner::rank_costs(const Layout& layout) {
         r.recompute_flops += flops / 3;
         ++r.recompute_reduces;
         r.kept_bytes += input * ab;
-        r.rebuilt_bytes = std::max(r.rebuilt_bytes, (input + inside) * ab);
+        rebuilt[l.kind] = std::max(rebuilt[l.kind], (input + inside) * ab);
       } else {
         r.kept_bytes += (input + inside) * ab;
       }
     }
+    for (const auto& [kind, bytes] : rebuilt) r.rebuilt_bytes += bytes;
     ranks.push_back(r);
   }
   return ranks;
@@ -574,11 +579,25 @@ Prediction Planner::predict(const Layout& layout) {
     const double held = request_.mode == Mode::kCanonical ? r.params * 13 : fp32;
     const bool sharded = replicas > 1 && layout.zero >= 2;
     m.grads = sharded ? held / shards + std::min(fp32, request_.bucket_bytes) : held;
-    if (replicas > 1 && request_.mode == Mode::kCanonical) {
-      // The exact reduction of a bucket receives every rank's doubles of this rank's shard (8
-      // bytes an element of the bucket) and sums them exactly into the shard (13 bytes an element).
+    if (replicas > 1) {
+      // What the reduction of one bucket of `elements` keeps (data_parallel.cpp, exact_reduce.cpp):
+      // canonical mode's exact one receives every rank's doubles of this rank's part (8 bytes an
+      // element of the bucket) and sums them exactly (13 bytes an element of the part); fast mode's
+      // receives every rank's fp32 values of the part (4 bytes an element of the bucket). Below
+      // ZeRO 2 the reduced shard is kept apart, then gathered into the gradients; from ZeRO 2 each
+      // part lands in the staged shard through a buffer of its own.
       const double elements = std::min(fp32, request_.bucket_bytes) / 4;
-      m.grads += elements * 8 + elements / shards * 13;
+      const bool exact_sums = request_.exact_reduce && request_.mode == Mode::kCanonical;
+      if (exact_sums) {
+        m.grads += elements * 8 + elements / shards * 13;
+      } else if (request_.exact_reduce) {
+        m.grads += elements * 4;
+      }
+      if (!sharded) {
+        m.grads += fp32 / shards;
+      } else if (!exact_sums) {
+        m.grads += elements / shards * 4;
+      }
     }
     if (layout.ep > 1) {
       // The sum of the replicated gradients over ep, a bucket at a time (all of them without dp):

@@ -333,9 +333,13 @@ TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
   const Prediction z2 = planner.predict({.dp = 8, .micro_batch = 2, .zero = 2});
   EXPECT_NEAR(z1.memory.optimizer, z0.memory.optimizer / 8, 1e-9 * z0.memory.optimizer);
   EXPECT_EQ(z1.memory.grads, z0.memory.grads);
-  // Zero 2: this rank's shard and the staging of one bucket (25 MiB, the trainer's default).
-  ASSERT_GT(z0.memory.grads, 25 << 20);
-  EXPECT_DOUBLE_EQ(z2.memory.grads, z0.memory.grads / 8 + (25 << 20));
+  // Zero 0: the gradients, the reduced shard kept apart, and fast mode's exact reduction receiving
+  // every rank's part of one bucket (25 MiB, the trainer's default); zero 2: the shard, the staging
+  // of one bucket, the same receiving and a part's buffer.
+  const double bucket = 25 << 20, fp32 = z0.memory.optimizer / 2;  // AdamW's 8 bytes a parameter
+  ASSERT_GT(fp32, bucket);
+  EXPECT_DOUBLE_EQ(z0.memory.grads, fp32 + fp32 / 8 + bucket);
+  EXPECT_DOUBLE_EQ(z2.memory.grads, fp32 / 8 + bucket + bucket + bucket / 8);
   EXPECT_EQ(z2.memory.params, z0.memory.params);
   // Zero 1 adds the parameters' all-gather; zero 2 reduces in every micro-batch.
   EXPECT_GT(z1.time.dp_exposed, z0.time.dp_exposed);
@@ -633,7 +637,7 @@ TEST(PlanCostModel, CommunicationOnTheComputesCoreIsNotHidden) {
   const Layout dp2{.dp = 2, .micro_batch = 4};
   const Prediction hidden = beside.predict(dp2), exposed = on_core.predict(dp2);
   // Every 1 MiB bucket's all-reduce one after the other, none behind the backward.
-  const double grads = (exposed.memory.grads);
+  const double grads = exposed.memory.optimizer / 2;  // fp32, as AdamW's 8 bytes a parameter are
   const double buckets = std::floor(grads / (1 << 20)), rest = grads - buckets * (1 << 20);
   const double sync = buckets * all_reduce_time(1 << 20, 2, c.intra) + all_reduce_time(rest, 2, c.intra);
   EXPECT_NEAR(exposed.time.dp_exposed, sync, 1e-12);
@@ -810,26 +814,38 @@ TEST(PlanCostModel, RanksMeetingAtCollectivesWaitForTheSlowest) {
 }
 
 // On the local cluster the GEMMs keep a packing scratch as large as the largest product's two
-// operands; what the reserved memory (the start-up measurement's product) does not already hold
-// counts as the rank's. Here the head's input gradient: (tokens + d_model) x vocabulary elements,
-// two bytes each in bf16.
+// operands (the start-up measurement frees its own), which counts as the rank's. Here the head's
+// input gradient: (tokens + d_model) x vocabulary elements, two bytes each in bf16.
 TEST(PlanMemory, PackingScratchOfTheLargestProduct) {
   const PlanRequest r{.model = describe_model(gpt(8192, 256, 256, 2, 4, 4)), .global_batch = 8, .precision = Precision::kBf16, .source = "test"};
   const Cluster declared = cluster(1, 1, 80);
   Cluster local = declared;
   local.keeps_packed_operands = true;
-  local.packed_in_reserved = 2.0 * 1024 * 1024;
   Planner without(r, declared), with(r, local);
   for (const auto& [micro, tokens] : {std::pair{4, 1024.0}, std::pair{1, 256.0}}) {
     const Layout l{.micro_batch = micro};
-    const double scratch = ((tokens + 256) * 8192 - 2.0 * 1024 * 1024) * 2;
+    const double scratch = (tokens + 256) * 8192 * 2;
     EXPECT_NEAR(with.predict(l).memory.activations - without.predict(l).memory.activations, scratch, 1e-6 * scratch)
         << micro;
   }
-  // Nothing beyond the reserved one: a scratch it already holds.
-  local.packed_in_reserved = 1e9;
-  EXPECT_EQ(Planner(r, local).predict({.micro_batch = 4}).memory.activations,
-            without.predict({.micro_batch = 4}).memory.activations);
+}
+
+// Full recomputation rebuilds one layer at a time, but the layers of a kind share one set and each
+// kind keeps its own (layer.hpp's SlotActivations): an MLP's set counts beside attention's larger
+// one. Here long sequences make attention's set and backward scratch the largest; a wider MLP
+// adds its rebuilt set's growth (its fc output and activation, bf16) and nothing else.
+TEST(PlanMemory, EachRecomputedKindRebuildsInASetOfItsOwn) {
+  const auto with_ffn = [](int64_t F) {
+    ModelConfig m = gpt(1024, 4096, 512, 4, 8, 4);
+    m.ffn_hidden = F;
+    return PlanRequest{.model = describe_model(m), .global_batch = 16, .precision = Precision::kBf16, .source = "test"};
+  };
+  const Cluster c = cluster(1, 1, 80);
+  const Layout full{.micro_batch = 1, .recompute = Recompute::kFull};
+  const double narrow = Planner(with_ffn(1024), c).predict(full).memory.activations;
+  const double wide = Planner(with_ffn(2048), c).predict(full).memory.activations;
+  const double grown = 4096.0 * 2 * 1024 * 2;  // tokens x (fc output + activation) x bf16 bytes
+  EXPECT_NEAR(wide - narrow, grown, 1e-9 * wide);
 }
 
 // A cluster whose trainer keeps bf16 values in fp32 containers (the CPU backend) holds a bf16
