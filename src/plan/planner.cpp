@@ -150,6 +150,17 @@ double Planner::packed_operands(const RankCost& r, double tokens) const {
   return elements * bytes;
 }
 
+double Planner::tp_exact_reduction_bytes(const Layout& layout, double tokens) const {
+  if (layout.tp == 1 || request_.mode != Mode::kCanonical) return 0;
+  // Canonical mode sums a split reduction of a micro-batch's stream (n = tokens x d_model: the
+  // row-parallel outputs, the column-parallel input gradients) exactly (tp_plan.cpp,
+  // tensor_parallel.cpp): the ranks' exact partial sums (a double and a flag an element), every
+  // rank's doubles of this rank's part received, their exact sums, and without sequence
+  // parallelism the rounded part before its all-gather; each kept at the largest size.
+  const double n = tokens * static_cast<double>(request_.model.config.d_model), t = static_cast<double>(layout.tp);
+  return n * (9 + 8 + 9 / t + (layout.sp ? 0 : 4 / t));
+}
+
 double Planner::rank_tokens(const Layout& layout) const {
   return static_cast<double>(layout.micro_batch * request_.model.config.seq_len) / static_cast<double>(layout.cp);
 }
@@ -611,7 +622,7 @@ Prediction Planner::predict(const Layout& layout) {
     m.activations = in_flight_tokens * (r.kept_bytes + (split ? r.deferred_bytes : 0)) +
                     (r.rebuilt_bytes + r.scratch_bytes) * tokens +
                     (r.cp_held_bytes + r.cp_reduce_bytes) * static_cast<double>(layout.micro_batch) * T +
-                    packed_operands(r, tokens);
+                    packed_operands(r, tokens) + tp_exact_reduction_bytes(layout, tokens);
     m.reserved = cluster_.reserved_bytes;
     if (m.total() > p.memory.total()) p.memory = m;
     // The update: measured (over dp from ZeRO 1), or on a declared cluster its bytes at the

@@ -98,6 +98,8 @@ class Planner {
   double model_recompute_flops(Recompute recompute);
   // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.
   double rank_tokens(const Layout& layout) const;
+  // The buffers of canonical mode's exact tensor-parallel reductions of `tokens` tokens' stream.
+  double tp_exact_reduction_bytes(const Layout& layout, double tokens) const;
   // Bytes an activation takes as the trainer keeps and sends it: 2 in a bf16 or fp8 run (their
   // linears read and write bf16), 4 in fp32 or where the cluster keeps low precision in fp32
   // containers (Cluster::low_precision_in_fp32).

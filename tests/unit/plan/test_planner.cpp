@@ -848,6 +848,26 @@ TEST(PlanMemory, EachRecomputedKindRebuildsInASetOfItsOwn) {
   EXPECT_NEAR(wide - narrow, grown, 1e-9 * wide);
 }
 
+// Canonical mode's tensor-parallel reductions are exact: a micro-batch's stream (tokens x d_model
+// elements) summed in doubles with a flag each (9 bytes), every rank's doubles of this rank's part
+// received (8), their exact sums (9 a part's element), and without sequence parallelism the
+// rounded part (4 a part's element). Fast mode's fp32 reductions keep none of it.
+TEST(PlanMemory, CanonicalTensorParallelReductionsKeepExactSums) {
+  PlanRequest r = request();
+  const Cluster c = cluster(2, 1, 80);
+  Planner fast(r, c);
+  r.mode = Mode::kCanonical;
+  Planner canonical(r, c);
+  const double n = 4.0 * 256 * 512;  // a micro-batch of 4 sequences of 256 tokens, d_model 512
+  for (const bool sp : {false, true}) {
+    const Layout tp2{.tp = 2, .micro_batch = 4, .sp = sp};
+    const double kept = canonical.predict(tp2).memory.activations - fast.predict(tp2).memory.activations;
+    EXPECT_NEAR(kept, n * (9 + 8 + 9.0 / 2 + (sp ? 0 : 4.0 / 2)), 1e-9 * kept) << sp;
+  }
+  const Layout one{.micro_batch = 4};
+  EXPECT_EQ(canonical.predict(one).memory.activations, fast.predict(one).memory.activations);
+}
+
 // A cluster whose trainer keeps bf16 values in fp32 containers (the CPU backend) holds a bf16
 // run's activations and sends its tensor-parallel sums in as many bytes as an fp32 run's, and its
 // weight copy, where its linears read one, in 4 bytes a matrix element; a GPU halves the
