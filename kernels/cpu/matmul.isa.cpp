@@ -845,10 +845,9 @@ TileSums* tile_sums_scratch(int64_t tiles) {
 }
 
 float* scratch(int64_t floats) {
-  std::vector<float>& buf = t_packed;
   const auto need = static_cast<size_t>(floats + kAlign / sizeof(float));
-  if (buf.size() < need) buf.resize(need);
-  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  if (t_packed.size() < need) t_packed.resize(need);
+  auto addr = reinterpret_cast<uintptr_t>(t_packed.data());
   addr = (addr + kAlign - 1) & ~static_cast<uintptr_t>(kAlign - 1);
   return reinterpret_cast<float*>(addr);
 }

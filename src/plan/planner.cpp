@@ -150,6 +150,20 @@ double Planner::packed_operands(const RankCost& r, double tokens) const {
   return elements * bytes;
 }
 
+double Planner::dp_reduction_bytes(double fp32, double shards, bool sharded) const {
+  // What the reduction of one bucket keeps (data_parallel.cpp, exact_reduce.cpp): canonical mode's
+  // exact one receives every rank's doubles of this rank's part (8 bytes an element of the bucket)
+  // and sums them exactly (13 bytes an element of the part); fast mode's receives every rank's fp32
+  // values of the part (4 bytes an element of the bucket). Below ZeRO 2 the reduced shard is kept
+  // apart, then gathered into the gradients; from ZeRO 2 each part other than exact sums lands in
+  // the staged shard through a buffer of its own.
+  const double elements = std::min(fp32, request_.bucket_bytes) / 4;
+  const bool exact_sums = request_.exact_reduce && request_.mode == Mode::kCanonical;
+  const double received = exact_sums ? elements * 8 + elements / shards * 13 : request_.exact_reduce ? elements * 4 : 0;
+  const double kept = !sharded ? fp32 / shards : exact_sums ? 0 : elements / shards * 4;
+  return received + kept;
+}
+
 double Planner::tp_exact_reduction_bytes(const Layout& layout, double tokens) const {
   if (layout.tp == 1 || request_.mode != Mode::kCanonical) return 0;
   // Canonical mode sums a split reduction of a micro-batch's stream (n = tokens x d_model: the
@@ -590,26 +604,7 @@ Prediction Planner::predict(const Layout& layout) {
     const double held = request_.mode == Mode::kCanonical ? r.params * 13 : fp32;
     const bool sharded = replicas > 1 && layout.zero >= 2;
     m.grads = sharded ? held / shards + std::min(fp32, request_.bucket_bytes) : held;
-    if (replicas > 1) {
-      // What the reduction of one bucket of `elements` keeps (data_parallel.cpp, exact_reduce.cpp):
-      // canonical mode's exact one receives every rank's doubles of this rank's part (8 bytes an
-      // element of the bucket) and sums them exactly (13 bytes an element of the part); fast mode's
-      // receives every rank's fp32 values of the part (4 bytes an element of the bucket). Below
-      // ZeRO 2 the reduced shard is kept apart, then gathered into the gradients; from ZeRO 2 each
-      // part lands in the staged shard through a buffer of its own.
-      const double elements = std::min(fp32, request_.bucket_bytes) / 4;
-      const bool exact_sums = request_.exact_reduce && request_.mode == Mode::kCanonical;
-      if (exact_sums) {
-        m.grads += elements * 8 + elements / shards * 13;
-      } else if (request_.exact_reduce) {
-        m.grads += elements * 4;
-      }
-      if (!sharded) {
-        m.grads += fp32 / shards;
-      } else if (!exact_sums) {
-        m.grads += elements / shards * 4;
-      }
-    }
+    if (replicas > 1) m.grads += dp_reduction_bytes(fp32, shards, sharded);
     if (layout.ep > 1) {
       // The sum of the replicated gradients over ep, a bucket at a time (all of them without dp):
       // their indices, and (canonical) every ep rank's doubles, or (fast) an fp32 copy.

@@ -98,6 +98,9 @@ class Planner {
   double model_recompute_flops(Recompute recompute);
   // A rank's tokens of a micro-batch: its positions (T / cp) of each sequence.
   double rank_tokens(const Layout& layout) const;
+  // The buffers of the data-parallel gradient reduction on a rank whose gradients take `fp32`
+  // bytes, over `shards` ZeRO shards (`sharded`: ZeRO 2 and 3).
+  double dp_reduction_bytes(double fp32, double shards, bool sharded) const;
   // The buffers of canonical mode's exact tensor-parallel reductions of `tokens` tokens' stream.
   double tp_exact_reduction_bytes(const Layout& layout, double tokens) const;
   // Bytes an activation takes as the trainer keeps and sends it: 2 in a bf16 or fp8 run (their
