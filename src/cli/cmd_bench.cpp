@@ -76,6 +76,13 @@ int bench_collectives(Args& args) {
               << o.seconds * 1e6 << " us   of fp32 " << std::setw(9) << fz.seconds * 1e6 << " us, owned " << std::setw(9)
               << fo.seconds * 1e6 << " us\n";
   }
+  std::cout << "all-gather of fp32 parts: back to back, and one at a time from and into buffers evicted from the "
+               "caches (ZeRO-3's layer gathers)\n";
+  for (size_t i = 0; i < r.all_gather.size(); ++i) {
+    const plan::CollectiveSample &g = r.all_gather[i], &c = r.layer_gather[i];
+    std::cout << "  " << std::setw(10) << static_cast<int64_t>(g.bytes) << " bytes  " << std::setprecision(1)
+              << std::setw(9) << g.seconds * 1e6 << " us   evicted " << std::setw(9) << c.seconds * 1e6 << " us\n";
+  }
   std::cout << "ring model t = 2(n-1) alpha + 2(n-1)/n S/beta: alpha " << std::setprecision(2) << r.fit.latency * 1e6
             << " us, beta " << r.fit.bandwidth / 1e9 << " GB/s\n"
             << "skew at a synchronisation: " << std::setprecision(1) << 100 * r.skew.share

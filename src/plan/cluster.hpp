@@ -43,10 +43,12 @@ struct Link {
 // exactly, the rounded fp32 all-gathered: parallel/exact_reduce.hpp), and that reduce-scatter
 // alone into running exact sums, as ZeRO-2 reduces a bucket: split evenly, and inside one rank's
 // shard (a bucket smaller than a shard); fast mode's exact reduce-scatter of fp32 values, likewise
-// (`exact_fp32_scatter`: [parallel] reduce = "exact"); and the all-gather of fp32 parts (`gather`).
+// (`exact_fp32_scatter`: [parallel] reduce = "exact"); and the all-gather of fp32 parts (`gather`),
+// and again from and into buffers out of the caches, as ZeRO-3 gathers a layer (`layer_gather`).
 struct MeasuredAllReduce {
   // By increasing size.
   std::vector<CollectiveSample> fp32 = {}, exact = {}, exact_scatter = {}, exact_scatter_owned = {}, gather = {};
+  std::vector<CollectiveSample> layer_gather = {};
   std::vector<CollectiveSample> exact_fp32_scatter = {}, exact_fp32_scatter_owned = {};
   int64_t ranks = 0;
 };

@@ -5,7 +5,8 @@
 // all-reduce (the tensor-parallel one, TpGroup::all_reduce_exact) and its reduce-scatter alone
 // into running exact sums (ZeRO-2's, exact_reduce_scatter_add: split evenly, and owned by one
 // rank), and fast mode's exact reduce-scatter of fp32 values the same two ways, over the same
-// sizes, whose exact additions cost compute as well as bytes. Every size runs
+// sizes, whose exact additions cost compute as well as bytes; and the all-gather again as ZeRO-3's
+// layer gathers meet it, its buffers evicted from the caches by the passes between two. Every size runs
 // `repeats` times after one untimed run; a run's time is the slowest rank's (the collective ends
 // for the job when it ends there), and the median is kept. Beside them, the ranks' skew at a
 // synchronisation (sync_skew.hpp), over `repeats` rounds and at least 7.
@@ -27,6 +28,7 @@ struct CollectiveBench {
   int64_t ranks = 0;
   std::vector<CollectiveSample> all_reduce;        // fp32 sums
   std::vector<CollectiveSample> all_gather;        // of fp32 (bytes: the gathered buffer's)
+  std::vector<CollectiveSample> layer_gather;      // the same from and into buffers out of the caches
   std::vector<CollectiveSample> exact_all_reduce;  // canonical mode's (bytes: its fp32 values')
   // Its first half, as ZeRO-2 runs it (bytes: the same): split evenly over the ranks, and inside one
   // rank's shard (a bucket smaller than a shard).
@@ -40,6 +42,10 @@ struct CollectiveBench {
 
 // The largest size timed: 16 MiB.
 inline constexpr int64_t kMaxCollectiveFloats = int64_t{1} << 22;
+// What a rank rewrites before each layer gather to push its buffers out of the caches: beyond a
+// core's L2 and its share of the last level on the CPUs these machines have (the sizes a VM
+// reports for its caches are not the host's, so none is read).
+inline constexpr size_t kEvictionBytes = size_t{64} << 20;
 
 // Collective over `world` (every rank returns the same figures); nothing to time in a world of one.
 // `backend` computes the skew's segments (one thread, as a rank of the local cluster).

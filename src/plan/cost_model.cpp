@@ -44,6 +44,12 @@ double all_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAll
   return measured_or(measured.gather, bytes, n, measured, [&](double b) { return all_reduce_time(b, n, l) / 2; });
 }
 
+double layer_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
+  if (n <= 1) return 0;
+  return measured_or(measured.layer_gather, bytes, n, measured,
+                     [&](double b) { return all_gather_time(b, n, l, measured); });
+}
+
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured) {
   if (n <= 1) return 0;
   return measured_or(measured.exact, fp32_bytes, n, measured,

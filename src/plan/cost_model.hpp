@@ -46,6 +46,7 @@
 //              first, a backward's every layer but the last), gathered ahead while the passes
 //              compute: exposed, the part longer than the step's passes and at least the first
 //              layer's — all of it, as for the buckets, where communication has no core of its own;
+//              each priced by the all-gather whose buffers the caches no longer hold (layer_gather_time);
 //   skew       where ranks that compute the same work meet at collectives (dp or cp replicas, tp,
 //              ep), each collective waits for the slowest of them: the cluster's measured share
 //              of the busiest rank's compute (sync_skew.hpp), whatever the number of collectives,
@@ -152,6 +153,9 @@ double all_reduce_time(double bytes, int64_t n, const Link& l, const MeasuredAll
 // An all-gather of `bytes` (the gathered buffer) over n ranks: as measured, else a ring all-reduce's
 // second half.
 double all_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
+// ZeRO-3's gather of a layer, between passes that evict its buffers from the caches: as measured
+// so, else the all-gather (a GPU's collectives read and write HBM either way).
+double layer_gather_time(double bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);
 // Canonical mode's exact all-reduce of fp32_bytes of values: as measured, else a reduce-scatter of
 // the exact sums' doubles and an all-gather of the fp32, 1.5 times an fp32 all-reduce's bytes.
 double exact_all_reduce_time(double fp32_bytes, int64_t n, const Link& l, const MeasuredAllReduce& measured);

@@ -35,6 +35,7 @@ void set_measured_links(Cluster& c, const CollectiveBench& collectives) {
                 .exact_scatter = collectives.exact_reduce_scatter,
                 .exact_scatter_owned = collectives.exact_reduce_scatter_owned,
                 .gather = collectives.all_gather,
+                .layer_gather = collectives.layer_gather,
                 .exact_fp32_scatter = collectives.exact_fp32_reduce_scatter,
                 .exact_fp32_scatter_owned = collectives.exact_fp32_reduce_scatter_owned,
                 .ranks = collectives.ranks};

@@ -196,7 +196,7 @@ double Planner::gathers_exposed(const std::vector<double>& layer_bytes, int64_t 
                                 int64_t n) const {
   // Each micro-batch's forward gathers every layer but the first (the last backward left it in
   // its window), its backward every layer but the last; the step's first forward its first too.
-  const auto gather = [&](double bytes) { return all_gather(bytes, n, link); };
+  const auto gather = [&](double bytes) { return layer_gather_time(bytes, n, link, cluster_.measured); };
   double every = 0;
   for (double bytes : layer_bytes) every += gather(bytes);
   const double first = gather(layer_bytes.front());

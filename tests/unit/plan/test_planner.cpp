@@ -107,6 +107,15 @@ TEST(PlanCollectives, MeasuredAllReduceInterpolatesBySize) {
   EXPECT_DOUBLE_EQ(all_gather_time(1e6, 2, l, gathered), 1e-4);
   EXPECT_DOUBLE_EQ(all_gather_time(1e6, 4, l, gathered), all_reduce_time(1e6, 4, l) / 2);
   EXPECT_DOUBLE_EQ(all_gather_time(1e6, 1, l, gathered), 0);
+  // ZeRO-3's layer gathers: as measured with the caches evicted where that was, else as the
+  // all-gather (measured or not).
+  EXPECT_DOUBLE_EQ(layer_gather_time(1e6, 2, l, gathered), 1e-4);
+  EXPECT_DOUBLE_EQ(layer_gather_time(1e6, 2, l, m), all_reduce_time(1e6, 2, l) / 2);
+  gathered.layer_gather = {{1e3, 2e-5}, {1e6, 4e-4}};
+  EXPECT_DOUBLE_EQ(layer_gather_time(1e6, 2, l, gathered), 4e-4);
+  EXPECT_DOUBLE_EQ(layer_gather_time(1e6, 4, l, gathered), all_reduce_time(1e6, 4, l) / 2);
+  EXPECT_DOUBLE_EQ(layer_gather_time(1e6, 1, l, gathered), 0);
+  EXPECT_DOUBLE_EQ(all_gather_time(1e6, 2, l, gathered), 1e-4);
 }
 
 TEST(PlanCollectives, RingFitRecoversLatencyAndBandwidth) {
@@ -767,16 +776,24 @@ TEST(PlanCostModel, MeasuredLinksSetAgainReplaceTheFirst) {
     again.set_measured_links(first);
     EXPECT_EQ(again.predict(l).time.total, before.time.total) << l.text();
   }
-  // The parameters' gathers (ZeRO-3's of each layer, ZeRO-1's after the update) are priced by the
-  // measured all-gather: ZeRO-0, which gathers nothing, does not move with it.
-  CollectiveBench slower_gathers = first;
+  // The parameters' gathers are priced by the measured all-gathers: ZeRO-1's after the update by
+  // the back-to-back one, ZeRO-3's of each layer by the one whose buffers the caches no longer
+  // hold. ZeRO-0, which gathers nothing, moves with neither.
+  first.layer_gather = {{1e3, 2e-5}, {1e8, 8e-3}};
+  again.set_measured_links(first);
+  CollectiveBench slower_gathers = first, slower_layer_gathers = first;
   slower_gathers.all_gather = slower.all_gather;
+  slower_layer_gathers.layer_gather = half_again(first.layer_gather);
   const Layout z0{.dp = 2, .micro_batch = 4}, z1{.dp = 2, .micro_batch = 4, .zero = 1},
       z3{.dp = 2, .micro_batch = 4, .zero = 3};
   const Prediction z0_before = again.predict(z0), z1_before = again.predict(z1), z3_before = again.predict(z3);
   again.set_measured_links(slower_gathers);
-  EXPECT_GT(again.predict(z3).time.dp_exposed, z3_before.time.dp_exposed);
+  EXPECT_EQ(again.predict(z3).time.dp_exposed, z3_before.time.dp_exposed);
   EXPECT_GT(again.predict(z1).time.dp_exposed, z1_before.time.dp_exposed);
+  EXPECT_EQ(again.predict(z0).time.dp_exposed, z0_before.time.dp_exposed);
+  again.set_measured_links(slower_layer_gathers);
+  EXPECT_GT(again.predict(z3).time.dp_exposed, z3_before.time.dp_exposed);
+  EXPECT_EQ(again.predict(z1).time.dp_exposed, z1_before.time.dp_exposed);
   EXPECT_EQ(again.predict(z0).time.dp_exposed, z0_before.time.dp_exposed);
 }
 
