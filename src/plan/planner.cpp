@@ -156,11 +156,14 @@ double Planner::dp_reduction_bytes(double fp32, double shards, bool sharded) con
   // and sums them exactly (13 bytes an element of the part); fast mode's receives every rank's fp32
   // values of the part (4 bytes an element of the bucket). Below ZeRO 2 the reduced shard is kept
   // apart, then gathered into the gradients; from ZeRO 2 each part other than exact sums lands in
-  // the staged shard through a buffer of its own.
+  // the staged shard through a buffer of its own, and canonical mode reducing in fp32 rounds the
+  // bucket's exact sums into one first (4 bytes an element of the bucket).
   const double elements = std::min(fp32, request_.bucket_bytes) / 4;
-  const bool exact_sums = request_.exact_reduce && request_.mode == Mode::kCanonical;
+  const bool canonical = request_.mode == Mode::kCanonical, exact_sums = request_.exact_reduce && canonical;
   const double received = exact_sums ? elements * 8 + elements / shards * 13 : request_.exact_reduce ? elements * 4 : 0;
-  const double kept = !sharded ? fp32 / shards : exact_sums ? 0 : elements / shards * 4;
+  const double kept = !sharded     ? fp32 / shards
+                      : exact_sums ? 0
+                                   : elements / shards * 4 + (canonical ? elements * 4 : 0);
   return received + kept;
 }
 

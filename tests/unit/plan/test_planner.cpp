@@ -350,6 +350,13 @@ TEST(PlanCostModel, ZeroAndTensorParallelismDivideWhatTheyShard) {
   EXPECT_DOUBLE_EQ(z0.memory.grads, fp32 + fp32 / 8 + bucket);
   EXPECT_DOUBLE_EQ(z2.memory.grads, fp32 / 8 + bucket + bucket + bucket / 8);
   EXPECT_EQ(z2.memory.params, z0.memory.params);
+  // Canonical mode reducing in fp32 ([parallel] reduce = "fast"): its shard of exact sums (13
+  // bytes a parameter), the staging, a part's buffer and the bucket's exact sums rounded into one.
+  PlanRequest rounded = r;
+  rounded.mode = Mode::kCanonical;
+  rounded.exact_reduce = false;
+  const Prediction canonical_z2 = Planner(rounded, c).predict({.dp = 8, .micro_batch = 2, .zero = 2});
+  EXPECT_DOUBLE_EQ(canonical_z2.memory.grads, fp32 / 4 * 13 / 8 + bucket + bucket / 8 + bucket);
   // Zero 1 adds the parameters' all-gather; zero 2 reduces in every micro-batch.
   EXPECT_GT(z1.time.dp_exposed, z0.time.dp_exposed);
   const Prediction tp8 = planner.predict({.tp = 8, .micro_batch = 2});
