@@ -107,13 +107,17 @@ std::vector<PlaceRun> place_runs(const std::vector<int64_t>& shape, const ShardP
   return runs;
 }
 
+void ModelHasher::add(const TensorRef& t) {
+  if (!is_parameter(t.name)) return;
+  const uint64_t bytes = static_cast<uint64_t>(numel(t.shape)) * dtype_size(t.dtype);
+  hash_parameter(hasher_, t.name, t.dtype, t.shape, t.data, bytes);
+}
+
+uint64_t ModelHasher::digest() const { return hasher_.digest(); }
+
 uint64_t model_hash(const std::vector<TensorRef>& tensors) {
-  Hasher h;
-  for (const TensorRef& t : tensors) {
-    if (!is_parameter(t.name)) continue;
-    uint64_t bytes = static_cast<uint64_t>(numel(t.shape)) * dtype_size(t.dtype);
-    hash_parameter(h, t.name, t.dtype, t.shape, t.data, bytes);
-  }
+  ModelHasher h;
+  for (const TensorRef& t : tensors) h.add(t);
   return h.digest();
 }
 

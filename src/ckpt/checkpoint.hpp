@@ -69,6 +69,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/dtype.hpp"
+#include "src/core/hash.hpp"
 
 namespace lockstep::ckpt {
 
@@ -246,5 +247,16 @@ std::optional<Checkpoint> load_latest(const std::string& root, std::ostream& war
 // sequence).
 uint64_t model_hash(const std::vector<TensorRef>& tensors);
 uint64_t model_hash(const Checkpoint& ckpt);
+
+// The same digest taken one tensor at a time, for tensors that are never all in memory at once:
+// add() them in model_hash's order (a tensor whose name is not a parameter's is skipped).
+class ModelHasher {
+ public:
+  void add(const TensorRef& t);
+  uint64_t digest() const;
+
+ private:
+  Hasher hasher_;
+};
 
 }  // namespace lockstep::ckpt

@@ -42,6 +42,36 @@ std::vector<std::string> Communicator::all_gather_text(const std::string& mine) 
   return out;
 }
 
+void Communicator::gatherv(const void* send, int64_t count, void* recv, std::span<const int64_t> recv_counts, DType t,
+                           int root) {
+  const auto n = static_cast<size_t>(size());
+  std::vector<int64_t> send_counts(n, 0), send_displs(n, 0), counts(n, 0), displs(n, 0);
+  send_counts[static_cast<size_t>(root)] = count;
+  if (rank() == root) {
+    for (size_t r = 0; r < n; ++r) {
+      counts[r] = recv_counts[r];
+      if (r > 0) displs[r] = displs[r - 1] + counts[r - 1];
+    }
+  }
+  all_to_allv(send, send_counts, send_displs, recv, counts, displs, t);
+}
+
+std::vector<std::string> Communicator::gather_text(const std::string& mine, int root) {
+  const std::vector<int64_t> counts = all_gather(static_cast<int64_t>(mine.size()));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::string all(rank() == root ? static_cast<size_t>(total) : 0, '\0');
+  gatherv(mine.data(), static_cast<int64_t>(mine.size()), all.data(), counts, DType::kU8, root);
+  std::vector<std::string> out;
+  if (rank() != root) return out;
+  size_t at = 0;
+  for (int64_t c : counts) {
+    out.push_back(all.substr(at, static_cast<size_t>(c)));
+    at += static_cast<size_t>(c);
+  }
+  return out;
+}
+
 std::string Communicator::broadcast_text(const std::string& text, int root) {
   auto bytes = static_cast<int64_t>(text.size());
   broadcast(&bytes, 1, DType::kI64, root);

@@ -189,8 +189,14 @@ class Communicator {
     other.stats_ = {};
   }
 
-  // Text: every rank's string, in rank order, on every rank; root's string on every rank.
+  // Every rank's `count` elements to `root` only, in rank order (recv_counts: each rank's count,
+  // read on root; recv is read only there too), so that no other rank holds them all.
+  void gatherv(const void* send, int64_t count, void* recv, std::span<const int64_t> recv_counts, DType t, int root);
+
+  // Text: every rank's string, in rank order, on every rank (or on root only, the others getting
+  // none); root's string on every rank.
   std::vector<std::string> all_gather_text(const std::string& mine);
+  std::vector<std::string> gather_text(const std::string& mine, int root);
   std::string broadcast_text(const std::string& text, int root);
 
   // "dp group (world ranks 0,1)".

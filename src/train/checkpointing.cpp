@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -134,20 +135,29 @@ LocalState read_local(TrainRun& run, ckpt::CheckpointReader& reader) {
   return s;
 }
 
+// What this rank writes of a sharded save (with every other rank's, each element once).
+std::vector<SavedPiece> own_pieces(const TrainRun& run) {
+  const EpCoord ep = run.expert_parallel() ? EpCoord{run.ep->size(), run.ep->rank()} : EpCoord{};
+  return saved_pieces(run.model.param_layout(), run.cfg.parallel.zero, run.dp.size(), run.dp.rank(),
+                      {run.tp.size(), run.tp.rank()}, ep);
+}
+
+// Where a piece's parameters lie in what this rank holds.
+const float* piece_params(const TrainRun& run, const SavedPiece& piece) {
+  return run.held_params().data() + (piece.tensor->offset + piece.first - params_first(run));
+}
+
 // The shards this rank writes (saved_pieces), pointing into its parameters and moments.
 std::vector<ckpt::ShardRef> own_shards(TrainRun& run) {
   std::vector<ckpt::ShardRef> shards;
-  const int64_t m0 = moments_first(run), p0 = params_first(run);
-  const float* params = run.held_params().data();
+  const int64_t m0 = moments_first(run);
   const float* m = run.ddp.moments_m().data();
   const float* v = run.ddp.moments_v().data();
-  const EpCoord ep = run.expert_parallel() ? EpCoord{run.ep->size(), run.ep->rank()} : EpCoord{};
-  for (const SavedPiece& piece : saved_pieces(run.model.param_layout(), run.cfg.parallel.zero, run.dp.size(),
-                                              run.dp.rank(), {run.tp.size(), run.tp.rank()}, ep)) {
+  for (const SavedPiece& piece : own_pieces(run)) {
     const ParamTensor& p = *piece.tensor;
     const int64_t lo = p.offset + piece.first;
     const ckpt::ShardPlace where = piece.place();
-    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, params + (lo - p0)});
+    shards.push_back({ckpt::kModelPrefix + p.name, DType::kF32, p.global_shape, where, piece_params(run, piece)});
     shards.push_back({"optim/m/" + p.name, DType::kF32, p.global_shape, where, m + (lo - m0)});
     shards.push_back({"optim/v/" + p.name, DType::kF32, p.global_shape, where, v + (lo - m0)});
   }
@@ -451,8 +461,66 @@ void Checkpointer::report(const Written& w) {
 }
 
 std::string model_hash(const TrainRun& run) {
-  const std::vector<float> params = run.gather(run.held_params().data(), run.ddp.sharded_params() != nullptr);
-  return hex64(ckpt::model_hash(state_tensors(run.global_layout, params.data(), nullptr, nullptr)));
+  // Each rank's share of the parameters as a sharded save writes it goes to world rank 0 a tensor
+  // at a time, in the global order, and rank 0 hashes each whole tensor: the digest of the whole
+  // model, with no rank holding more of it than its own share and one tensor.
+  comm::Communicator& world = run.world;
+  constexpr int kRoot = 0;
+  std::map<std::string, std::vector<const SavedPiece*>> mine;  // by tensor, in the order described
+  const std::vector<SavedPiece> pieces = own_pieces(run);
+  nlohmann::json described = nlohmann::json::array();
+  for (const SavedPiece& piece : pieces) {
+    const ckpt::ShardPlace where = piece.place();
+    described.push_back({piece.tensor->name, where.split_dim, where.ranges, where.first, where.end});
+    mine[piece.tensor->name].push_back(&piece);
+  }
+  // Root: every rank's places of each tensor, in the order that rank sends their elements.
+  struct Held {
+    int rank;
+    ckpt::ShardPlace place;
+  };
+  std::map<std::string, std::vector<Held>> held;
+  const std::vector<std::string> all = world.gather_text(described.dump(), kRoot);
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const nlohmann::json& d : nlohmann::json::parse(all[r])) {
+      held[d.at(0).get<std::string>()].push_back(
+          {static_cast<int>(r), {d.at(1).get<int>(), d.at(2).get<std::vector<std::pair<int64_t, int64_t>>>(),
+                                 d.at(3).get<int64_t>(), d.at(4).get<int64_t>()}});
+    }
+  }
+  ckpt::ModelHasher hasher;
+  std::vector<float> send, received, whole;
+  std::vector<int64_t> counts(static_cast<size_t>(world.size()));
+  for (const ParamTensor& t : run.global_layout) {
+    send.clear();
+    for (const SavedPiece* piece : mine[t.name]) {
+      const float* from = piece_params(run, *piece);
+      send.insert(send.end(), from, from + (piece->end - piece->first));
+    }
+    std::fill(counts.begin(), counts.end(), 0);
+    const std::vector<Held>& places = held[t.name];
+    for (const Held& h : places) counts[static_cast<size_t>(h.rank)] += h.place.end - h.place.first;
+    received.resize(world.rank() == kRoot ? static_cast<size_t>(t.numel) : 0);
+    world.gatherv(send.data(), static_cast<int64_t>(send.size()), received.data(), counts, DType::kF32, kRoot);
+    if (world.rank() != kRoot) continue;
+    whole.assign(static_cast<size_t>(t.numel), 0.0f);
+    std::vector<int64_t> at(counts.size(), 0);  // where each rank's elements start in `received`
+    for (size_t r = 1; r < counts.size(); ++r) at[r] = at[r - 1] + counts[r - 1];
+    int64_t covered = 0;
+    for (const Held& h : places) {
+      std::string invalid;
+      for (const ckpt::PlaceRun& run_of : ckpt::place_runs(t.shape, h.place, &invalid)) {
+        std::copy_n(received.begin() + at[static_cast<size_t>(h.rank)] + run_of.at, run_of.count,
+                    whole.begin() + run_of.global);
+      }
+      LS_CHECK(invalid.empty(), t.name, ": ", invalid);
+      at[static_cast<size_t>(h.rank)] += h.place.end - h.place.first;
+      covered += h.place.end - h.place.first;
+    }
+    LS_CHECK(covered == t.numel, t.name, ": the ranks' pieces hold ", covered, " of its ", t.numel, " elements");
+    hasher.add({ckpt::kModelPrefix + t.name, DType::kF32, t.shape, whole.data()});
+  }
+  return world.broadcast_text(world.rank() == kRoot ? hex64(hasher.digest()) : std::string(), kRoot);
 }
 
 }  // namespace lockstep

@@ -73,6 +73,35 @@ TEST(VerifiedComm, SameBitsAndNothingRecordedOnCleanData) {
   EXPECT_EQ(log.checked(), 6);
 }
 
+// A gather to one rank: rank r's r + 1 values (and text) reach the root only, in rank order, through
+// the plain and the verified communicator alike.
+TEST(VerifiedComm, GatherReachesTheRootOnly) {
+  CollectiveLog log;
+  VerifiedCommunicator v(*g_world, log, true);
+  for (comm::Communicator* c : {static_cast<comm::Communicator*>(g_world), static_cast<comm::Communicator*>(&v)}) {
+    const int p = c->size(), me = c->rank(), root = p - 1;
+    const std::vector<float> mine = data(me, me + 1);
+    std::vector<int64_t> counts;
+    std::vector<float> want;
+    for (int r = 0; r < p; ++r) {
+      counts.push_back(r + 1);
+      const std::vector<float> theirs = data(r, r + 1);
+      want.insert(want.end(), theirs.begin(), theirs.end());
+    }
+    std::vector<float> got(me == root ? want.size() : 0);
+    c->gatherv(mine.data(), me + 1, got.data(), counts, DType::kF32, root);
+    const std::vector<std::string> texts = c->gather_text(std::string(static_cast<size_t>(me), 'x'), root);
+    if (me != root) {
+      EXPECT_TRUE(texts.empty());
+      continue;
+    }
+    EXPECT_EQ(got, want);
+    ASSERT_EQ(texts.size(), static_cast<size_t>(p));
+    for (int r = 0; r < p; ++r) EXPECT_EQ(texts[static_cast<size_t>(r)], std::string(static_cast<size_t>(r), 'x'));
+  }
+  EXPECT_TRUE(log.take().empty());
+}
+
 // The last rank's received messages get one bit flipped in the first word they hold from a peer,
 // one operation at a time (the first element of every message here is small: its top exponent bit
 // is clear).
