@@ -460,10 +460,71 @@ void Checkpointer::report(const Written& w) {
   if (on_saved_) on_saved_(w.dir, w.step);
 }
 
+namespace {
+
+// One rank's piece of a tensor as world rank 0 reads it: its elements' runs in the whole tensor.
+struct HeldPiece {
+  int rank = 0;
+  int64_t count = 0;
+  std::vector<ckpt::PlaceRun> runs;
+};
+
+// Every rank's pieces of each tensor of `layout` from their descriptions (one JSON text a rank:
+// [name, split_dim, ranges, first, end] a piece, in the order the rank sends them); `problem` says
+// what does not cover each tensor's elements exactly once ("" when all do).
+std::map<std::string, std::vector<HeldPiece>> held_pieces(const std::vector<std::string>& described,
+                                                          const std::vector<ParamTensor>& layout,
+                                                          std::string& problem) {
+  std::map<std::string, const ParamTensor*> tensors;
+  for (const ParamTensor& t : layout) tensors[t.name] = &t;
+  std::map<std::string, std::vector<HeldPiece>> held;
+  for (size_t r = 0; r < described.size(); ++r) {
+    for (const nlohmann::json& d : nlohmann::json::parse(described[r])) {
+      const std::string name = d.at(0).get<std::string>();
+      const auto t = tensors.find(name);
+      if (t == tensors.end()) {
+        problem = str_cat("rank ", r, " holds a piece of '", name, "', which the model does not have");
+        return held;
+      }
+      const ckpt::ShardPlace place{d.at(1).get<int>(), d.at(2).get<std::vector<std::pair<int64_t, int64_t>>>(),
+                                   d.at(3).get<int64_t>(), d.at(4).get<int64_t>()};
+      std::string invalid;
+      held[name].push_back({static_cast<int>(r), place.end - place.first, ckpt::place_runs(t->second->shape, place, &invalid)});
+      if (!invalid.empty()) {
+        problem = str_cat("rank ", r, "'s piece of ", name, ": ", invalid);
+        return held;
+      }
+    }
+  }
+  for (const ParamTensor& t : layout) {
+    std::vector<bool> seen(static_cast<size_t>(t.numel), false);
+    int64_t covered = 0;
+    for (const HeldPiece& piece : held[t.name]) {
+      for (const ckpt::PlaceRun& run : piece.runs) {
+        for (int64_t i = run.global; i < run.global + run.count; ++i) {
+          if (seen[static_cast<size_t>(i)]) {
+            problem = str_cat(t.name, ": element ", i, " is in two ranks' pieces (rank ", piece.rank, "'s among them)");
+            return held;
+          }
+          seen[static_cast<size_t>(i)] = true;
+        }
+        covered += run.count;
+      }
+    }
+    if (covered != t.numel) {
+      problem = str_cat(t.name, ": the ranks' pieces hold ", covered, " of its ", t.numel, " elements");
+      return held;
+    }
+  }
+  return held;
+}
+
+}  // namespace
+
 std::string model_hash(const TrainRun& run) {
   // Each rank's share of the parameters as a sharded save writes it goes to world rank 0 a tensor
   // at a time, in the global order, and rank 0 hashes each whole tensor: the digest of the whole
-  // model, with no rank holding more of it than its own share and one tensor.
+  // model, with no rank holding more of it than its own share and (rank 0) two copies of a tensor.
   comm::Communicator& world = run.world;
   constexpr int kRoot = 0;
   std::map<std::string, std::vector<const SavedPiece*>> mine;  // by tensor, in the order described
@@ -474,20 +535,14 @@ std::string model_hash(const TrainRun& run) {
     described.push_back({piece.tensor->name, where.split_dim, where.ranges, where.first, where.end});
     mine[piece.tensor->name].push_back(&piece);
   }
-  // Root: every rank's places of each tensor, in the order that rank sends their elements.
-  struct Held {
-    int rank;
-    ckpt::ShardPlace place;
-  };
-  std::map<std::string, std::vector<Held>> held;
-  const std::vector<std::string> all = world.gather_text(described.dump(), kRoot);
-  for (size_t r = 0; r < all.size(); ++r) {
-    for (const nlohmann::json& d : nlohmann::json::parse(all[r])) {
-      held[d.at(0).get<std::string>()].push_back(
-          {static_cast<int>(r), {d.at(1).get<int>(), d.at(2).get<std::vector<std::pair<int64_t, int64_t>>>(),
-                                 d.at(3).get<int64_t>(), d.at(4).get<int64_t>()}});
-    }
-  }
+  // Checked before any element moves, and the verdict shared: no rank enters a gather the others
+  // have left.
+  std::string problem;
+  const std::vector<std::string> texts = world.gather_text(described.dump(), kRoot);
+  std::map<std::string, std::vector<HeldPiece>> held;
+  if (world.rank() == kRoot) held = held_pieces(texts, run.global_layout, problem);
+  problem = world.broadcast_text(problem, kRoot);
+  LS_CHECK(problem.empty(), "model hash: ", problem);
   ckpt::ModelHasher hasher;
   std::vector<float> send, received, whole;
   std::vector<int64_t> counts(static_cast<size_t>(world.size()));
@@ -498,26 +553,20 @@ std::string model_hash(const TrainRun& run) {
       send.insert(send.end(), from, from + (piece->end - piece->first));
     }
     std::fill(counts.begin(), counts.end(), 0);
-    const std::vector<Held>& places = held[t.name];
-    for (const Held& h : places) counts[static_cast<size_t>(h.rank)] += h.place.end - h.place.first;
+    const std::vector<HeldPiece>& places = held[t.name];
+    for (const HeldPiece& h : places) counts[static_cast<size_t>(h.rank)] += h.count;
     received.resize(world.rank() == kRoot ? static_cast<size_t>(t.numel) : 0);
     world.gatherv(send.data(), static_cast<int64_t>(send.size()), received.data(), counts, DType::kF32, kRoot);
     if (world.rank() != kRoot) continue;
-    whole.assign(static_cast<size_t>(t.numel), 0.0f);
-    std::vector<int64_t> at(counts.size(), 0);  // where each rank's elements start in `received`
+    whole.resize(static_cast<size_t>(t.numel));
+    std::vector<int64_t> at(counts.size(), 0);  // where each rank's next piece starts in `received`
     for (size_t r = 1; r < counts.size(); ++r) at[r] = at[r - 1] + counts[r - 1];
-    int64_t covered = 0;
-    for (const Held& h : places) {
-      std::string invalid;
-      for (const ckpt::PlaceRun& run_of : ckpt::place_runs(t.shape, h.place, &invalid)) {
-        std::copy_n(received.begin() + at[static_cast<size_t>(h.rank)] + run_of.at, run_of.count,
-                    whole.begin() + run_of.global);
+    for (const HeldPiece& h : places) {
+      for (const ckpt::PlaceRun& r : h.runs) {
+        std::copy_n(received.begin() + at[static_cast<size_t>(h.rank)] + r.at, r.count, whole.begin() + r.global);
       }
-      LS_CHECK(invalid.empty(), t.name, ": ", invalid);
-      at[static_cast<size_t>(h.rank)] += h.place.end - h.place.first;
-      covered += h.place.end - h.place.first;
+      at[static_cast<size_t>(h.rank)] += h.count;
     }
-    LS_CHECK(covered == t.numel, t.name, ": the ranks' pieces hold ", covered, " of its ", t.numel, " elements");
     hasher.add({ckpt::kModelPrefix + t.name, DType::kF32, t.shape, whole.data()});
   }
   return world.broadcast_text(world.rank() == kRoot ? hex64(hasher.digest()) : std::string(), kRoot);

@@ -94,7 +94,8 @@ class Checkpointer final : public StepObserver {
   int64_t steps_timed_ = 0;
 };
 
-// The model hash of the run's parameters (`lockstep ckpt info`'s). Collective over tp (and dp under ZeRO-3).
+// The model hash of the run's parameters (`lockstep ckpt info`'s), the same on every rank.
+// Collective over the world; no rank holds more than its share and one whole tensor.
 std::string model_hash(const TrainRun& run);
 
 // A piece of a rank's tensor-parallel slice that the rank writes in a sharded save — the
