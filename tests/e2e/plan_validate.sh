@@ -29,7 +29,7 @@ grep -Eq "^validate: step time [0-9]+ of $n within 15%.*; peak memory [0-9]+ of 
 python3 - runs/collectives.json runs/passes.json v.json runs "$layouts" <<'PY' || fail "validation reports: $(tail -8 v.log)"
 import json, os, sys
 c = json.load(open(sys.argv[1]))
-series = ["all_reduce", "all_gather", "exact_all_reduce", "exact_reduce_scatter", "exact_reduce_scatter_owned",
+series = ["all_reduce", "all_gather", "layer_gather", "exact_all_reduce", "exact_reduce_scatter", "exact_reduce_scatter_owned",
           "exact_fp32_reduce_scatter", "exact_fp32_reduce_scatter_owned"]
 assert c["ranks"] == 2 and all(len(c[k]) == 7 for k in series), c
 assert all(s["seconds"] > 0 for k in series for s in c[k]), c
