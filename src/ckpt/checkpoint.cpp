@@ -107,6 +107,18 @@ std::vector<PlaceRun> place_runs(const std::vector<int64_t>& shape, const ShardP
   return runs;
 }
 
+std::string coverage_problem(std::vector<std::pair<int64_t, int64_t>>& covered, int64_t numel, const std::string& part) {
+  std::sort(covered.begin(), covered.end());
+  int64_t next = 0;
+  for (const auto& [first, end] : covered) {
+    if (first < next) return str_cat("element ", first, " is in two ", part, "s");
+    if (first > next) return str_cat("elements [", next, ", ", first, ") are in no ", part);
+    next = end;
+  }
+  if (next != numel) return str_cat("elements [", next, ", ", numel, ") are in no ", part);
+  return "";
+}
+
 void ModelHasher::add(const TensorRef& t) {
   if (!is_parameter(t.name)) return;
   const uint64_t bytes = static_cast<uint64_t>(numel(t.shape)) * dtype_size(t.dtype);

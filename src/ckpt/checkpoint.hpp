@@ -168,6 +168,10 @@ struct PlaceRun {
 // place's order; or, in *invalid, why the place does not fit the tensor (a split_dim it lacks, a
 // range outside its dim, elements outside the slices).
 std::vector<PlaceRun> place_runs(const std::vector<int64_t>& shape, const ShardPlace& place, std::string* invalid);
+// Whether the global index ranges [first, end) in `covered` hold each of a tensor's `numel`
+// elements exactly once: "" if they do, else the first element that is not so ("element 5 is in
+// two shards", "elements [8, 12) are in no shard", for `part` "shard"). Sorts `covered`.
+std::string coverage_problem(std::vector<std::pair<int64_t, int64_t>>& covered, int64_t numel, const std::string& part);
 
 // Writes a checkpoint of `tensors` and `state` (must be a JSON object) for `step` under `root`
 // (created if missing), replacing an existing checkpoint of the same step, then removes all but the

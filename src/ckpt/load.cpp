@@ -138,7 +138,9 @@ ShardPlace read_place(const json& shard, const std::string& where, const ParsedT
   if (version == 1) {
     const std::vector<int64_t> offsets = m.shape(shard, where, "offsets", 1);
     const std::vector<int64_t> shard_shape = m.shape(shard, where, "shape", dtype_size(t.dtype));
-    if (shard_shape != t.shape || offsets != std::vector<int64_t>(t.shape.size(), 0)) {
+    const bool at_origin = offsets.size() == t.shape.size() &&
+                           std::all_of(offsets.begin(), offsets.end(), [](int64_t o) { return o == 0; });
+    if (shard_shape != t.shape || !at_origin) {
       m.fail(str_cat("tensor '", t.name, "': a version 1 shard must be the whole tensor"));
     }
     p.end = numel(t.shape);
@@ -223,18 +225,8 @@ ParsedTensor parse_tensor(const json& entry, size_t index, int64_t version,
     for (const PlaceRun& r : ps.runs) covered.emplace_back(r.global, r.global + r.count);
     t.shards.push_back(std::move(ps));
   }
-  std::sort(covered.begin(), covered.end());
-  int64_t next = 0;
-  for (const auto& [first, end] : covered) {
-    if (first != next) {
-      m.fail(str_cat("tensor '", t.name, "': ", first < next ? "element " + std::to_string(first) + " is in two shards"
-                                                             : "elements [" + std::to_string(next) + ", " +
-                                                                   std::to_string(first) + ") are in no shard"));
-    }
-    next = end;
-  }
-  if (next != numel(t.shape)) {
-    m.fail(str_cat("tensor '", t.name, "': elements [", next, ", ", numel(t.shape), ") are in no shard"));
+  if (const std::string gap = coverage_problem(covered, numel(t.shape), "shard"); !gap.empty()) {
+    m.fail(str_cat("tensor '", t.name, "': ", gap));
   }
   return t;
 }

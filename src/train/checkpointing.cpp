@@ -497,22 +497,12 @@ std::map<std::string, std::vector<HeldPiece>> held_pieces(const std::vector<std:
     }
   }
   for (const ParamTensor& t : layout) {
-    std::vector<bool> seen(static_cast<size_t>(t.numel), false);
-    int64_t covered = 0;
+    std::vector<std::pair<int64_t, int64_t>> covered;
     for (const HeldPiece& piece : held[t.name]) {
-      for (const ckpt::PlaceRun& run : piece.runs) {
-        for (int64_t i = run.global; i < run.global + run.count; ++i) {
-          if (seen[static_cast<size_t>(i)]) {
-            problem = str_cat(t.name, ": element ", i, " is in two ranks' pieces (rank ", piece.rank, "'s among them)");
-            return held;
-          }
-          seen[static_cast<size_t>(i)] = true;
-        }
-        covered += run.count;
-      }
+      for (const ckpt::PlaceRun& run : piece.runs) covered.emplace_back(run.global, run.global + run.count);
     }
-    if (covered != t.numel) {
-      problem = str_cat(t.name, ": the ranks' pieces hold ", covered, " of its ", t.numel, " elements");
+    if (const std::string gap = ckpt::coverage_problem(covered, t.numel, "rank's piece"); !gap.empty()) {
+      problem = str_cat(t.name, ": ", gap);
       return held;
     }
   }

@@ -95,7 +95,8 @@ class Checkpointer final : public StepObserver {
 };
 
 // The model hash of the run's parameters (`lockstep ckpt info`'s), the same on every rank.
-// Collective over the world; no rank holds more than its share and one whole tensor.
+// Collective over the world; no rank holds more than its share and (world rank 0) two copies of
+// one whole tensor.
 std::string model_hash(const TrainRun& run);
 
 // A piece of a rank's tensor-parallel slice that the rank writes in a sharded save — the
